@@ -1,0 +1,1 @@
+"""Framework adapters: each imports the core; the core never imports them."""

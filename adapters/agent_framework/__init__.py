@@ -1,0 +1,1 @@
+"""Adapter for agent_framework (arrives with the adapters issue)."""

@@ -1,0 +1,1 @@
+"""Adapter for autogen (arrives with the adapters issue)."""

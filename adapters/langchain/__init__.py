@@ -1,0 +1,1 @@
+"""Adapter for langchain (arrives with the adapters issue)."""

@@ -1,0 +1,1 @@
+"""Adapter for openai_agents (arrives with the adapters issue)."""

@@ -1,0 +1,1 @@
+"""Algorithms: they publish resources, enqueue rollouts and learn from them."""

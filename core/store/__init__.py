@@ -1,0 +1,1 @@
+"""Stores: in-memory, SQL (SQLite; PostgreSQL-ready), and the HTTP client."""

@@ -1,0 +1,99 @@
+"""The rollout/attempt state machine and change notification, shared by every store.
+
+Keeping these rules in one place is what lets the in-memory and SQL stores behave the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from voltrl.types import Attempt, AttemptResult, Rollout, RolloutStatus, now
+
+RETRYABLE_ATTEMPT = frozenset({"failed", "timeout", "expired"})
+
+
+def after_attempt(rollout: Rollout, attempt_status: str) -> RolloutStatus:
+    """The rollout's status once its current attempt ends with ``attempt_status``."""
+    if attempt_status == "succeeded":
+        return "succeeded"
+    if attempt_status == "cancelled":
+        return "cancelled"
+    if attempt_status in RETRYABLE_ATTEMPT and rollout.attempt_count < rollout.max_attempts:
+        return "queued"
+    return "failed"
+
+
+def final_reward(result: AttemptResult) -> float | None:
+    """The rollout's reward: what the agent returned, else the last reward it emitted."""
+    if result.reward is not None:
+        return result.reward
+    return result.rewards[-1].value if result.rewards else None
+
+
+def apply_result(rollout: Rollout, attempt: Attempt, result: AttemptResult) -> None:
+    """Mutate a running rollout and its owning attempt to reflect the attempt's report."""
+    t = now()
+    attempt.status = result.status
+    attempt.finished_at = t
+    attempt.reward = final_reward(result)
+    attempt.error = result.error
+    attempt.traceback = result.traceback
+    attempt.transitions = result.transitions
+    rollout.status = after_attempt(rollout, result.status)
+    rollout.error = result.error
+    if rollout.status == "succeeded":
+        rollout.reward = attempt.reward
+        rollout.final_attempt_id = attempt.attempt_id
+    if rollout.status in ("succeeded", "failed", "cancelled"):
+        rollout.finished_at = t
+
+
+def expire_attempt(rollout: Rollout, attempt: Attempt) -> None:
+    """Mutate a rollout whose running attempt's lease ran out."""
+    t = now()
+    attempt.status = "expired"
+    attempt.finished_at = t
+    attempt.error = f"lease expired (worker {attempt.worker_id} stopped heartbeating)"
+    rollout.status = after_attempt(rollout, "expired")
+    rollout.error = attempt.error
+    if rollout.status == "failed":
+        rollout.finished_at = t
+
+
+class Notifier:
+    """Wakes every waiter when the store changes. Safe to notify from any thread or loop."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+
+    def notify(self) -> None:
+        """Wake all current waiters."""
+        with self._lock:
+            waiters, self._waiters = self._waiters, []
+        for loop, fut in waiters:
+            if loop.is_closed():
+                continue
+            loop.call_soon_threadsafe(_set_done, fut)
+
+    async def wait(self, timeout_s: float | None) -> bool:
+        """Sleep until the next :meth:`notify` or the timeout; True if notified."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        with self._lock:
+            self._waiters.append((loop, fut))
+        try:
+            await asyncio.wait_for(fut, timeout_s)
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            with self._lock:
+                if (loop, fut) in self._waiters:
+                    self._waiters.remove((loop, fut))
+
+
+def _set_done(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
