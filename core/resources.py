@@ -50,7 +50,9 @@ class LLM(Model):
         base = base[: -len("/v1")] if base.endswith("/v1") else base
         if "/agents/" in base:
             base = base[: base.rindex("/agents/")]
-        return self.model_copy(update={"endpoint": f"{base}/agents/{quote(agent_name, safe='')}/v1"})
+        return self.model_copy(
+            update={"endpoint": f"{base}/agents/{quote(agent_name, safe='')}/v1"}
+        )
 
 
 class PromptTemplate(Model):

@@ -114,7 +114,9 @@ class InMemoryStore(LocalStore):
         return Claim(rollout=r.model_copy(deep=True), attempt=a.model_copy(deep=True))
 
     async def _next_lease_expiry(self) -> float | None:
-        return min((self._attempts[a].lease_expires_at for a in self._running.values()), default=None)
+        return min(
+            (self._attempts[a].lease_expires_at for a in self._running.values()), default=None
+        )
 
     async def heartbeat(
         self, attempt_ids: Sequence[str], *, lease_s: float = DEFAULT_LEASE_S
@@ -145,7 +147,9 @@ class InMemoryStore(LocalStore):
         await self.expire_leases()
         r, a = self._owned(attempt_id)
         for span in result.spans:
-            self._add_span(span.model_copy(update={"rollout_id": r.rollout_id, "attempt_id": attempt_id}))
+            self._add_span(
+                span.model_copy(update={"rollout_id": r.rollout_id, "attempt_id": attempt_id})
+            )
         self._rewards[r.rollout_id].extend(
             rw.model_copy(update={"rollout_id": r.rollout_id, "attempt_id": attempt_id})
             for rw in result.rewards
@@ -196,7 +200,9 @@ class InMemoryStore(LocalStore):
         out = []
         for c in calls:
             self._get(c.rollout_id)
-            c = c.model_copy(update={"sequence_id": self._next_seq(c.rollout_id, c.attempt_id, "call")})
+            c = c.model_copy(
+                update={"sequence_id": self._next_seq(c.rollout_id, c.attempt_id, "call")}
+            )
             self._calls[c.rollout_id].append(c)
             out.append(c.model_copy(deep=True))
         return out
@@ -265,7 +271,11 @@ class InMemoryStore(LocalStore):
 
     @staticmethod
     def _of(items: list, attempt_id: str | None) -> list:
-        return [x.model_copy(deep=True) for x in items if attempt_id is None or x.attempt_id == attempt_id]
+        return [
+            x.model_copy(deep=True)
+            for x in items
+            if attempt_id is None or x.attempt_id == attempt_id
+        ]
 
     async def get_llm_calls(self, rollout_id: str, attempt_id: str | None = None) -> list[LLMCall]:
         self._get(rollout_id)

@@ -1,0 +1,37 @@
+"""The algorithm interface: what the trainer calls, in order.
+
+``setup`` starts whatever serves the model (an inference engine, a gateway backend) and
+publishes the first resources; ``train`` enqueues rollouts through the context, waits for
+them and learns; ``teardown`` stops what ``setup`` started. ``dev`` runs ``setup``, one round
+of rollouts and ``teardown`` with no training.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from voltrl.types import Task
+
+if TYPE_CHECKING:
+    from voltrl.trainer import TrainContext
+
+
+class Algorithm:
+    """Base class of algorithms. Subclasses implement :meth:`train`."""
+
+    name: str = "algorithm"
+
+    async def setup(self, ctx: TrainContext) -> None:
+        """Prepare serving and publish initial resources (the trainer's own are published
+        before this is called, if any were given)."""
+
+    async def train(self, ctx: TrainContext, train: list[Task], val: list[Task] | None) -> None:
+        """Run the training loop."""
+        raise NotImplementedError(f"{type(self).__name__} must implement train()")
+
+    async def teardown(self, ctx: TrainContext) -> None:
+        """Stop what :meth:`setup` started."""
+
+    def config(self) -> dict[str, object]:
+        """The settings to record with the run."""
+        return {k: v for k, v in vars(self).items() if not k.startswith("_")}

@@ -1,0 +1,334 @@
+"""Runner workers: claim rollouts from the store, run the agent, heartbeat, report.
+
+One worker is an asyncio loop (:func:`run_worker`) that keeps up to ``max_concurrency``
+rollouts in flight. Each rollout gets a :class:`~voltrl.tracing.RolloutContext`, its timeout
+is enforced by cancelling the work, and whatever the agent does (raise, hang, return junk)
+ends that attempt only. A :class:`WorkerPool` runs workers as separate processes talking to
+the store over HTTP, and restarts one that dies; the dead worker's leases expire and the
+store hands its rollouts out again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import signal
+import sys
+import threading
+import traceback
+from dataclasses import dataclass
+
+from voltrl.agent import LitAgent, normalize_result, run_rollout
+from voltrl.errors import StaleAttemptError
+from voltrl.resources import Resources
+from voltrl.store.base import Store
+from voltrl.tracing import RolloutContext, activate
+from voltrl.types import AttemptResult, Claim
+
+log = logging.getLogger("voltrl.runner")
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    """How a worker runs rollouts."""
+
+    max_concurrency: int = 4
+    """Rollouts in flight per worker (async agents overlap; sync ones get a thread each)."""
+    lease_s: float = 30.0
+    """How long a claim stays valid without a heartbeat."""
+    heartbeat_s: float | None = None
+    """Seconds between heartbeats; defaults to a third of the lease."""
+    claim_wait_s: float = 5.0
+    """Long-poll duration of one claim request."""
+    default_timeout_s: float | None = None
+    """Timeout for rollouts enqueued without one; None means no limit."""
+
+    @property
+    def heartbeat_interval(self) -> float:
+        """Seconds between heartbeats."""
+        return self.heartbeat_s if self.heartbeat_s is not None else self.lease_s / 3
+
+
+async def run_worker(
+    store: Store,
+    agent: LitAgent,
+    *,
+    worker_id: str,
+    config: RunnerConfig = RunnerConfig(),
+    stop: asyncio.Event | None = None,
+    max_rollouts: int | None = None,
+) -> int:
+    """Claim and run rollouts until ``stop`` is set (or ``max_rollouts`` were started).
+
+    On stop, in-flight rollouts are allowed to finish. Returns how many rollouts it ran.
+    """
+    stop = stop or asyncio.Event()
+    active: dict[str, asyncio.Task[None]] = {}
+    stale: set[str] = set()
+    resources_cache: dict[int | None, Resources] = {}
+    slots = asyncio.Semaphore(config.max_concurrency)
+    heartbeats = asyncio.create_task(_heartbeat_loop(store, active, stale, config, worker_id))
+    started = 0
+    try:
+        while not stop.is_set() and (max_rollouts is None or started < max_rollouts):
+            await slots.acquire()
+            claim = await _claim_or_stop(store, worker_id, config, stop)
+            if claim is None:
+                slots.release()
+                continue
+            started += 1
+            aid = claim.attempt.attempt_id
+            task = asyncio.create_task(
+                _execute(store, agent, claim, resources_cache, config, stale)
+            )
+            active[aid] = task
+            task.add_done_callback(
+                lambda _t, aid=aid: (active.pop(aid, None), stale.discard(aid), slots.release())
+            )
+        if active:
+            await asyncio.gather(*active.values(), return_exceptions=True)
+    finally:
+        for task in list(active.values()):
+            task.cancel()
+        if active:
+            await asyncio.gather(*active.values(), return_exceptions=True)
+        heartbeats.cancel()
+        await asyncio.gather(heartbeats, return_exceptions=True)
+    return started
+
+
+async def _claim_or_stop(
+    store: Store, worker_id: str, config: RunnerConfig, stop: asyncio.Event
+) -> Claim | None:
+    """Long-poll for a claim, giving up as soon as ``stop`` is set."""
+    claim_task = asyncio.create_task(
+        store.claim(worker_id, lease_s=config.lease_s, wait_s=config.claim_wait_s)
+    )
+    stop_task = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({claim_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stop_task.cancel()
+    if not claim_task.done():
+        claim_task.cancel()
+        await asyncio.gather(claim_task, return_exceptions=True)
+        return None
+    try:
+        return claim_task.result()
+    except Exception as exc:  # store unreachable: back off, the loop retries
+        log.warning("worker %s: claim failed: %s", worker_id, exc)
+        await asyncio.sleep(1.0)
+        return None
+
+
+async def _heartbeat_loop(
+    store: Store,
+    active: dict[str, asyncio.Task[None]],
+    stale: set[str],
+    config: RunnerConfig,
+    worker_id: str,
+) -> None:
+    """Renew leases of in-flight attempts; cancel the ones the store says are stale."""
+    while True:
+        await asyncio.sleep(config.heartbeat_interval)
+        if not active:
+            continue
+        try:
+            stale = await store.heartbeat(list(active), lease_s=config.lease_s)
+        except Exception as exc:
+            log.warning("worker %s: heartbeat failed: %s", worker_id, exc)
+            continue
+        for aid in stale:
+            if (task := active.get(aid)) is not None:
+                log.info("worker %s: attempt %s lost its rollout; stopping it", worker_id, aid)
+                stale.add(aid)
+                task.cancel()
+
+
+async def _resources_for(
+    store: Store, cache: dict[int | None, Resources], version: int | None
+) -> Resources:
+    if version is not None and version in cache:
+        return cache[version]
+    resources = await store.get_resources(version) or Resources(items={})
+    if version is not None:
+        cache[version] = resources
+    return resources
+
+
+async def _execute(
+    store: Store,
+    agent: LitAgent,
+    claim: Claim,
+    resources_cache: dict[int | None, Resources],
+    config: RunnerConfig,
+    stale: set[str],
+) -> None:
+    """Run one claimed attempt and report its result (unless it became stale)."""
+    rollout, attempt = claim.rollout, claim.attempt
+    timeout = rollout.timeout_s if rollout.timeout_s is not None else config.default_timeout_s
+    try:
+        resources = await _resources_for(store, resources_cache, rollout.resources_version)
+    except Exception:
+        await _report(store, attempt.attempt_id, _failed())
+        return
+    ctx = RolloutContext(
+        rollout_id=rollout.rollout_id,
+        attempt_id=attempt.attempt_id,
+        task=rollout.task,
+        mode=rollout.mode,
+        resources=resources.scoped(rollout.rollout_id, attempt.attempt_id),
+        worker_id=attempt.worker_id,
+    )
+    with activate(ctx):
+        try:
+            async with asyncio.timeout(timeout) as deadline:
+                value = await run_rollout(agent, ctx)
+            reward, transitions = normalize_result(value, rollout.rollout_id)
+            result = AttemptResult(status="succeeded", reward=reward, transitions=transitions)
+        except TimeoutError:
+            result = (
+                AttemptResult(status="timeout", error=f"rollout timed out after {timeout} s")
+                if deadline.expired()
+                else _failed()
+            )
+        except asyncio.CancelledError:
+            if attempt.attempt_id not in stale:  # worker shutting down: hand the rollout back
+                await _report(
+                    store,
+                    attempt.attempt_id,
+                    AttemptResult(status="failed", error="worker stopped during the rollout"),
+                )
+            raise
+        except Exception:
+            result = _failed()
+    result.rewards, result.spans = list(ctx.rewards), list(ctx.spans)
+    await _report(store, attempt.attempt_id, result)
+
+
+async def _report(store: Store, attempt_id: str, result: AttemptResult) -> None:
+    try:
+        await store.complete(attempt_id, result)
+    except StaleAttemptError as exc:
+        log.info("result of %s rejected: %s", attempt_id, exc)
+    except Exception:
+        log.exception("could not report attempt %s", attempt_id)
+
+
+def _failed() -> AttemptResult:
+    exc = sys.exc_info()[1]
+    return AttemptResult(
+        status="failed",
+        error=f"{type(exc).__name__}: {exc}",
+        traceback=traceback.format_exc(),
+    )
+
+
+# ---- processes ---------------------------------------------------------------------------
+
+
+def _worker_process_main(
+    store_url: str,
+    token: str | None,
+    agent_blob: bytes,
+    worker_id: str,
+    config: RunnerConfig,
+    sys_path: list[str],
+) -> None:
+    """Entry point of a worker process: connect to the store server and run until SIGTERM."""
+    sys.path[:0] = [p for p in sys_path if p not in sys.path]
+    logging.basicConfig(level=logging.WARNING, format=f"[{worker_id}] %(levelname)s %(message)s")
+    import cloudpickle
+
+    from voltrl.store.client import HTTPStore
+
+    agent = cloudpickle.loads(agent_blob)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+        store = HTTPStore(store_url, token=token)
+        try:
+            await run_worker(store, agent, worker_id=worker_id, config=config, stop=stop)
+        finally:
+            await store.close()
+
+    asyncio.run(main())
+
+
+class WorkerPool:
+    """``n`` worker processes on this machine, restarted when one dies unexpectedly."""
+
+    def __init__(
+        self,
+        agent: LitAgent,
+        store_url: str,
+        *,
+        n: int,
+        token: str | None = None,
+        config: RunnerConfig = RunnerConfig(),
+        max_restarts: int = 10,
+        name: str = "worker",
+    ) -> None:
+        import cloudpickle
+
+        self._blob = cloudpickle.dumps(agent)
+        self._url, self._token, self._config = store_url, token, config
+        self._n, self._name, self._max_restarts = n, name, max_restarts
+        self._ctx = multiprocessing.get_context("spawn")
+        self.processes: dict[str, multiprocessing.process.BaseProcess] = {}
+        self.restarts = 0
+        self._stopping = False
+        self._supervisor: threading.Thread | None = None
+
+    def _spawn(self, worker_id: str) -> None:
+        proc = self._ctx.Process(
+            target=_worker_process_main,
+            args=(self._url, self._token, self._blob, worker_id, self._config, list(sys.path)),
+            name=f"voltrl-{worker_id}",
+            daemon=True,
+        )
+        proc.start()
+        self.processes[worker_id] = proc
+
+    def start(self) -> None:
+        """Start the processes and a thread that restarts any that die."""
+        for i in range(self._n):
+            self._spawn(f"{self._name}-{i}")
+        self._supervisor = threading.Thread(target=self._supervise, daemon=True)
+        self._supervisor.start()
+
+    def _supervise(self) -> None:
+        from multiprocessing.connection import wait
+
+        while not self._stopping:
+            by_sentinel = {p.sentinel: wid for wid, p in self.processes.items()}
+            for sentinel in wait(list(by_sentinel), timeout=1.0):
+                if self._stopping:
+                    return
+                wid = by_sentinel[sentinel]
+                code = self.processes[wid].exitcode
+                if self.restarts >= self._max_restarts:
+                    log.error("worker %s died (exit %s); restart limit reached", wid, code)
+                    self.processes.pop(wid)
+                    continue
+                self.restarts += 1
+                log.warning("worker %s died (exit %s); restarting it", wid, code)
+                self._spawn(wid)
+            if not self.processes:
+                return
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM every worker (they finish in-flight rollouts), then kill stragglers."""
+        self._stopping = True
+        for proc in self.processes.values():
+            if proc.is_alive():
+                proc.terminate()
+        for proc in self.processes.values():
+            proc.join(grace_s)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(5)
+        if self._supervisor is not None:
+            self._supervisor.join(2)
