@@ -97,9 +97,9 @@ async def run_rollout(agent: LitAgent, ctx: RolloutContext) -> Any:
     await _maybe_await(agent.on_rollout_start(task, ctx.resources, ctx))
     fn = getattr(agent, method)
     if _is_async(agent, method):
-        result = await _maybe_await(fn(task, ctx.resources, ctx))
+        result = await _maybe_await(_call_flexibly(fn, task, ctx.resources, ctx))
     else:
-        result = await run_in_thread(fn, task, ctx.resources, ctx)
+        result = await run_in_thread(_call_flexibly, fn, task, ctx.resources, ctx)
     await _maybe_await(agent.on_rollout_end(task, result, ctx))
     return result
 

@@ -135,11 +135,11 @@ async def _heartbeat_loop(
         if not active:
             continue
         try:
-            stale = await store.heartbeat(list(active), lease_s=config.lease_s)
+            lost = await store.heartbeat(list(active), lease_s=config.lease_s)
         except Exception as exc:
             log.warning("worker %s: heartbeat failed: %s", worker_id, exc)
             continue
-        for aid in stale:
+        for aid in lost:
             if (task := active.get(aid)) is not None:
                 log.info("worker %s: attempt %s lost its rollout; stopping it", worker_id, aid)
                 stale.add(aid)

@@ -1,0 +1,89 @@
+"""VoltRL: train any AI agent with reinforcement learning.
+
+Agents keep their framework and code; they get an OpenAI-compatible endpoint, every call is
+recorded with the exact sampled token ids and rewards, and an algorithm improves the model.
+
+    import voltrl as vl
+
+    @vl.rollout
+    async def agent(task, llm):
+        ...                      # any client, any framework, pointed at llm.endpoint
+        return reward
+
+    vl.Trainer(resources={"main_llm": vl.LLM(endpoint=..., model=...)}).dev(agent, rows)
+"""
+
+from voltrl.agent import LitAgent, rollout
+from voltrl.algorithms.base import Algorithm
+from voltrl.algorithms.baseline import Baseline
+from voltrl.errors import (
+    AgentLoadError,
+    DatasetError,
+    EndpointUnreachableError,
+    InvalidRewardError,
+    InvalidRolloutResultError,
+    NoActiveRolloutError,
+    NotFoundError,
+    RolloutError,
+    StaleAttemptError,
+    StoreError,
+    UnknownResourceError,
+    VoltRLError,
+)
+from voltrl.metrics import RewardStats
+from voltrl.resources import LLM, PromptTemplate, Resources
+from voltrl.tracing import RolloutContext, current_rollout, emit_event, emit_reward, span
+from voltrl.trainer import RunResult, TrainContext, Trainer
+from voltrl.types import (
+    Attempt,
+    LLMCall,
+    Reward,
+    Rollout,
+    Run,
+    Span,
+    Task,
+    Trajectory,
+    Transition,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "LLM",
+    "AgentLoadError",
+    "Algorithm",
+    "Attempt",
+    "Baseline",
+    "DatasetError",
+    "EndpointUnreachableError",
+    "InvalidRewardError",
+    "InvalidRolloutResultError",
+    "LLMCall",
+    "LitAgent",
+    "NoActiveRolloutError",
+    "NotFoundError",
+    "PromptTemplate",
+    "Resources",
+    "Reward",
+    "RewardStats",
+    "Rollout",
+    "RolloutContext",
+    "RolloutError",
+    "Run",
+    "RunResult",
+    "Span",
+    "StaleAttemptError",
+    "StoreError",
+    "Task",
+    "TrainContext",
+    "Trainer",
+    "Trajectory",
+    "Transition",
+    "UnknownResourceError",
+    "VoltRLError",
+    "current_rollout",
+    "emit_event",
+    "emit_reward",
+    "rollout",
+    "span",
+]

@@ -1,0 +1,197 @@
+"""The ``voltrl`` command line.
+
+    voltrl dev MODULE:AGENT --data FILE --llm-endpoint URL --model NAME
+    voltrl runs [--store PATH | --run-dir DIR]
+
+Errors a user can fix (a bad module path, a missing data file, an unreachable endpoint) print
+one line on stderr and exit with status 2; no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import importlib.util
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from voltrl.errors import AgentLoadError, EndpointUnreachableError, VoltRLError
+
+
+def load_agent(spec: str) -> Any:
+    """Import ``MODULE:OBJECT`` (a dotted module or a ``.py`` path) and return the agent."""
+    from voltrl.agent import LitAgent, rollout
+
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise AgentLoadError(f"expected MODULE:AGENT (e.g. my_pkg.agents:math_agent), got {spec!r}")
+    if module_name.endswith(".py") or "/" in module_name:
+        path = Path(module_name)
+        if not path.exists():
+            raise AgentLoadError(f"agent file {path} does not exist")
+        sys.path.insert(0, str(path.parent.resolve()))
+        mod_spec = importlib.util.spec_from_file_location(path.stem, path)
+        assert mod_spec is not None and mod_spec.loader is not None
+        module = importlib.util.module_from_spec(mod_spec)
+        sys.modules[path.stem] = module
+        try:
+            mod_spec.loader.exec_module(module)
+        except Exception as exc:
+            raise AgentLoadError(f"importing {path} failed: {type(exc).__name__}: {exc}") from exc
+    else:
+        sys.path.insert(0, str(Path.cwd()))
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            raise AgentLoadError(f"cannot import module {module_name!r}: {exc}") from exc
+        except Exception as exc:
+            raise AgentLoadError(
+                f"importing {module_name!r} failed: {type(exc).__name__}: {exc}"
+            ) from exc
+    try:
+        obj = getattr(module, attr)
+    except AttributeError:
+        raise AgentLoadError(f"module {module_name!r} has no attribute {attr!r}") from None
+    if isinstance(obj, type) and issubclass(obj, LitAgent):
+        obj = obj()
+    if isinstance(obj, LitAgent):
+        return obj
+    if callable(obj):
+        try:
+            return rollout(obj)
+        except TypeError as exc:
+            raise AgentLoadError(str(exc)) from None
+    raise AgentLoadError(f"{spec} is a {type(obj).__name__}, not a LitAgent or a function")
+
+
+def check_endpoint(endpoint: str, api_key: str, timeout_s: float = 5.0) -> None:
+    """Raise :class:`EndpointUnreachableError` unless something answers at ``endpoint``."""
+    import httpx
+
+    url = endpoint.rstrip("/") + "/models"
+    try:
+        httpx.get(url, headers={"Authorization": f"Bearer {api_key}"}, timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        raise EndpointUnreachableError(
+            f"no OpenAI-compatible endpoint answers at {endpoint} ({type(exc).__name__}: {exc})"
+        ) from None
+
+
+def _cmd_dev(args: argparse.Namespace) -> int:
+    from voltrl.dataset import load_tasks
+    from voltrl.resources import LLM
+    from voltrl.trainer import Trainer
+
+    agent = load_agent(args.agent)
+    load_tasks(args.data)  # fail on bad data before starting anything
+    if not args.skip_endpoint_check:
+        check_endpoint(args.llm_endpoint, args.api_key)
+    llm = LLM(endpoint=args.llm_endpoint, model=args.model, api_key=args.api_key)
+    trainer = Trainer(
+        n_runners=args.n_runners,
+        store=args.store,
+        resources={"main_llm": llm},
+        run_dir=args.run_dir,
+        name=args.name,
+        max_concurrency=args.max_concurrency,
+        rollout_timeout_s=args.timeout,
+        inline=args.inline,
+    )
+    result = trainer.dev(agent, args.data)
+    return 0 if result.stats.failed == 0 else 1
+
+
+def _store_paths(args: argparse.Namespace) -> list[Path]:
+    if args.store:
+        path = Path(args.store)
+        if not path.exists():
+            raise VoltRLError(f"store {path} does not exist")
+        return [path]
+    root = Path(args.run_dir)
+    return sorted(root.glob("*/store.sqlite")) if root.exists() else []
+
+
+def _cmd_runs(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from voltrl.metrics import summarize
+    from voltrl.store.sql import SQLStore
+
+    async def collect() -> list[tuple[Any, ...]]:
+        rows = []
+        for path in _store_paths(args):
+            store = SQLStore(path)
+            try:
+                for run in await store.list_runs():
+                    rollouts = await store.query_rollouts(run_id=run.run_id)
+                    rows.append((path, run, summarize(rollouts)))
+            finally:
+                await store.close()
+        return rows
+
+    rows = asyncio.run(collect())
+    if not rows:
+        print(f"no runs found in {args.store or args.run_dir}")
+        return 0
+    table = Table(title="runs")
+    for col in ("name", "kind", "algorithm", "started", "rollouts", "ok", "failed", "reward"):
+        table.add_column(col)
+    import time
+
+    for _path, run, s in rows:
+        reward = "-" if s.reward_mean is None else f"{s.reward_mean:.3f} ± {s.reward_std:.3f}"
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.created_at))
+        table.add_row(
+            run.name, run.kind, run.algorithm, started, str(s.rollouts), str(s.succeeded),
+            str(s.failed), reward,
+        )
+    Console().print(table)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``voltrl``."""
+    parser = argparse.ArgumentParser(prog="voltrl", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    dev = sub.add_parser("dev", help="run an agent once per task against an endpoint, no training")
+    dev.add_argument("agent", help="MODULE:AGENT or path/to/file.py:AGENT")
+    dev.add_argument("--data", required=True, help="a .jsonl, .json or .parquet file of tasks")
+    dev.add_argument("--llm-endpoint", required=True, help="OpenAI-compatible base URL (…/v1)")
+    dev.add_argument("--model", required=True, help="model name to request")
+    dev.add_argument("--api-key", default="EMPTY")
+    dev.add_argument("--n-runners", type=int, default=1)
+    dev.add_argument("--max-concurrency", type=int, default=4)
+    dev.add_argument("--timeout", type=float, default=None, help="per-rollout timeout, seconds")
+    dev.add_argument("--store", default=None, help="store path (default: the run directory)")
+    dev.add_argument("--run-dir", default="runs")
+    dev.add_argument("--name", default=None)
+    dev.add_argument("--inline", action="store_true", help="run workers in this process")
+    dev.add_argument("--skip-endpoint-check", action="store_true")
+    dev.set_defaults(func=_cmd_dev)
+
+    runs = sub.add_parser("runs", help="list runs and their reward statistics")
+    runs.add_argument("--store", default=None, help="a store.sqlite file")
+    runs.add_argument("--run-dir", default="runs", help="directory of run directories")
+    runs.set_defaults(func=_cmd_runs)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except VoltRLError as exc:
+        print(f"voltrl: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,199 @@
+"""Runner workers: failures, timeouts, concurrency and lost leases end one attempt only."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import voltrl as vl
+from voltrl.runner import RunnerConfig, run_worker
+from voltrl.store.memory import InMemoryStore
+from voltrl.types import Task
+
+FAST = RunnerConfig(max_concurrency=4, lease_s=2.0, claim_wait_s=0.2)
+
+
+async def run_until_done(store, agent, rollouts, *, config=FAST, workers=1, timeout=30.0):
+    stop = asyncio.Event()
+    tasks = [
+        asyncio.create_task(run_worker(store, agent, worker_id=f"w{i}", config=config, stop=stop))
+        for i in range(workers)
+    ]
+    try:
+        return await store.wait_for_rollouts([r.rollout_id for r in rollouts], timeout_s=timeout)
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks)
+
+
+def tasks(n: int) -> list[Task]:
+    return [Task(task_id=f"t{i}", input={"i": i}) for i in range(n)]
+
+
+class Flaky(vl.LitAgent):
+    """Raises on task 0, returns junk on task 1, NaN on task 2, succeeds otherwise."""
+
+    async def rollout(self, task, resources):
+        i = task["i"]
+        if i == 0:
+            raise RuntimeError("tool exploded")
+        if i == 1:
+            return "not a reward"
+        if i == 2:
+            return float("nan")
+        return 1.0
+
+
+async def test_agent_errors_fail_their_attempt_with_traceback_and_the_worker_goes_on():
+    store = InMemoryStore()
+    rollouts = await store.enqueue(tasks(5), max_attempts=2)
+    done = await run_until_done(store, Flaky(), rollouts)
+    status = {r.task.input["i"]: r.status for r in done}
+    assert status == {0: "failed", 1: "failed", 2: "failed", 3: "succeeded", 4: "succeeded"}
+    attempts = await store.get_attempts(rollouts[0].rollout_id)
+    assert len(attempts) == 2  # retried up to max_attempts
+    assert "RuntimeError: tool exploded" in attempts[0].error
+    assert "Traceback" in attempts[0].traceback and "tool exploded" in attempts[0].traceback
+    junk = (await store.get_attempts(rollouts[1].rollout_id))[0]
+    assert "InvalidRolloutResultError" in junk.error and rollouts[1].rollout_id in junk.error
+    nan = (await store.get_attempts(rollouts[2].rollout_id))[0]
+    assert "InvalidRewardError" in nan.error
+
+
+async def test_async_rollout_past_its_timeout_is_cancelled():
+    cancelled = asyncio.Event()
+
+    class Hangs(vl.LitAgent):
+        async def rollout(self, task, resources):
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                cancelled.set()
+                raise
+
+    store = InMemoryStore()
+    rollouts = await store.enqueue(tasks(1), max_attempts=1, timeout_s=0.2)
+    [r] = await run_until_done(store, Hangs(), rollouts)
+    assert r.status == "failed" and "timed out" in r.error
+    assert cancelled.is_set()
+    [a] = await store.get_attempts(r.rollout_id)
+    assert a.status == "timeout"
+
+
+async def test_sync_rollout_past_its_timeout_is_interrupted_in_its_thread():
+    stopped = threading.Event()
+
+    class Spins(vl.LitAgent):
+        def rollout(self, task, resources):
+            try:
+                while True:  # pure-Python busy work: interrupted at the next instruction
+                    time.sleep(0.01)
+            except BaseException:
+                stopped.set()
+                raise
+
+    store = InMemoryStore()
+    rollouts = await store.enqueue(tasks(1), max_attempts=1, timeout_s=0.2)
+    [r] = await run_until_done(store, Spins(), rollouts)
+    assert r.status == "failed" and "timed out" in r.error
+    assert await asyncio.to_thread(stopped.wait, 5)
+
+
+async def test_a_worker_runs_up_to_max_concurrency_async_rollouts_at_once():
+    running, peak = 0, 0
+    gate = asyncio.Event()
+
+    class Overlaps(vl.LitAgent):
+        async def rollout(self, task, resources):
+            nonlocal running, peak
+            running += 1
+            peak = max(peak, running)
+            if peak == 4:
+                gate.set()
+            await asyncio.wait_for(gate.wait(), 10)
+            running -= 1
+            return 1.0
+
+    store = InMemoryStore()
+    rollouts = await store.enqueue(tasks(8))
+    done = await run_until_done(store, Overlaps(), rollouts)
+    assert [r.status for r in done] == ["succeeded"] * 8
+    assert peak == 4
+
+
+async def test_sync_agents_run_in_threads_concurrently():
+    barrier = threading.Barrier(3, timeout=10)
+
+    class Waits(vl.LitAgent):
+        def rollout(self, task, resources):
+            barrier.wait()  # only passes when three rollouts run at the same time
+            return 1.0
+
+    store = InMemoryStore()
+    rollouts = await store.enqueue(tasks(3))
+    done = await run_until_done(store, Waits(), rollouts)
+    assert [r.status for r in done] == ["succeeded"] * 3
+
+
+async def test_cancelling_a_running_rollout_stops_its_work_and_discards_its_result():
+    started, cancelled = asyncio.Event(), asyncio.Event()
+
+    class Slow(vl.LitAgent):
+        async def rollout(self, task, resources):
+            started.set()
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                cancelled.set()
+                raise
+
+    store = InMemoryStore()
+    [ro] = await store.enqueue(tasks(1))
+    config = RunnerConfig(lease_s=0.3, claim_wait_s=0.1)
+    stop = asyncio.Event()
+    worker = asyncio.create_task(run_worker(store, Slow(), worker_id="w", config=config, stop=stop))
+    await asyncio.wait_for(started.wait(), 10)
+    await store.cancel(ro.rollout_id)
+    await asyncio.wait_for(cancelled.wait(), 10)  # the next heartbeat learns it is stale
+    stop.set()
+    await worker
+    r = await store.get_rollout(ro.rollout_id)
+    assert r.status == "cancelled"
+    [a] = await store.get_attempts(ro.rollout_id)
+    assert a.status == "cancelled"
+
+
+async def test_rewards_and_spans_are_reported_with_the_attempt():
+    class Emits(vl.LitAgent):
+        async def rollout(self, task, resources, ctx):
+            vl.emit_reward(0.2, name="step")
+            with vl.span("tool:calc"):
+                await asyncio.to_thread(vl.emit_reward, 0.7)
+            return None
+
+    store = InMemoryStore()
+    rollouts = await store.enqueue(tasks(1))
+    [r] = await run_until_done(store, Emits(), rollouts)
+    assert r.status == "succeeded" and r.reward == 0.7  # last emitted reward
+    rewards = await store.get_rewards(r.rollout_id)
+    assert [(x.name, x.value) for x in rewards] == [("step", 0.2), ("reward", 0.7)]
+    [span] = await store.get_spans(r.rollout_id)
+    assert span.name == "tool:calc" and span.attempt_id == r.final_attempt_id
+
+
+async def test_rollouts_receive_resources_scoped_to_their_attempt():
+    seen = []
+
+    @vl.rollout
+    async def agent(task, llm):
+        seen.append(llm.endpoint)
+        return 1.0
+
+    store = InMemoryStore()
+    res = await store.add_resources(
+        vl.Resources(items={"main_llm": vl.LLM(endpoint="http://gw/v1", model="m", gateway=True)})
+    )
+    rollouts = await store.enqueue(tasks(1), resources_version=res.version)
+    [r] = await run_until_done(store, agent, rollouts)
+    assert seen == [f"http://gw/rollouts/{r.rollout_id}/attempts/{r.final_attempt_id}/v1"]
