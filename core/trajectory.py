@@ -422,16 +422,15 @@ def _rows_from_transitions(
         if not config.trains_agent(tr.agent_name):
             stats["dropped/agent_filter"] += 1
             continue
-        row = _Row(prompt=list(tr.prompt_token_ids), agent_name=tr.agent_name, first_turn=i)
-        row.response = list(tr.response_token_ids)
-        row.mask = list(tr.response_mask or [1] * len(tr.response_token_ids))
-        logprobs = tr.response_logprobs
-        if logprobs is None or len(logprobs) != len(row.response):
+        response, mask, logprobs = tr.response_token_ids, tr.response_mask, tr.response_logprobs
+        if mask is not None and len(mask) != len(response):
+            raise ValueError(f"transition {i}: response_mask and response_token_ids differ")
+        if logprobs is None or len(logprobs) != len(response):
             stats["missing_logprobs"] += 1
             logprobs = None
-        row.logprobs = list(logprobs) if logprobs is not None else [0.0] * len(row.response)
-        if len(row.mask) != len(row.response):
-            raise ValueError(f"transition {i}: response_mask and response_token_ids differ")
+        row = _Row(prompt=list(tr.prompt_token_ids), agent_name=tr.agent_name, first_turn=i)
+        row.add(response, True, logprobs)
+        row.mask = list(mask) if mask is not None else row.mask
         row.turns, row.reward = [i], tr.reward if tr.reward is not None else credit[i]
         row.metadata = {**tr.metadata, "explicit": True}
         rows.append(row)

@@ -586,3 +586,35 @@ async def test_trajectories_from_store_use_explicit_transitions_and_drop_unfinis
     assert [t.rollout_id for t in trajs] == [done.rollout_id, queued.rollout_id]
     assert rewards_of(trajs[0]) == [0.5] and trajs[0].reward == 1.0
     assert trajs[1].transitions == [] and trajs[1].stats == {"dropped/unfinished": 1}
+
+
+def test_rollouts_without_calls_or_with_no_explicit_transitions_are_dropped_and_counted() -> None:
+    assert build_trajectory(rollout(), []).stats == {"dropped/no_calls": 1}
+    traj = build_trajectory(rollout(), chain(2), transitions=[])
+    assert traj.transitions == [] and traj.stats == {"dropped/no_transitions": 1}
+
+
+async def test_trajectories_from_store_fill_a_failed_rollout_from_its_last_attempt() -> None:
+    store = InMemoryStore()
+    (ro,) = await store.enqueue([Task(task_id="grp", input={})], max_attempts=1)
+    claim = await store.claim("w1")
+    assert claim is not None
+    aid = claim.attempt.attempt_id
+    await store.add_llm_calls(
+        [
+            LLMCall(
+                rollout_id=ro.rollout_id,
+                attempt_id=aid,
+                prompt_token_ids=[1],
+                response_token_ids=[2],
+            )
+        ]
+    )
+    await store.complete(aid, AttemptResult(status="failed", error="boom"))
+
+    (dropped,) = await trajectories_from_store(store, [ro])
+    assert dropped.stats == {"dropped/failed": 1}
+    config = TrajectoryConfig(failed_rollouts="fill", fill_reward=-1.0)
+    (filled,) = await trajectories_from_store(store, [ro], config)
+    assert rewards_of(filled) == [-1.0]
+    assert filled.transitions[0].response_token_ids == [2]
