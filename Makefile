@@ -1,0 +1,37 @@
+# VoltRL's two commands. Each does its own set-up on a fresh clone: a virtual environment in
+# .venv and every install it needs. torch is pinned to 2.13.0 (a CPU build that pip finds
+# locally on this project's machines); never install an unpinned torch.
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+TORCH  := torch==2.13.0
+
+.PHONY: test lint format clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+
+# Reinstalled when the dependencies change.
+$(VENV)/.test-deps: pyproject.toml | $(PY)
+	$(PIP) install --quiet "$(TORCH)"
+	$(PIP) install --quiet -e ".[dev]"
+	touch $@
+
+## make test: install what the tests need and run them
+test: $(VENV)/.test-deps
+	$(PY) -m pytest -q
+
+## make lint: ruff, as CI would like it
+lint: $(VENV)/.test-deps
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: $(VENV)/.test-deps
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,97 @@
+"""The voltrl command line: dev against a real OpenAI-compatible server, runs, clear errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLE = ROOT / "samples" / "quickstart"
+
+
+def voltrl(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "voltrl.cli", *args],
+        cwd=cwd, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "NO_COLOR": "1", "COLUMNS": "200"},
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def backend():
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "tests" / "fake_openai_backend.py"), "--port", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            break
+        except OSError:
+            time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}/v1"
+    proc.terminate()
+    proc.wait(10)
+
+
+def test_dev_runs_an_agent_file_against_an_endpoint_and_runs_lists_it(tmp_path, backend):
+    out = voltrl(
+        "dev", f"{SAMPLE / 'agent.py'}:agent", "--data", str(SAMPLE / "tasks.jsonl"),
+        "--llm-endpoint", backend, "--model", "fake-model", "--name", "smoke",
+        "--run-dir", str(tmp_path / "runs"), cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "dev" in out.stdout and "8" in out.stdout
+    assert (tmp_path / "runs" / "smoke" / "store.sqlite").exists()
+    runs = voltrl("runs", "--run-dir", str(tmp_path / "runs"), cwd=tmp_path)
+    assert runs.returncode == 0, runs.stderr
+    assert "smoke" in runs.stdout and "dev" in runs.stdout
+
+
+def test_dev_with_a_bad_module_path_says_so(tmp_path):
+    for spec, message in [
+        ("no_such_module:agent", "cannot import module 'no_such_module'"),
+        ("json:no_attr", "has no attribute 'no_attr'"),
+        ("missing.py:agent", "does not exist"),
+        ("noseparator", "expected MODULE:AGENT"),
+    ]:
+        out = voltrl("dev", spec, "--data", "x.jsonl", "--llm-endpoint", "http://x/v1",
+                     "--model", "m", cwd=tmp_path)
+        assert out.returncode == 2 and message in out.stderr, out.stderr
+        assert "Traceback" not in out.stderr
+
+
+def test_dev_with_a_missing_data_file_says_so(tmp_path):
+    out = voltrl("dev", f"{SAMPLE / 'agent.py'}:agent", "--data", "nope.jsonl",
+                 "--llm-endpoint", "http://127.0.0.1:1/v1", "--model", "m", cwd=tmp_path)
+    assert out.returncode == 2 and "nope.jsonl does not exist" in out.stderr
+
+
+def test_dev_with_an_unreachable_endpoint_says_so(tmp_path):
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"question": "1+1?", "answer": 2}) + "\n")
+    out = voltrl("dev", f"{SAMPLE / 'agent.py'}:agent", "--data", str(data),
+                 "--llm-endpoint", f"http://127.0.0.1:{free_port()}/v1", "--model", "m",
+                 cwd=tmp_path)
+    assert out.returncode == 2 and "no OpenAI-compatible endpoint answers" in out.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_runs_on_an_empty_directory_says_there_are_none(tmp_path):
+    out = voltrl("runs", "--run-dir", str(tmp_path), cwd=tmp_path)
+    assert out.returncode == 0 and "no runs found" in out.stdout
