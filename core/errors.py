@@ -23,6 +23,11 @@ class InvalidRewardError(RolloutError):
     """A reward that is not a finite number (NaN, infinity, a string...)."""
 
 
+class MissingTokenIdsError(RolloutError):
+    """An LLM call was recorded without token ids and the trajectory builder was told to
+    raise (``missing_token_ids="error"``) rather than drop or re-tokenize it."""
+
+
 class UnknownResourceError(VoltRLError, KeyError):
     """An agent asked for a resource name that the published resources do not have."""
 

@@ -68,7 +68,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from voltrl.errors import RolloutError
+from voltrl.errors import MissingTokenIdsError
 from voltrl.types import LLMCall, Model, Reward, Rollout, Span, Trajectory, Transition
 
 if TYPE_CHECKING:
@@ -79,10 +79,6 @@ Retokenizer = Callable[[LLMCall], tuple[list[int], list[int]]]
 
 TOOL_CALL_ID_ATTRIBUTES = ("gen_ai.tool.call.id", "tool_call_id", "tool.call_id")
 TOOL_ATTRIBUTES = (*TOOL_CALL_ID_ATTRIBUTES, "gen_ai.tool.name", "tool.name", "tool_name")
-
-
-class MissingTokenIdsError(RolloutError):
-    """A call has no token ids and ``missing_token_ids="error"`` was asked for."""
 
 
 def default_tool_error(content: str) -> bool:
@@ -145,14 +141,6 @@ class TrajectoryConfig(Model):
             self.agent_filter is None
             or re.fullmatch(self.agent_filter, agent_name or "") is not None
         )
-
-
-class BuiltTrajectory(Trajectory):
-    """A :class:`~voltrl.types.Trajectory` with the builder's counts: ``merge_failures``,
-    ``truncated/prompt``, ``truncated/response``, ``retokenized``, ``missing_logprobs`` and
-    ``dropped/<reason>``. A dropped rollout is one with no transitions and its reason here."""
-
-    stats: dict[str, int] = Field(default_factory=dict)
 
 
 # ---- credit assignment ----------------------------------------------------------------------
@@ -462,7 +450,7 @@ def build_trajectory(
     *,
     transitions: Sequence[Transition] | None = None,
     attempt_id: str | None = None,
-) -> BuiltTrajectory:
+) -> Trajectory:
     """Build one rollout's training rows.
 
     ``calls``, ``rewards`` and ``spans`` are the rollout's records; only those of
@@ -482,8 +470,8 @@ def build_trajectory(
     rewards = [r for r in rewards if aid is None or r.attempt_id == aid]
     spans = [s for s in spans or () if aid is None or s.attempt_id == aid]
 
-    def result(rows: list[_Row], reward: float | None) -> BuiltTrajectory:
-        return BuiltTrajectory(
+    def result(rows: list[_Row], reward: float | None) -> Trajectory:
+        return Trajectory(
             rollout_id=rollout.rollout_id,
             task_id=rollout.task.task_id,
             transitions=[_transition(r) for r in rows],
@@ -612,7 +600,7 @@ def collate(
 
     stats: Counter[str] = Counter()
     for traj in trajectories:
-        stats.update(getattr(traj, "stats", None) or {"merge_failures": traj.merge_failures})
+        stats.update(traj.stats or {"merge_failures": traj.merge_failures})
     batch = TrainingBatch(pad_token_id=pad, prompt_length=p_len, response_length=r_len)
     for traj, tr in rows:
         prompt, response = tr.prompt_token_ids, tr.response_token_ids
@@ -657,12 +645,12 @@ def _positions(attention: list[int]) -> list[int]:
 
 async def trajectories_from_store(
     store: Store, rollouts: Sequence[Rollout | str], config: TrajectoryConfig | None = None
-) -> list[BuiltTrajectory]:
+) -> list[Trajectory]:
     """Build each rollout's trajectory from the store, in the order given, dropped ones
     included. Rollouts are re-read (a ``Rollout`` passed in may be stale); the records used
     are those of the final attempt, or of the last attempt when there is no final one."""
 
-    async def one(ref: Rollout | str) -> BuiltTrajectory:
+    async def one(ref: Rollout | str) -> Trajectory:
         rid = ref if isinstance(ref, str) else ref.rollout_id
         rollout = await store.get_rollout(rid)
         attempts = await store.get_attempts(rid)

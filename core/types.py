@@ -175,13 +175,18 @@ class Transition(Model):
 
 
 class Trajectory(Model):
-    """The training data of one rollout: its transitions, in order, and its final reward."""
+    """The training data of one rollout: its transitions, in order, and its final reward.
+
+    ``stats`` holds the trajectory builder's counts (``merge_failures``, ``truncated/...``,
+    ``dropped/<reason>``...); a dropped rollout has no transitions and its reason there.
+    """
 
     rollout_id: str
     task_id: str
     transitions: list[Transition]
     reward: float | None = None
     merge_failures: int = 0
+    stats: dict[str, int] = Field(default_factory=dict)
 
 
 class Attempt(Model):

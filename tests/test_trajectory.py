@@ -10,10 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from voltrl.errors import MissingTokenIdsError
 from voltrl.store.memory import InMemoryStore
 from voltrl.trajectory import (
-    BuiltTrajectory,
-    MissingTokenIdsError,
     TrajectoryConfig,
     build_trajectory,
     cap_indices,
@@ -21,7 +20,7 @@ from voltrl.trajectory import (
     default_tool_error,
     trajectories_from_store,
 )
-from voltrl.types import AttemptResult, LLMCall, Reward, Rollout, Span, Task, Transition
+from voltrl.types import AttemptResult, LLMCall, Reward, Rollout, Span, Task, Trajectory, Transition
 
 RID, AID = "ro-1", "at-1"
 
@@ -81,7 +80,7 @@ def chain(n: int, **kw: Any) -> list[LLMCall]:
     return calls
 
 
-def rewards_of(traj: BuiltTrajectory) -> list[float | None]:
+def rewards_of(traj: Trajectory) -> list[float | None]:
     return [t.reward for t in traj.transitions]
 
 
@@ -476,11 +475,11 @@ def test_explicit_transitions_are_used_as_is_instead_of_calls() -> None:
 
 
 def test_collate_left_pads_prompts_right_pads_responses_and_places_rewards() -> None:
-    t1 = BuiltTrajectory(rollout_id="r1", task_id="g1", reward=1.0, transitions=[
+    t1 = Trajectory(rollout_id="r1", task_id="g1", reward=1.0, transitions=[
         Transition(prompt_token_ids=[11, 12], response_token_ids=[13, 14, 15],
                    response_mask=[1, 1, 0], response_logprobs=[-1.0, -2.0, 0.0], reward=1.0),
     ], stats={"merge_failures": 1, "dropped/too_long": 2})  # fmt: skip
-    t2 = BuiltTrajectory(rollout_id="r2", task_id="g1", reward=0.5, transitions=[
+    t2 = Trajectory(rollout_id="r2", task_id="g1", reward=0.5, transitions=[
         Transition(prompt_token_ids=[21, 22, 23], response_token_ids=[24]),
     ], stats={"dropped/too_long": 1})  # fmt: skip
     batch = collate([t1, t2], TrajectoryConfig(pad_token_id=-1))
@@ -520,7 +519,7 @@ def test_collate_of_nothing_is_an_empty_batch() -> None:
 
 
 def test_collate_rejects_a_transition_without_any_reward() -> None:
-    traj = BuiltTrajectory(rollout_id="r", task_id="g", transitions=[
+    traj = Trajectory(rollout_id="r", task_id="g", transitions=[
         Transition(prompt_token_ids=[1], response_token_ids=[2]),
     ])  # fmt: skip
     with pytest.raises(ValueError, match="no reward"):
