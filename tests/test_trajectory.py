@@ -527,10 +527,15 @@ def test_collate_rejects_a_transition_without_any_reward() -> None:
 
 
 def test_to_torch_converts_the_batch_to_tensors() -> None:
-    torch = pytest.importorskip("torch")
+    import torch
+
     batch = collate([build_trajectory(rollout(), chain(2), config=TrajectoryConfig())])
     tensors = batch.to_torch()
-    assert tensors["input_ids"].shape == (2, 4) and tensors["input_ids"].dtype == torch.long
+    width = batch.prompt_length + batch.response_length
+    assert tensors["input_ids"].shape == (2, width) and tensors["input_ids"].dtype == torch.long
+    assert tensors["input_ids"].tolist() == [
+        p + r for p, r in zip(batch.prompt_ids, batch.response_ids, strict=True)
+    ]
     assert tensors["token_level_rewards"].sum().item() == pytest.approx(2.0)
     assert collate([]).to_torch()["prompt_ids"].shape == (0, 0)
 
