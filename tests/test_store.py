@@ -224,10 +224,10 @@ async def test_completing_twice_or_an_unknown_attempt_is_stale(store: Store) -> 
 
 async def test_heartbeat_renews_lease(store: Store) -> None:
     [r] = await store.enqueue(tasks(1))
-    c = await claim(store, lease_s=0.2)
-    for _ in range(6):
+    c = await claim(store, lease_s=0.3)
+    for _ in range(8):  # 0.4 s in all, past the first lease
         await asyncio.sleep(0.05)
-        assert await store.heartbeat([c.attempt.attempt_id], lease_s=0.2) == []
+        assert await store.heartbeat([c.attempt.attempt_id], lease_s=0.3) == []
     assert await store.expire_leases() == 0
     [attempt] = await store.get_attempts(r.rollout_id)
     assert attempt.heartbeat_at > attempt.started_at

@@ -65,6 +65,25 @@ FINISHER = textwrap.dedent(
     """
 )
 
+CLAIMER = textwrap.dedent(
+    """
+    import asyncio, os, sys, time
+    from voltrl.store.sql import SQLStore
+
+    async def main(path: str, name: str, go: str) -> None:
+        store = SQLStore(path)
+        print("ready", flush=True)
+        while not os.path.exists(go):
+            time.sleep(0.005)
+        while (c := await store.claim(name)) is not None:
+            print(c.rollout.rollout_id, flush=True)
+            time.sleep(0.0005)
+        await store.close()
+
+    asyncio.run(main(*sys.argv[1:]))
+    """
+)
+
 
 def python(script: str, *args: str, **kw: Any) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-c", script, *args], text=True, **kw)
@@ -157,6 +176,29 @@ async def test_acknowledged_writes_survive_sigkill_of_the_writer(tmp_path: Path)
     # the store still works after recovering from the crash
     [r] = await store.enqueue([Task(input={})])
     assert (await store.claim("w")).rollout.rollout_id == r.rollout_id  # type: ignore[union-attr]
+    await store.close()
+
+
+async def test_processes_claiming_from_one_file_never_get_the_same_rollout(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "store.sqlite"
+    store = SQLStore(path)
+    rollouts = await store.enqueue([Task(input={"i": i}) for i in range(300)])
+    go = tmp_path / "go"
+    claimers = [
+        python(CLAIMER, str(path), f"p{i}", str(go), stdout=subprocess.PIPE) for i in range(3)
+    ]
+    for claimer in claimers:  # all open the store, then all start claiming at once
+        assert await asyncio.to_thread(claimer.stdout.readline) == "ready\n"  # type: ignore[union-attr]
+    go.touch()
+    claimed = []
+    for claimer in claimers:
+        out, _ = await asyncio.to_thread(claimer.communicate)
+        assert claimer.returncode == 0
+        claimed += out.split()
+    assert len(claimed) == len(set(claimed)) == 300
+    assert set(claimed) == {r.rollout_id for r in rollouts}
     await store.close()
 
 

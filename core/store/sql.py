@@ -127,7 +127,6 @@ class Statements:
         "CREATE INDEX IF NOT EXISTS rollouts_queue ON rollouts (status, queue_seq)",
         "CREATE INDEX IF NOT EXISTS rollouts_created ON rollouts (created_at)",
         "CREATE INDEX IF NOT EXISTS rollouts_run ON rollouts (run_id, created_at)",
-        "CREATE INDEX IF NOT EXISTS rollouts_status ON rollouts (status, created_at)",
         "CREATE TABLE IF NOT EXISTS attempts (attempt_id TEXT PRIMARY KEY, "
         "rollout_id TEXT NOT NULL REFERENCES rollouts (rollout_id), idx INTEGER NOT NULL, "
         "status TEXT NOT NULL, lease_expires_at {float} NOT NULL, data TEXT NOT NULL)",
@@ -533,6 +532,8 @@ class SQLStore(LocalStore):
         self, attempt_ids: Sequence[str], *, lease_s: float = DEFAULT_LEASE_S
     ) -> list[str]:
         await self.expire_leases()
+        if not attempt_ids:
+            return []
         stale: list[str] = []
         with self._write() as conn:
             t = now()
