@@ -204,7 +204,7 @@ async def test_processes_claiming_from_one_file_never_get_the_same_rollout(
 
 async def test_reader_in_another_process_sees_only_whole_reports(tmp_path: Path) -> None:
     path = tmp_path / "store.sqlite"
-    SQLStore(path)  # create the file before the writer starts
+    await SQLStore(path).close()  # create the file before the writer starts
     writer = python(WRITER, str(path), "-1", stdout=subprocess.PIPE)
     assert writer.stdout is not None
     reader = SQLStore(path)

@@ -249,10 +249,7 @@ def _shared_notifier(key: str) -> Notifier:
     """One notifier per database file in this process, so every store object on the file
     wakes the others' waiters."""
     with _NOTIFIERS_LOCK:
-        notifier = _NOTIFIERS.get(key)
-        if notifier is None:
-            notifier = _NOTIFIERS[key] = Notifier()
-        return notifier
+        return _NOTIFIERS.setdefault(key, Notifier())
 
 
 def _rollout_row(r: Rollout, queue_seq: int | None) -> tuple[Any, ...]:
