@@ -2,17 +2,34 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
 
+from voltrl.server import BackgroundServer
 from voltrl.store.base import Store
+from voltrl.store.client import HTTPStore
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
-STORE_KINDS = ["memory", "sqlite"]
+STORE_KINDS = ["memory", "sqlite", "http"]
+
+HTTP_STORE_TOKEN = "test-token"
+
+
+class ServedHTTPStore(HTTPStore):
+    """An HTTP store client that owns its store server: closing it stops the server."""
+
+    def __init__(self, server: BackgroundServer) -> None:
+        super().__init__(server.url, HTTP_STORE_TOKEN)
+        self.server = server
+
+    async def close(self) -> None:
+        await super().close()
+        await asyncio.to_thread(self.server.stop)
 
 
 async def make_store(kind: str, tmp_path: Path) -> Store:
@@ -25,6 +42,12 @@ async def make_store(kind: str, tmp_path: Path) -> Store:
         from voltrl.store.sql import SQLStore
 
         return SQLStore(tmp_path / "store.sqlite")
+    if kind == "http":  # a real server on loopback, an in-memory store behind it
+        from voltrl.server import serve_in_thread
+        from voltrl.store.memory import InMemoryStore
+        from voltrl.store.server import store_app
+
+        return ServedHTTPStore(serve_in_thread(store_app(InMemoryStore(), token=HTTP_STORE_TOKEN)))
     raise ValueError(kind)
 
 

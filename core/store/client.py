@@ -1,0 +1,454 @@
+"""The store over HTTP: :class:`HTTPStore` talks to a store server (:mod:`voltrl.store.server`)
+and behaves exactly like a local store, so a runner on another machine cannot tell the
+difference.
+
+This module also defines the wire format of the request and response bodies that are not
+records themselves (records such as :class:`~voltrl.types.Rollout` travel as-is). The server
+imports them from here, so a worker needs only ``httpx`` and ``pydantic`` to talk to a store.
+
+Retries: every call is retried, with exponential backoff and jitter, on transport errors
+(connection refused or reset, timeouts) and on 500/502/503/504 responses. Reads are safe to
+repeat. Every write carries an ``X-Request-Id`` that stays the same across the retries of one
+call, and the server runs each request id once and answers repeats with the first answer (even
+while the first is still running, as a long-poll ``claim`` may be), so a retried ``claim`` never
+claims twice and a retried ``enqueue`` never queues twice. The server keeps those answers in
+memory for a while (``dedup_ttl_s``, ``dedup_max_bytes``): if it restarts, or forgets the answer,
+between applying a write and receiving its retry, the retry is applied again (for ``complete``
+that answers :class:`~voltrl.errors.StaleAttemptError`; a second ``claim`` leaves the first
+attempt to expire with its lease). A connection that was refused never reached the server, so
+retrying it is always safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, TypeVar
+from urllib.parse import quote
+
+import httpx
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from voltrl.errors import NotFoundError, StaleAttemptError, StoreError
+from voltrl.resources import Resources
+from voltrl.store.base import DEFAULT_LEASE_S, Store
+from voltrl.types import (
+    Attempt,
+    AttemptResult,
+    Claim,
+    LLMCall,
+    Model,
+    Reward,
+    Rollout,
+    RolloutMode,
+    RolloutStatus,
+    Run,
+    Span,
+    Task,
+)
+
+logger = logging.getLogger(__name__)
+
+API_PREFIX = "/v1/store"
+"""Where the store routes live on a server (``store_app`` mounts them here)."""
+
+REQUEST_ID_HEADER = "X-Request-Id"
+"""Header naming one logical write; the server applies each request id at most once."""
+
+RETRY_STATUS = frozenset({500, 502, 503, 504})
+"""Response statuses that a call retries (the server or a proxy in front of it failed)."""
+
+T = TypeVar("T")
+
+
+# ---- wire format ----------------------------------------------------------------------------
+class EnqueueRequest(Model):
+    """Body of ``POST /rollouts``: :meth:`Store.enqueue`'s arguments."""
+
+    tasks: list[Task]
+    mode: RolloutMode = "train"
+    run_id: str | None = None
+    resources_version: int | None = None
+    max_attempts: int = 3
+    timeout_s: float | None = None
+
+
+class ClaimRequest(Model):
+    """Body of ``POST /claims``. The server caps ``wait_s`` at its ``max_wait_s``."""
+
+    worker_id: str
+    lease_s: float = DEFAULT_LEASE_S
+    wait_s: float = 0.0
+
+
+class HeartbeatRequest(Model):
+    """Body of ``POST /heartbeats``."""
+
+    attempt_ids: list[str]
+    lease_s: float = DEFAULT_LEASE_S
+
+
+class HeartbeatResponse(Model):
+    """Answer of ``POST /heartbeats``: the attempts that no longer own their rollout."""
+
+    stale: list[str]
+
+
+class ExpireResponse(Model):
+    """Answer of ``POST /leases/expire``: how many attempts ended."""
+
+    expired: int
+
+
+class WaitRequest(Model):
+    """Body of ``POST /rollouts/wait``. The server caps ``timeout_s`` (None: the cap)."""
+
+    rollout_ids: list[str]
+    timeout_s: float | None = None
+
+
+class QueryRequest(Model):
+    """Body of ``POST /rollouts/query``: :meth:`Store.query_rollouts`'s filters."""
+
+    run_id: str | None = None
+    status: list[RolloutStatus] | None = None
+    mode: RolloutMode | None = None
+    since: float | None = None
+    until: float | None = None
+    rollout_ids: list[str] | None = None
+    limit: int | None = None
+
+
+class LLMCallsRequest(Model):
+    """Body of ``POST /llm_calls``."""
+
+    calls: list[LLMCall]
+
+
+class SpansRequest(Model):
+    """Body of ``POST /spans``."""
+
+    spans: list[Span]
+
+
+class RewardsRequest(Model):
+    """Body of ``POST /rewards``."""
+
+    rewards: list[Reward]
+
+
+class ErrorDetail(Model):
+    """What went wrong: ``type`` names the error class (``NotFoundError``, ...)."""
+
+    type: str
+    message: str
+
+
+class ErrorResponse(Model):
+    """Body of every error answer: ``{"error": {"type": ..., "message": ...}}``."""
+
+    error: ErrorDetail
+
+
+class HealthResponse(Model):
+    """Answer of ``GET /health``."""
+
+    status: Literal["ok"] = "ok"
+
+
+_RUN = TypeAdapter(Run)
+_RUNS = TypeAdapter(list[Run])
+_RESOURCES = TypeAdapter(Resources)
+_MAYBE_RESOURCES = TypeAdapter(Resources | None)
+_ROLLOUT = TypeAdapter(Rollout)
+_ROLLOUTS = TypeAdapter(list[Rollout])
+_MAYBE_CLAIM = TypeAdapter(Claim | None)
+_HEARTBEAT = TypeAdapter(HeartbeatResponse)
+_EXPIRE = TypeAdapter(ExpireResponse)
+_ATTEMPTS = TypeAdapter(list[Attempt])
+_LLM_CALLS = TypeAdapter(list[LLMCall])
+_SPANS = TypeAdapter(list[Span])
+_REWARDS = TypeAdapter(list[Reward])
+_NONE = TypeAdapter(None)
+_ERROR = TypeAdapter(ErrorResponse)
+
+_TYPED_ERRORS: dict[str, type[StoreError]] = {
+    "NotFoundError": NotFoundError,
+    "StaleAttemptError": StaleAttemptError,
+}
+
+
+def error_from_response(response: httpx.Response) -> StoreError:
+    """The typed exception an error answer of a store server stands for.
+
+    ``NotFoundError`` and ``StaleAttemptError`` come back as themselves, with the server's
+    message; anything else (bad request, auth, a proxy's error page) is a :class:`StoreError`
+    naming the status.
+    """
+    try:
+        detail = _ERROR.validate_json(response.content).error
+    except ValidationError:
+        text = response.text.strip()[:500] or response.reason_phrase
+        return StoreError(
+            f"store server answered {response.status_code} to {response.request.method} "
+            f"{response.request.url.path} without a VoltRL error body: {text}"
+        )
+    if (cls := _TYPED_ERRORS.get(detail.type)) is not None:
+        return cls(detail.message)
+    return StoreError(
+        f"store server answered {response.status_code} {detail.type}: {detail.message}"
+    )
+
+
+class HTTPStore(Store):
+    """A :class:`~voltrl.store.base.Store` served by a store server at ``url``.
+
+    ``url`` is the server's base URL (``http://host:port``); the routes live under
+    ``/v1/store``. ``token`` is sent as a bearer token. ``timeout_s`` bounds one request (a
+    long-poll gets its wait on top); ``retries`` is how many times a failed request is
+    repeated (see the module docstring for which failures). Long waits (``claim(wait_s=...)``,
+    ``wait_for_rollouts``) are split into requests of at most ``long_poll_s`` seconds.
+
+    One pooled ``httpx.AsyncClient`` is created lazily for the running event loop and replaced
+    when the loop changes, so a process may call ``asyncio.run`` more than once. Use one
+    ``HTTPStore`` from one event loop at a time; :meth:`close` releases the connections.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        *,
+        timeout_s: float = 30.0,
+        retries: int = 4,
+        backoff_s: float = 0.1,
+        max_backoff_s: float = 2.0,
+        long_poll_s: float = 25.0,
+    ) -> None:
+        if retries < 0 or timeout_s <= 0 or long_poll_s <= 0:
+            raise ValueError("need retries >= 0, timeout_s > 0 and long_poll_s > 0")
+        self.url = url.rstrip("/")
+        self.token = token
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._timeout_s = timeout_s
+        self._retries = retries
+        self._backoff_s = backoff_s
+        self._max_backoff_s = max_backoff_s
+        self._long_poll_s = long_poll_s
+        self._client: httpx.AsyncClient | None = None
+        self._client_loop: asyncio.AbstractEventLoop | None = None
+
+    def __repr__(self) -> str:
+        return f"HTTPStore({self.url!r})"
+
+    # ---- transport ----------------------------------------------------------------------
+    def _http(self) -> httpx.AsyncClient:
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._client_loop is not loop:
+            # A client from another (finished) loop cannot be closed from this one; drop it.
+            self._client = httpx.AsyncClient(
+                base_url=self.url + API_PREFIX,
+                headers=self._headers,
+                limits=httpx.Limits(max_connections=512, max_keepalive_connections=64),
+            )
+            self._client_loop = loop
+        return self._client
+
+    def _backoff(self, attempt: int) -> float:
+        cap = min(self._max_backoff_s, self._backoff_s * 2**attempt)
+        return random.uniform(cap / 2, cap)
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        adapter: TypeAdapter[T],
+        *,
+        body: BaseModel | None = None,
+        params: Mapping[str, Any] | None = None,
+        write: bool = False,
+        wait_s: float = 0.0,
+    ) -> T:
+        headers = {"Content-Type": "application/json"} if body is not None else {}
+        if write:
+            headers[REQUEST_ID_HEADER] = uuid.uuid4().hex
+        content = body.model_dump_json().encode() if body is not None else None
+        timeout = httpx.Timeout(self._timeout_s + wait_s, connect=self._timeout_s)
+        query = {k: v for k, v in (params or {}).items() if v is not None}
+        client = self._http()
+        attempt = 0
+        while True:
+            last = attempt >= self._retries
+            try:
+                response = await client.request(
+                    method, path, content=content, params=query, headers=headers, timeout=timeout
+                )
+            except httpx.TransportError as exc:
+                if last:
+                    raise StoreError(
+                        f"store server {self.url} unreachable: {type(exc).__name__}: {exc} "
+                        f"({method} {path}, {attempt + 1} tries)"
+                    ) from exc
+                problem = f"{type(exc).__name__}: {exc}"
+            else:
+                if response.is_success:
+                    return adapter.validate_json(response.content)
+                if last or response.status_code not in RETRY_STATUS:
+                    raise error_from_response(response)
+                problem = f"status {response.status_code}"
+            delay = self._backoff(attempt)
+            attempt += 1
+            logger.warning(
+                "store request %s %s failed (%s); retry %d/%d in %.2fs",
+                method, path, problem, attempt, self._retries, delay,
+            )  # fmt: skip
+            await asyncio.sleep(delay)
+
+    # ---- runs and resources -------------------------------------------------------------
+    async def add_run(self, run: Run) -> Run:
+        return await self._call("POST", "/runs", _RUN, body=run, write=True)
+
+    async def list_runs(self) -> list[Run]:
+        return await self._call("GET", "/runs", _RUNS)
+
+    async def add_resources(self, resources: Resources) -> Resources:
+        return await self._call("POST", "/resources", _RESOURCES, body=resources, write=True)
+
+    async def get_resources(self, version: int | None = None) -> Resources | None:
+        return await self._call("GET", "/resources", _MAYBE_RESOURCES, params={"version": version})
+
+    # ---- queue --------------------------------------------------------------------------
+    async def enqueue(
+        self,
+        tasks: Sequence[Task],
+        *,
+        mode: RolloutMode = "train",
+        run_id: str | None = None,
+        resources_version: int | None = None,
+        max_attempts: int = 3,
+        timeout_s: float | None = None,
+    ) -> list[Rollout]:
+        body = EnqueueRequest(
+            tasks=list(tasks),
+            mode=mode,
+            run_id=run_id,
+            resources_version=resources_version,
+            max_attempts=max_attempts,
+            timeout_s=timeout_s,
+        )
+        return await self._call("POST", "/rollouts", _ROLLOUTS, body=body, write=True)
+
+    async def claim(
+        self, worker_id: str, *, lease_s: float = DEFAULT_LEASE_S, wait_s: float = 0.0
+    ) -> Claim | None:
+        deadline = time.monotonic() + wait_s
+        while True:
+            chunk = max(0.0, min(deadline - time.monotonic(), self._long_poll_s))
+            body = ClaimRequest(worker_id=worker_id, lease_s=lease_s, wait_s=chunk)
+            claim = await self._call(
+                "POST", "/claims", _MAYBE_CLAIM, body=body, write=True, wait_s=chunk
+            )
+            if claim is not None or time.monotonic() >= deadline:
+                return claim
+
+    async def heartbeat(
+        self, attempt_ids: Sequence[str], *, lease_s: float = DEFAULT_LEASE_S
+    ) -> list[str]:
+        body = HeartbeatRequest(attempt_ids=list(attempt_ids), lease_s=lease_s)
+        answer = await self._call("POST", "/heartbeats", _HEARTBEAT, body=body, write=True)
+        return answer.stale
+
+    async def complete(self, attempt_id: str, result: AttemptResult) -> Rollout:
+        path = f"/attempts/{quote(attempt_id, safe='')}/complete"
+        return await self._call("POST", path, _ROLLOUT, body=result, write=True)
+
+    async def cancel(self, rollout_id: str) -> Rollout:
+        path = f"/rollouts/{quote(rollout_id, safe='')}/cancel"
+        return await self._call("POST", path, _ROLLOUT, write=True)
+
+    async def expire_leases(self) -> int:
+        answer = await self._call("POST", "/leases/expire", _EXPIRE, write=True)
+        return answer.expired
+
+    async def wait_for_rollouts(
+        self, rollout_ids: Sequence[str], *, timeout_s: float | None = None
+    ) -> list[Rollout]:
+        ids = list(rollout_ids)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        pending = list(dict.fromkeys(ids))
+        done: dict[str, Rollout] = {}
+        while True:
+            left = self._long_poll_s if deadline is None else deadline - time.monotonic()
+            chunk = max(0.0, min(left, self._long_poll_s))
+            body = WaitRequest(rollout_ids=pending, timeout_s=chunk)
+            for r in await self._call("POST", "/rollouts/wait", _ROLLOUTS, body=body, wait_s=chunk):
+                done[r.rollout_id] = r
+            pending = [i for i in pending if i not in done]
+            if not pending or (deadline is not None and time.monotonic() >= deadline):
+                return [done[i] for i in ids if i in done]
+
+    # ---- records ------------------------------------------------------------------------
+    async def add_llm_calls(self, calls: Sequence[LLMCall]) -> list[LLMCall]:
+        body = LLMCallsRequest(calls=list(calls))
+        return await self._call("POST", "/llm_calls", _LLM_CALLS, body=body, write=True)
+
+    async def add_spans(self, spans: Sequence[Span]) -> list[Span]:
+        body = SpansRequest(spans=list(spans))
+        return await self._call("POST", "/spans", _SPANS, body=body, write=True)
+
+    async def add_rewards(self, rewards: Sequence[Reward]) -> None:
+        body = RewardsRequest(rewards=list(rewards))
+        await self._call("POST", "/rewards", _NONE, body=body, write=True)
+
+    # ---- queries ------------------------------------------------------------------------
+    async def get_rollout(self, rollout_id: str) -> Rollout:
+        return await self._call("GET", f"/rollouts/{quote(rollout_id, safe='')}", _ROLLOUT)
+
+    async def query_rollouts(
+        self,
+        *,
+        run_id: str | None = None,
+        status: RolloutStatus | Sequence[RolloutStatus] | None = None,
+        mode: RolloutMode | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        rollout_ids: Sequence[str] | None = None,
+        limit: int | None = None,
+    ) -> list[Rollout]:
+        body = QueryRequest(
+            run_id=run_id,
+            status=[status] if isinstance(status, str) else list(status) if status else None,
+            mode=mode,
+            since=since,
+            until=until,
+            rollout_ids=None if rollout_ids is None else list(rollout_ids),
+            limit=limit,
+        )
+        return await self._call("POST", "/rollouts/query", _ROLLOUTS, body=body)
+
+    async def get_attempts(self, rollout_id: str) -> list[Attempt]:
+        path = f"/rollouts/{quote(rollout_id, safe='')}/attempts"
+        return await self._call("GET", path, _ATTEMPTS)
+
+    async def get_llm_calls(self, rollout_id: str, attempt_id: str | None = None) -> list[LLMCall]:
+        path = f"/rollouts/{quote(rollout_id, safe='')}/llm_calls"
+        return await self._call("GET", path, _LLM_CALLS, params={"attempt_id": attempt_id})
+
+    async def get_spans(self, rollout_id: str, attempt_id: str | None = None) -> list[Span]:
+        path = f"/rollouts/{quote(rollout_id, safe='')}/spans"
+        return await self._call("GET", path, _SPANS, params={"attempt_id": attempt_id})
+
+    async def get_rewards(self, rollout_id: str, attempt_id: str | None = None) -> list[Reward]:
+        path = f"/rollouts/{quote(rollout_id, safe='')}/rewards"
+        return await self._call("GET", path, _REWARDS, params={"attempt_id": attempt_id})
+
+    async def close(self) -> None:
+        """Close the pooled connections of the current event loop's client."""
+        client, self._client = self._client, None
+        if client is not None and self._client_loop is asyncio.get_running_loop():
+            await client.aclose()
+        self._client_loop = None

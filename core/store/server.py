@@ -1,0 +1,532 @@
+"""The store server: every :class:`~voltrl.store.base.Store` method as a typed REST endpoint.
+
+:func:`store_router` builds the routes (an ``APIRouter`` to include under ``/v1/store`` next to
+other routes, such as the gateway's, in one server); :func:`store_app` is a FastAPI app serving
+only them. :class:`~voltrl.store.client.HTTPStore` is the matching client.
+
+Routes (under ``/v1/store``; every one but ``/health`` needs ``Authorization: Bearer <token>``
+when the server has a token):
+
+========  ==================================  ==========================================
+GET       /health                             liveness, no auth
+POST      /runs                               ``add_run``
+GET       /runs                               ``list_runs``
+POST      /resources                          ``add_resources``
+GET       /resources?version=N                ``get_resources`` (latest without version)
+POST      /rollouts                           ``enqueue``
+POST      /claims                             ``claim``, long-poll (``wait_s`` capped)
+POST      /heartbeats                         ``heartbeat``
+POST      /attempts/{attempt_id}/complete     ``complete``
+POST      /rollouts/{rollout_id}/cancel       ``cancel``
+POST      /leases/expire                      ``expire_leases``
+POST      /rollouts/wait                      ``wait_for_rollouts``, long-poll (capped)
+POST      /llm_calls                          ``add_llm_calls``
+POST      /spans                              ``add_spans``
+POST      /rewards                            ``add_rewards``
+GET       /rollouts/{rollout_id}              ``get_rollout``
+POST      /rollouts/query                     ``query_rollouts``
+GET       /rollouts/{rollout_id}/attempts     ``get_attempts``
+GET       /rollouts/{rollout_id}/llm_calls    ``get_llm_calls`` (``?attempt_id=``)
+GET       /rollouts/{rollout_id}/spans        ``get_spans`` (``?attempt_id=``)
+GET       /rollouts/{rollout_id}/rewards      ``get_rewards`` (``?attempt_id=``)
+========  ==================================  ==========================================
+
+Errors are JSON ``{"error": {"type": ..., "message": ...}}``: ``NotFoundError`` 404,
+``StaleAttemptError`` 409, other store errors 400, bad bodies 422, missing or wrong token 401,
+a body over the size limit 413, anything unexpected 500 (logged here with its traceback; the
+answer carries only the message).
+
+Writes (every POST but ``/rollouts/query`` and ``/rollouts/wait``) honour an ``X-Request-Id``
+header: the first request with an id runs, later ones with the same id get its answer (waiting
+for it when it is still running), so clients can retry writes without applying them twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import APIRouter, Depends, FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
+from pydantic import TypeAdapter, ValidationError
+from starlette.exceptions import HTTPException
+from starlette.types import Message, Receive
+
+from voltrl.errors import NotFoundError, StaleAttemptError, VoltRLError
+from voltrl.resources import Resources
+from voltrl.store.base import Store
+from voltrl.store.client import (
+    API_PREFIX,
+    REQUEST_ID_HEADER,
+    ClaimRequest,
+    EnqueueRequest,
+    ErrorDetail,
+    ErrorResponse,
+    ExpireResponse,
+    HealthResponse,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    LLMCallsRequest,
+    QueryRequest,
+    RewardsRequest,
+    SpansRequest,
+    WaitRequest,
+)
+from voltrl.types import Attempt, AttemptResult, Claim, LLMCall, Reward, Rollout, Run, Span
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
+"""Largest request body a store server accepts unless told otherwise."""
+
+DEFAULT_MAX_WAIT_S = 30.0
+"""Longest a long-poll request (claim, wait for rollouts) is held before it answers."""
+
+_JSON = "application/json"
+_HTTP_ERROR_TYPES = {
+    400: "BadRequest",
+    401: "Unauthorized",
+    404: "NotFound",
+    405: "MethodNotAllowed",
+    413: "PayloadTooLarge",
+}
+_HEALTH = HealthResponse().model_dump_json().encode()
+
+
+def _error(exc: Exception) -> tuple[int, bytes, dict[str, str]]:
+    """Status, JSON body and headers of the error answer for ``exc``."""
+    headers: dict[str, str] = {}
+    if isinstance(exc, NotFoundError):
+        status, kind, message = 404, "NotFoundError", str(exc)
+    elif isinstance(exc, StaleAttemptError):
+        status, kind, message = 409, "StaleAttemptError", str(exc)
+    elif isinstance(exc, RequestValidationError | ValidationError):
+        problems = [
+            f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', '')}"
+            for e in exc.errors()
+        ]
+        more = f" (and {len(problems) - 10} more)" if len(problems) > 10 else ""
+        status, kind, message = 422, "ValidationError", "; ".join(problems[:10]) + more
+    elif isinstance(exc, HTTPException):
+        status, message = exc.status_code, str(exc.detail)
+        kind = _HTTP_ERROR_TYPES.get(status, "HTTPError")
+        headers = dict(exc.headers or {})
+    elif isinstance(exc, VoltRLError):
+        status, kind, message = 400, type(exc).__name__, str(exc)
+    else:
+        logger.error("store server: unexpected error", exc_info=exc)
+        status, kind = 500, "InternalError"
+        message = f"unexpected {type(exc).__name__}: {exc}"
+    body = ErrorResponse(error=ErrorDetail(type=kind, message=message))
+    return status, body.model_dump_json().encode(), headers
+
+
+def error_response(exc: Exception) -> Response:
+    """The JSON error answer for ``exc`` (see the module docstring for the statuses)."""
+    status, body, headers = _error(exc)
+    return Response(body, status_code=status, media_type=_JSON, headers=headers)
+
+
+async def _http_exception(request: Request, exc: Exception) -> Response:
+    return error_response(exc)
+
+
+def _limited(receive: Receive, max_bytes: int) -> Receive:
+    """``receive`` that fails with 413 once the body grows past ``max_bytes``."""
+    seen = 0
+
+    async def receive_limited() -> Message:
+        nonlocal seen
+        message = await receive()
+        seen += len(message.get("body", b""))
+        if seen > max_bytes:
+            raise HTTPException(413, f"request body over the limit of {max_bytes} bytes")
+        return message
+
+    return receive_limited
+
+
+def _route_class(max_body_bytes: int) -> type[APIRoute]:
+    """A route class whose handlers enforce the body limit and answer every error as JSON.
+
+    Done per route (not as middleware or app exception handlers) so the routes keep this
+    behaviour when the router is included in another app.
+    """
+
+    class StoreRoute(APIRoute):
+        def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+            handler = super().get_route_handler()
+
+            async def handle(request: Request) -> Response:
+                try:
+                    length = request.headers.get("content-length")
+                    if length is not None and length.isdigit():
+                        if int(length) > max_body_bytes:
+                            raise HTTPException(
+                                413, f"request body of {length} bytes is over the limit of "
+                                f"{max_body_bytes} bytes",
+                            )  # fmt: skip
+                    elif request.method != "GET":
+                        request = Request(request.scope, _limited(request.receive, max_body_bytes))
+                    return await handler(request)
+                except Exception as exc:
+                    return error_response(exc)
+
+            return handle
+
+    return StoreRoute
+
+
+def _bearer(token: str) -> Callable[[Request], Awaitable[None]]:
+    """A dependency that accepts only ``Authorization: Bearer <token>``."""
+    expected = token.encode()
+
+    async def check_token(request: Request) -> None:
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected):
+            raise HTTPException(
+                401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"}
+            )
+
+    return check_token
+
+
+@dataclass(slots=True)
+class _Replay:
+    created: float
+    task: asyncio.Task[tuple[int, bytes]]
+    size: int = 0
+
+
+class _Replays:
+    """Runs each write request id once and answers repeats with the first answer.
+
+    The operation runs as its own task, so a client that disconnects (or times out) does not
+    cancel it half-way, and its retry picks up the same result. Answers of 5xx are forgotten so
+    a retry runs again; others are kept ``ttl_s`` seconds, the oldest dropped sooner when the
+    kept answers pass ``max_bytes``.
+    """
+
+    def __init__(self, ttl_s: float, max_bytes: int) -> None:
+        self._ttl_s = ttl_s
+        self._max_bytes = max_bytes
+        self._entries: OrderedDict[str, _Replay] = OrderedDict()
+        self._bytes = 0
+
+    async def run(
+        self, request: Request, op: Callable[[], Awaitable[Any]], adapter: TypeAdapter[Any]
+    ) -> Response:
+        """Answer ``request`` with ``op()`` serialised by ``adapter``, once per request id."""
+        request_id = request.headers.get(REQUEST_ID_HEADER)
+        if request_id is None:
+            return Response(adapter.dump_json(await op()), media_type=_JSON)
+        key = f"{request.url.path} {request_id}"
+        replay = self._entries.get(key)
+        if replay is None:
+            self._evict()
+            replay = _Replay(time.monotonic(), asyncio.ensure_future(self._outcome(op, adapter)))
+            self._entries[key] = replay
+            replay.task.add_done_callback(lambda _: self._settle(key, replay))
+        status, body = await asyncio.shield(replay.task)
+        return Response(body, status_code=status, media_type=_JSON)
+
+    @staticmethod
+    async def _outcome(
+        op: Callable[[], Awaitable[Any]], adapter: TypeAdapter[Any]
+    ) -> tuple[int, bytes]:
+        try:
+            return 200, adapter.dump_json(await op())
+        except Exception as exc:
+            status, body, _ = _error(exc)
+            return status, body
+
+    def _settle(self, key: str, replay: _Replay) -> None:
+        if self._entries.get(key) is not replay:
+            return
+        if replay.task.cancelled() or replay.task.result()[0] >= 500:
+            del self._entries[key]
+        else:
+            replay.size = len(key) + len(replay.task.result()[1])
+            self._bytes += replay.size
+
+    def _evict(self) -> None:
+        """Forget the oldest finished answers while they are expired or over the budget."""
+        expired = time.monotonic() - self._ttl_s
+        doomed = []
+        for key, replay in self._entries.items():
+            if replay.created > expired and self._bytes <= self._max_bytes:
+                break
+            if replay.task.done():
+                doomed.append(key)
+                self._bytes -= replay.size
+        for key in doomed:
+            del self._entries[key]
+
+
+def _ok(adapter: TypeAdapter[Any], value: Any) -> Response:
+    return Response(adapter.dump_json(value), media_type=_JSON)
+
+
+_RUN = TypeAdapter(Run)
+_RUNS = TypeAdapter(list[Run])
+_RESOURCES = TypeAdapter(Resources)
+_MAYBE_RESOURCES = TypeAdapter(Resources | None)
+_ROLLOUT = TypeAdapter(Rollout)
+_ROLLOUTS = TypeAdapter(list[Rollout])
+_MAYBE_CLAIM = TypeAdapter(Claim | None)
+_HEARTBEAT = TypeAdapter(HeartbeatResponse)
+_EXPIRE = TypeAdapter(ExpireResponse)
+_ATTEMPTS = TypeAdapter(list[Attempt])
+_LLM_CALLS = TypeAdapter(list[LLMCall])
+_SPANS = TypeAdapter(list[Span])
+_REWARDS = TypeAdapter(list[Reward])
+_NONE = TypeAdapter(None)
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorResponse} for status in (400, 401, 413, 422, 500)
+}
+_MISSING = {404: {"model": ErrorResponse}}
+_STALE = {409: {"model": ErrorResponse}}
+
+
+def store_router(
+    store: Store,
+    *,
+    token: str | None = None,
+    max_wait_s: float = DEFAULT_MAX_WAIT_S,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    dedup_ttl_s: float = 300.0,
+    dedup_max_bytes: int = 64 * 1024 * 1024,
+) -> APIRouter:
+    """The store routes (see the module docstring), to include under ``/v1/store``.
+
+    ``token``: required as a bearer token on every route but ``/health`` (None: no auth).
+    ``max_wait_s``: cap on how long a long-poll request is held. ``max_body_bytes``: larger
+    request bodies get 413. ``dedup_ttl_s``, ``dedup_max_bytes``: how long, and up to how many
+    bytes in all, the answers of writes are kept for retries with the same ``X-Request-Id``.
+    """
+    if max_wait_s <= 0 or max_body_bytes <= 0:
+        raise ValueError("max_wait_s and max_body_bytes must be positive")
+    router = APIRouter(route_class=_route_class(max_body_bytes), responses=_ERRORS)
+    auth = [Depends(_bearer(token))] if token else []
+    replays = _Replays(dedup_ttl_s, dedup_max_bytes)
+
+    def capped(wait_s: float | None) -> float:
+        return max_wait_s if wait_s is None else min(max(wait_s, 0.0), max_wait_s)
+
+    @router.get("/health", response_model=HealthResponse, tags=["store"])
+    async def health() -> Response:
+        """Whether the server is up; needs no token."""
+        return Response(_HEALTH, media_type=_JSON)
+
+    # ---- runs and resources -----------------------------------------------------------
+    @router.post("/runs", response_model=Run, dependencies=auth)
+    async def add_run(run: Run, request: Request) -> Response:
+        """Record a run."""
+        return await replays.run(request, lambda: store.add_run(run), _RUN)
+
+    @router.get("/runs", response_model=list[Run], dependencies=auth)
+    async def list_runs() -> Response:
+        """All runs, oldest first."""
+        return _ok(_RUNS, await store.list_runs())
+
+    @router.post("/resources", response_model=Resources, dependencies=auth)
+    async def add_resources(resources: Resources, request: Request) -> Response:
+        """Save a new resources version."""
+        return await replays.run(request, lambda: store.add_resources(resources), _RESOURCES)
+
+    @router.get("/resources", response_model=Resources | None, dependencies=auth)
+    async def get_resources(version: int | None = None) -> Response:
+        """One resources version, or the latest; null when there is none."""
+        return _ok(_MAYBE_RESOURCES, await store.get_resources(version))
+
+    # ---- queue ------------------------------------------------------------------------
+    @router.post("/rollouts", response_model=list[Rollout], dependencies=auth)
+    async def enqueue(body: EnqueueRequest, request: Request) -> Response:
+        """Queue one rollout per task."""
+
+        def op() -> Awaitable[list[Rollout]]:
+            return store.enqueue(
+                body.tasks,
+                mode=body.mode,
+                run_id=body.run_id,
+                resources_version=body.resources_version,
+                max_attempts=body.max_attempts,
+                timeout_s=body.timeout_s,
+            )
+
+        return await replays.run(request, op, _ROLLOUTS)
+
+    @router.post("/claims", response_model=Claim | None, dependencies=auth)
+    async def claim(body: ClaimRequest, request: Request) -> Response:
+        """Claim the oldest queued rollout, waiting up to ``wait_s`` (capped); null if none."""
+        wait_s = capped(body.wait_s)
+        return await replays.run(
+            request,
+            lambda: store.claim(body.worker_id, lease_s=body.lease_s, wait_s=wait_s),
+            _MAYBE_CLAIM,
+        )
+
+    @router.post("/heartbeats", response_model=HeartbeatResponse, dependencies=auth)
+    async def heartbeat(body: HeartbeatRequest, request: Request) -> Response:
+        """Renew leases; answers the attempts that no longer own their rollout."""
+
+        async def op() -> HeartbeatResponse:
+            return HeartbeatResponse(
+                stale=await store.heartbeat(body.attempt_ids, lease_s=body.lease_s)
+            )
+
+        return await replays.run(request, op, _HEARTBEAT)
+
+    @router.post(
+        "/attempts/{attempt_id}/complete",
+        response_model=Rollout,
+        dependencies=auth,
+        responses=_STALE,
+    )
+    async def complete(attempt_id: str, result: AttemptResult, request: Request) -> Response:
+        """Finish an attempt with its whole report (409 if it no longer owns its rollout)."""
+        return await replays.run(request, lambda: store.complete(attempt_id, result), _ROLLOUT)
+
+    @router.post(
+        "/rollouts/{rollout_id}/cancel",
+        response_model=Rollout,
+        dependencies=auth,
+        responses=_MISSING,
+    )
+    async def cancel(rollout_id: str, request: Request) -> Response:
+        """Cancel a rollout that has not finished."""
+        return await replays.run(request, lambda: store.cancel(rollout_id), _ROLLOUT)
+
+    @router.post("/leases/expire", response_model=ExpireResponse, dependencies=auth)
+    async def expire_leases(request: Request) -> Response:
+        """End attempts whose lease ran out."""
+
+        async def op() -> ExpireResponse:
+            return ExpireResponse(expired=await store.expire_leases())
+
+        return await replays.run(request, op, _EXPIRE)
+
+    @router.post(
+        "/rollouts/wait", response_model=list[Rollout], dependencies=auth, responses=_MISSING
+    )
+    async def wait_for_rollouts(body: WaitRequest) -> Response:
+        """Wait (capped) until the rollouts finish; answers the finished ones, in order."""
+        done = await store.wait_for_rollouts(body.rollout_ids, timeout_s=capped(body.timeout_s))
+        return _ok(_ROLLOUTS, done)
+
+    # ---- records ----------------------------------------------------------------------
+    @router.post("/llm_calls", response_model=list[LLMCall], dependencies=auth, responses=_MISSING)
+    async def add_llm_calls(body: LLMCallsRequest, request: Request) -> Response:
+        """Record LLM calls; answers them with sequence ids assigned."""
+        return await replays.run(request, lambda: store.add_llm_calls(body.calls), _LLM_CALLS)
+
+    @router.post("/spans", response_model=list[Span], dependencies=auth, responses=_MISSING)
+    async def add_spans(body: SpansRequest, request: Request) -> Response:
+        """Record spans; answers them with sequence ids assigned."""
+        return await replays.run(request, lambda: store.add_spans(body.spans), _SPANS)
+
+    @router.post("/rewards", response_model=None, dependencies=auth, responses=_MISSING)
+    async def add_rewards(body: RewardsRequest, request: Request) -> Response:
+        """Record rewards; answers null."""
+        return await replays.run(request, lambda: store.add_rewards(body.rewards), _NONE)
+
+    # ---- queries ----------------------------------------------------------------------
+    @router.get(
+        "/rollouts/{rollout_id}", response_model=Rollout, dependencies=auth, responses=_MISSING
+    )
+    async def get_rollout(rollout_id: str) -> Response:
+        """One rollout."""
+        return _ok(_ROLLOUT, await store.get_rollout(rollout_id))
+
+    @router.post("/rollouts/query", response_model=list[Rollout], dependencies=auth)
+    async def query_rollouts(body: QueryRequest) -> Response:
+        """Rollouts matching every given filter, oldest first."""
+        found = await store.query_rollouts(
+            run_id=body.run_id,
+            status=body.status,
+            mode=body.mode,
+            since=body.since,
+            until=body.until,
+            rollout_ids=body.rollout_ids,
+            limit=body.limit,
+        )
+        return _ok(_ROLLOUTS, found)
+
+    @router.get(
+        "/rollouts/{rollout_id}/attempts",
+        response_model=list[Attempt],
+        dependencies=auth,
+        responses=_MISSING,
+    )
+    async def get_attempts(rollout_id: str) -> Response:
+        """A rollout's attempts, first to last."""
+        return _ok(_ATTEMPTS, await store.get_attempts(rollout_id))
+
+    @router.get(
+        "/rollouts/{rollout_id}/llm_calls",
+        response_model=list[LLMCall],
+        dependencies=auth,
+        responses=_MISSING,
+    )
+    async def get_llm_calls(rollout_id: str, attempt_id: str | None = None) -> Response:
+        """A rollout's LLM calls (of one attempt when given), by sequence id."""
+        return _ok(_LLM_CALLS, await store.get_llm_calls(rollout_id, attempt_id))
+
+    @router.get(
+        "/rollouts/{rollout_id}/spans",
+        response_model=list[Span],
+        dependencies=auth,
+        responses=_MISSING,
+    )
+    async def get_spans(rollout_id: str, attempt_id: str | None = None) -> Response:
+        """A rollout's spans (of one attempt when given), by sequence id."""
+        return _ok(_SPANS, await store.get_spans(rollout_id, attempt_id))
+
+    @router.get(
+        "/rollouts/{rollout_id}/rewards",
+        response_model=list[Reward],
+        dependencies=auth,
+        responses=_MISSING,
+    )
+    async def get_rewards(rollout_id: str, attempt_id: str | None = None) -> Response:
+        """A rollout's rewards (of one attempt when given), oldest first."""
+        return _ok(_REWARDS, await store.get_rewards(rollout_id, attempt_id))
+
+    return router
+
+
+def store_app(
+    store: Store,
+    *,
+    token: str | None = None,
+    max_wait_s: float = DEFAULT_MAX_WAIT_S,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    dedup_ttl_s: float = 300.0,
+    dedup_max_bytes: int = 64 * 1024 * 1024,
+) -> FastAPI:
+    """A FastAPI app serving ``store`` under ``/v1/store`` (options as :func:`store_router`).
+
+    Unknown paths and methods also answer in the JSON error format.
+    """
+    app = FastAPI(title="VoltRL store", version="1")
+    app.include_router(
+        store_router(
+            store,
+            token=token,
+            max_wait_s=max_wait_s,
+            max_body_bytes=max_body_bytes,
+            dedup_ttl_s=dedup_ttl_s,
+            dedup_max_bytes=dedup_max_bytes,
+        ),
+        prefix=API_PREFIX,
+    )
+    app.add_exception_handler(HTTPException, _http_exception)
+    return app
