@@ -420,3 +420,25 @@ async def test_remembered_answers_are_bounded_in_bytes(served: Served) -> None:
                 r = await http.post("/rollouts", json=body, headers={REQUEST_ID_HEADER: request_id})
                 assert r.status_code == 200
         assert len(await store.query_rollouts()) == expected
+
+
+async def test_a_long_poll_claim_whose_client_died_takes_no_rollout(served: Served) -> None:
+    server, _store = served.server()
+    client = served.client(server.url)
+    body = b'{"worker_id": "dead", "lease_s": 30, "wait_s": 20}'
+    reader, writer = await asyncio.open_connection(server.host, server.port)
+    writer.write(
+        b"POST /v1/store/claims HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Authorization: Bearer {TOKEN}\r\nX-Request-Id: r1\r\n".encode()
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    await writer.drain()
+    await asyncio.sleep(0.3)  # the claim is now waiting on the server
+    writer.close()  # the worker dies
+    await writer.wait_closed()
+    await asyncio.sleep(0.3)
+    [queued] = await client.enqueue(tasks(1))
+    claim = await client.claim("alive", wait_s=WAKE_LIMIT_S)
+    assert claim is not None and claim.rollout.rollout_id == queued.rollout_id
+    assert claim.attempt.index == 1  # no orphaned attempt was started before it

@@ -221,12 +221,29 @@ class _Replays:
         self._bytes = 0
 
     async def run(
-        self, request: Request, op: Callable[[], Awaitable[Any]], adapter: TypeAdapter[Any]
+        self,
+        request: Request,
+        op: Callable[[], Awaitable[Any]],
+        adapter: TypeAdapter[Any],
+        *,
+        abandon_on_disconnect: bool = False,
     ) -> Response:
-        """Answer ``request`` with ``op()`` serialised by ``adapter``, once per request id."""
+        """Answer ``request`` with ``op()`` serialised by ``adapter``, once per request id.
+
+        ``abandon_on_disconnect``: cancel ``op`` if the client goes away before it finishes.
+        Only for operations that change nothing until their last step, such as a long-poll
+        claim: a dead worker's pending claim must not take a rollout nobody will run.
+        """
         request_id = request.headers.get(REQUEST_ID_HEADER)
-        if request_id is None:
+        if request_id is None and not abandon_on_disconnect:
             return Response(adapter.dump_json(await op()), media_type=_JSON)
+        if request_id is None:
+            once = asyncio.ensure_future(self._outcome(op, adapter))
+            if not await _finished_before_disconnect(request, once):
+                once.cancel()
+                return Response(status_code=499)
+            status, body = once.result()
+            return Response(body, status_code=status, media_type=_JSON)
         key = f"{request.url.path} {request_id}"
         replay = self._entries.get(key)
         if replay is None:
@@ -234,6 +251,9 @@ class _Replays:
             replay = _Replay(time.monotonic(), asyncio.ensure_future(self._outcome(op, adapter)))
             self._entries[key] = replay
             replay.task.add_done_callback(lambda _: self._settle(key, replay))
+        if abandon_on_disconnect and not await _finished_before_disconnect(request, replay.task):
+            replay.task.cancel()
+            return Response(status_code=499)
         status, body = await asyncio.shield(replay.task)
         return Response(body, status_code=status, media_type=_JSON)
 
@@ -268,6 +288,21 @@ class _Replays:
                 self._bytes -= replay.size
         for key in doomed:
             del self._entries[key]
+
+
+async def _finished_before_disconnect(request: Request, task: asyncio.Future[Any]) -> bool:
+    """Wait for ``task``; False if the client disconnected first."""
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({watcher, task}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    return task.done()
 
 
 def _ok(adapter: TypeAdapter[Any], value: Any) -> Response:
@@ -372,6 +407,7 @@ def store_router(
             request,
             lambda: store.claim(body.worker_id, lease_s=body.lease_s, wait_s=wait_s),
             _MAYBE_CLAIM,
+            abandon_on_disconnect=True,
         )
 
     @router.post("/heartbeats", response_model=HeartbeatResponse, dependencies=auth)
