@@ -245,19 +245,6 @@ async def test_second_store_on_the_same_file_reads_writes_and_wakes_waiters(
     await reader.close()
 
 
-async def test_waiter_wakes_when_another_process_finishes_the_rollout(tmp_path: Path) -> None:
-    path = tmp_path / "store.sqlite"
-    store = SQLStore(path)
-    [r] = await store.enqueue([Task(input={})])
-    waiter = asyncio.create_task(store.wait_for_rollouts([r.rollout_id], timeout_s=120.0))
-    await asyncio.sleep(0.05)
-    finisher = python(FINISHER, str(path))
-    assert await asyncio.to_thread(finisher.wait) == 0
-    [done] = await asyncio.wait_for(waiter, WAKE_LIMIT_S)
-    assert done.status == "succeeded" and done.reward == 7
-    await store.close()
-
-
 async def test_store_file_uses_wal_journal_and_records_schema_version(tmp_path: Path) -> None:
     path = tmp_path / "store.sqlite"
     await SQLStore(path).close()

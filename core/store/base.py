@@ -179,24 +179,28 @@ class LocalStore(Store):
     async def _next_lease_expiry(self) -> float | None:
         """When the earliest running lease runs out, or None when none is running."""
 
-    async def _sleep_until_change(self, deadline: float | None) -> None:
-        """Sleep until the store changes, the deadline, or the next lease expiry."""
+    async def _sleep_until_change(self, deadline: float | None, seen: int) -> None:
+        """Sleep until the store changes (after version ``seen`` of its notifier), the
+        deadline, or the next lease expiry."""
         wake = deadline
         expiry = await self._next_lease_expiry()
         if expiry is not None:
             wake = expiry if wake is None else min(wake, expiry)
-        await self._changed.wait(None if wake is None else max(0.0, wake - time.time()) + 0.005)
+        await self._changed.wait(
+            None if wake is None else max(0.0, wake - time.time()) + 0.005, seen
+        )
 
     async def claim(
         self, worker_id: str, *, lease_s: float = DEFAULT_LEASE_S, wait_s: float = 0.0
     ) -> Claim | None:
         deadline = time.time() + wait_s
         while True:
+            seen = self._changed.version
             await self.expire_leases()
             claim = await self._claim_now(worker_id, lease_s)
             if claim is not None or time.time() >= deadline:
                 return claim
-            await self._sleep_until_change(deadline)
+            await self._sleep_until_change(deadline, seen)
 
     async def wait_for_rollouts(
         self, rollout_ids: Sequence[str], *, timeout_s: float | None = None
@@ -208,6 +212,7 @@ class LocalStore(Store):
         if missing := pending - found:
             raise NotFoundError(f"no rollouts with ids {sorted(missing)}")
         while True:
+            seen = self._changed.version
             await self.expire_leases()
             for r in await self.query_rollouts(rollout_ids=list(pending)) if pending else []:
                 if r.finished:
@@ -215,4 +220,4 @@ class LocalStore(Store):
                     pending.discard(r.rollout_id)
             if not pending or (deadline is not None and time.time() >= deadline):
                 return [done[i] for i in ids if i in done]
-            await self._sleep_until_change(deadline)
+            await self._sleep_until_change(deadline, seen)

@@ -67,21 +67,31 @@ class Notifier:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self.version = 0
+        """Counts notifications; read it before checking, pass it to :meth:`wait`."""
 
     def notify(self) -> None:
         """Wake all current waiters."""
         with self._lock:
+            self.version += 1
             waiters, self._waiters = self._waiters, []
         for loop, fut in waiters:
-            if loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(_set_done, fut)
+            except RuntimeError:  # that loop has closed: nobody is waiting there any more
                 continue
-            loop.call_soon_threadsafe(_set_done, fut)
 
-    async def wait(self, timeout_s: float | None) -> bool:
-        """Sleep until the next :meth:`notify` or the timeout; True if notified."""
+    async def wait(self, timeout_s: float | None, seen: int | None = None) -> bool:
+        """Sleep until the next :meth:`notify` or the timeout; True if notified.
+
+        With ``seen`` (the :attr:`version` read before the caller checked the store), return
+        at once if a notification came since, so none is lost between check and sleep.
+        """
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
         with self._lock:
+            if seen is not None and seen != self.version:
+                return True
             self._waiters.append((loop, fut))
         try:
             await asyncio.wait_for(fut, timeout_s)

@@ -197,9 +197,10 @@ class InMemoryStore(LocalStore):
         return seq
 
     async def add_llm_calls(self, calls: Sequence[LLMCall]) -> list[LLMCall]:
-        out = []
         for c in calls:
             self._get(c.rollout_id)
+        out = []
+        for c in calls:
             c = c.model_copy(
                 update={"sequence_id": self._next_seq(c.rollout_id, c.attempt_id, "call")}
             )

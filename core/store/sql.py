@@ -2,7 +2,7 @@
 
 One implementation serves every SQL database. What differs between databases (placeholders,
 how a write transaction starts, how the claim query locks its row, column types, connection
-setup, how another process's commits are noticed) lives in a small :class:`Dialect`; every
+setup) lives in a small :class:`Dialect`; every
 statement is written once, in :class:`Statements`. Only SQLite is wired up today.
 
 Rows hold the pydantic model as JSON in ``data``, next to real, indexed columns for what the
@@ -15,6 +15,11 @@ being killed, and other processes (``voltrl runs`` reading while a trainer write
 same file. Calls are sub-millisecond, so they run inline on the event loop; each operation is
 one transaction that never awaits in the middle, so it is atomic for every caller, in this
 process (a lock guards the connection) or another (``BEGIN IMMEDIATE``).
+
+Waiters wake on changes made through store objects of this process (all objects on one file
+share a notifier). The process that serves the store is its one writer in a VoltRL run; a
+commit by another process on the same file is seen at the waiter's next wake-up (a change
+here, a lease expiry or its deadline), not at once.
 """
 
 from __future__ import annotations
@@ -26,7 +31,6 @@ import weakref
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
@@ -52,15 +56,6 @@ from voltrl.types import (
 )
 
 SCHEMA_VERSION = 1
-FOREIGN_CHANGE_CHECK_S = 0.5
-"""While waiting, how often to look for commits by another process (in-process changes wake
-waiters at once; another process cannot notify this one)."""
-
-_SEEN_VERSION: ContextVar[tuple[int, int | None] | None] = ContextVar(
-    "voltrl_sql_seen_version", default=None
-)
-"""Per task: (store, its change counter) when the task last checked what it waits for."""
-
 M = TypeVar("M", bound=Model)
 Numbered = TypeVar("Numbered", LLMCall, Span)
 
@@ -77,7 +72,6 @@ class Dialect:
     id_column: str  # an auto-incrementing integer primary key
     float_type: str
     setup: tuple[str, ...]  # run on each new connection
-    change_counter: str | None  # a value that changes when another connection commits
     max_params: int  # most ids in one IN (...) list
 
     def render(self, sql: str) -> str:
@@ -105,7 +99,6 @@ SQLITE = Dialect(
         "PRAGMA synchronous=NORMAL",
         "PRAGMA foreign_keys=ON",
     ),
-    change_counter="PRAGMA data_version",
     max_params=900,
 )
 
@@ -357,13 +350,6 @@ class SQLStore(LocalStore):
                 f"{SCHEMA_VERSION}"
             )
 
-    def _data_version(self) -> int | None:
-        """A number that changes when another connection commits (None: not supported)."""
-        if self._dialect.change_counter is None:
-            return None
-        with self._read() as conn:
-            return int(conn.execute(self._dialect.change_counter).fetchone()[0])
-
     async def close(self) -> None:
         with self._lock:
             if self._conn is not None:
@@ -507,24 +493,6 @@ class SQLStore(LocalStore):
         with self._read() as conn:
             return conn.execute(self._sql.next_expiry).fetchone()[0]
 
-    async def _sleep_until_change(self, deadline: float | None) -> None:
-        """As :meth:`LocalStore._sleep_until_change`, and also wake when another process
-        commits (noticed within ``FOREIGN_CHANGE_CHECK_S``)."""
-        if self._dialect.change_counter is None:
-            await super()._sleep_until_change(deadline)
-            return
-        wake = deadline
-        expiry = await self._next_lease_expiry()
-        if expiry is not None:
-            wake = expiry if wake is None else min(wake, expiry)
-        while True:
-            left = None if wake is None else max(0.0, wake - time.time()) + 0.005
-            step = FOREIGN_CHANGE_CHECK_S if left is None else min(left, FOREIGN_CHANGE_CHECK_S)
-            if await self._changed.wait(step) or step == left:
-                return
-            if _SEEN_VERSION.get() != (id(self), self._data_version()):
-                return
-
     async def heartbeat(
         self, attempt_ids: Sequence[str], *, lease_s: float = DEFAULT_LEASE_S
     ) -> list[str]:
@@ -583,10 +551,7 @@ class SQLStore(LocalStore):
         return r
 
     async def expire_leases(self) -> int:
-        """End attempts whose lease ran out. Also where a waiting task notes which commits of
-        other processes it has seen: both waits call this before each check."""
-        if self._dialect.change_counter is not None:
-            _SEEN_VERSION.set((id(self), self._data_version()))
+        """End attempts whose lease ran out."""
         t = time.time()
         with self._read() as conn:
             if conn.execute(self._sql.any_due, (t,)).fetchone() is None:
