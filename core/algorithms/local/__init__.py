@@ -1,0 +1,1 @@
+"""LocalRL: the embedded single-machine RL engine (inference server + policy-gradient trainer)."""
