@@ -75,7 +75,8 @@ class RolloutContext:
 
     @contextlib.contextmanager
     def span(self, name: str, **attributes: Any) -> Iterator[Span]:
-        """Time a block as a span; an exception marks it ``error`` and is re-raised."""
+        """Time a block as a span. It ends ``ok`` unless the block set ``span.status`` itself
+        or raised, which marks it ``error`` (the exception is re-raised)."""
         span = Span(
             rollout_id=self.rollout_id,
             attempt_id=self.attempt_id,
@@ -85,7 +86,8 @@ class RolloutContext:
         )
         try:
             yield span
-            span.status = "ok"
+            if span.status == "unset":
+                span.status = "ok"
         except BaseException as exc:
             span.status = "error"
             span.events.append(
