@@ -1,0 +1,640 @@
+"""An OpenAI-compatible server on top of the LocalRL :class:`~.engine.Engine`, vLLM-flavoured.
+
+``/v1/chat/completions`` (chat template with ``tools``, Hermes ``<tool_call>`` parsing into
+OpenAI ``tool_calls``), ``/v1/completions``, ``/v1/models`` and ``/health``. Responses carry
+what the gateway records, under vLLM's field names: with ``return_token_ids`` the prompt's ids
+(``prompt_token_ids``: top level for chat, per choice for completions) and each choice's sampled
+``token_ids``, on every streamed chunk too; ``logprobs`` as OpenAI shapes them. Logprobs are
+the raw model logprobs at temperature 1 unless the app is built with
+``logprobs_mode="processed"`` (see :mod:`.engine`).
+
+Any ``model`` name is accepted (the gateway forces its own); ``/v1/models`` reports the served
+name. Unsupported or malformed parameters get a 400 with an OpenAI-shaped error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Literal
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from jinja2 import TemplateError
+
+from voltrl.algorithms.local.engine import Choice, Engine, EngineError, SamplingParams
+from voltrl.server import BackgroundServer, serve, serve_in_thread
+
+LogprobsMode = Literal["raw", "processed"]
+_TOOL_OPEN, _TOOL_CLOSE = "<tool_call>", "</tool_call>"
+_TOOL_RE = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)\Z", re.DOTALL)
+_ROLES = {"system", "developer", "user", "assistant", "tool"}
+_TEXT_PARTS = {"text", "input_text", "output_text"}
+
+
+class BadRequest(Exception):
+    """A request the server answers with a 400 and an OpenAI-shaped error."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message, self.param = message, param
+
+
+def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
+    """Split model output into content and OpenAI ``tool_calls`` (Hermes format).
+
+    Each ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` becomes a call with a
+    fresh id and JSON-string arguments; an unterminated last ``<tool_call>`` counts too. The
+    content is the text before the first call, right-stripped (``None`` if empty). If any call
+    is malformed, nothing is parsed: ``(text, [])``.
+    """
+    start = text.find(_TOOL_OPEN)
+    if start < 0:
+        return text, []
+    calls = []
+    for match in _TOOL_RE.finditer(text):
+        raw = match.group(1) if match.group(1) is not None else match.group(2)
+        try:
+            obj = json.loads(raw)
+        except ValueError:
+            return text, []
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+            return text, []
+        args = obj.get("arguments", obj.get("parameters", {}))
+        if isinstance(args, str):
+            try:
+                json.loads(args)
+            except ValueError:
+                return text, []
+        elif isinstance(args, dict):
+            args = json.dumps(args, ensure_ascii=False)
+        else:
+            return text, []
+        fn = {"name": obj["name"], "arguments": args}
+        calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": fn})
+    return text[:start].rstrip() or None, calls
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte-to-printable-character table that byte-level BPE vocabularies use."""
+    keep = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    extra = [b for b in range(256) if b not in keep]
+    table = {b: chr(b) for b in keep}
+    table.update({b: chr(256 + i) for i, b in enumerate(extra)})
+    return table
+
+
+_BYTE_DECODER = {c: b for b, c in _bytes_to_unicode().items()}
+
+
+class _Tokens:
+    """Per-token display strings and UTF-8 bytes for logprobs, cached."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        self.byte_level = type(getattr(backend, "decoder", None)).__name__ == "ByteLevel"
+        self.added = {i: t.content for i, t in tokenizer.added_tokens_decoder.items()}
+        self.cache: dict[int, tuple[str, list[int]]] = {}
+
+    def __call__(self, token_id: int) -> tuple[str, list[int]]:
+        hit = self.cache.get(token_id)
+        if hit is None:
+            if token_id in self.added:
+                raw = self.added[token_id].encode()
+            else:
+                piece = self.tokenizer.convert_ids_to_tokens(token_id)
+                if self.byte_level and all(ch in _BYTE_DECODER for ch in piece):
+                    raw = bytes(_BYTE_DECODER[ch] for ch in piece)
+                else:
+                    raw = self.tokenizer.decode([token_id]).encode()
+            hit = self.cache[token_id] = (raw.decode("utf-8", errors="replace"), list(raw))
+        return hit
+
+
+class _Server:
+    """The request handling behind :func:`create_app`."""
+
+    def __init__(self, engine: Engine, model_name: str, logprobs_mode: LogprobsMode) -> None:
+        self.engine, self.model_name, self.logprobs_mode = engine, model_name, logprobs_mode
+        self.tokens = _Tokens(engine.tokenizer)
+        self.created = int(time.time())
+
+    # ---- request parsing --------------------------------------------------------------
+    def sampling(self, body: dict[str, Any], chat: bool) -> SamplingParams:
+        """Sampling parameters of an OpenAI/vLLM request body."""
+        for name in ("presence_penalty", "frequency_penalty"):
+            if body.get(name):
+                raise BadRequest(f"{name} is not supported by the local engine", name)
+        if body.get("repetition_penalty") not in (None, 1, 1.0):
+            raise BadRequest("repetition_penalty is not supported", "repetition_penalty")
+        if body.get("logit_bias"):
+            raise BadRequest("logit_bias is not supported by the local engine", "logit_bias")
+        fmt = body.get("response_format")
+        if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
+            raise BadRequest(
+                "only response_format {'type': 'text'} is supported", "response_format"
+            )
+        stop = body.get("stop")
+        stop = [] if stop is None else [stop] if isinstance(stop, str) else stop
+        if not isinstance(stop, list):
+            raise BadRequest("stop must be a string or a list of strings", "stop")
+        max_tokens = body.get("max_tokens")
+        if chat and body.get("max_completion_tokens") is not None:
+            max_tokens = body["max_completion_tokens"]
+        if chat:
+            if body.get("top_logprobs") and not body.get("logprobs"):
+                raise BadRequest("top_logprobs needs logprobs: true", "top_logprobs")
+            top = body.get("top_logprobs") or 0
+        else:
+            top = body.get("logprobs") or 0
+        params = SamplingParams(
+            max_tokens=max_tokens,
+            temperature=_default(body, "temperature", 1.0),
+            top_p=_default(body, "top_p", 1.0),
+            top_k=_default(body, "top_k", 0),
+            n=_default(body, "n", 1),
+            seed=body.get("seed"),
+            stop=stop,
+            stop_token_ids=body.get("stop_token_ids") or [],
+            ignore_eos=bool(body.get("ignore_eos", False)),
+            top_logprobs=top,
+            skip_special_tokens=bool(body.get("skip_special_tokens", True)),
+        )
+        try:
+            params.validate()
+        except ValueError as e:
+            raise BadRequest(str(e)) from None
+        return params
+
+    def chat_prompt(self, body: dict[str, Any]) -> list[int]:
+        """Render the chat template (with ``tools``) and tokenize it."""
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise BadRequest("messages must be a non-empty list", "messages")
+        tools = body.get("tools")
+        if tools is not None and not (
+            isinstance(tools, list) and all(isinstance(t, dict) for t in tools)
+        ):
+            raise BadRequest("tools must be a list of objects", "tools")
+        kwargs = body.get("chat_template_kwargs") or {}
+        if not isinstance(kwargs, dict):
+            raise BadRequest("chat_template_kwargs must be an object", "chat_template_kwargs")
+        tok = self.engine.tokenizer
+        try:
+            text = tok.apply_chat_template(
+                [_message(m, i) for i, m in enumerate(messages)],
+                tools=tools or None,
+                add_generation_prompt=bool(body.get("add_generation_prompt", True)),
+                continue_final_message=bool(body.get("continue_final_message", False)),
+                tokenize=False,
+                **kwargs,
+            )
+        except (TemplateError, ValueError, TypeError, KeyError) as e:
+            raise BadRequest(f"the chat template could not render these messages: {e}") from e
+        return tok.encode(text, add_special_tokens=False)
+
+    def completion_prompts(self, body: dict[str, Any]) -> list[list[int]]:
+        """The prompts of a completions request as token ids."""
+        for name in ("echo", "suffix"):
+            if body.get(name):
+                raise BadRequest(f"{name} is not supported by the local engine", name)
+        if body.get("best_of") not in (None, body.get("n", 1)):
+            raise BadRequest("best_of other than n is not supported", "best_of")
+        prompt = body.get("prompt")
+        tok = self.engine.tokenizer
+        if isinstance(prompt, str):
+            return [tok.encode(prompt, add_special_tokens=False)]
+        if isinstance(prompt, list) and prompt:
+            if all(isinstance(p, str) for p in prompt):
+                return [tok.encode(p, add_special_tokens=False) for p in prompt]
+            if all(isinstance(t, int) for t in prompt):
+                return [list(prompt)]
+            if all(isinstance(p, list) and all(isinstance(t, int) for t in p) for p in prompt):
+                return [list(p) for p in prompt]
+        raise BadRequest(
+            "prompt must be a string, a list of strings, a list of token ids or a list of lists "
+            "of token ids",
+            "prompt",
+        )
+
+    def check(self, prompt: list[int], params: SamplingParams) -> None:
+        try:
+            self.engine.check(prompt, params)
+        except ValueError as e:
+            raise BadRequest(str(e)) from None
+
+    # ---- response pieces ---------------------------------------------------------------
+    def _values(self, lps: list[float], slps: list[float]) -> list[float]:
+        return slps if self.logprobs_mode == "processed" else lps
+
+    def chat_logprobs(
+        self, ids: list[int], values: list[float], tops: list[list[tuple[int, float]]]
+    ) -> dict[str, Any]:
+        content = []
+        for tid, lp, top in zip(ids, values, tops, strict=True):
+            text, raw = self.tokens(tid)
+            alts = []
+            for alt, alp in top:
+                atext, araw = self.tokens(alt)
+                alts.append({"token": atext, "logprob": alp, "bytes": araw})
+            content.append({"token": text, "logprob": lp, "bytes": raw, "top_logprobs": alts})
+        return {"content": content}
+
+    def completion_logprobs(
+        self, ids: list[int], values: list[float], tops: list[list[tuple[int, float]]], offset: int
+    ) -> dict[str, Any]:
+        tokens, offsets = [], []
+        for tid in ids:
+            text = self.tokens(tid)[0]
+            tokens.append(text)
+            offsets.append(offset)
+            offset += len(text)
+        top_dicts = [{self.tokens(a)[0]: lp for a, lp in top} if top else None for top in tops]
+        return {
+            "tokens": tokens,
+            "token_logprobs": values,
+            "top_logprobs": top_dicts,
+            "text_offset": offsets,
+        }
+
+    def head(self, prefix: str, obj: str) -> dict[str, Any]:
+        return {
+            "id": f"{prefix}-{uuid.uuid4().hex[:24]}",
+            "object": obj,
+            "created": int(time.time()),
+            "model": self.model_name,
+        }
+
+    # ---- chat ----------------------------------------------------------------------------
+    async def chat(self, body: dict[str, Any]) -> dict[str, Any] | StreamingResponse:
+        params = self.sampling(body, chat=True)
+        prompt = self.chat_prompt(body)
+        self.check(prompt, params)
+        tools = bool(body.get("tools")) and body.get("tool_choice") != "none"
+        want_ids, want_lps = bool(body.get("return_token_ids")), bool(body.get("logprobs"))
+        if body.get("stream"):
+            events = self.chat_stream(body, prompt, params, tools, want_ids, want_lps)
+            return StreamingResponse(events, media_type="text/event-stream")
+        out = await self.engine.generate(prompt, params)
+        choices = []
+        for c in out.choices:
+            message: dict[str, Any] = {"role": "assistant", "content": c.text, "tool_calls": []}
+            finish: str | None = c.finish_reason
+            if tools:
+                content, calls = parse_tool_calls(c.text)
+                if calls:
+                    message["content"], message["tool_calls"] = content, calls
+                    finish = "tool_calls"
+            choice: dict[str, Any] = {
+                "index": c.index,
+                "message": message,
+                "logprobs": self._choice_logprobs(c, True) if want_lps else None,
+                "finish_reason": finish,
+                "stop_reason": c.stop_reason,
+            }
+            if want_ids:
+                choice["token_ids"] = c.token_ids
+            choices.append(choice)
+        resp = {**self.head("chatcmpl", "chat.completion"), "choices": choices}
+        resp["usage"] = _usage(len(prompt), sum(len(c.token_ids) for c in out.choices))
+        if want_ids:
+            resp["prompt_token_ids"] = prompt
+        return resp
+
+    def _choice_logprobs(self, c: Choice, chat: bool, offset: int = 0) -> dict[str, Any]:
+        values = self._values(c.logprobs, c.sampling_logprobs)
+        if chat:
+            return self.chat_logprobs(c.token_ids, values, c.top_logprobs)
+        return self.completion_logprobs(c.token_ids, values, c.top_logprobs, offset)
+
+    async def chat_stream(
+        self,
+        body: dict[str, Any],
+        prompt: list[int],
+        params: SamplingParams,
+        tools: bool,
+        want_ids: bool,
+        want_lps: bool,
+    ) -> AsyncIterator[bytes]:
+        head = self.head("chatcmpl", "chat.completion.chunk")
+        opts = body.get("stream_options")
+        want_usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
+        states = [_ToolStream(tools) for _ in range(params.n)]
+        generated = 0
+        try:
+            for i in range(params.n):
+                first = {"index": i, "delta": {"role": "assistant", "content": ""}}
+                chunk = {**head, "choices": [{**first, "logprobs": None, "finish_reason": None}]}
+                if want_ids and i == 0:
+                    chunk["prompt_token_ids"] = prompt
+                yield _sse(chunk)
+            async for deltas in self.engine.stream(prompt, params):
+                for d in deltas:
+                    generated += len(d.token_ids)
+                    yield _sse(
+                        {**head, "choices": [self._chat_delta(d, states, want_ids, want_lps)]}
+                    )
+            if want_usage:
+                yield _sse({**head, "choices": [], "usage": _usage(len(prompt), generated)})
+        except (EngineError, ValueError) as e:
+            yield _sse(_error_body(str(e), "api_error", 500))
+        yield b"data: [DONE]\n\n"
+
+    def _chat_delta(
+        self, d: Choice, states: list[_ToolStream], want_ids: bool, want_lps: bool
+    ) -> dict[str, Any]:
+        state = states[d.index]
+        content, calls = state.feed(d.text, final=d.finish_reason is not None)
+        delta: dict[str, Any] = {}
+        if content:
+            delta["content"] = content
+        finish: str | None = d.finish_reason
+        if calls:
+            delta["tool_calls"] = [{"index": k, **call} for k, call in enumerate(calls)]
+            finish = "tool_calls"
+        choice: dict[str, Any] = {"index": d.index, "delta": delta, "logprobs": None}
+        if want_lps:
+            values = self._values(d.logprobs, d.sampling_logprobs)
+            choice["logprobs"] = self.chat_logprobs(d.token_ids, values, d.top_logprobs)
+        choice["finish_reason"] = finish
+        if finish is not None:
+            choice["stop_reason"] = d.stop_reason
+        if want_ids:
+            choice["token_ids"] = d.token_ids
+        return choice
+
+    # ---- completions ---------------------------------------------------------------------
+    async def completions(self, body: dict[str, Any]) -> dict[str, Any] | StreamingResponse:
+        params = self.sampling(body, chat=False)
+        prompts = self.completion_prompts(body)
+        for prompt in prompts:
+            self.check(prompt, params)
+        want_ids, want_lps = bool(body.get("return_token_ids")), body.get("logprobs") is not None
+        if body.get("stream"):
+            events = self.completions_stream(body, prompts, params, want_ids, want_lps)
+            return StreamingResponse(events, media_type="text/event-stream")
+        outs = await asyncio.gather(*(self.engine.generate(p, params) for p in prompts))
+        choices = []
+        for k, out in enumerate(outs):
+            for c in out.choices:
+                choice: dict[str, Any] = {
+                    "index": k * params.n + c.index,
+                    "text": c.text,
+                    "logprobs": self._choice_logprobs(c, False) if want_lps else None,
+                    "finish_reason": c.finish_reason,
+                    "stop_reason": c.stop_reason,
+                }
+                if want_ids:
+                    choice["prompt_token_ids"] = out.prompt_token_ids
+                    choice["token_ids"] = c.token_ids
+                choices.append(choice)
+        resp = {**self.head("cmpl", "text_completion"), "choices": choices}
+        generated = sum(len(c.token_ids) for out in outs for c in out.choices)
+        resp["usage"] = _usage(sum(len(p) for p in prompts), generated)
+        return resp
+
+    async def completions_stream(
+        self,
+        body: dict[str, Any],
+        prompts: list[list[int]],
+        params: SamplingParams,
+        want_ids: bool,
+        want_lps: bool,
+    ) -> AsyncIterator[bytes]:
+        head = self.head("cmpl", "text_completion")
+        opts = body.get("stream_options")
+        want_usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
+        queue: asyncio.Queue[tuple[int, list[Choice]] | BaseException | None] = asyncio.Queue()
+
+        async def pump(k: int, prompt: list[int]) -> None:
+            try:
+                async for deltas in self.engine.stream(prompt, params):
+                    queue.put_nowait((k, deltas))
+            except Exception as e:
+                queue.put_nowait(e)
+            finally:
+                queue.put_nowait(None)
+
+        tasks = [asyncio.create_task(pump(k, p)) for k, p in enumerate(prompts)]
+        offsets = [0] * (len(prompts) * params.n)
+        started: set[int] = set()
+        generated, running = 0, len(tasks)
+        try:
+            while running:
+                item = await queue.get()
+                if item is None:
+                    running -= 1
+                    continue
+                if isinstance(item, BaseException):
+                    raise item
+                k, deltas = item
+                for d in deltas:
+                    index = k * params.n + d.index
+                    generated += len(d.token_ids)
+                    choice: dict[str, Any] = {"index": index, "text": d.text, "logprobs": None}
+                    if want_lps:
+                        values = self._values(d.logprobs, d.sampling_logprobs)
+                        choice["logprobs"] = self.completion_logprobs(
+                            d.token_ids, values, d.top_logprobs, offsets[index]
+                        )
+                    offsets[index] += len(d.text)
+                    choice["finish_reason"] = d.finish_reason
+                    choice["stop_reason"] = d.stop_reason
+                    if want_ids:
+                        choice["token_ids"] = d.token_ids
+                        if index not in started:
+                            choice["prompt_token_ids"] = prompts[k]
+                    started.add(index)
+                    yield _sse({**head, "choices": [choice]})
+            if want_usage:
+                usage = _usage(sum(len(p) for p in prompts), generated)
+                yield _sse({**head, "choices": [], "usage": usage})
+        except (EngineError, ValueError) as e:
+            yield _sse(_error_body(str(e), "api_error", 500))
+        finally:
+            for task in tasks:
+                task.cancel()
+        yield b"data: [DONE]\n\n"
+
+    def models(self) -> dict[str, Any]:
+        card = {
+            "id": self.model_name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "voltrl",
+            "root": self.model_name,
+            "max_model_len": self.engine.max_model_len,
+        }
+        return {"object": "list", "data": [card]}
+
+
+class _ToolStream:
+    """Streams a choice's content while holding back what may turn out to be a tool call."""
+
+    def __init__(self, tools: bool) -> None:
+        self.tools, self.text, self.sent, self.in_call = tools, "", 0, False
+
+    def feed(self, text: str, final: bool) -> tuple[str, list[dict[str, Any]]]:
+        """New content to send, and the parsed tool calls once ``final``."""
+        if not self.tools:
+            return text, []
+        self.text += text
+        if final:
+            content, calls = parse_tool_calls(self.text)
+            end = len(content or "") if calls else len(self.text)
+            out, self.sent = self.text[self.sent : max(end, self.sent)], end
+            return out, calls
+        if not self.in_call:
+            start = self.text.find(_TOOL_OPEN)
+            self.in_call = start >= 0
+            safe = start if self.in_call else len(self.text) - _partial_suffix(self.text)
+            end = len(self.text[:safe].rstrip())
+            if end > self.sent:
+                out, self.sent = self.text[self.sent : end], end
+                return out, []
+        return "", []
+
+
+def _partial_suffix(text: str) -> int:
+    """Length of the longest end of ``text`` that begins ``<tool_call>``."""
+    for k in range(min(len(_TOOL_OPEN) - 1, len(text)), 0, -1):
+        if _TOOL_OPEN.startswith(text[-k:]):
+            return k
+    return 0
+
+
+def _message(m: Any, i: int) -> dict[str, Any]:
+    """An OpenAI chat message as the chat template wants it (string content, system role)."""
+    if not isinstance(m, dict) or m.get("role") not in _ROLES:
+        raise BadRequest(f"messages[{i}] must be an object with a role in {sorted(_ROLES)}")
+    out = dict(m)
+    out["role"] = "system" if m["role"] == "developer" else m["role"]
+    content = m.get("content")
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") not in _TEXT_PARTS:
+                raise BadRequest(f"messages[{i}]: only text content parts are supported")
+            texts.append(str(part.get("text", "")))
+        content = "".join(texts)
+    elif content is not None and not isinstance(content, str):
+        raise BadRequest(f"messages[{i}].content must be a string, a list of parts or null")
+    out["content"] = content
+    calls = m.get("tool_calls")
+    if calls is not None and not (
+        isinstance(calls, list)
+        and all(isinstance(c, dict) and isinstance(c.get("function"), dict) for c in calls)
+    ):
+        raise BadRequest(f"messages[{i}].tool_calls must be a list of function calls")
+    return out
+
+
+def _default(body: dict[str, Any], name: str, value: Any) -> Any:
+    got = body.get(name)
+    return value if got is None else got
+
+
+def _usage(prompt: int, completion: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+
+
+def _sse(obj: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+def _error_body(message: str, kind: str, code: int, param: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def create_app(
+    engine: Engine, *, model_name: str = "voltrl-local", logprobs_mode: LogprobsMode = "raw"
+) -> FastAPI:
+    """The OpenAI-compatible FastAPI app serving ``engine`` (started here) as ``model_name``.
+
+    Mount it or run it with :func:`serve_engine` / :func:`serve_engine_in_thread`; closing the
+    engine stays the caller's job.
+    """
+    if logprobs_mode not in ("raw", "processed"):
+        raise ValueError(f"logprobs_mode must be 'raw' or 'processed', not {logprobs_mode!r}")
+    engine.start()
+    server = _Server(engine, model_name, logprobs_mode)
+    app = FastAPI(title="VoltRL local engine", docs_url=None, redoc_url=None)
+    app.state.engine_server = server
+
+    async def handle(request: Request, fn: Callable[[dict[str, Any]], Awaitable[Any]]) -> Any:
+        try:
+            body = json.loads(await request.body())
+        except (ValueError, UnicodeDecodeError) as e:
+            return JSONResponse(
+                _error_body(f"invalid JSON body: {e}", "invalid_request_error", 400), 400
+            )
+        if not isinstance(body, dict):
+            return JSONResponse(
+                _error_body("the body must be a JSON object", "invalid_request_error", 400), 400
+            )
+        try:
+            return await fn(body)
+        except BadRequest as e:
+            return JSONResponse(_error_body(e.message, "invalid_request_error", 400, e.param), 400)
+        except EngineError as e:
+            return JSONResponse(_error_body(str(e), "api_error", 503), 503)
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Any:
+        return await handle(request, server.chat)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Any:
+        return await handle(request, server.completions)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return server.models()
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        ok = engine.running
+        return JSONResponse({"status": "ok" if ok else "engine stopped"}, 200 if ok else 503)
+
+    return app
+
+
+async def serve_engine(
+    engine: Engine,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    model_name: str = "voltrl-local",
+    logprobs_mode: LogprobsMode = "raw",
+    log_level: str = "warning",
+) -> tuple[str, Callable[[], Awaitable[None]]]:
+    """Serve ``engine`` on the running event loop (``port=0``: a free port).
+
+    Returns the server's base URL (the OpenAI base URL is that plus ``/v1``) and an async
+    ``stop``; see :func:`voltrl.server.serve`.
+    """
+    app = create_app(engine, model_name=model_name, logprobs_mode=logprobs_mode)
+    return await serve(app, host, port, log_level=log_level)
+
+
+def serve_engine_in_thread(
+    engine: Engine,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    model_name: str = "voltrl-local",
+    logprobs_mode: LogprobsMode = "raw",
+    log_level: str = "warning",
+) -> BackgroundServer:
+    """Serve ``engine`` from a background thread; see :func:`voltrl.server.serve_in_thread`."""
+    app = create_app(engine, model_name=model_name, logprobs_mode=logprobs_mode)
+    return serve_in_thread(app, host, port, log_level=log_level)

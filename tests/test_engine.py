@@ -1,0 +1,397 @@
+"""LocalRL inference engine and its OpenAI-compatible server: a real tiny model, a real HTTP
+server on loopback, the real ``openai`` client."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+import httpx  # noqa: E402
+from openai import AsyncOpenAI, BadRequestError, OpenAI  # noqa: E402
+
+from voltrl.algorithms.local.engine import Engine, SamplingParams  # noqa: E402
+from voltrl.algorithms.local.server import parse_tool_calls, serve_engine_in_thread  # noqa: E402
+from voltrl.algorithms.local.tiny import build_tiny_model, build_tiny_tokenizer  # noqa: E402
+from voltrl.server import BackgroundServer  # noqa: E402
+
+CALC = {
+    "type": "function",
+    "function": {
+        "name": "calculator",
+        "description": "Evaluate an arithmetic expression.",
+        "parameters": {
+            "type": "object",
+            "properties": {"expression": {"type": "string"}},
+            "required": ["expression"],
+        },
+    },
+}
+ASK = [{"role": "user", "content": "What is 2 + 3?"}]
+CALL_TEXT = (
+    '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2 + 3"}}\n</tool_call>'
+)
+HELLO = [{"role": "user", "content": "Say hello."}]
+HELLO_TEXT = "Hello there! The answer is 42."
+NO_EOS = {"ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def tok() -> Any:
+    return build_tiny_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def model(tok: Any) -> Any:
+    return build_tiny_model(tok, seed=1)
+
+
+@pytest.fixture(scope="module")
+def trained(tok: Any, model: Any) -> dict[str, Any]:
+    """Weights that answer ASK (with tools) by calling the calculator and HELLO with
+    HELLO_TEXT, greedily: a few hundred milliseconds of memorisation."""
+    student = copy.deepcopy(model).train()
+    examples = []
+    for messages, tools, reply in ((ASK, [CALC], CALL_TEXT), (HELLO, None, HELLO_TEXT)):
+        text = tok.apply_chat_template(
+            messages, tools=tools, add_generation_prompt=True, tokenize=False
+        )
+        prompt = tok.encode(text, add_special_tokens=False)
+        answer = tok.encode(reply + "<|im_end|>", add_special_tokens=False)
+        ids = torch.tensor([prompt + answer])
+        labels = ids.clone()
+        labels[0, : len(prompt)] = -100
+        examples.append((ids, labels))
+    opt = torch.optim.Adam(student.parameters(), lr=1e-2)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        for _ in range(400):
+            loss = sum(student(input_ids=i, labels=lab).loss for i, lab in examples)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            if loss.item() < 0.02:
+                break
+    return {k: v.detach().clone() for k, v in student.state_dict().items()}
+
+
+@pytest.fixture(scope="module")
+def engine(tok: Any, model: Any) -> Iterator[Engine]:
+    with Engine(model, tok, max_batch_size=16, seed=0) as eng:
+        yield eng
+
+
+@pytest.fixture(scope="module")
+def smart(tok: Any, model: Any, trained: dict[str, Any]) -> Iterator[Engine]:
+    m = copy.deepcopy(model)
+    m.load_state_dict(trained)
+    with Engine(m, tok, seed=0) as eng:
+        yield eng
+
+
+@pytest.fixture(scope="module")
+def server(engine: Engine) -> Iterator[BackgroundServer]:
+    with serve_engine_in_thread(engine, model_name="tiny") as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def smart_server(smart: Engine) -> Iterator[BackgroundServer]:
+    with serve_engine_in_thread(smart, model_name="tiny-smart") as srv:
+        yield srv
+
+
+def client(srv: BackgroundServer) -> OpenAI:
+    return OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0)
+
+
+def teacher_forced(model: Any, prompt: list[int], ids: list[int]) -> list[float]:
+    """Log-probabilities (temperature 1) of ``ids`` after ``prompt``, in one forward pass."""
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt + ids])).logits[0].float()
+    lps = torch.log_softmax(logits, dim=-1)
+    return [lps[len(prompt) - 1 + k, t].item() for k, t in enumerate(ids)]
+
+
+# ---- chat template and tool-call parsing --------------------------------------------------
+def test_chat_template_renders_tools_calls_and_results(tok: Any) -> None:
+    messages = [
+        *ASK,
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "calculator", "arguments": '{"expression": "2 + 3"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "5"},
+    ]
+    text = tok.apply_chat_template(messages, tools=[CALC], tokenize=False)
+    assert f"<tools>\n{json.dumps(CALC)}\n</tools>" in text
+    assert f"<|im_start|>assistant\n{CALL_TEXT}<|im_end|>\n" in text
+    assert "<|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>\n" in text
+    ids = tok.encode(text, add_special_tokens=False)
+    assert tok.decode(ids) == text
+    assert tok.convert_tokens_to_ids("<tool_call>") in ids
+    plain = tok.apply_chat_template(HELLO, add_generation_prompt=True, tokenize=False)
+    assert plain == "<|im_start|>user\nSay hello.<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_parse_tool_calls() -> None:
+    content, calls = parse_tool_calls(f"Let me compute.\n{CALL_TEXT}")
+    assert content == "Let me compute."
+    assert [c["function"] for c in calls] == [
+        {"name": "calculator", "arguments": '{"expression": "2 + 3"}'}
+    ]
+    assert calls[0]["type"] == "function" and calls[0]["id"].startswith("call_")
+    two = '<tool_call>{"name": "a", "arguments": {}}</tool_call><tool_call>{"name": "b"}'
+    content, calls = parse_tool_calls(two)
+    assert content is None and [c["function"]["name"] for c in calls] == ["a", "b"]
+    assert calls[0]["id"] != calls[1]["id"]
+    for bad in ("<tool_call>{not json}</tool_call>", '<tool_call>{"arguments": {}}</tool_call>'):
+        assert parse_tool_calls(bad) == (bad, [])
+    assert parse_tool_calls("no calls here") == ("no calls here", [])
+
+
+def test_tool_call_round_trip_through_the_template(tok: Any) -> None:
+    """Parsed calls, sent back as the assistant message, re-render the generated text."""
+    generated = f"Let me compute.\n{CALL_TEXT}"
+    content, calls = parse_tool_calls(generated)
+    head = tok.apply_chat_template(ASK, tools=[CALC], add_generation_prompt=True, tokenize=False)
+    turn = {"role": "assistant", "content": content, "tool_calls": calls}
+    full = tok.apply_chat_template([*ASK, turn], tools=[CALC], tokenize=False)
+    assert full == head + generated + "<|im_end|>\n"
+
+
+# ---- the engine ---------------------------------------------------------------------------
+async def test_concurrent_requests_batch_like_sequential_ones(engine: Engine, tok: Any) -> None:
+    prompts = [
+        tok.encode("What is " + "1 + " * k + "2?", add_special_tokens=False) for k in range(6)
+    ]
+    greedy = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    alone = [(await engine.generate(p, greedy)).choices[0] for p in prompts]
+    # The first request is mid-flight (cache of another length) when the others join it.
+    long = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
+    stream = engine.stream(prompts[0], long)
+    first = await anext(stream)
+    together = await asyncio.gather(*(engine.generate(p, greedy) for p in prompts[1:]))
+    rest = [d for deltas in [item async for item in stream] for d in deltas]
+    long_ids = first[0].token_ids + [t for d in rest for t in d.token_ids]
+    assert long_ids[:12] == alone[0].token_ids
+    for a, b in zip(alone[1:], together, strict=True):
+        assert b.choices[0].token_ids == a.token_ids
+        assert b.choices[0].logprobs == pytest.approx(a.logprobs, abs=1e-4)
+    assert engine.describe()["steps"] > 0
+
+
+async def test_logprobs_are_raw_model_logprobs(engine: Engine, model: Any, tok: Any) -> None:
+    prompt = tok.encode("What is 7 * 6?", add_special_tokens=False)
+    params = SamplingParams(max_tokens=16, temperature=0.7, top_k=50, top_p=0.9, seed=3, n=2)
+    out = await engine.generate(prompt, params)
+    for c in out.choices:
+        assert len(c.token_ids) == len(c.logprobs) == len(c.sampling_logprobs) == 16
+        assert c.logprobs == pytest.approx(teacher_forced(model, prompt, c.token_ids), abs=1e-4)
+        # The sampling distribution is sharper than the raw one (temperature < 1, top-k/p).
+        assert all(s >= r for s, r in zip(c.sampling_logprobs, c.logprobs, strict=True))
+    again = await engine.generate(prompt, params)
+    assert [c.token_ids for c in again.choices] == [c.token_ids for c in out.choices]
+    assert out.choices[0].token_ids != out.choices[1].token_ids
+
+
+async def test_weight_swap_at_a_step_boundary(
+    tok: Any, model: Any, trained: dict[str, Any]
+) -> None:
+    text = tok.apply_chat_template(HELLO, add_generation_prompt=True, tokenize=False)
+    prompt = tok.encode(text, add_special_tokens=False)
+    greedy = SamplingParams(max_tokens=40, temperature=0)
+    with Engine(copy.deepcopy(model), tok) as eng:
+        before = (await eng.generate(prompt, greedy)).choices[0]
+        inflight = eng.stream(prompt, SamplingParams(max_tokens=200, temperature=0, **NO_EOS))
+        first = await anext(inflight)
+        assert await eng.aupdate_weights(trained) == 1
+        rest = [d for deltas in [item async for item in inflight] for d in deltas]
+        assert first[0].weights_version == 0 and rest[-1].weights_version == 1
+        assert sum(len(d.token_ids) for d in rest) + 1 == 200
+        after = (await eng.generate(prompt, greedy)).choices[0]
+    assert before.text != after.text == HELLO_TEXT
+    assert after.finish_reason == "stop" and after.token_ids[-1] == tok.eos_token_id
+
+
+async def test_bad_requests_raise_value_errors(engine: Engine) -> None:
+    for prompt, params in [
+        ([], SamplingParams()),
+        ([10**6], SamplingParams()),
+        ([5] * engine.max_model_len, SamplingParams()),
+        ([5], SamplingParams(max_tokens=engine.max_model_len)),
+        ([5], SamplingParams(top_p=0)),
+        ([5], SamplingParams(n=10**3)),
+    ]:
+        with pytest.raises(ValueError):
+            engine.stream(prompt, params)
+
+
+# ---- the server ---------------------------------------------------------------------------
+def test_chat_token_ids_decode_and_logprobs_recompute(
+    server: BackgroundServer, model: Any, tok: Any
+) -> None:
+    resp = client(server).chat.completions.create(
+        model="anything",
+        messages=[{"role": "system", "content": "Be brief."}, *HELLO],
+        max_tokens=24,
+        logprobs=True,
+        top_logprobs=2,
+        extra_body={"return_token_ids": True, **NO_EOS},
+    )
+    data = resp.model_dump()
+    prompt, ids = data["prompt_token_ids"], data["choices"][0]["token_ids"]
+    rendered = tok.apply_chat_template(
+        [{"role": "system", "content": "Be brief."}, *HELLO],
+        add_generation_prompt=True,
+        tokenize=False,
+    )
+    assert prompt == tok.encode(rendered, add_special_tokens=False)
+    assert tok.decode(ids, skip_special_tokens=True) == resp.choices[0].message.content
+    content = resp.choices[0].logprobs.content
+    assert [e.logprob for e in content] == pytest.approx(
+        teacher_forced(model, prompt, ids), abs=1e-4
+    )
+    assert all(
+        len(e.top_logprobs) == 2 and e.top_logprobs[0].logprob >= e.logprob - 1e-6 for e in content
+    )
+    assert resp.model == "tiny" and resp.usage.completion_tokens == len(ids) == 24
+    assert resp.choices[0].finish_reason == "length"
+
+
+def test_n_choices_and_stop_strings(server: BackgroundServer, tok: Any) -> None:
+    oai = client(server)
+    kw: dict[str, Any] = {"model": "m", "messages": HELLO, "max_tokens": 20, "seed": 11}
+    extra = {"return_token_ids": True, **NO_EOS}
+    resp = oai.chat.completions.create(n=3, extra_body=extra, **kw)
+    assert [c.index for c in resp.choices] == [0, 1, 2]
+    texts = [c.message.content for c in resp.choices]
+    assert len(set(texts)) == 3
+    for c in resp.model_dump()["choices"]:
+        assert tok.decode(c["token_ids"], skip_special_tokens=True) == c["message"]["content"]
+    text = texts[0]
+    stop = next(text[i : i + 2] for i in range(3, len(text)) if text[i : i + 2].isprintable())
+    cut = oai.chat.completions.create(n=3, stop=[stop, "never-seen"], extra_body=extra, **kw)
+    assert cut.choices[0].message.content == text[: text.index(stop)]
+    assert cut.choices[0].finish_reason == "stop"
+    assert cut.model_dump()["choices"][0]["stop_reason"] == stop
+    ids = resp.model_dump()["choices"][0]["token_ids"]
+    by_id = oai.chat.completions.create(extra_body={**extra, "stop_token_ids": [ids[4]]}, **kw)
+    dumped = by_id.model_dump()["choices"][0]
+    assert dumped["token_ids"] == ids[: ids.index(ids[4]) + 1]
+    assert dumped["finish_reason"] == "stop" and dumped["stop_reason"] == ids[4]
+
+
+def test_completions_endpoint(server: BackgroundServer, model: Any, tok: Any) -> None:
+    resp = client(server).completions.create(
+        model="m",
+        prompt=["What is", "1 + 1 ="],
+        max_tokens=6,
+        n=2,
+        logprobs=1,
+        temperature=0,
+        extra_body={"return_token_ids": True, **NO_EOS},
+    )
+    data = resp.model_dump()
+    assert [c["index"] for c in data["choices"]] == [0, 1, 2, 3]
+    for c in data["choices"]:
+        prompt = tok.encode(["What is", "1 + 1 ="][c["index"] // 2], add_special_tokens=False)
+        assert c["prompt_token_ids"] == prompt
+        assert tok.decode(c["token_ids"]) == c["text"]
+        lps = c["logprobs"]["token_logprobs"]
+        assert lps == pytest.approx(teacher_forced(model, prompt, c["token_ids"]), abs=1e-4)
+    assert data["usage"]["completion_tokens"] == 24
+
+
+async def test_streaming_reassembles_to_the_same_tokens(server: BackgroundServer) -> None:
+    oai = AsyncOpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+    kw: dict[str, Any] = {"model": "m", "messages": HELLO, "max_tokens": 16, "temperature": 0}
+    extra = {"return_token_ids": True, **NO_EOS}
+    full = (await oai.chat.completions.create(extra_body=extra, logprobs=True, **kw)).model_dump()
+    stream = await oai.chat.completions.create(
+        stream=True, stream_options={"include_usage": True}, logprobs=True, extra_body=extra, **kw
+    )
+    ids: list[int] = []
+    lps: list[float] = []
+    text, prompt, usage, finish = "", None, None, None
+    async for chunk in stream:
+        data = chunk.model_dump()
+        prompt = prompt or data.get("prompt_token_ids")
+        usage = usage or data.get("usage")
+        for ch in data["choices"]:
+            ids += ch.get("token_ids") or []
+            text += ch["delta"].get("content") or ""
+            lps += [e["logprob"] for e in (ch.get("logprobs") or {}).get("content") or []]
+            finish = ch["finish_reason"] or finish
+    choice = full["choices"][0]
+    assert ids == choice["token_ids"] and text == choice["message"]["content"]
+    assert lps == pytest.approx([e["logprob"] for e in choice["logprobs"]["content"]])
+    assert prompt == full["prompt_token_ids"] and finish == "length"
+    assert usage is not None
+    assert (usage["prompt_tokens"], usage["completion_tokens"]) == (len(prompt), 16)
+    await oai.close()
+
+
+def test_tool_calls_from_the_model(smart_server: BackgroundServer, tok: Any) -> None:
+    oai = client(smart_server)
+    kw: dict[str, Any] = {"model": "m", "messages": ASK, "tools": [CALC], "temperature": 0}
+    resp = oai.chat.completions.create(extra_body={"return_token_ids": True}, **kw)
+    choice = resp.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "calculator"
+    assert json.loads(call.function.arguments) == {"expression": "2 + 3"}
+    ids = resp.model_dump()["choices"][0]["token_ids"]
+    assert tok.decode(ids) == CALL_TEXT + "<|im_end|>"
+    streamed = oai.chat.completions.create(stream=True, **kw)
+    deltas = [c.choices[0] for c in streamed if c.choices]
+    calls = [tc for d in deltas for tc in d.delta.tool_calls or []]
+    assert [(c.function.name, c.function.arguments) for c in calls] == [
+        ("calculator", call.function.arguments)
+    ]
+    assert "".join(d.delta.content or "" for d in deltas) == ""
+    assert deltas[-1].finish_reason == "tool_calls"
+    plain = oai.chat.completions.create(model="m", messages=HELLO, temperature=0)
+    assert plain.choices[0].message.content == HELLO_TEXT
+    assert plain.choices[0].finish_reason == "stop" and not plain.choices[0].message.tool_calls
+
+
+def test_models_health_and_bad_requests(server: BackgroundServer) -> None:
+    oai = client(server)
+    assert [m.id for m in oai.models.list().data] == ["tiny"]
+    assert httpx.get(server.url + "/health").status_code == 200
+    base: dict[str, Any] = {"model": "no-such-model", "messages": HELLO, "max_tokens": 2}
+    assert oai.chat.completions.create(**base).model == "tiny"
+    for bad in [
+        {"messages": []},
+        {"n": 0},
+        {"top_p": 2},
+        {"temperature": "hot"},
+        {"presence_penalty": 0.5},
+        {"stop": 3},
+        {"messages": [{"role": "robot", "content": "hi"}]},
+        {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+        {"max_tokens": 10**6},
+        {"stream": True, "max_tokens": 10**6},
+    ]:
+        with pytest.raises(BadRequestError) as err:
+            oai.chat.completions.create(**{**base, **bad})
+        assert err.value.body and err.value.body.get("message")
+    raw = httpx.post(server.url + "/v1/chat/completions", content=b"{nope")
+    assert raw.status_code == 400 and "JSON" in raw.json()["error"]["message"]
+    with pytest.raises(BadRequestError):
+        oai.completions.create(model="m", prompt=[[1, 2], "mixed"], max_tokens=2)  # type: ignore[list-item]
