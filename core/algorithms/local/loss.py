@@ -1,0 +1,293 @@
+"""The policy-gradient maths of LocalRL, in one place: plain torch functions, no state.
+
+Everything a GRPO/PPO update computes is here, so it can be read top to bottom and
+cross-checked (the verl integration tests against these definitions). Notation, per batch:
+
+- ``i`` a row (one training sequence), ``t`` a response position, ``m[i,t]`` the loss mask
+  (1 on generated tokens that are trained, 0 on context tokens and padding);
+- ``r_i`` the row's reward, ``g(i)`` its group (the task id: GRPO groups the rollouts of one
+  task), ``A_i`` its advantage;
+- ``logp[i,t] = log pi_theta(y_t | y_<t)``, the current policy; ``old[i,t]`` the logprob the
+  token was sampled with (the behaviour policy); ``ref[i,t]`` a frozen reference policy.
+
+The update minimises::
+
+    loss = agg(L_pg, m) + kl_coef * agg(kl(logp, ref), m) - entropy_coef * agg(H, m)
+
+with the PPO-clip term ``L_pg`` of :func:`policy_loss`, an estimator ``kl`` of
+:func:`kl_penalty` and the aggregation ``agg`` of :func:`agg_loss`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+LossAgg = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
+KLKind = Literal["low_var_kl", "kl", "mse"]
+
+# ---- advantages -------------------------------------------------------------------------------
+
+
+def rollout_weights(rollout_ids: Sequence[Hashable]) -> Tensor:
+    """Per-row weights ``w_i = 1 / n(rollout_i)``, where ``n(rollout)`` is how many rows of
+    the batch come from that rollout.
+
+    The rows of one rollout then weigh 1 in total, whatever their number: a rollout that
+    became 6 transitions does not count 6 times as much as one that became a single
+    trajectory row. :func:`grpo_advantages` uses them as frequency weights for the group
+    statistics; :func:`weight_advantages` scales each row's advantage by them.
+    """
+    counts: dict[Hashable, int] = {}
+    for rid in rollout_ids:
+        counts[rid] = counts.get(rid, 0) + 1
+    return torch.tensor([1.0 / counts[rid] for rid in rollout_ids], dtype=torch.float32)
+
+
+def grpo_advantages(
+    rewards: Tensor,
+    group_ids: Sequence[Hashable],
+    *,
+    norm_by_std: bool = True,
+    eps: float = 1e-6,
+    weights: Tensor | None = None,
+) -> Tensor:
+    """GRPO advantages, one per row: the reward minus its group's mean, over the group's std.
+
+    With frequency weights ``w`` (all 1 by default; :func:`rollout_weights` makes each
+    rollout count once), for group ``G`` with ``W = sum_{j in G} w_j``::
+
+        mean_G = sum_{j in G} w_j r_j / W
+        std_G  = sqrt( sum_{j in G} w_j (r_j - mean_G)^2 / (W - 1) )     (Bessel-corrected)
+        A_i    = (r_i - mean_G) / (std_G + eps)     if norm_by_std       (GRPO)
+        A_i    =  r_i - mean_G                      otherwise            (Dr. GRPO)
+
+    With unit weights ``std_G`` is ``torch.std`` of the group's rewards; with rollout
+    weights and rewards shared by a rollout's rows it is the std over rollouts. A group with
+    ``W <= 1`` (a single row, or a single rollout under rollout weights) has no baseline to
+    compare against and gets ``A_i = 0`` (verl instead passes a lone reward through as its
+    advantage). A row at its group's mean gets exactly 0, even with ``eps = 0`` in a group
+    whose rewards are all equal.
+    """
+    r = rewards.detach().to(torch.float32).flatten()
+    if len(group_ids) != r.numel():
+        raise ValueError(f"{len(group_ids)} group ids for {r.numel()} rewards")
+    w = torch.ones_like(r) if weights is None else weights.to(r).flatten()
+    index: dict[Hashable, int] = {}
+    g = torch.tensor([index.setdefault(gid, len(index)) for gid in group_ids], device=r.device)
+    n_groups = len(index)
+    w_sum = torch.zeros(n_groups, device=r.device).index_add_(0, g, w)
+    mean = torch.zeros(n_groups, device=r.device).index_add_(0, g, w * r) / w_sum
+    centred = r - mean[g]
+    adv = centred
+    if norm_by_std:
+        sq = torch.zeros(n_groups, device=r.device).index_add_(0, g, w * centred**2)
+        std = (sq / (w_sum - 1).clamp(min=1e-12)).sqrt()
+        adv = torch.where(centred == 0, 0.0, centred / (std[g] + eps))
+    return torch.where(w_sum[g] > 1 + 1e-6, adv, torch.zeros_like(adv))
+
+
+def weight_advantages(advantages: Tensor, weights: Tensor) -> Tensor:
+    """Scale each row's advantage by its weight, normalised to mean 1 over the batch::
+
+        A'_i = A_i * w_i * N / sum_j w_j          (N rows)
+
+    With :func:`rollout_weights` the rows of a rollout share its gradient weight instead of
+    each carrying the full weight, while the overall scale of the loss stays unchanged.
+    """
+    w = weights.to(advantages).flatten()
+    return advantages * w * (w.numel() / w.sum())
+
+
+# ---- log-probabilities ------------------------------------------------------------------------
+
+
+def token_logprobs(
+    model: Any,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    position_ids: Tensor,
+    response_length: int,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = True,
+    entropy_grad: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """Log-probabilities of the last ``response_length`` tokens of each row under ``model``
+    (a Hugging Face causal LM, plain or ``peft``-wrapped), and their entropies.
+
+    ``input_ids`` is ``prompt + response`` (``(B, P + R)``, prompts left-padded, responses
+    right-padded, as in :class:`voltrl.trajectory.TrainingBatch`). With ``z`` the logits
+    (divided by ``temperature``) at the position before token ``y_t``::
+
+        logp_t = z[y_t] - logsumexp(z)
+        H_t    = logsumexp(z) - sum_v softmax(z)_v z_v        (entropy of pi(. | y_<t))
+
+    Only the ``R`` positions that predict response tokens go through the LM head
+    (``logits_to_keep``), and the last input token is not fed at all (it predicts nothing we
+    train on). ``logsumexp`` is computed once and shared by both; no ``(B, R, V)``
+    ``log_softmax`` tensor is kept. Unless ``entropy_grad`` (an entropy bonus in the loss),
+    the entropy is a metric: computed without autograd, one row at a time, so its
+    ``softmax`` temporary is ``(R, V)``, not ``(B, R, V)``. Returns ``(logprobs, entropy)``,
+    both ``(B, R)`` float32; ``entropy`` is ``None`` when ``with_entropy`` is false.
+    """
+    r = response_length
+    out = model(
+        input_ids=input_ids[:, :-1],
+        attention_mask=attention_mask[:, :-1],
+        position_ids=position_ids[:, :-1],
+        use_cache=False,
+        logits_to_keep=r,
+    )
+    logits = out.logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    lse = torch.logsumexp(logits, dim=-1)
+    targets = input_ids[:, -r:].unsqueeze(-1)
+    logprobs = logits.gather(-1, targets).squeeze(-1) - lse
+    if not with_entropy:
+        return logprobs, None
+    if entropy_grad:
+        return logprobs, lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+    with torch.no_grad():
+        entropy = torch.empty_like(lse)
+        for k, z in enumerate(logits):
+            entropy[k] = lse[k] - (torch.softmax(z, dim=-1) * z).sum(-1)
+    return logprobs, entropy
+
+
+# ---- aggregation ------------------------------------------------------------------------------
+
+
+def agg_normaliser(mask: Tensor, agg: LossAgg) -> float:
+    """The denominator :func:`agg_loss` divides by for this mask: the number of trained
+    tokens (``token-mean``) or of rows with at least one trained token (``seq-mean-*``).
+
+    Computed once over a whole mini-batch and passed to every micro-batch's
+    :func:`agg_loss`, it makes the sum of micro-batch losses equal the mini-batch loss, so the
+    gradient does not depend on how the mini-batch was split.
+    """
+    if agg == "token-mean":
+        return float(mask.sum())
+    if agg in ("seq-mean-token-sum", "seq-mean-token-mean"):
+        return float((mask.sum(-1) > 0).sum())
+    raise ValueError(f"unknown loss aggregation {agg!r}")
+
+
+def agg_loss(values: Tensor, mask: Tensor, agg: LossAgg, normaliser: float | None = None) -> Tensor:
+    """Reduce per-token values ``x[i,t]`` (``(B, T)``) over the mask ``m`` to a scalar::
+
+        token-mean:           sum_{i,t} m x / sum_{i,t} m
+        seq-mean-token-sum:   (1/B') sum_i  sum_t m x
+        seq-mean-token-mean:  (1/B') sum_i (sum_t m x / sum_t m)
+
+    ``B'`` counts rows with at least one trained token (rows without any contribute 0).
+    ``normaliser`` replaces the denominator (``sum m`` or ``B'``) by one computed over a
+    larger batch (:func:`agg_normaliser`); a zero denominator gives 0.
+    """
+    m = mask.to(values.dtype)
+    norm = agg_normaliser(mask, agg) if normaliser is None else normaliser
+    if agg in ("token-mean", "seq-mean-token-sum"):
+        total = (values * m).sum()
+    elif agg == "seq-mean-token-mean":
+        total = ((values * m).sum(-1) / m.sum(-1).clamp(min=1.0)).sum()
+    else:
+        raise ValueError(f"unknown loss aggregation {agg!r}")
+    return total / norm if norm > 0 else total * 0.0
+
+
+def masked_mean(values: Tensor, mask: Tensor) -> Tensor:
+    """``sum m x / sum m`` (0 when the mask is empty): the token-mean used for statistics."""
+    m = mask.to(values.dtype)
+    return (values * m).sum() / m.sum().clamp(min=1.0)
+
+
+# ---- the PPO-clip policy loss -----------------------------------------------------------------
+
+
+def policy_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor | None,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    clip_eps: float = 0.2,
+    clip_eps_high: float | None = None,
+    agg: LossAgg = "token-mean",
+    old_known: Tensor | None = None,
+    normaliser: float | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """PPO-clip loss against the sampling logprobs, aggregated by :func:`agg_loss`.
+
+    Per token, with ``A`` the row's advantage (``advantages`` is ``(B,)`` per row or
+    ``(B, T)`` per token), ``e_lo = clip_eps`` and ``e_hi = clip_eps_high`` (default
+    ``clip_eps``; a larger value is DAPO's clip-higher)::
+
+        ratio_t = exp(logp_t - old_t)
+        L_t     = max( -A * ratio_t,  -A * clip(ratio_t, 1 - e_lo, 1 + e_hi) )
+        loss    = agg(L, m)
+
+    **Unknown old logprobs.** The trajectory builder writes 0 where the sampling logprob is
+    unknown (retokenized calls, backends that returned none, context tokens). Where
+    ``old_known`` is 0 (default: where ``old_logprobs == 0``; everywhere when
+    ``old_logprobs`` is ``None``), ``old_t`` is replaced by ``logp_t`` detached, so
+    ``ratio_t = 1`` with gradient ``grad logp_t``: ``L_t = -A * ratio_t`` has the REINFORCE
+    gradient ``-A * grad logp_t`` and is never clipped. (A sampled token with logprob
+    exactly 0 had probability 1; its ratio is ~1 anyway.)
+
+    Statistics (token means over the mask, detached): ``clip_frac`` (tokens where the
+    clipped term is the larger, i.e. the gradient is cut off), ``approx_kl`` (``old - logp``,
+    the k1 estimate of KL(old || pi) on known tokens), ``ratio_mean``, ``known_frac``.
+    """
+    e_lo = clip_eps
+    e_hi = clip_eps if clip_eps_high is None else clip_eps_high
+    if old_logprobs is None:
+        known = torch.zeros_like(response_mask, dtype=torch.bool)
+        old = logprobs.detach()
+    else:
+        known = (old_logprobs != 0) if old_known is None else old_known.bool()
+        old = torch.where(known, old_logprobs.to(logprobs.dtype), logprobs.detach())
+    adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
+    log_ratio = logprobs - old
+    ratio = torch.exp(log_ratio)
+    unclipped = -adv * ratio
+    clipped = -adv * torch.clamp(ratio, 1.0 - e_lo, 1.0 + e_hi)
+    per_token = torch.maximum(unclipped, clipped)
+    loss = agg_loss(per_token, response_mask, agg, normaliser)
+    with torch.no_grad():
+        m = response_mask.bool()
+        stats = {
+            "clip_frac": masked_mean((clipped > unclipped).float(), m),
+            "approx_kl": masked_mean(-log_ratio, m & known),
+            "ratio_mean": masked_mean(ratio, m),
+            "known_frac": masked_mean(known.float(), m),
+        }
+    return loss, stats
+
+
+# ---- KL to a reference policy -----------------------------------------------------------------
+
+
+def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, kind: KLKind = "low_var_kl") -> Tensor:
+    """Per-token estimate of ``KL(pi || pi_ref)`` from the sampled tokens (Schulman's
+    estimators, http://joschu.net/blog/kl-approx.html), with ``d = ref_t - logp_t``::
+
+        kl          (k1):  -d                          unbiased, high variance, can be < 0
+        mse         (k2):  d^2 / 2                     low variance, biased
+        low_var_kl  (k3):  exp(d) - d - 1              unbiased, >= 0 (GRPO's choice)
+
+    ``low_var_kl`` clamps ``d`` to ``[-20, 20]`` and the result to ``[-10, 10]``, as verl
+    does, so one badly off-policy token cannot blow up the loss.
+    """
+    d = ref_logprobs - logprobs
+    if kind == "kl":
+        return -d
+    if kind == "mse":
+        return 0.5 * d.square()
+    if kind == "low_var_kl":
+        d = d.clamp(min=-20.0, max=20.0)
+        return (torch.exp(d) - d - 1.0).clamp(min=-10.0, max=10.0)
+    raise ValueError(f"unknown KL estimator {kind!r}")

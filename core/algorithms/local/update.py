@@ -1,0 +1,524 @@
+"""The LocalRL policy update: one GRPO/PPO step on a :class:`~voltrl.trajectory.TrainingBatch`.
+
+::
+
+    trainer = PolicyTrainer(model, PolicyUpdateConfig(lr=1e-5, use_lora=True))
+    metrics = trainer.step(batch)          # advantages -> micro-batches -> clip -> AdamW
+    weights = trainer.merged_state_dict()  # for the inference engine
+    trainer.save_checkpoint("runs/x/checkpoints")
+
+What :meth:`PolicyTrainer.step` does, top to bottom (the maths lives in
+:mod:`voltrl.algorithms.local.loss`):
+
+1. **Advantages.** One per row, :func:`~voltrl.algorithms.local.loss.grpo_advantages` over
+   the batch's ``rewards`` grouped by ``group_ids`` (tasks); with ``rollout_weighting``,
+   rollouts count once in the group statistics and share their weight among their rows.
+2. **Reference / old logprobs** (only when needed): without autograd, under
+   ``torch.inference_mode``, once per step: the reference policy's logprobs for the KL term
+   (``kl_coef > 0``), and with ``old_logprobs="recompute"`` the current policy's, replacing
+   the sampling logprobs as PPO's "old" policy.
+3. **Mini-batches and epochs.** ``ppo_epochs`` passes over the rows, each split (shuffled
+   by a seeded generator) into ``mini_batches`` optimizer steps.
+4. **Micro-batches.** Rows of a mini-batch are sorted by length and packed into micro-batches
+   of at most ``micro_batch_size`` rows (and ``max_tokens_per_micro_batch`` padded tokens);
+   each micro-batch drops the padding columns none of its rows needs (left of its longest
+   prompt, right of its last trained token). Each micro-batch's loss is divided by the
+   *mini-batch's* normaliser (:func:`~voltrl.algorithms.local.loss.agg_normaliser`), so the
+   accumulated gradient is the mini-batch's gradient whatever the micro-batch size.
+   Rows whose loss is identically 0 (advantage 0 with no KL or entropy term: a GRPO group
+   whose rollouts all got the same reward) still count in the normaliser but are not run.
+5. **Step.** Gradient-norm clipping (a non-finite norm skips the step), then AdamW.
+
+Rows are as the trajectory builder made them in either mode: in trajectory mode the
+mask-0 tokens inside a response (tool results, the next user turn) are fed to the model as
+context and get no loss and no gradient.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import random
+import shutil
+import time
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from pydantic import Field
+from torch import Tensor
+
+from voltrl.algorithms.local.loss import (
+    KLKind,
+    LossAgg,
+    agg_loss,
+    agg_normaliser,
+    grpo_advantages,
+    kl_penalty,
+    masked_mean,
+    policy_loss,
+    rollout_weights,
+    token_logprobs,
+    weight_advantages,
+)
+from voltrl.trajectory import TrainingBatch
+from voltrl.types import Model
+
+CHECKPOINT_PREFIX = "step_"
+
+
+class PolicyUpdateConfig(Model):
+    """Settings of the policy update. Defaults are a plain GRPO step: one epoch, one
+    optimizer step per batch, PPO-clip against the sampling logprobs, no KL term."""
+
+    # optimizer
+    lr: float = Field(1e-5, gt=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = Field(0.0, ge=0)
+    max_grad_norm: float | None = Field(1.0, gt=0)
+    # loss
+    clip_eps: float = Field(0.2, gt=0)
+    clip_eps_high: float | None = Field(None, gt=0)
+    kl_coef: float = Field(0.0, ge=0)
+    kl_kind: KLKind = "low_var_kl"
+    entropy_coef: float = 0.0
+    loss_agg: LossAgg = "token-mean"
+    temperature: float = Field(1.0, gt=0)
+    old_logprobs: Literal["rollout", "recompute"] = "rollout"
+    # advantages
+    norm_adv_by_std: bool = True
+    adv_eps: float = Field(1e-6, ge=0)
+    rollout_weighting: bool = False
+    # batching
+    micro_batch_size: int = Field(4, ge=1)
+    max_tokens_per_micro_batch: int | None = Field(None, ge=1)
+    ppo_epochs: int = Field(1, ge=1)
+    mini_batches: int = Field(1, ge=1)
+    gradient_checkpointing: bool = False
+    # LoRA
+    use_lora: bool = False
+    lora_r: int = Field(16, ge=1)
+    lora_alpha: int = Field(32, ge=1)
+    lora_dropout: float = Field(0.0, ge=0, lt=1)
+    lora_target_modules: list[str] | str = "all-linear"
+    seed: int = 0
+
+
+@dataclass
+class _Prepared:
+    """A batch as tensors on the model's device, with what every micro-batch needs."""
+
+    input_ids: Tensor  # (B, P + R)
+    attention_mask: Tensor  # (B, P + R)
+    position_ids: Tensor  # (B, P + R)
+    response_mask: Tensor  # (B, R), the loss mask
+    old_logprobs: Tensor  # (B, R)
+    old_known: Tensor  # (B, R) bool: where old_logprobs is a real logprob
+    advantages: Tensor  # (B,)
+    prompt_lengths: list[int]  # real prompt tokens per row
+    response_ends: list[int]  # 1 + index of the last trained token (0: none)
+    prompt_width: int  # P
+    ref_logprobs: Tensor | None = None  # (B, R) when kl_coef > 0
+
+
+def latest_checkpoint(directory: str | Path) -> Path | None:
+    """The checkpoint with the highest step under ``directory`` (``step_00000012/``...), or
+    ``None`` when there is none."""
+    root = Path(directory)
+    found = [
+        p
+        for p in root.glob(f"{CHECKPOINT_PREFIX}*")
+        if p.is_dir() and p.name[len(CHECKPOINT_PREFIX) :].isdigit() and (p / "state.pt").exists()
+    ]
+    return max(found, key=lambda p: int(p.name[len(CHECKPOINT_PREFIX) :]), default=None)
+
+
+class PolicyTrainer:
+    """Owns the policy, its optimizer and the optional frozen reference policy.
+
+    ``model`` is a Hugging Face causal LM on the device to train on. With ``use_lora`` it is
+    wrapped by ``peft`` (only the adapters train) and the reference policy is the same model
+    with its adapters disabled: no second copy. Without LoRA and with ``kl_coef > 0``, the
+    reference is ``ref_model`` when given, else a frozen copy of ``model`` taken here.
+    """
+
+    def __init__(
+        self, model: Any, config: PolicyUpdateConfig | None = None, *, ref_model: Any = None
+    ) -> None:
+        self.config = cfg = config or PolicyUpdateConfig()
+        if cfg.use_lora:
+            from peft import LoraConfig, PeftModel, get_peft_model
+
+            if not isinstance(model, PeftModel):
+                lora = LoraConfig(
+                    r=cfg.lora_r,
+                    lora_alpha=cfg.lora_alpha,
+                    lora_dropout=cfg.lora_dropout,
+                    target_modules=cfg.lora_target_modules,
+                    task_type="CAUSAL_LM",
+                )
+                model = get_peft_model(model, lora)
+        self.model = model
+        if cfg.gradient_checkpointing:
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
+        self.ref_model = None
+        if cfg.kl_coef > 0 and not cfg.use_lora:
+            self.ref_model = ref_model if ref_model is not None else copy.deepcopy(model)
+            self.ref_model.requires_grad_(False).eval()
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            self.params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay
+        )
+        self.device = next(model.parameters()).device
+        self.generator = torch.Generator().manual_seed(cfg.seed)
+        self.global_step = 0
+
+    # ---- the update ---------------------------------------------------------------------------
+
+    def step(self, batch: TrainingBatch) -> dict[str, float]:
+        """One update on ``batch``: ``ppo_epochs`` x ``mini_batches`` optimizer steps.
+
+        Returns ``loss``, ``pg_loss``, ``kl`` (only with a reference policy), ``entropy``,
+        ``clip_frac``, ``approx_kl``, ``ratio_mean`` (token-weighted means over the
+        micro-batches run, losses as their mini-batches', averaged over optimizer steps),
+        ``grad_norm`` (before clipping, mean over optimizer steps), ``optimizer_steps``,
+        ``skipped_steps`` (non-finite gradient norm), ``reward_mean``, ``zero_adv_frac``
+        (rows with advantage 0), ``rows``, ``tokens`` (trained tokens, all epochs),
+        ``tokens_forward`` (tokens fed to the model for training, padding included),
+        ``padding_frac``, ``tokens_per_s`` (trained tokens per second), ``seconds``,
+        ``lr`` and ``step`` (updates done so far, this one included).
+        """
+        if not len(batch):
+            raise ValueError("the batch has no rows")
+        start = time.perf_counter()
+        cfg = self.config
+        data = self._prepare(batch)
+        sums: dict[str, float] = {}
+        grad_norms: list[float] = []
+        skipped = 0
+        for _ in range(cfg.ppo_epochs):
+            for rows in self._mini_batches(len(batch)):
+                for k, v in self._accumulate(data, rows).items():
+                    sums[k] = sums.get(k, 0.0) + v
+                norm = self._optimizer_step()
+                if math.isfinite(norm):
+                    grad_norms.append(norm)
+                else:
+                    skipped += 1
+        self.global_step += 1
+        seconds = time.perf_counter() - start
+        n_steps = cfg.ppo_epochs * min(cfg.mini_batches, len(batch))
+        weighted = max(sums.get("tokens_run", 0.0), 1.0)
+        metrics = {
+            "loss": sums.get("loss", 0.0) / n_steps,
+            "pg_loss": sums.get("pg_loss", 0.0) / n_steps,
+            "entropy": sums.get("entropy", 0.0) / weighted,
+            "clip_frac": sums.get("clip_frac", 0.0) / weighted,
+            "approx_kl": sums.get("approx_kl", 0.0) / weighted,
+            "ratio_mean": sums.get("ratio_mean", 0.0) / weighted,
+            "grad_norm": sum(grad_norms) / len(grad_norms) if grad_norms else float("nan"),
+            "optimizer_steps": float(n_steps - skipped),
+            "skipped_steps": float(skipped),
+            "reward_mean": sum(batch.rewards) / len(batch),
+            "zero_adv_frac": float((data.advantages == 0).float().mean()),
+            "rows": float(len(batch)),
+            "tokens": sums.get("tokens", 0.0),
+            "tokens_forward": sums.get("tokens_forward", 0.0),
+            "padding_frac": sums.get("padding", 0.0) / max(sums.get("tokens_forward", 0.0), 1.0),
+            "tokens_per_s": sums.get("tokens", 0.0) / seconds,
+            "seconds": seconds,
+            "lr": float(self.optimizer.param_groups[0]["lr"]),
+            "step": float(self.global_step),
+        }
+        if data.ref_logprobs is not None:
+            metrics["kl"] = sums.get("kl", 0.0) / n_steps
+        return metrics
+
+    def accumulate_gradients(self, batch: TrainingBatch) -> dict[str, float]:
+        """Run the whole batch as one mini-batch and leave its gradient in the parameters'
+        ``.grad``, without an optimizer step (for custom loops and tests). Returns the raw
+        sums :meth:`step` turns into its metrics."""
+        return self._accumulate(self._prepare(batch), list(range(len(batch))))
+
+    def _prepare(self, batch: TrainingBatch) -> _Prepared:
+        cfg = self.config
+        t = batch.to_torch(self.device)
+        w = rollout_weights(batch.rollout_ids).to(self.device) if cfg.rollout_weighting else None
+        adv = grpo_advantages(
+            t["rewards"],
+            batch.group_ids,
+            norm_by_std=cfg.norm_adv_by_std,
+            eps=cfg.adv_eps,
+            weights=w,
+        )
+        if w is not None:
+            adv = weight_advantages(adv, w)
+        mask = t["response_mask"]
+        r = mask.shape[1]
+        last = r - torch.flip(mask, dims=[1]).argmax(dim=1)
+        ends = torch.where(mask.sum(1) > 0, last, torch.zeros_like(last))
+        old = t["response_logprobs"]
+        data = _Prepared(
+            input_ids=t["input_ids"],
+            attention_mask=t["attention_mask"],
+            position_ids=t["position_ids"],
+            response_mask=mask,
+            old_logprobs=old,
+            old_known=old != 0,
+            advantages=adv,
+            prompt_lengths=t["prompt_mask"].sum(1).tolist(),
+            response_ends=ends.tolist(),
+            prompt_width=batch.prompt_length,
+        )
+        active = [i for i in range(len(batch)) if data.response_ends[i] > 0]
+        empty = [i for i in active if data.prompt_lengths[i] == 0]
+        if empty:
+            raise ValueError(f"rows {empty} have an empty prompt: their first token has no context")
+        if cfg.kl_coef > 0:
+            data.ref_logprobs = self._logprobs_no_grad(data, active, reference=True)
+        if cfg.old_logprobs == "recompute":
+            data.old_logprobs = self._logprobs_no_grad(data, active, reference=False)
+            data.old_known = torch.ones_like(data.old_known)
+        return data
+
+    def _mini_batches(self, n: int) -> Iterator[list[int]]:
+        """The rows of each optimizer step of one epoch: all rows in order when there is one
+        mini-batch, else a seeded shuffle split into ``mini_batches`` near-equal parts (at
+        most one per row)."""
+        k = min(self.config.mini_batches, n)
+        if k == 1:
+            yield list(range(n))
+            return
+        order = torch.randperm(n, generator=self.generator).tolist()
+        for part in range(k):
+            yield sorted(order[part * n // k : (part + 1) * n // k])
+
+    def _micro_batches(self, data: _Prepared, rows: list[int]) -> Iterator[tuple[Tensor, int, int]]:
+        """Pack rows by length: longest first, at most ``micro_batch_size`` rows and
+        ``max_tokens_per_micro_batch`` padded tokens each. Yields ``(row index tensor,
+        first column, response width)``: the columns ``[first, P + width)`` cover every real
+        prompt token and every trained token of those rows."""
+        cfg = self.config
+        budget = cfg.max_tokens_per_micro_batch
+        order = sorted(
+            rows, key=lambda i: data.prompt_lengths[i] + data.response_ends[i], reverse=True
+        )
+        group: list[int] = []
+
+        def flush() -> tuple[Tensor, int, int]:
+            p = max(data.prompt_lengths[i] for i in group)
+            w = max(data.response_ends[i] for i in group)
+            return torch.tensor(group, device=self.device), data.prompt_width - p, w
+
+        for i in order:
+            if group:
+                p = max(data.prompt_lengths[j] for j in [*group, i])
+                w = max(data.response_ends[j] for j in [*group, i])
+                full = len(group) >= cfg.micro_batch_size
+                if full or (budget is not None and (len(group) + 1) * (p + w) > budget):
+                    yield flush()
+                    group = []
+            group.append(i)
+        if group:
+            yield flush()
+
+    def _forward(
+        self, model: Any, data: _Prepared, idx: Tensor, first: int, width: int, **kw: Any
+    ) -> tuple[Tensor, Tensor | None]:
+        end = data.prompt_width + width
+        return token_logprobs(
+            model,
+            data.input_ids[idx, first:end],
+            data.attention_mask[idx, first:end],
+            data.position_ids[idx, first:end],
+            width,
+            temperature=self.config.temperature,
+            **kw,
+        )
+
+    def _logprobs_no_grad(self, data: _Prepared, rows: list[int], *, reference: bool) -> Tensor:
+        """Logprobs of every response token of ``rows`` (0 elsewhere) under the reference
+        policy or the current one, in eval mode, without autograd."""
+        out = torch.zeros_like(data.old_logprobs)
+        model, ctx = self.model, nullcontext()
+        if reference:
+            model, ctx = self._reference()
+        was_training = self.model.training
+        self.model.eval()
+        with torch.inference_mode(), ctx:
+            for idx, first, width in self._micro_batches(data, rows):
+                logprobs, _ = self._forward(model, data, idx, first, width, with_entropy=False)
+                out[idx, :width] = logprobs
+        self.model.train(was_training)
+        return out
+
+    def _reference(self) -> tuple[Any, AbstractContextManager[Any]]:
+        if self.ref_model is not None:
+            return self.ref_model, nullcontext()
+        return self.model, self.model.disable_adapter()
+
+    def _accumulate(self, data: _Prepared, rows: list[int]) -> dict[str, float]:
+        """Forward and backward every micro-batch of one mini-batch; gradients accumulate
+        in ``.grad`` and sum to the mini-batch loss's gradient."""
+        cfg = self.config
+        self.model.train()
+        mask = data.response_mask[rows]
+        norm = agg_normaliser(mask, cfg.loss_agg)
+        needs_all = cfg.kl_coef > 0 or cfg.entropy_coef != 0
+        run = [
+            i
+            for i in rows
+            if data.response_ends[i] > 0 and (needs_all or bool(data.advantages[i] != 0))
+        ]
+        sums = {"tokens": float(mask.sum()), "tokens_forward": 0.0, "padding": 0.0}
+        for idx, first, width in self._micro_batches(data, run):
+            m = data.response_mask[idx, :width]
+            logprobs, entropy = self._forward(
+                self.model, data, idx, first, width, entropy_grad=cfg.entropy_coef != 0
+            )
+            assert entropy is not None
+            pg, stats = policy_loss(
+                logprobs,
+                data.old_logprobs[idx, :width],
+                data.advantages[idx],
+                m,
+                clip_eps=cfg.clip_eps,
+                clip_eps_high=cfg.clip_eps_high,
+                agg=cfg.loss_agg,
+                old_known=data.old_known[idx, :width],
+                normaliser=norm,
+            )
+            loss = pg
+            parts = {"pg_loss": pg.item()}
+            if data.ref_logprobs is not None:
+                kl = agg_loss(
+                    kl_penalty(logprobs, data.ref_logprobs[idx, :width], cfg.kl_kind),
+                    m,
+                    cfg.loss_agg,
+                    norm,
+                )
+                loss = loss + cfg.kl_coef * kl
+                parts["kl"] = kl.item()
+            if cfg.entropy_coef != 0:
+                loss = loss - cfg.entropy_coef * agg_loss(entropy, m, cfg.loss_agg, norm)
+            loss.backward()
+            parts["loss"] = loss.item()
+            tokens = float(m.sum())
+            parts["entropy"] = float(masked_mean(entropy.detach(), m)) * tokens
+            parts.update({k: float(v) * tokens for k, v in stats.items() if k != "known_frac"})
+            parts["tokens_run"] = tokens
+            fed = data.attention_mask[idx, first : data.prompt_width + width - 1]
+            parts["tokens_forward"] = float(fed.numel())
+            parts["padding"] = float(fed.numel() - fed.sum())
+            for k, v in parts.items():
+                sums[k] = sums.get(k, 0.0) + v
+        return sums
+
+    def _optimizer_step(self) -> float:
+        """Clip the gradient norm and step; returns the norm before clipping. A non-finite
+        norm skips the step (gradients are dropped)."""
+        limit = self.config.max_grad_norm or float("inf")
+        norm = float(torch.nn.utils.clip_grad_norm_(self.params, limit))
+        if math.isfinite(norm):
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm
+
+    # ---- weights and checkpoints --------------------------------------------------------------
+
+    def merged_state_dict(self) -> dict[str, Tensor]:
+        """The policy's full weights under the base model's parameter names, for the
+        inference engine. With LoRA, each adapted weight is ``W + (alpha / r) * B @ A``,
+        computed aside (the trained model keeps its adapters, no merge/unmerge drift); the
+        tensors are fresh. Without LoRA, the model's own (detached) tensors: do not modify
+        them, and copy them if they must outlive the next step."""
+        if not self.config.use_lora:
+            return {k: v.detach() for k, v in self.model.state_dict().items()}
+        from peft.tuners.lora import LoraLayer
+
+        base = self.model.get_base_model()
+        out = {
+            k.replace(".base_layer", ""): v.detach().clone()
+            for k, v in base.state_dict().items()
+            if "lora_" not in k
+        }
+        with torch.no_grad():
+            for name, module in base.named_modules():
+                if isinstance(module, LoraLayer):
+                    weight = module.get_base_layer().weight
+                    for adapter in module.active_adapters:
+                        if adapter in module.lora_A:
+                            weight = weight + module.get_delta_weight(adapter)
+                    out[f"{name}.weight"] = weight.detach().clone()
+        return out
+
+    def _trainable_state(self) -> dict[str, Tensor]:
+        if self.config.use_lora:
+            from peft import get_peft_model_state_dict
+
+            return get_peft_model_state_dict(self.model)
+        return self.model.state_dict()
+
+    def save_checkpoint(self, directory: str | Path, step: int | None = None) -> Path:
+        """Save to ``directory/step_{step:08d}/`` (``step`` defaults to the updates done):
+        ``model.pt`` (the adapter weights with LoRA, else the full model), ``optimizer.pt``
+        and ``state.pt`` (step, the torch/CUDA/Python RNG states, the mini-batch shuffle
+        generator, the config). Written to a temporary folder and renamed, so a crash never
+        leaves a half checkpoint that :func:`latest_checkpoint` would pick."""
+        step = self.global_step if step is None else step
+        root = Path(directory)
+        root.mkdir(parents=True, exist_ok=True)
+        final = root / f"{CHECKPOINT_PREFIX}{step:08d}"
+        tmp = root / f".tmp-{final.name}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        torch.save(self._trainable_state(), tmp / "model.pt")
+        torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+        state = {
+            "step": step,
+            "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            "python_rng": random.getstate(),
+            "generator": self.generator.get_state(),
+            "config": self.config.model_dump(mode="json"),
+        }
+        torch.save(state, tmp / "state.pt")
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        return final
+
+    def load_checkpoint(self, path: str | Path) -> int:
+        """Restore weights, optimizer, step and RNG states from a checkpoint folder, or from
+        the latest one under ``path``. Returns the step restored. The model must be built as
+        for the run that saved it (with LoRA, the same base model: only adapters are saved).
+        Raises ``FileNotFoundError`` when there is no checkpoint."""
+        folder = Path(path)
+        if not (folder / "state.pt").exists():
+            found = latest_checkpoint(folder)
+            if found is None:
+                raise FileNotFoundError(f"no checkpoint in {folder}")
+            folder = found
+        weights = torch.load(folder / "model.pt", map_location=self.device, weights_only=True)
+        if self.config.use_lora:
+            from peft import set_peft_model_state_dict
+
+            set_peft_model_state_dict(self.model, weights)
+        else:
+            self.model.load_state_dict(weights)
+        self.optimizer.load_state_dict(
+            torch.load(folder / "optimizer.pt", map_location=self.device, weights_only=True)
+        )
+        state = torch.load(folder / "state.pt", map_location="cpu", weights_only=True)
+        torch.set_rng_state(state["torch_rng"])
+        if state["cuda_rng"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda_rng"])
+        version, internal, gauss = state["python_rng"]
+        random.setstate((version, tuple(internal), gauss))
+        self.generator.set_state(state["generator"])
+        self.global_step = int(state["step"])
+        return self.global_step

@@ -1,0 +1,521 @@
+"""LocalRL's policy update: the loss maths by hand, and the trainer on a tiny random Qwen2."""
+
+from __future__ import annotations
+
+import copy
+import math
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from voltrl.algorithms.local.loss import (  # noqa: E402
+    agg_loss,
+    agg_normaliser,
+    grpo_advantages,
+    kl_penalty,
+    policy_loss,
+    rollout_weights,
+    token_logprobs,
+    weight_advantages,
+)
+from voltrl.algorithms.local.update import (  # noqa: E402
+    PolicyTrainer,
+    PolicyUpdateConfig,
+    latest_checkpoint,
+)
+from voltrl.trajectory import TrainingBatch, TrajectoryConfig, build_trajectory, collate  # noqa: E402
+from voltrl.types import LLMCall, Rollout, Task, Trajectory, Transition  # noqa: E402
+
+AGGS = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
+
+
+def tiny_model(seed: int = 0) -> transformers.Qwen2ForCausalLM:
+    torch.manual_seed(seed)
+    config = transformers.Qwen2Config(
+        vocab_size=256,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+    )
+    return transformers.Qwen2ForCausalLM(config)
+
+
+def row(prompt: list[int], response: list[int], reward: float) -> Transition:
+    return Transition(prompt_token_ids=prompt, response_token_ids=response, reward=reward)
+
+
+def varied_batch() -> TrainingBatch:
+    """Two tasks of three rollouts, prompts and responses of different lengths, one rollout
+    with two rows, so padding, groups and rollouts all matter."""
+    trajectories = [
+        Trajectory(rollout_id="a1", task_id="a", transitions=[row([1, 2, 3], [10, 11, 12], 1.0)]),
+        Trajectory(rollout_id="a2", task_id="a", transitions=[row([1, 2, 3], [13, 14], 0.0)]),
+        Trajectory(
+            rollout_id="a3",
+            task_id="a",
+            transitions=[row([1, 2, 3], [15], 0.5), row([1, 2, 3, 15, 7], [16, 17, 18, 19], 0.5)],
+        ),
+        Trajectory(rollout_id="b1", task_id="b", transitions=[row([4, 5], [20, 21, 22, 23], 0.0)]),
+        Trajectory(rollout_id="b2", task_id="b", transitions=[row([4, 5, 6, 7, 8, 9], [24], 1.0)]),
+        Trajectory(rollout_id="b3", task_id="b", transitions=[row([4], [25, 26], 2.0)]),
+    ]
+    return collate(trajectories)
+
+
+def rollout(rid: str, task_id: str, reward: float) -> Rollout:
+    return Rollout(
+        rollout_id=rid,
+        task=Task(task_id=task_id, input={}),
+        status="succeeded",
+        reward=reward,
+        final_attempt_id=f"{rid}-at",
+    )
+
+
+def agent_calls(rid: str, seed: int) -> list[LLMCall]:
+    """A 3-turn agent: each prompt extends the previous prompt + response with a tool
+    result, so trajectory mode merges them into one row with mask-0 tool tokens."""
+    calls, prompt = [], [1, 2, 3]
+    for turn in range(3):
+        response = [30 + seed + turn, 40 + turn]
+        calls.append(
+            LLMCall(
+                rollout_id=rid,
+                attempt_id=f"{rid}-at",
+                sequence_id=turn,
+                prompt_token_ids=prompt,
+                response_token_ids=response,
+            )
+        )
+        prompt = [*prompt, *response, 90 + seed, 91 + turn]
+    return calls
+
+
+def agent_batch(mode: str) -> TrainingBatch:
+    config = TrajectoryConfig(mode=mode)  # type: ignore[arg-type]
+    trajectories = [
+        build_trajectory(rollout(f"r{k}", "t", float(k)), agent_calls(f"r{k}", k), config=config)
+        for k in range(3)
+    ]
+    return collate(trajectories, config)
+
+
+def set_sampling_logprobs(model: torch.nn.Module, batch: TrainingBatch) -> None:
+    """Record the model's own logprobs as the sampling logprobs, as the engine would."""
+    t = batch.to_torch()
+    with torch.no_grad():
+        lp, _ = token_logprobs(
+            model,
+            t["input_ids"],
+            t["attention_mask"],
+            t["position_ids"],
+            batch.response_length,
+            with_entropy=False,
+        )
+    batch.response_logprobs = (lp * t["response_mask"]).tolist()
+
+
+def grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def response_logprob(model: torch.nn.Module, prompt: list[int], response: list[int]) -> float:
+    ids = torch.tensor([prompt + response])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
+    return float(logits.log_softmax(-1).gather(-1, ids[0, len(prompt) :, None]).sum())
+
+
+# ---- the maths by hand ------------------------------------------------------------------------
+
+
+def test_grpo_advantages_by_hand() -> None:
+    rewards = torch.tensor([1.0, 0.0, 2.0, 5.0, 3.0, 3.0])
+    groups = ["a", "a", "a", "b", "c", "c"]
+    # group a: mean 1, unbiased std sqrt((0 + 1 + 1) / 2) = 1; b is a singleton; c is flat
+    adv = grpo_advantages(rewards, groups, eps=0.0)
+    assert adv.tolist() == pytest.approx([0.0, -1.0, 1.0, 0.0, 0.0, 0.0])
+    adv = grpo_advantages(rewards, groups, eps=1.0)
+    assert adv.tolist() == pytest.approx([0.0, -0.5, 0.5, 0.0, 0.0, 0.0])
+    adv = grpo_advantages(rewards, groups, norm_by_std=False)
+    assert adv.tolist() == pytest.approx([0.0, -1.0, 1.0, 0.0, 0.0, 0.0])
+    assert grpo_advantages(torch.tensor([4.0, 6.0]), ["g", "g"], norm_by_std=False).tolist() == [
+        -1.0,
+        1.0,
+    ]
+    with pytest.raises(ValueError):
+        grpo_advantages(rewards, groups[:2])
+
+
+def test_rollout_weighted_advantages_by_hand() -> None:
+    rewards = torch.tensor([1.0, 1.0, 1.0, 0.0])
+    rollouts = ["r1", "r1", "r1", "r2"]
+    w = rollout_weights(rollouts)
+    assert w.tolist() == pytest.approx([1 / 3, 1 / 3, 1 / 3, 1.0])
+    # unweighted: mean 0.75, std sqrt((3 * 0.0625 + 0.5625) / 3) = 0.5
+    plain = grpo_advantages(rewards, ["g"] * 4, eps=0.0)
+    assert plain.tolist() == pytest.approx([0.5, 0.5, 0.5, -1.5])
+    # weighted: each rollout counts once: mean 0.5, std sqrt((0.25 + 0.25) / (2 - 1))
+    adv = grpo_advantages(rewards, ["g"] * 4, eps=0.0, weights=w)
+    s = 0.5 / math.sqrt(0.5)
+    assert adv.tolist() == pytest.approx([s, s, s, -s])
+    # A_i * w_i * N / sum(w) = A_i * w_i * 4 / 2: each rollout's rows share its weight
+    scaled = weight_advantages(adv, w)
+    assert scaled.tolist() == pytest.approx([2 * s / 3, 2 * s / 3, 2 * s / 3, -2 * s])
+    assert scaled[:3].sum() == pytest.approx(-scaled[3])
+    # one rollout alone in its group has no baseline, however many rows it has
+    alone = grpo_advantages(
+        torch.tensor([1.0, 0.0]), ["g", "g"], weights=rollout_weights(["r", "r"])
+    )
+    assert alone.tolist() == [0.0, 0.0]
+
+
+def test_policy_loss_clipping_by_hand() -> None:
+    old = torch.full((1, 3), -1.0)
+    ratios = torch.tensor([[1.5, 0.5, 1.1]])
+    logp = (old + ratios.log()).requires_grad_(True)
+    mask = torch.ones(1, 3)
+    # A = +1: per token max(-r, -clip(r, 0.8, 1.2)) = [-1.2, -0.5, -1.1]
+    loss, stats = policy_loss(logp, old, torch.tensor([1.0]), mask, clip_eps=0.2)
+    assert loss.item() == pytest.approx((-1.2 - 0.5 - 1.1) / 3)
+    assert float(stats["clip_frac"]) == pytest.approx(1 / 3)
+    assert float(stats["ratio_mean"]) == pytest.approx(1.0 + 0.1 / 3)
+    assert float(stats["approx_kl"]) == pytest.approx(-float(ratios.log().mean()), rel=1e-5)
+    loss.backward()
+    # the clipped token gets no gradient; the others -A * ratio / 3
+    assert logp.grad[0].tolist() == pytest.approx([0.0, -0.5 / 3, -1.1 / 3])
+    # A = -1: max(r, clip(r)) = [1.5, 0.8, 1.1]; the second token is the clipped one
+    loss, stats = policy_loss(logp, old, torch.tensor([-1.0]), mask, clip_eps=0.2)
+    assert loss.item() == pytest.approx((1.5 + 0.8 + 1.1) / 3)
+    assert float(stats["clip_frac"]) == pytest.approx(1 / 3)
+    # clip-higher: 1.5 < 1 + 0.6 is no longer clipped
+    loss, _ = policy_loss(logp, old, torch.tensor([1.0]), mask, clip_eps=0.2, clip_eps_high=0.6)
+    assert loss.item() == pytest.approx((-1.5 - 0.5 - 1.1) / 3)
+    # per-token advantages work too
+    adv = torch.tensor([[1.0, 1.0, -1.0]])
+    loss, _ = policy_loss(logp, old, adv, mask)
+    assert loss.item() == pytest.approx((-1.2 - 0.5 + 1.1) / 3)
+
+
+def test_unknown_old_logprobs_mean_ratio_one() -> None:
+    logp = torch.tensor([[-0.5, -2.0, -1.0]], requires_grad=True)
+    mask = torch.tensor([[1, 1, 0]])
+    # old logprob 0 = unknown: ratio 1, REINFORCE gradient -A / n, never clipped
+    old = torch.tensor([[0.0, -1.0, -7.0]])
+    loss, stats = policy_loss(logp, old, torch.tensor([2.0]), mask)
+    r1 = math.exp(-1.0)  # the known token: ratio exp(-2 - -1), below 0.8 but A > 0: unclipped
+    assert loss.item() == pytest.approx((-2.0 * 1.0 + max(-2.0 * r1, -2.0 * 0.8)) / 2)
+    assert float(stats["known_frac"]) == pytest.approx(0.5)
+    loss.backward()
+    assert logp.grad[0].tolist() == pytest.approx([-1.0, -2.0 * r1 / 2, 0.0])
+    # no old logprobs at all: pure REINFORCE, loss -mean(A) with gradient -A / n
+    logp.grad = None
+    loss, stats = policy_loss(logp, None, torch.tensor([2.0]), mask)
+    assert loss.item() == pytest.approx(-2.0)
+    assert float(stats["clip_frac"]) == 0.0
+    loss.backward()
+    assert logp.grad[0].tolist() == pytest.approx([-1.0, -1.0, 0.0])
+
+
+@pytest.mark.parametrize("agg", AGGS)
+def test_aggregation_by_hand(agg: str) -> None:
+    values = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 0, 0]])
+    expected = {
+        "token-mean": (1 + 2 + 4) / 3,
+        "seq-mean-token-sum": ((1 + 2) + 4) / 2,  # the all-masked row does not count
+        "seq-mean-token-mean": ((1 + 2) / 2 + 4) / 2,
+    }[agg]
+    assert float(agg_loss(values, mask, agg)) == pytest.approx(expected)  # type: ignore[arg-type]
+    # micro-batches with the whole batch's normaliser sum to the whole batch's value
+    norm = agg_normaliser(mask, agg)  # type: ignore[arg-type]
+    parts = [agg_loss(values[i : i + 1], mask[i : i + 1], agg, norm) for i in range(3)]  # type: ignore[arg-type]
+    assert float(sum(parts)) == pytest.approx(expected)
+    assert float(agg_loss(values, torch.zeros_like(mask), agg)) == 0.0  # type: ignore[arg-type]
+
+
+def test_kl_estimators_by_hand() -> None:
+    logp = torch.tensor([-1.0, -2.0])
+    ref = torch.tensor([-1.5, -1.0])  # d = ref - logp = [-0.5, 1.0]
+    assert kl_penalty(logp, ref, "kl").tolist() == pytest.approx([0.5, -1.0])
+    assert kl_penalty(logp, ref, "mse").tolist() == pytest.approx([0.125, 0.5])
+    k3 = [math.exp(-0.5) + 0.5 - 1, math.e - 1 - 1]
+    assert kl_penalty(logp, ref, "low_var_kl").tolist() == pytest.approx(k3)
+    assert kl_penalty(torch.tensor([-50.0]), torch.tensor([0.0]), "low_var_kl").item() == 10.0
+    assert kl_penalty(logp, logp, "low_var_kl").tolist() == [0.0, 0.0]
+    with pytest.raises(ValueError):
+        kl_penalty(logp, ref, "nope")  # type: ignore[arg-type]
+
+
+def test_token_logprobs_match_a_plain_forward() -> None:
+    model = tiny_model()
+    batch = varied_batch()
+    t = batch.to_torch()
+    lp, ent = token_logprobs(
+        model, t["input_ids"], t["attention_mask"], t["position_ids"], batch.response_length
+    )
+    assert ent is not None
+    for i in range(len(batch)):
+        prompt = [x for x, a in zip(batch.prompt_ids[i], batch.prompt_mask[i], strict=True) if a]
+        n = sum(batch.attention_mask[i]) - len(prompt)
+        ids = torch.tensor([prompt + batch.response_ids[i][:n]])
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1]
+        ref = logits.log_softmax(-1)
+        expected = ref.gather(-1, ids[0, len(prompt) :, None]).squeeze(-1)
+        assert lp[i, :n].tolist() == pytest.approx(expected.tolist(), abs=1e-5)
+        entropy = -(ref.exp() * ref).sum(-1)
+        assert ent[i, :n].tolist() == pytest.approx(entropy.tolist(), abs=1e-5)
+
+
+# ---- the trainer ------------------------------------------------------------------------------
+
+
+def test_step_reduces_the_loss_on_its_batch() -> None:
+    model = tiny_model()
+    batch = varied_batch()
+    set_sampling_logprobs(model, batch)
+    trainer = PolicyTrainer(model, PolicyUpdateConfig(lr=1e-3, micro_batch_size=2))
+    before = trainer.accumulate_gradients(batch)["loss"]
+    trainer.optimizer.zero_grad()
+    metrics = trainer.step(batch)
+    after = trainer.accumulate_gradients(batch)["loss"]
+    assert metrics["loss"] == pytest.approx(before)
+    assert after < before
+    assert metrics["tokens"] == sum(map(sum, batch.response_mask))
+    assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-4)
+    assert metrics["optimizer_steps"] == 1.0 and metrics["step"] == 1.0
+    assert math.isfinite(metrics["grad_norm"]) and metrics["grad_norm"] > 0
+
+
+@pytest.mark.parametrize("mode", ["transition", "trajectory"])
+def test_steps_move_the_policy_toward_rewarded_completions(mode: str) -> None:
+    model = tiny_model()
+    good, bad, prompt = [50, 51, 52], [60, 61, 62], [1, 2, 3]
+    config = TrajectoryConfig(mode=mode)  # type: ignore[arg-type]
+    trajectories = [
+        build_trajectory(
+            rollout(rid, "t", reward),
+            [
+                LLMCall(
+                    rollout_id=rid,
+                    attempt_id=f"{rid}-at",
+                    prompt_token_ids=prompt,
+                    response_token_ids=response,
+                )
+            ],
+            config=config,
+        )
+        for rid, response, reward in [("g", good, 1.0), ("b", bad, 0.0)]
+    ]
+    batch = collate(trajectories, config)
+    trainer = PolicyTrainer(model, PolicyUpdateConfig(lr=3e-3))
+    good0, bad0 = response_logprob(model, prompt, good), response_logprob(model, prompt, bad)
+    for _ in range(5):
+        set_sampling_logprobs(model, batch)  # on-policy, as fresh rollouts would be
+        trainer.step(batch)
+    assert response_logprob(model, prompt, good) > good0 + 0.5
+    assert response_logprob(model, prompt, bad) < bad0 - 0.5
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"loss_agg": "token-mean"},
+        {"loss_agg": "seq-mean-token-sum"},
+        {"loss_agg": "seq-mean-token-mean"},
+        {"kl_coef": 0.1, "entropy_coef": 0.01, "rollout_weighting": True},
+        {"gradient_checkpointing": True, "clip_eps_high": 0.28},
+    ],
+)
+def test_gradient_does_not_depend_on_micro_batch_size(extra: dict[str, object]) -> None:
+    model = tiny_model()
+    batch = varied_batch()
+    set_sampling_logprobs(model, batch)
+    # perturb the policy so ratios differ from 1 and some tokens clip
+    with torch.no_grad():
+        model.lm_head.weight.add_(torch.randn(model.lm_head.weight.shape))
+    results = []
+    for size in [1, 3, len(batch)]:
+        config = PolicyUpdateConfig(micro_batch_size=size, **extra)  # type: ignore[arg-type]
+        trainer = PolicyTrainer(copy.deepcopy(model), config)
+        sums = trainer.accumulate_gradients(batch)
+        results.append((sums["loss"], grads(trainer.model)))
+    config = PolicyUpdateConfig(max_tokens_per_micro_batch=12, **extra)  # type: ignore[arg-type]
+    budget = PolicyTrainer(copy.deepcopy(model), config)
+    results.append((budget.accumulate_gradients(batch)["loss"], grads(budget.model)))
+    loss0, g0 = results[0]
+    assert g0 and sums["clip_frac"] > 0  # some tokens clip: the test covers both branches
+    for loss, g in results[1:]:
+        assert loss == pytest.approx(loss0, rel=1e-5, abs=1e-7)
+        assert g.keys() == g0.keys()
+        for name in g0:
+            torch.testing.assert_close(g[name], g0[name], rtol=1e-4, atol=1e-5)
+
+
+def test_mask_zero_tokens_are_context_not_trained() -> None:
+    """A trajectory-mode row's gradient equals a plain re-computation that sums the loss
+    over generated tokens only, on unpadded sequences."""
+    model = tiny_model()
+    batch = agent_batch("trajectory")
+    assert len(batch) == 3 and 0 in batch.response_mask[0][: sum(batch.attention_mask[0])]
+    trainer = PolicyTrainer(copy.deepcopy(model), PolicyUpdateConfig(micro_batch_size=2))
+    trainer.accumulate_gradients(batch)
+    got = grads(trainer.model)
+
+    adv = grpo_advantages(torch.tensor(batch.rewards), batch.group_ids)
+    n_tokens = sum(map(sum, batch.response_mask))
+    loss = torch.zeros(())
+    for i in range(len(batch)):
+        prompt = [x for x, a in zip(batch.prompt_ids[i], batch.prompt_mask[i], strict=True) if a]
+        n = sum(batch.attention_mask[i]) - len(prompt)
+        mask = batch.response_mask[i][:n]
+        ids = torch.tensor([prompt + batch.response_ids[i][:n]])
+        logp = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].log_softmax(-1)
+        logp = logp.gather(-1, ids[0, len(prompt) :, None]).squeeze(-1)
+        trained = torch.tensor(mask, dtype=torch.bool)
+        # no sampling logprobs were recorded: ratio 1, loss -A * logp summed over trained tokens
+        loss = loss - (adv[i] * torch.exp(logp - logp.detach())[trained]).sum() / n_tokens
+    loss.backward()
+    want = grads(model)
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-4, atol=1e-6)
+
+    # and the context tokens' recorded logprobs do not matter
+    for k, m in enumerate(batch.response_mask[0]):
+        if not m:
+            batch.response_logprobs[0][k] = -5.0
+    model.zero_grad(set_to_none=True)
+    again = PolicyTrainer(copy.deepcopy(model), PolicyUpdateConfig(micro_batch_size=2))
+    again.accumulate_gradients(batch)
+    for name, g in grads(again.model).items():
+        torch.testing.assert_close(g, got[name], rtol=1e-5, atol=1e-7)
+
+
+def test_trajectory_mode_trains_the_same_tokens_with_fewer_forward_tokens() -> None:
+    traj, trans = agent_batch("trajectory"), agent_batch("transition")
+    m1 = PolicyTrainer(tiny_model(), PolicyUpdateConfig()).step(traj)
+    m2 = PolicyTrainer(tiny_model(), PolicyUpdateConfig()).step(trans)
+    assert m1["tokens"] == m2["tokens"] == 3 * 3 * 2
+    assert m1["tokens_forward"] < m2["tokens_forward"]
+
+
+def test_zero_advantage_rows_are_not_run() -> None:
+    batch = collate(
+        [
+            Trajectory(rollout_id=f"r{k}", task_id="t", transitions=[row([1, 2], [3, 4], 1.0)])
+            for k in range(3)
+        ]
+    )
+    metrics = PolicyTrainer(tiny_model(), PolicyUpdateConfig()).step(batch)
+    assert metrics["zero_adv_frac"] == 1.0
+    assert metrics["tokens_forward"] == 0.0 and metrics["loss"] == 0.0
+    assert metrics["grad_norm"] == 0.0
+
+
+def test_recomputed_old_logprobs_replace_stale_ones() -> None:
+    batch = varied_batch()
+    batch.response_logprobs = [[-9.0 if m else 0.0 for m in ms] for ms in batch.response_mask]
+    stale = PolicyTrainer(tiny_model(), PolicyUpdateConfig()).step(batch)
+    fresh = PolicyTrainer(tiny_model(), PolicyUpdateConfig(old_logprobs="recompute")).step(batch)
+    assert stale["ratio_mean"] > 10 and stale["clip_frac"] > 0
+    assert fresh["ratio_mean"] == pytest.approx(1.0, abs=1e-4) and fresh["clip_frac"] == 0.0
+
+
+def test_epochs_and_mini_batches_take_one_optimizer_step_each() -> None:
+    model = tiny_model()
+    batch = varied_batch()
+    set_sampling_logprobs(model, batch)
+    config = PolicyUpdateConfig(lr=1e-2, ppo_epochs=2, mini_batches=2, micro_batch_size=2)
+    metrics = PolicyTrainer(model, config).step(batch)
+    assert metrics["optimizer_steps"] == 4.0 and metrics["step"] == 1.0
+    # later mini-batches see a policy that already moved away from the sampling one
+    assert metrics["ratio_mean"] != pytest.approx(1.0, abs=1e-4)
+    assert metrics["tokens"] == 2 * sum(map(sum, batch.response_mask))
+    few = PolicyTrainer(tiny_model(), PolicyUpdateConfig(mini_batches=50)).step(batch)
+    assert few["optimizer_steps"] == len(batch)
+
+
+def test_empty_batch_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="no rows"):
+        PolicyTrainer(tiny_model(), PolicyUpdateConfig()).step(collate([]))
+
+
+def test_empty_prompt_is_a_clear_error() -> None:
+    batch = collate([Trajectory(rollout_id="r", task_id="t", transitions=[row([], [1, 2], 1.0)])])
+    with pytest.raises(ValueError, match="empty prompt"):
+        PolicyTrainer(tiny_model(), PolicyUpdateConfig()).step(batch)
+
+
+# ---- LoRA -------------------------------------------------------------------------------------
+
+
+def test_lora_step_changes_only_adapters_and_merges() -> None:
+    pytest.importorskip("peft")
+    base_state = {k: v.clone() for k, v in tiny_model().state_dict().items()}
+    config = PolicyUpdateConfig(lr=1e-2, use_lora=True, lora_r=4, lora_alpha=8, kl_coef=0.1)
+    trainer = PolicyTrainer(tiny_model(), config)
+    assert trainer.ref_model is None  # the reference is the base, adapters disabled
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    batch = varied_batch()
+    first = trainer.step(batch)
+    second = trainer.step(batch)
+    assert first["kl"] == pytest.approx(0.0, abs=1e-7) and second["kl"] > 0
+    for name, p in trainer.model.named_parameters():
+        changed = not torch.equal(p.detach(), before[name])
+        assert changed == ("lora_" in name), name
+        assert ("lora_" in name) == p.requires_grad
+
+    merged = trainer.merged_state_dict()
+    assert merged.keys() == base_state.keys()
+    q_proj, embed = "model.layers.0.self_attn.q_proj.weight", "model.embed_tokens.weight"
+    assert not torch.equal(merged[q_proj], base_state[q_proj])
+    torch.testing.assert_close(merged[embed], base_state[embed])
+    reference = copy.deepcopy(trainer.model).merge_and_unload().state_dict()
+    for k, v in reference.items():
+        torch.testing.assert_close(merged[k], v, rtol=1e-5, atol=1e-6)
+    # the merged weights give the adapted model's logprobs
+    plain = tiny_model()
+    plain.load_state_dict(merged)
+    assert response_logprob(plain, [1, 2, 3], [10, 11]) == pytest.approx(
+        response_logprob(trainer.model, [1, 2, 3], [10, 11]), abs=1e-4
+    )
+
+
+# ---- checkpoints ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("use_lora", [False, True])
+def test_checkpoint_resumes_identically(tmp_path: Path, use_lora: bool) -> None:
+    if use_lora:
+        pytest.importorskip("peft")
+    config = PolicyUpdateConfig(lr=1e-3, use_lora=use_lora, mini_batches=2, kl_coef=0.05)
+    batch = varied_batch()
+    first = PolicyTrainer(tiny_model(), config)
+    first.step(batch)
+    first.step(batch)
+    saved = first.save_checkpoint(tmp_path)
+    assert saved.name == "step_00000002" and latest_checkpoint(tmp_path) == saved
+    first.save_checkpoint(tmp_path, step=1)
+    assert latest_checkpoint(tmp_path) == saved
+    expected = first.step(batch)
+
+    resumed = PolicyTrainer(tiny_model(), config)
+    assert resumed.load_checkpoint(tmp_path) == 2
+    got = resumed.step(batch)
+    assert got["loss"] == pytest.approx(expected["loss"], abs=1e-7)
+    assert got["kl"] == pytest.approx(expected["kl"], abs=1e-7)
+    assert got["step"] == 3.0
+    for (n, p), q in zip(first.model.named_parameters(), resumed.model.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=0, atol=1e-7, msg=n)
+
+
+def test_load_checkpoint_without_one_raises(tmp_path: Path) -> None:
+    assert latest_checkpoint(tmp_path) is None
+    with pytest.raises(FileNotFoundError):
+        PolicyTrainer(tiny_model(), PolicyUpdateConfig()).load_checkpoint(tmp_path)
