@@ -544,16 +544,18 @@ class Engine:
             tokens = raw.argmax(dim=-1)
             sampled = torch.zeros(len(seqs), device=logits.device)
         else:
-            processed = self._processed_logprobs(seqs, logits, temps)
+            processed = self._processed_logprobs(seqs, logits, temps, raw)
             probs = processed.exp()
-            chosen = []
+            tokens = raw.argmax(dim=-1)
+            # Rows with a seed of their own draw from their generator, the rest in one call.
+            shared = [i for i, s in enumerate(seqs) if temps[i] > 0 and s.gen is None]
+            if shared:
+                rows = torch.tensor(shared, device=logits.device)
+                draws = torch.multinomial(probs[rows], 1, generator=self._gen).squeeze(1)
+                tokens[rows] = draws
             for i, s in enumerate(seqs):
-                if temps[i] == 0:
-                    chosen.append(raw[i].argmax().view(1))
-                else:
-                    gen = s.gen if s.gen is not None else self._gen
-                    chosen.append(torch.multinomial(probs[i], 1, generator=gen))
-            tokens = torch.cat(chosen)
+                if temps[i] > 0 and s.gen is not None:
+                    tokens[i] = torch.multinomial(probs[i], 1, generator=s.gen)[0]
             sampled = processed.gather(1, tokens[:, None]).squeeze(1)
             sampled = torch.where(torch.tensor(temps, device=logits.device) == 0, 0.0, sampled)
         lps = raw.gather(1, tokens[:, None]).squeeze(1).tolist()
@@ -572,14 +574,18 @@ class Engine:
 
     @staticmethod
     def _processed_logprobs(
-        seqs: list[_Seq], logits: torch.Tensor, temps: list[float]
+        seqs: list[_Seq], logits: torch.Tensor, temps: list[float], raw: torch.Tensor
     ) -> torch.Tensor:
-        """Log-probabilities of the sampling distribution: temperature, then top-k, top-p."""
+        """Log-probabilities of the sampling distribution: temperature, then top-k, top-p
+        (``raw``, the log-softmax of ``logits``, when none of them changes anything)."""
         device = logits.device
-        scaled = logits / torch.tensor([t if t > 0 else 1.0 for t in temps], device=device)[:, None]
         top_ks = [s.req.params.top_k for s in seqs]
         top_ps = [s.req.params.top_p for s in seqs]
-        if all(k <= 0 for k in top_ks) and all(p >= 1 for p in top_ps):
+        unfiltered = all(k <= 0 for k in top_ks) and all(p >= 1 for p in top_ps)
+        if unfiltered and all(t in (0, 1) for t in temps):
+            return raw
+        scaled = logits / torch.tensor([t if t > 0 else 1.0 for t in temps], device=device)[:, None]
+        if unfiltered:
             return torch.log_softmax(scaled, dim=-1)
         vocab = logits.shape[-1]
         ordered, order = scaled.sort(dim=-1, descending=True)

@@ -9,12 +9,15 @@ the raw model logprobs at temperature 1 unless the app is built with
 ``logprobs_mode="processed"`` (see :mod:`.engine`).
 
 Any ``model`` name is accepted (the gateway forces its own); ``/v1/models`` reports the served
-name. Unsupported or malformed parameters get a 400 with an OpenAI-shaped error.
+name. Unsupported or malformed parameters get a 400 with an OpenAI-shaped error. There is no
+guided decoding: ``tool_choice`` ``"required"`` or a named function is treated as ``"auto"``
+(the model's output is parsed for calls); ``"none"`` turns parsing off.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import time
@@ -26,11 +29,17 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from jinja2 import TemplateError
 
-from voltrl.algorithms.local.engine import Choice, Engine, EngineError, SamplingParams
+from voltrl.algorithms.local.engine import (
+    MAX_TOP_LOGPROBS,
+    Choice,
+    Engine,
+    EngineError,
+    SamplingParams,
+)
 from voltrl.server import BackgroundServer, serve, serve_in_thread
 
 LogprobsMode = Literal["raw", "processed"]
-_TOOL_OPEN, _TOOL_CLOSE = "<tool_call>", "</tool_call>"
+_TOOL_OPEN = "<tool_call>"
 _TOOL_RE = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)\Z", re.DOTALL)
 _ROLES = {"system", "developer", "user", "assistant", "tool"}
 _TEXT_PARTS = {"text", "input_text", "output_text"}
@@ -146,12 +155,18 @@ class _Server:
         max_tokens = body.get("max_tokens")
         if chat and body.get("max_completion_tokens") is not None:
             max_tokens = body["max_completion_tokens"]
+        if not chat and max_tokens is None:
+            max_tokens = 16  # the OpenAI (and vLLM) default for completions
         if chat:
             if body.get("top_logprobs") and not body.get("logprobs"):
                 raise BadRequest("top_logprobs needs logprobs: true", "top_logprobs")
             top = body.get("top_logprobs") or 0
         else:
             top = body.get("logprobs") or 0
+            if not _is_count(top):
+                raise BadRequest(
+                    f"logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}]", "logprobs"
+                )
         params = SamplingParams(
             max_tokens=max_tokens,
             temperature=_default(body, "temperature", 1.0),
@@ -333,12 +348,12 @@ class _Server:
                 if want_ids and i == 0:
                     chunk["prompt_token_ids"] = prompt
                 yield _sse(chunk)
-            async for deltas in self.engine.stream(prompt, params):
-                for d in deltas:
-                    generated += len(d.token_ids)
-                    yield _sse(
-                        {**head, "choices": [self._chat_delta(d, states, want_ids, want_lps)]}
-                    )
+            async with contextlib.aclosing(self.engine.stream(prompt, params)) as stream:
+                async for deltas in stream:
+                    for d in deltas:
+                        generated += len(d.token_ids)
+                        choice = self._chat_delta(d, states, want_ids, want_lps)
+                        yield _sse({**head, "choices": [choice]})
             if want_usage:
                 yield _sse({**head, "choices": [], "usage": _usage(len(prompt), generated)})
         except (EngineError, ValueError) as e:
@@ -413,8 +428,9 @@ class _Server:
 
         async def pump(k: int, prompt: list[int]) -> None:
             try:
-                async for deltas in self.engine.stream(prompt, params):
-                    queue.put_nowait((k, deltas))
+                async with contextlib.aclosing(self.engine.stream(prompt, params)) as stream:
+                    async for deltas in stream:
+                        queue.put_nowait((k, deltas))
             except Exception as e:
                 queue.put_nowait(e)
             finally:
@@ -532,6 +548,10 @@ def _message(m: Any, i: int) -> dict[str, Any]:
     ):
         raise BadRequest(f"messages[{i}].tool_calls must be a list of function calls")
     return out
+
+
+def _is_count(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and 0 <= x <= MAX_TOP_LOGPROBS
 
 
 def _default(body: dict[str, Any], name: str, value: Any) -> Any:

@@ -41,7 +41,7 @@ def build_tiny_model(
     """
     if hidden % heads or heads % kv_heads:
         raise ValueError(
-            f"hidden ({hidden}) must divide by heads ({heads}) by kv_heads ({kv_heads})"
+            f"heads ({heads}) must divide hidden ({hidden}) and kv_heads ({kv_heads}) heads"
         )
     eos = [
         i
