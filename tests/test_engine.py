@@ -330,6 +330,24 @@ def test_completions_endpoint(server: BackgroundServer, model: Any, tok: Any) ->
     assert data["usage"]["completion_tokens"] == 24
 
 
+def test_completions_streaming_several_prompts(server: BackgroundServer) -> None:
+    kw: dict[str, Any] = {"model": "m", "prompt": ["What is", "1 + 1 ="], "max_tokens": 5}
+    extra = {"return_token_ids": True, **NO_EOS}
+    oai = client(server)
+    full = oai.completions.create(n=2, temperature=0, extra_body=extra, **kw).model_dump()
+    ids: dict[int, list[int]] = {}
+    texts: dict[int, str] = {}
+    prompts: dict[int, list[int]] = {}
+    for chunk in oai.completions.create(n=2, temperature=0, stream=True, extra_body=extra, **kw):
+        for ch in chunk.model_dump()["choices"]:
+            ids.setdefault(ch["index"], []).extend(ch["token_ids"])
+            texts[ch["index"]] = texts.get(ch["index"], "") + ch["text"]
+            prompts.setdefault(ch["index"], ch.get("prompt_token_ids"))
+    for c in full["choices"]:
+        assert ids[c["index"]] == c["token_ids"] and texts[c["index"]] == c["text"]
+        assert prompts[c["index"]] == c["prompt_token_ids"]
+
+
 async def test_streaming_reassembles_to_the_same_tokens(server: BackgroundServer) -> None:
     oai = AsyncOpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
     kw: dict[str, Any] = {"model": "m", "messages": HELLO, "max_tokens": 16, "temperature": 0}
