@@ -356,6 +356,8 @@ class Engine:
             return self.weights_version
         done, box = threading.Event(), []
         with self._cv:
+            if self._closing:
+                raise EngineError("the engine is closed")
             self._updates.append((state, strict, done, box))
             self._cv.notify_all()
         done.wait()
@@ -376,48 +378,54 @@ class Engine:
 
     # ---- the engine thread ----------------------------------------------------------------
     def _run(self) -> None:
-        while True:
+        new: list[_Request] = []
+        try:
+            while True:
+                with self._cv:
+                    while not (self._closing or self._waiting or self._seqs or self._updates):
+                        self._cv.wait()
+                    if self._closing:
+                        break
+                    updates, self._updates = self._updates, []
+                    new = self._admit()
+                for state, strict, done, box in updates:
+                    try:
+                        self._load(state, strict)
+                    except BaseException as e:
+                        box.append(e)
+                    done.set()
+                if new:
+                    try:
+                        with torch.inference_mode():
+                            self._prefill(new)
+                    except Exception as e:  # the running batch is untouched: fail the new ones
+                        for req in new:
+                            req.emit(_failure(e))
+                    new = []
+                if self._seqs:
+                    try:
+                        with torch.inference_mode():
+                            self._flush()  # first tokens out at once; drops rows already done
+                            if self._seqs:
+                                self._decode()
+                                self._flush()
+                    except Exception as e:
+                        for req in self._requests_of([]):
+                            req.emit(_failure(e))
+                        self._reset_batch()
+        finally:  # closed, or a bug: no request may wait forever
+            reason = "was closed" if self._closing else "stopped unexpectedly"
+            error = EngineError(f"the engine {reason}")
             with self._cv:
-                while not (self._closing or self._waiting or self._seqs or self._updates):
-                    self._cv.wait()
-                if self._closing:
-                    break
-                updates, self._updates = self._updates, []
-                new = self._admit()
-            for state, strict, done, box in updates:
-                try:
-                    self._load(state, strict)
-                except BaseException as e:
-                    box.append(e)
-                done.set()
-            if new:
-                try:
-                    with torch.inference_mode():
-                        self._prefill(new)
-                except Exception as e:  # the running batch is untouched: fail the new ones
-                    for req in new:
-                        req.emit(_failure(e))
-            if self._seqs:
-                try:
-                    with torch.inference_mode():
-                        self._flush()  # first tokens out at once; drops rows already done
-                        if self._seqs:
-                            self._decode()
-                            self._flush()
-                except Exception as e:
-                    for req in self._requests_of([]):
-                        req.emit(_failure(e))
-                    self._reset_batch()
-        error = EngineError("the engine was closed")
-        with self._cv:
-            pending = list(self._waiting)
-            self._waiting.clear()
-            for _, _, done, box in self._updates:
-                box.append(error)
-                done.set()
-        for req in self._requests_of(pending):
-            req.emit(error)
-        self._reset_batch()
+                self._closing = True
+                pending = [*new, *self._waiting]
+                self._waiting.clear()
+                for _, _, done, box in self._updates:
+                    box.append(error)
+                    done.set()
+            for req in self._requests_of(pending):
+                req.emit(error)
+            self._reset_batch()
 
     def _requests_of(self, extra: list[_Request]) -> list[_Request]:
         seen: dict[int, _Request] = {id(r): r for r in extra}
