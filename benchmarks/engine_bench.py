@@ -4,7 +4,8 @@ For each concurrency ``c`` (1, 8, 32 by default), ``c`` closed-loop clients each
 ``--rounds`` requests to the engine back to back (every request samples exactly
 ``--max-tokens`` tokens at temperature 1); the baseline generates the same kind of request with
 ``model.generate`` one at a time. Engine and baseline runs are interleaved, ``--repeats`` times,
-and the medians are reported as generated tokens per second, with their ratio::
+and the medians are reported as generated tokens per wall-clock second and per CPU second of
+this process (steadier on a shared machine), with their ratios::
 
     .venv/bin/python benchmarks/engine_bench.py [--hidden 64 --layers 2 --max-tokens 64]
 """
@@ -35,9 +36,16 @@ def prompts(tok: Any, count: int) -> list[list[int]]:
     ]
 
 
-def baseline(model: Any, batch: list[list[int]], max_tokens: int) -> float:
-    """Tokens per second of ``model.generate``, one request at a time."""
-    start = time.perf_counter()
+Rate = tuple[float, float]  # tokens per wall-clock second, per CPU second
+
+
+def _rate(tokens: int, wall0: float, cpu0: float) -> Rate:
+    return tokens / (time.perf_counter() - wall0), tokens / (time.process_time() - cpu0)
+
+
+def baseline(model: Any, batch: list[list[int]], max_tokens: int) -> Rate:
+    """Throughput of ``model.generate``, one request at a time."""
+    wall0, cpu0 = time.perf_counter(), time.process_time()
     with torch.inference_mode():
         for ids in batch:
             out = model.generate(
@@ -51,13 +59,13 @@ def baseline(model: Any, batch: list[list[int]], max_tokens: int) -> float:
                 pad_token_id=model.generation_config.pad_token_id,
             )
             assert out.shape[1] == len(ids) + max_tokens
-    return len(batch) * max_tokens / (time.perf_counter() - start)
+    return _rate(len(batch) * max_tokens, wall0, cpu0)
 
 
 async def engine_run(
     engine: Engine, batch: list[list[int]], concurrency: int, rounds: int, max_tokens: int
-) -> float:
-    """Tokens per second of ``concurrency`` closed-loop clients, ``rounds`` requests each."""
+) -> Rate:
+    """Throughput of ``concurrency`` closed-loop clients, ``rounds`` requests each."""
     params = SamplingParams(max_tokens=max_tokens, temperature=1.0, ignore_eos=True)
 
     async def client(k: int) -> int:
@@ -67,10 +75,10 @@ async def engine_run(
             done += len(out.choices[0].token_ids)
         return done
 
-    start = time.perf_counter()
+    wall0, cpu0 = time.perf_counter(), time.process_time()
     tokens = sum(await asyncio.gather(*(client(k) for k in range(concurrency))))
     assert tokens == concurrency * rounds * max_tokens
-    return tokens / (time.perf_counter() - start)
+    return _rate(tokens, wall0, cpu0)
 
 
 async def main() -> None:
@@ -96,7 +104,7 @@ async def main() -> None:
         f"torch threads={torch.get_num_threads()}; cpus={os.cpu_count()}; "
         f"load average={os.getloadavg()[0]:.2f}; {args.max_tokens} tokens per request"
     )
-    results: dict[int, tuple[list[float], list[float], float]] = {}
+    results: dict[int, tuple[list[Rate], list[Rate], float]] = {}
     with Engine(model, tok, max_batch_size=max(args.concurrency), seed=0) as engine:
         await engine_run(engine, batch, 2, 1, 8)  # warm-up
         baseline(model, batch[:1], 8)
@@ -109,20 +117,35 @@ async def main() -> None:
             mean_batch = engine.stats["decode_tokens"] / max(1, engine.stats["steps"])
             results[c] = (ours, base, mean_batch)
 
-    print()
-    print(
-        f"{'concurrency':>11} | {'engine tok/s':>12} | {'generate tok/s':>14} | "
-        f"{'ratio':>6} | {'mean batch':>10}"
-    )
-    print(f"{'-' * 11}-+-{'-' * 12}-+-{'-' * 14}-+-{'-' * 6}-+-{'-' * 10}")
+    cols = [
+        "concurrency",
+        "engine tok/s",
+        "generate tok/s",
+        "ratio",
+        "engine tok/CPU-s",
+        "generate tok/CPU-s",
+        "ratio",
+        "mean batch",
+    ]
+    print("\n" + " | ".join(cols))
+    print("-+-".join("-" * len(c) for c in cols))
     for c, (ours, base, mean_batch) in results.items():
-        o, b = statistics.median(ours), statistics.median(base)
-        print(f"{c:>11} | {o:>12.0f} | {b:>14.0f} | {o / b:>5.2f}x | {mean_batch:>10.1f}")
+        ow, bw = (statistics.median(r[0] for r in rs) for rs in (ours, base))
+        oc, bc = (statistics.median(r[1] for r in rs) for rs in (ours, base))
+        cells = [
+            f"{c}",
+            f"{ow:.0f}",
+            f"{bw:.0f}",
+            f"{ow / bw:.2f}x",
+            f"{oc:.0f}",
+            f"{bc:.0f}",
+            f"{oc / bc:.2f}x",
+            f"{mean_batch:.1f}",
+        ]
+        print(" | ".join(cell.rjust(len(col)) for cell, col in zip(cells, cols, strict=True)))
     print(
-        "\nmedians of",
-        args.repeats,
-        "interleaved repeats; generate = model.generate, one "
-        "request at a time, measured in the same run",
+        f"\nmedians of {args.repeats} interleaved repeats; generate = model.generate, one "
+        "request at a time, measured in the same run"
     )
 
 

@@ -676,8 +676,15 @@ class Engine:
             )
             s.flushed, s.sent = len(s.ids), release
             by_req.setdefault(id(s.req), (s.req, []))[1].append(delta)
+        by_loop: dict[int, list[tuple[_Request, list[Choice]]]] = {}
         for req, deltas in by_req.values():
-            req.emit(deltas)
+            by_loop.setdefault(id(req.loop), []).append((req, deltas))
+        for items in by_loop.values():  # one wake-up per event loop, not one per request
+            try:
+                items[0][0].loop.call_soon_threadsafe(_deliver, items)
+            except RuntimeError:  # that loop is closed: nobody is listening any more
+                for req, _ in items:
+                    req.aborted = True
         self.stats["generated_tokens"] += sum(
             len(d.token_ids) for _, ds in by_req.values() for d in ds
         )
@@ -708,6 +715,12 @@ class Engine:
             "waiting": waiting,
             "weights_version": self.weights_version,
         }
+
+
+def _deliver(items: list[tuple[_Request, list[Choice]]]) -> None:
+    """On a request's event loop: queue each request's deltas."""
+    for req, deltas in items:
+        req.queue.put_nowait(deltas)
 
 
 def _failure(e: Exception) -> EngineError:
