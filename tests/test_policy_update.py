@@ -148,6 +148,8 @@ def test_grpo_advantages_by_hand() -> None:
         -1.0,
         1.0,
     ]
+    flat = grpo_advantages(torch.tensor([0.1] * 7), ["g"] * 7, eps=0.0)  # mean has rounding
+    assert flat.tolist() == [0.0] * 7
     with pytest.raises(ValueError):
         grpo_advantages(rewards, groups[:2])
 
@@ -271,6 +273,19 @@ def test_token_logprobs_match_a_plain_forward() -> None:
         assert lp[i, :n].tolist() == pytest.approx(expected.tolist(), abs=1e-5)
         entropy = -(ref.exp() * ref).sum(-1)
         assert ent[i, :n].tolist() == pytest.approx(entropy.tolist(), abs=1e-5)
+    # with ``keep``, columns no row keeps are not projected on the vocabulary: 0 there
+    keep = torch.zeros_like(t["response_mask"], dtype=torch.bool)
+    keep[0, 1] = keep[3, 3] = True
+    lp_kept, ent_kept = token_logprobs(
+        model, t["input_ids"], t["attention_mask"], t["position_ids"], 4, keep=keep
+    )
+    assert ent_kept is not None
+    for col in range(4):
+        if col in (1, 3):
+            torch.testing.assert_close(lp_kept[:, col], lp[:, col])
+            torch.testing.assert_close(ent_kept[:, col], ent[:, col])
+        else:
+            assert lp_kept[:, col].abs().sum() == 0 and ent_kept[:, col].abs().sum() == 0
 
 
 # ---- the trainer ------------------------------------------------------------------------------

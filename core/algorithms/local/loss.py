@@ -69,8 +69,8 @@ def grpo_advantages(
     weights and rewards shared by a rollout's rows it is the std over rollouts. A group with
     ``W <= 1`` (a single row, or a single rollout under rollout weights) has no baseline to
     compare against and gets ``A_i = 0`` (verl instead passes a lone reward through as its
-    advantage). A row at its group's mean gets exactly 0, even with ``eps = 0`` in a group
-    whose rewards are all equal.
+    advantage). A group whose rewards are all equal gets exactly 0 (no rounding noise
+    divided by a rounding-noise std, even with ``eps = 0``).
     """
     r = rewards.detach().to(torch.float32).flatten()
     if len(group_ids) != r.numel():
@@ -86,8 +86,11 @@ def grpo_advantages(
     if norm_by_std:
         sq = torch.zeros(n_groups, device=r.device).index_add_(0, g, w * centred**2)
         std = (sq / (w_sum - 1).clamp(min=1e-12)).sqrt()
-        adv = torch.where(centred == 0, 0.0, centred / (std[g] + eps))
-    return torch.where(w_sum[g] > 1 + 1e-6, adv, torch.zeros_like(adv))
+        adv = centred / (std[g] + eps)
+    hi = torch.full((n_groups,), -torch.inf, device=r.device).scatter_reduce(0, g, r, "amax")
+    lo = torch.full((n_groups,), torch.inf, device=r.device).scatter_reduce(0, g, r, "amin")
+    has_baseline = (w_sum > 1 + 1e-6) & (hi > lo)
+    return torch.where(has_baseline[g], adv, torch.zeros_like(adv))
 
 
 def weight_advantages(advantages: Tensor, weights: Tensor) -> Tensor:
@@ -112,6 +115,7 @@ def token_logprobs(
     position_ids: Tensor,
     response_length: int,
     *,
+    keep: Tensor | None = None,
     temperature: float = 1.0,
     with_entropy: bool = True,
     entropy_grad: bool = False,
@@ -126,36 +130,45 @@ def token_logprobs(
         logp_t = z[y_t] - logsumexp(z)
         H_t    = logsumexp(z) - sum_v softmax(z)_v z_v        (entropy of pi(. | y_<t))
 
-    Only the ``R`` positions that predict response tokens go through the LM head
-    (``logits_to_keep``), and the last input token is not fed at all (it predicts nothing we
-    train on). ``logsumexp`` is computed once and shared by both; no ``(B, R, V)``
-    ``log_softmax`` tensor is kept. Unless ``entropy_grad`` (an entropy bonus in the loss),
-    the entropy is a metric: computed without autograd, one row at a time, so its
-    ``softmax`` temporary is ``(R, V)``, not ``(B, R, V)``. Returns ``(logprobs, entropy)``,
-    both ``(B, R)`` float32; ``entropy`` is ``None`` when ``with_entropy`` is false.
+    Only positions that predict a needed response token go through the LM head (the
+    model's ``logits_to_keep``): all ``R`` of them, or with ``keep`` (``(B, R)``, e.g. the
+    loss mask) the response columns where some row has ``keep`` set; the others (context
+    tokens inside trajectory-mode responses, padding) get logprob and entropy 0. The last
+    input token is not fed at all: it predicts nothing. ``logsumexp`` is computed once and
+    shared by both; no ``log_softmax`` tensor of the vocabulary's size is kept. Unless
+    ``entropy_grad`` (an entropy bonus in the loss), the entropy is a metric: computed
+    without autograd, one row at a time, so its ``softmax`` temporary is ``(R, V)``, not
+    ``(B, R, V)``. Returns ``(logprobs, entropy)``, both ``(B, R)`` float32; ``entropy`` is
+    ``None`` when ``with_entropy`` is false.
     """
     r = response_length
+    fed = input_ids.shape[1] - 1
+    cols = None if keep is None else keep.any(0).nonzero().squeeze(-1)
     out = model(
-        input_ids=input_ids[:, :-1],
-        attention_mask=attention_mask[:, :-1],
-        position_ids=position_ids[:, :-1],
+        input_ids=input_ids[:, :fed],
+        attention_mask=attention_mask[:, :fed],
+        position_ids=position_ids[:, :fed],
         use_cache=False,
-        logits_to_keep=r,
+        logits_to_keep=r if cols is None else cols + (fed - r),
     )
     logits = out.logits.float()
     if temperature != 1.0:
         logits = logits / temperature
     lse = torch.logsumexp(logits, dim=-1)
-    targets = input_ids[:, -r:].unsqueeze(-1)
-    logprobs = logits.gather(-1, targets).squeeze(-1) - lse
-    if not with_entropy:
-        return logprobs, None
-    if entropy_grad:
-        return logprobs, lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)
-    with torch.no_grad():
-        entropy = torch.empty_like(lse)
-        for k, z in enumerate(logits):
-            entropy[k] = lse[k] - (torch.softmax(z, dim=-1) * z).sum(-1)
+    targets = input_ids[:, -r:] if cols is None else input_ids[:, -r:][:, cols]
+    logprobs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
+    entropy = None
+    if with_entropy and entropy_grad:
+        entropy = lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+    elif with_entropy:
+        with torch.no_grad():
+            entropy = torch.empty_like(lse)
+            for k, z in enumerate(logits):
+                entropy[k] = lse[k] - (torch.softmax(z, dim=-1) * z).sum(-1)
+    if cols is not None:
+        full = logprobs.new_zeros(logprobs.shape[0], r)
+        logprobs = full.index_copy(1, cols, logprobs)
+        entropy = None if entropy is None else full.index_copy(1, cols, entropy)
     return logprobs, entropy
 
 

@@ -330,6 +330,8 @@ class PolicyTrainer:
     def _forward(
         self, model: Any, data: _Prepared, idx: Tensor, first: int, width: int, **kw: Any
     ) -> tuple[Tensor, Tensor | None]:
+        """Logprobs (and entropies) of the trained tokens of rows ``idx``, fed from column
+        ``first`` to the end of their trained responses."""
         end = data.prompt_width + width
         return token_logprobs(
             model,
@@ -337,6 +339,7 @@ class PolicyTrainer:
             data.attention_mask[idx, first:end],
             data.position_ids[idx, first:end],
             width,
+            keep=data.response_mask[idx, :width],
             temperature=self.config.temperature,
             **kw,
         )
