@@ -17,7 +17,7 @@ $(PY):
 # Reinstalled when the dependencies change.
 $(VENV)/.test-deps: pyproject.toml | $(PY)
 	$(PIP) install --quiet "$(TORCH)"
-	$(PIP) install --quiet -e ".[dev]"
+	$(PIP) install --quiet -e ".[dev,local]"
 	touch $@
 
 ## make test: install what the tests need and run them

@@ -15,6 +15,7 @@ recorded with the exact sampled token ids and rewards, and an algorithm improves
 
 from voltrl.agent import LitAgent, rollout
 from voltrl.algorithms.base import Algorithm
+from voltrl.algorithms.local import LocalRL
 from voltrl.algorithms.baseline import Baseline
 from voltrl.errors import (
     AgentLoadError,
@@ -61,6 +62,7 @@ __all__ = [
     "InvalidRolloutResultError",
     "LLMCall",
     "LitAgent",
+    "LocalRL",
     "MissingTokenIdsError",
     "NoActiveRolloutError",
     "NotFoundError",
