@@ -2,7 +2,8 @@
 
 Trains a byte-level BPE (vocabulary ``VOCAB_SIZE``) on a small built-in corpus of arithmetic and
 calculator-agent text plus printable ASCII, adds ChatML special tokens and Hermes tool-call
-tokens, attaches a Qwen2.5-style chat template that supports ``tools``, and saves it with
+tokens, attaches a ChatML chat template with Hermes tool calls (Qwen2.5-style turns; tools are
+listed compactly as ``name(param, ...)`` to keep sequences short for CPU training), and saves it with
 ``save_pretrained`` into ``core/algorithms/local/assets/tiny-tokenizer``. BPE training can
 differ across ``tokenizers`` versions, so the output is committed and loaded by
 :func:`voltrl.algorithms.local.tiny.build_tiny_tokenizer`; rerun this only on purpose::
@@ -31,19 +32,15 @@ CHAT_TEMPLATE = r"""
 {%- if tools %}
     {{- '<|im_start|>system\n' }}
     {%- if messages[0].role == 'system' %}
-        {{- messages[0].content + '\n\n' }}
-    {%- else %}
-        {{- 'You are a helpful assistant.\n\n' }}
+        {{- messages[0].content + '\n' }}
     {%- endif %}
-    {{- "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n" }}
-    {{- "You are provided with function signatures within <tools></tools> XML tags:\n<tools>" }}
+    {{- '<tools>' }}
     {%- for tool in tools %}
-        {{- "\n" }}
-        {{- tool | tojson }}
+        {%- set fn = tool.function if tool.function is defined else tool %}
+        {{- fn.name + '(' + ((fn.parameters or {}).properties or {}) | list | join(', ') + ')' }}
+        {%- if not loop.last %}{{- ' ' }}{%- endif %}
     {%- endfor %}
-    {{- "\n</tools>\n\nFor each function call, return a json object with function name and " }}
-    {{- "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n" }}
-    {{- '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n' }}
+    {{- '</tools><|im_end|>\n' }}
 {%- elif messages[0].role == 'system' %}
     {{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}
 {%- endif %}
