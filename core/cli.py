@@ -91,6 +91,7 @@ def _cmd_dev(args: argparse.Namespace) -> int:
         check_endpoint(args.llm_endpoint, args.api_key)
     llm = LLM(endpoint=args.llm_endpoint, model=args.model, api_key=args.api_key)
     trainer = Trainer(
+        request_token_ids=not args.no_token_ids,
         n_runners=args.n_runners,
         store=args.store,
         resources={"main_llm": llm},
@@ -146,8 +147,14 @@ def _cmd_runs(args: argparse.Namespace) -> int:
         reward = "-" if s.reward_mean is None else f"{s.reward_mean:.3f} ± {s.reward_std:.3f}"
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.created_at))
         table.add_row(
-            run.name, run.kind, run.algorithm, started, str(s.rollouts), str(s.succeeded),
-            str(s.failed), reward,
+            run.name,
+            run.kind,
+            run.algorithm,
+            started,
+            str(s.rollouts),
+            str(s.succeeded),
+            str(s.failed),
+            reward,
         )
     Console().print(table)
     return 0
@@ -172,6 +179,11 @@ def build_parser() -> argparse.ArgumentParser:
     dev.add_argument("--name", default=None)
     dev.add_argument("--inline", action="store_true", help="run workers in this process")
     dev.add_argument("--skip-endpoint-check", action="store_true")
+    dev.add_argument(
+        "--no-token-ids",
+        action="store_true",
+        help="do not ask the endpoint for token ids (hosted APIs that reject the field)",
+    )
     dev.set_defaults(func=_cmd_dev)
 
     runs = sub.add_parser("runs", help="list runs and their reward statistics")

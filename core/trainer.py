@@ -27,7 +27,7 @@ from voltrl.algorithms.base import Algorithm
 from voltrl.dataset import Dataset, load_tasks
 from voltrl.errors import VoltRLError
 from voltrl.metrics import MetricsLog, RewardStats, format_stats_table, summarize
-from voltrl.resources import Resource, Resources
+from voltrl.resources import LLM, Resource, Resources
 from voltrl.runner import RunnerConfig, WorkerPool, run_worker
 from voltrl.store.base import Store
 from voltrl.types import Rollout, RolloutMode, Run, Task
@@ -130,6 +130,11 @@ class Trainer:
         lease_s: how long a worker's claim lives without heartbeats.
         inline: run the workers as tasks in this process (easy debugging) instead of processes.
         progress: show progress bars and the summary table.
+        record_calls: put a gateway in front of each LLM in ``resources`` so every call is
+            recorded (the agent gets a rollout-scoped endpoint); False hands agents the
+            endpoints as given.
+        request_token_ids: have those gateways ask backends for token ids and logprobs
+            (vLLM's ``return_token_ids``); turn off for hosted APIs that reject the field.
     """
 
     def __init__(
@@ -147,6 +152,8 @@ class Trainer:
         lease_s: float = 30.0,
         inline: bool = False,
         progress: bool = True,
+        record_calls: bool = True,
+        request_token_ids: bool = True,
         host: str = "127.0.0.1",
         port: int = 0,
     ) -> None:
@@ -167,6 +174,8 @@ class Trainer:
         self.rollout_timeout_s = rollout_timeout_s
         self.inline = inline
         self.progress = progress
+        self.record_calls = record_calls
+        self.request_token_ids = request_token_ids
         self.host, self.port = host, port
 
     # ---- public API ---------------------------------------------------------------------
@@ -251,8 +260,40 @@ class Trainer:
                 workers_alive=alive,
             )
             if self.resources is not None:
-                await ctx.publish(self.resources)
+                resources = self.resources
+                if self.record_calls:
+                    resources = await self._behind_gateways(stack, ctx, resources)
+                await ctx.publish(resources)
             yield ctx
+
+    async def _behind_gateways(
+        self,
+        stack: contextlib.AsyncExitStack,
+        ctx: TrainContext,
+        resources: Resources | Mapping[str, Resource],
+    ) -> dict[str, Resource]:
+        """The resources with each LLM endpoint served through a recording gateway."""
+        from voltrl.gateway import Gateway
+        from voltrl.server import serve
+
+        items = dict(resources.items if isinstance(resources, Resources) else resources)
+        urls: dict[str, str] = {}
+        for name, item in items.items():
+            if not isinstance(item, LLM) or item.gateway:
+                continue
+            if item.endpoint not in urls:
+                gateway = Gateway(
+                    ctx.store,
+                    [item.endpoint],
+                    resources_version=lambda: ctx.resources_version,
+                    request_token_ids=self.request_token_ids,
+                )
+                stack.push_async_callback(gateway.aclose)
+                url, stop = await serve(gateway.app, self.host, 0)
+                stack.push_async_callback(stop)
+                urls[item.endpoint] = f"{url}/v1"
+            items[name] = item.model_copy(update={"endpoint": urls[item.endpoint], "gateway": True})
+        return items
 
     async def _start_workers(
         self, stack: contextlib.AsyncExitStack, store: Store, agent: LitAgent

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
@@ -19,7 +20,10 @@ SAMPLE = ROOT / "samples" / "quickstart"
 def voltrl(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "voltrl.cli", *args],
-        cwd=cwd, capture_output=True, text=True, timeout=120,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
         env={**os.environ, "NO_COLOR": "1", "COLUMNS": "200"},
     )
 
@@ -35,7 +39,8 @@ def backend():
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, str(ROOT / "tests" / "fake_openai_backend.py"), "--port", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     deadline = time.time() + 20
     while time.time() < deadline:
@@ -49,15 +54,40 @@ def backend():
     proc.wait(10)
 
 
+async def recorded_calls(path: Path) -> list:
+    from voltrl.store.sql import SQLStore
+
+    store = SQLStore(path)
+    try:
+        return [
+            c for r in await store.query_rollouts() for c in await store.get_llm_calls(r.rollout_id)
+        ]
+    finally:
+        await store.close()
+
+
 def test_dev_runs_an_agent_file_against_an_endpoint_and_runs_lists_it(tmp_path, backend):
     out = voltrl(
-        "dev", f"{SAMPLE / 'agent.py'}:agent", "--data", str(SAMPLE / "tasks.jsonl"),
-        "--llm-endpoint", backend, "--model", "fake-model", "--name", "smoke",
-        "--run-dir", str(tmp_path / "runs"), cwd=tmp_path,
+        "dev",
+        f"{SAMPLE / 'agent.py'}:agent",
+        "--data",
+        str(SAMPLE / "tasks.jsonl"),
+        "--llm-endpoint",
+        backend,
+        "--model",
+        "fake-model",
+        "--name",
+        "smoke",
+        "--run-dir",
+        str(tmp_path / "runs"),
+        cwd=tmp_path,
     )
     assert out.returncode == 0, out.stderr
     assert "dev" in out.stdout and "8" in out.stdout
-    assert (tmp_path / "runs" / "smoke" / "store.sqlite").exists()
+    store_path = tmp_path / "runs" / "smoke" / "store.sqlite"
+    calls = asyncio.run(recorded_calls(store_path))
+    assert len(calls) == 8  # one per rollout, recorded by the gateway dev put in front
+    assert all(c.has_token_ids and c.model == "fake-model" for c in calls)
     runs = voltrl("runs", "--run-dir", str(tmp_path / "runs"), cwd=tmp_path)
     assert runs.returncode == 0, runs.stderr
     assert "smoke" in runs.stdout and "dev" in runs.stdout
@@ -70,24 +100,50 @@ def test_dev_with_a_bad_module_path_says_so(tmp_path):
         ("missing.py:agent", "does not exist"),
         ("noseparator", "expected MODULE:AGENT"),
     ]:
-        out = voltrl("dev", spec, "--data", "x.jsonl", "--llm-endpoint", "http://x/v1",
-                     "--model", "m", cwd=tmp_path)
+        out = voltrl(
+            "dev",
+            spec,
+            "--data",
+            "x.jsonl",
+            "--llm-endpoint",
+            "http://x/v1",
+            "--model",
+            "m",
+            cwd=tmp_path,
+        )
         assert out.returncode == 2 and message in out.stderr, out.stderr
         assert "Traceback" not in out.stderr
 
 
 def test_dev_with_a_missing_data_file_says_so(tmp_path):
-    out = voltrl("dev", f"{SAMPLE / 'agent.py'}:agent", "--data", "nope.jsonl",
-                 "--llm-endpoint", "http://127.0.0.1:1/v1", "--model", "m", cwd=tmp_path)
+    out = voltrl(
+        "dev",
+        f"{SAMPLE / 'agent.py'}:agent",
+        "--data",
+        "nope.jsonl",
+        "--llm-endpoint",
+        "http://127.0.0.1:1/v1",
+        "--model",
+        "m",
+        cwd=tmp_path,
+    )
     assert out.returncode == 2 and "nope.jsonl does not exist" in out.stderr
 
 
 def test_dev_with_an_unreachable_endpoint_says_so(tmp_path):
     data = tmp_path / "d.jsonl"
     data.write_text(json.dumps({"question": "1+1?", "answer": 2}) + "\n")
-    out = voltrl("dev", f"{SAMPLE / 'agent.py'}:agent", "--data", str(data),
-                 "--llm-endpoint", f"http://127.0.0.1:{free_port()}/v1", "--model", "m",
-                 cwd=tmp_path)
+    out = voltrl(
+        "dev",
+        f"{SAMPLE / 'agent.py'}:agent",
+        "--data",
+        str(data),
+        "--llm-endpoint",
+        f"http://127.0.0.1:{free_port()}/v1",
+        "--model",
+        "m",
+        cwd=tmp_path,
+    )
     assert out.returncode == 2 and "no OpenAI-compatible endpoint answers" in out.stderr
     assert not (tmp_path / "runs").exists()
 

@@ -103,7 +103,7 @@ def supervised_warmup(
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         scheduler.step()
-        losses.append(float(loss))
+        losses.append(loss.item())
         if log is not None:
             log(step, losses[-1])
     model.eval()
