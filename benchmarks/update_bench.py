@@ -6,19 +6,25 @@ one batch per mode. Both batches hold the same generated tokens; transition mode
 growing history once per turn, trajectory mode feeds each rollout once with the tool results
 as mask-0 context. Each configuration trains a fresh copy of the same tiny random Qwen2 for
 ``--repeats`` timed steps after one warm-up step, configurations taking turns. The table
-shows the median and the fastest step (wall clock) and the median CPU seconds of the process
-per step; ratios use the fastest step and CPU seconds, which other load on a shared machine
-disturbs least. Trained tokens/s is from the fastest step.
+shows the median and the fastest step (wall clock); trained tokens/s and the ratios use the
+fastest step, which other load on a shared machine disturbs least.
 
 When ``trl`` is installed, TRL's ``GRPOTrainer`` runs its own ``training_step`` (loss
 ``dapo``: a token mean over the batch, like LocalRL's ``token-mean``; the same sampling
 logprobs as old logprobs, the same advantages; generation skipped) plus gradient clipping and
 its AdamW step, on the same model and batches, whole batch in one forward as TRL does, in
 float32 without gradient checkpointing (TRL's defaults, bf16 autocast and checkpointing, are
-turned off so that both compute the same thing).
+turned off so that both compute the same thing). Every configuration starts from the same
+weights and takes the same number of steps on the same batch, so equal ``last loss`` values
+for one batch cross-check LocalRL's maths (and its micro-batch invariance) against TRL's.
 
     .venv/bin/python benchmarks/update_bench.py [--rollouts 16] [--group 4] [--turns 4]
-        [--repeats 3] [--micro-batch 8] [--hidden 128] [--layers 4] [--no-trl]
+        [--prompt 128] [--repeats 5] [--micro-batch 8] [--hidden 128] [--layers 4]
+        [--threads N] [--no-trl]
+
+On a machine shared with other busy processes, use ``--threads 1``: with more torch threads
+than free cores, every parallel kernel waits for a descheduled thread and steps get tens of
+times slower, which swamps what is measured here.
 """
 
 from __future__ import annotations
@@ -48,8 +54,8 @@ VOCAB = 1024
 LR = 1e-5
 
 
-Step = Callable[[], float]
-"""One training step on a fixed batch; returns the tokens it fed to the model."""
+Step = Callable[[], tuple[float, float]]
+"""One training step on a fixed batch; returns the tokens it fed to the model and the loss."""
 
 
 @dataclass
@@ -60,8 +66,8 @@ class Result:
     batch: TrainingBatch
     step: Step
     seconds: list[float] = field(default_factory=list)
-    cpu_seconds: list[float] = field(default_factory=list)
     tokens_forward: float = 0.0
+    loss: float = 0.0
 
     @property
     def step_s(self) -> float:
@@ -72,12 +78,6 @@ class Result:
     def best_s(self) -> float:
         """Fastest step: the least disturbed by other load on the machine."""
         return min(self.seconds)
-
-    @property
-    def cpu_s(self) -> float:
-        """Median CPU seconds of this process per step (all threads): what a step costs,
-        much less sensitive to other processes than wall-clock time."""
-        return statistics.median(self.cpu_seconds)
 
     @property
     def trained_tokens(self) -> int:
@@ -158,17 +158,21 @@ def measure(results: list[Result], repeats: int) -> None:
         r.step()
     for _ in range(repeats):
         for r in results:
-            start, cpu = time.perf_counter(), time.process_time()
-            r.tokens_forward = r.step()
+            start = time.perf_counter()
+            r.tokens_forward, r.loss = r.step()
             r.seconds.append(time.perf_counter() - start)
-            r.cpu_seconds.append(time.process_time() - cpu)
 
 
 def localrl(name: str, model: Any, batch: TrainingBatch, micro_batch: int) -> Result:
     """LocalRL's ``PolicyTrainer.step`` on a fresh copy of ``model``."""
     config = PolicyUpdateConfig(lr=LR, micro_batch_size=micro_batch)
     trainer = PolicyTrainer(copy.deepcopy(model), config)
-    return Result(name, batch, lambda: trainer.step(batch)["tokens_forward"])
+
+    def step() -> tuple[float, float]:
+        metrics = trainer.step(batch)
+        return metrics["tokens_forward"], metrics["loss"]
+
+    return Result(name, batch, step)
 
 
 def trl_trainer(model: Any, rows: int, group: int, workdir: str) -> Any:
@@ -237,12 +241,12 @@ def trl(name: str, model: Any, batch: TrainingBatch, group: int, workdir: str) -
     trainer = trl_trainer(copy.deepcopy(model), len(batch), group, workdir)
     inputs = trl_inputs(batch)
 
-    def step() -> float:
-        trainer.training_step(trainer.model, inputs, inputs["num_items_in_batch"])
+    def step() -> tuple[float, float]:
+        loss = trainer.training_step(trainer.model, inputs, inputs["num_items_in_batch"])
         torch.nn.utils.clip_grad_norm_(trainer.model.parameters(), 1.0)
         trainer.optimizer.step()
         trainer.optimizer.zero_grad(set_to_none=True)
-        return float(len(batch) * (batch.prompt_length + batch.response_length))
+        return float(len(batch) * (batch.prompt_length + batch.response_length)), float(loss)
 
     return Result(name, batch, step)
 
@@ -250,21 +254,18 @@ def trl(name: str, model: Any, batch: TrainingBatch, group: int, workdir: str) -
 def print_table(results: list[Result]) -> None:
     print(
         f"{'configuration':<42} {'rows':>4} {'trained':>7} {'fed':>6} {'median s':>8} "
-        f"{'best s':>7} {'cpu s':>6} {'trained tok/s':>13}"
+        f"{'best s':>7} {'trained tok/s':>13} {'last loss':>10}"
     )
     for r in results:
         print(
             f"{r.name:<42} {len(r.batch):>4} {r.trained_tokens:>7} {r.tokens_forward:>6.0f} "
-            f"{r.step_s:>8.3f} {r.best_s:>7.3f} {r.cpu_s:>6.2f} {r.tokens_per_s:>13.0f}"
+            f"{r.step_s:>8.3f} {r.best_s:>7.3f} {r.tokens_per_s:>13.0f} {r.loss:>10.5f}"
         )
 
 
 def print_ratio(label: str, fast: Result, slow: Result) -> None:
-    """``slow / fast`` step time, by the fastest step and by CPU seconds."""
-    print(
-        f"  {label:<58} {slow.best_s / fast.best_s:5.2f}x best step, "
-        f"{slow.cpu_s / fast.cpu_s:5.2f}x cpu s"
-    )
+    """``slow / fast``: the ratio of their fastest steps."""
+    print(f"  {label:<62} {slow.best_s / fast.best_s:5.2f}x")
 
 
 def main() -> None:
@@ -278,8 +279,13 @@ def main() -> None:
     parser.add_argument("--micro-batch", type=int, default=8, help="LocalRL rows per forward")
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument(
+        "--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)"
+    )
     parser.add_argument("--no-trl", action="store_true", help="skip the TRL comparison")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     batches = make_batches(args.rollouts, args.group, args.turns, args.prompt, seed=0)
     model = make_model(args.hidden, args.layers)
