@@ -22,7 +22,8 @@ What :meth:`PolicyTrainer.step` does, top to bottom (the maths lives in
 4. **Micro-batches.** Rows of a mini-batch are sorted by length and packed into micro-batches
    of at most ``micro_batch_size`` rows (and ``max_tokens_per_micro_batch`` padded tokens);
    each micro-batch drops the padding columns none of its rows needs (left of its longest
-   prompt, right of its last trained token). Each micro-batch's loss is divided by the
+   prompt, right of its last trained token), and only response columns holding a trained
+   token go through the LM head. Each micro-batch's loss is divided by the
    *mini-batch's* normaliser (:func:`~voltrl.algorithms.local.loss.agg_normaliser`), so the
    accumulated gradient is the mini-batch's gradient whatever the micro-batch size.
    Rows whose loss is identically 0 (advantage 0 with no KL or entropy term: a GRPO group
@@ -345,7 +346,7 @@ class PolicyTrainer:
         )
 
     def _logprobs_no_grad(self, data: _Prepared, rows: list[int], *, reference: bool) -> Tensor:
-        """Logprobs of every response token of ``rows`` (0 elsewhere) under the reference
+        """Logprobs of the trained tokens of ``rows`` (0 elsewhere) under the reference
         policy or the current one, in eval mode, without autograd."""
         out = torch.zeros_like(data.old_logprobs)
         model, ctx = self.model, nullcontext()
