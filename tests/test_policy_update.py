@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,16 @@ from voltrl.trajectory import TrainingBatch, TrajectoryConfig, build_trajectory,
 from voltrl.types import LLMCall, Rollout, Task, Trajectory, Transition  # noqa: E402
 
 AGGS = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread() -> Iterator[None]:
+    """Tiny models gain nothing from threads, and more torch threads than free cores (a busy
+    machine) make every kernel wait for a descheduled thread: run this module on one."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def tiny_model(seed: int = 0) -> transformers.Qwen2ForCausalLM:
