@@ -1,0 +1,384 @@
+"""A fake vLLM-style OpenAI-compatible server on 127.0.0.1, for gateway tests and benchmarks.
+
+Real HTTP/1.1 (keep-alive, chunked streaming) on raw asyncio, so it is fast enough to be a
+benchmark baseline. It answers ``/v1/chat/completions`` and ``/v1/completions`` the way vLLM
+does with ``return_token_ids`` (``prompt_token_ids`` on the response, or per choice for
+completions, and ``choices[i].token_ids``) and ``logprobs``; streams SSE chunks; returns
+``n`` choices; calls the first tool when given tools; and can be scripted to fail.
+
+Everything is deterministic, so tests can compute what should have been recorded:
+:func:`prompt_ids`, :func:`reply_text`, :func:`reply_ids` and :func:`reply_logprobs`.
+
+In-process: ``async with FakeBackend() as fb: fb.url`` (``fb.fail_next(429, 500)``,
+``fb.requests``, ``fb.hold``). As a process: ``python tests/fake_openai_backend.py --port P``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from collections import deque
+from typing import Any
+
+MODEL = "fake-model"
+TOOL_ARGS = ['{"city": ', '"Paris"}']
+
+
+def _text_of(body: dict[str, Any]) -> str:
+    if "messages" in body:
+        return "\n".join(
+            f"{m.get('role')}:{m.get('content') if isinstance(m.get('content'), str) else ''}"
+            for m in body["messages"]
+        )
+    prompt = body.get("prompt")
+    return prompt if isinstance(prompt, str) else json.dumps(prompt)
+
+
+def prompt_ids(body: dict[str, Any]) -> list[int]:
+    """The prompt token ids the fake 'tokenizer' gives a request (one id per character)."""
+    return [1000 + (ord(c) % 5000) for c in _text_of(body)]
+
+
+def reply_text(index: int) -> str:
+    """The text of choice ``index``."""
+    return f"Answer {index}."
+
+
+def reply_ids(index: int) -> list[int]:
+    """The sampled token ids of choice ``index`` (one per character of its text)."""
+    return [20000 + 100 * index + k for k in range(len(reply_text(index)))]
+
+
+def reply_logprobs(index: int) -> list[float]:
+    """The logprob of each sampled token of choice ``index``."""
+    return [-0.5 * (k + 1) / (index + 1) for k in range(len(reply_text(index)))]
+
+
+def tool_call_ids(index: int) -> list[int]:
+    """The sampled token ids of choice ``index`` when it calls a tool."""
+    return [30000 + 100 * index + k for k in range(len(TOOL_ARGS))]
+
+
+class FakeBackend:
+    """The server. ``token_ids=False`` behaves like a hosted API (no token ids)."""
+
+    def __init__(self, *, token_ids: bool = True, port: int = 0) -> None:
+        self.token_ids = token_ids
+        self.port = port
+        self.requests: list[dict[str, Any]] = []
+        self.failures: deque[int] = deque()
+        self.hold: asyncio.Event | None = None
+        self.arrived = asyncio.Event()
+        self.record_requests = True
+        self._server: asyncio.Server | None = None
+        self._conns: set[_Conn] = set()
+        self._counter = 0
+
+    @property
+    def url(self) -> str:
+        """The OpenAI base URL (``http://127.0.0.1:P/v1``)."""
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def fail_next(self, *statuses: int) -> None:
+        """Answer the next completion requests with these HTTP statuses, in order."""
+        self.failures.extend(statuses)
+
+    async def start(self) -> FakeBackend:
+        """Listen on 127.0.0.1 (a free port unless one was given)."""
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: _Conn(self), "127.0.0.1", self.port, backlog=1024
+        )
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def stop(self) -> None:
+        """Stop listening and close connections."""
+        if self._server is not None:
+            self._server.close()
+            for conn in list(self._conns):
+                if conn.transport is not None:
+                    conn.transport.close()
+            await self._server.wait_closed()
+
+    async def __aenter__(self) -> FakeBackend:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # ---- answers ----------------------------------------------------------------------
+    async def answer(self, method: str, path: str, body: bytes, conn: _Conn) -> None:
+        path = path.split("?", 1)[0]
+        if path in ("/health", "/v1/models"):
+            data = {"object": "list", "data": [{"id": MODEL, "object": "model"}]}
+            conn.reply(200, json.dumps(data).encode())
+            return
+        if method != "POST" or path not in ("/v1/chat/completions", "/v1/completions"):
+            conn.reply(404, b'{"error": {"message": "not found", "type": "not_found"}}')
+            return
+        req = json.loads(body)
+        if self.record_requests:
+            self.requests.append({"path": path, "body": req})
+        self.arrived.set()
+        if self.hold is not None:
+            await self.hold.wait()
+        if self.failures:
+            status = self.failures.popleft()
+            err = {"error": {"message": f"scripted failure {status}", "type": "server_error"}}
+            conn.reply(status, json.dumps(err).encode(), retry_after=status == 429)
+            return
+        self._counter += 1
+        chat = path.endswith("/chat/completions")
+        if req.get("stream"):
+            await conn.stream([_sse(c) for c in self._chunks(req, chat)] + [b"data: [DONE]\n\n"])
+        else:
+            conn.reply(200, json.dumps(self._full(req, chat)).encode())
+
+    def _choices(self, req: dict[str, Any], chat: bool) -> list[dict[str, Any]]:
+        """Per choice: text pieces, token ids, logprobs, finish reason, tool call or None."""
+        uses_tool = chat and req.get("tools") and req.get("tool_choice") != "none"
+        out = []
+        for i in range(req.get("n") or 1):
+            if uses_tool:
+                name = req["tools"][0]["function"]["name"]
+                tool = {"id": f"call_{self._counter}_{i}", "name": name}
+                ids, pieces, finish = tool_call_ids(i), [], "tool_calls"
+            else:
+                tool, ids, pieces = None, reply_ids(i), list(reply_text(i))
+                finish = "stop"
+            lps = [-0.25 * (k + 1) for k in range(len(ids))] if tool else reply_logprobs(i)
+            out.append({"pieces": pieces, "ids": ids, "lps": lps, "finish": finish, "tool": tool})
+        return out
+
+    def _logprobs(self, req: dict[str, Any], chat: bool, lps: list[float], n: int) -> Any:
+        if chat and req.get("logprobs"):
+            content = [
+                {"token": f"t{k}", "logprob": lp, "bytes": None, "top_logprobs": []}
+                for k, lp in enumerate(lps[:n])
+            ]
+            return {"content": content}
+        if not chat and req.get("logprobs") is not None:
+            return {
+                "tokens": [f"t{k}" for k in range(n)],
+                "token_logprobs": lps[:n],
+                "top_logprobs": [None] * n,
+                "text_offset": list(range(n)),
+            }
+        return None
+
+    def _full(self, req: dict[str, Any], chat: bool) -> dict[str, Any]:
+        want_ids = self.token_ids and req.get("return_token_ids")
+        pids = prompt_ids(req)
+        choices = []
+        for i, c in enumerate(self._choices(req, chat)):
+            choice: dict[str, Any] = {"index": i}
+            if chat:
+                msg: dict[str, Any] = {"role": "assistant", "content": "".join(c["pieces"]) or None}
+                if c["tool"]:
+                    fn = {"name": c["tool"]["name"], "arguments": "".join(TOOL_ARGS)}
+                    msg["tool_calls"] = [
+                        {"id": c["tool"]["id"], "type": "function", "function": fn}
+                    ]
+                else:
+                    msg["tool_calls"] = []
+                choice["message"] = msg
+            else:
+                choice["text"] = "".join(c["pieces"])
+            choice["logprobs"] = self._logprobs(req, chat, c["lps"], len(c["ids"]))
+            choice["finish_reason"] = c["finish"]
+            choice["stop_reason"] = None
+            if want_ids:
+                choice["token_ids"] = c["ids"]
+                if not chat:
+                    choice["prompt_token_ids"] = pids
+            choices.append(choice)
+        out: dict[str, Any] = {
+            "id": f"{'chatcmpl' if chat else 'cmpl'}-fake-{self._counter}",
+            "object": "chat.completion" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": req.get("model") or MODEL,
+            "choices": choices,
+            "usage": _usage(pids, choices),
+        }
+        if chat and want_ids:
+            out["prompt_token_ids"] = pids
+        return out
+
+    def _chunks(self, req: dict[str, Any], chat: bool) -> list[dict[str, Any]]:
+        want_ids = self.token_ids and req.get("return_token_ids")
+        pids = prompt_ids(req)
+        head = {
+            "id": f"{'chatcmpl' if chat else 'cmpl'}-fake-{self._counter}",
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": req.get("model") or MODEL,
+        }
+        chunks: list[dict[str, Any]] = []
+        total = 0
+        for i, c in enumerate(self._choices(req, chat)):
+            total += len(c["ids"])
+            steps = len(c["ids"])
+            for k in range(steps):
+                choice: dict[str, Any] = {"index": i}
+                if chat:
+                    delta: dict[str, Any] = {"role": "assistant"} if k == 0 else {}
+                    if c["tool"]:
+                        fn = {"arguments": TOOL_ARGS[k]}
+                        tc: dict[str, Any] = {"index": 0, "function": fn}
+                        if k == 0:
+                            tc.update(id=c["tool"]["id"], type="function")
+                            fn["name"] = c["tool"]["name"]
+                        delta["tool_calls"] = [tc]
+                    else:
+                        delta["content"] = c["pieces"][k]
+                    choice["delta"] = delta
+                else:
+                    choice["text"] = c["pieces"][k]
+                lp = self._logprobs(req, chat, c["lps"][k:], 1)
+                if lp is not None and not chat:
+                    lp["text_offset"] = [k]
+                choice["logprobs"] = lp
+                choice["finish_reason"] = c["finish"] if k == steps - 1 else None
+                if want_ids:
+                    choice["token_ids"] = [c["ids"][k]]
+                    if not chat and k == 0:
+                        choice["prompt_token_ids"] = pids
+                chunk = {**head, "choices": [choice]}
+                if chat and want_ids and not chunks:
+                    chunk["prompt_token_ids"] = pids
+                chunks.append(chunk)
+        opts = req.get("stream_options") or {}
+        if opts.get("include_usage"):
+            usage = {
+                "prompt_tokens": len(pids),
+                "completion_tokens": total,
+                "total_tokens": len(pids) + total,
+            }
+            chunks.append({**head, "choices": [], "usage": usage})
+        return chunks
+
+
+def _usage(pids: list[int], choices: list[dict[str, Any]]) -> dict[str, int]:
+    completion = sum(len(c.get("token_ids") or []) for c in choices)
+    return {
+        "prompt_tokens": len(pids),
+        "completion_tokens": completion,
+        "total_tokens": len(pids) + completion,
+    }
+
+
+def _sse(chunk: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(chunk).encode() + b"\n\n"
+
+
+_REASONS = {
+    200: "OK",
+    404: "Not Found",
+    429: "Too Many Requests",
+    500: "Internal Server Error",
+    502: "Bad Gateway",
+    503: "Service Unavailable",
+    400: "Bad Request",
+}
+
+
+class _Conn(asyncio.Protocol):
+    """One client connection: parses requests (Content-Length bodies) and answers in order."""
+
+    def __init__(self, server: FakeBackend) -> None:
+        self.server = server
+        self.buf = b""
+        self.transport: asyncio.Transport | None = None
+        self.queue: asyncio.Queue[tuple[str, str, bytes, bool]] = asyncio.Queue()
+        self.keep_alive = True
+        self.task: asyncio.Task[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.server._conns.add(self)
+        self.task = asyncio.ensure_future(self._serve())
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.server._conns.discard(self)
+        if self.task is not None:
+            self.task.cancel()
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        while True:
+            end = self.buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            lines = self.buf[:end].decode("latin-1").split("\r\n")
+            method, path, _ = lines[0].split(" ", 2)
+            length, keep = 0, True
+            for ln in lines[1:]:
+                k, _, v = ln.partition(":")
+                k = k.strip().lower()
+                if k == "content-length":
+                    length = int(v)
+                elif k == "connection" and v.strip().lower() == "close":
+                    keep = False
+            if len(self.buf) < end + 4 + length:
+                return
+            body = self.buf[end + 4 : end + 4 + length]
+            self.buf = self.buf[end + 4 + length :]
+            self.queue.put_nowait((method, path, body, keep))
+
+    async def _serve(self) -> None:
+        while True:
+            method, path, body, self.keep_alive = await self.queue.get()
+            await self.server.answer(method, path, body, self)
+            if not self.keep_alive and self.transport is not None:
+                self.transport.close()
+                return
+
+    def _head(self, status: int, extra: str) -> bytes:
+        conn = "keep-alive" if self.keep_alive else "close"
+        return (
+            f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}\r\n{extra}"
+            f"Connection: {conn}\r\n\r\n"
+        ).encode()
+
+    def reply(self, status: int, payload: bytes, *, retry_after: bool = False) -> None:
+        extra = f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n"
+        if retry_after:
+            extra += "Retry-After: 0\r\n"
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(self._head(status, extra) + payload)
+
+    async def stream(self, events: list[bytes]) -> None:
+        if self.transport is None or self.transport.is_closing():
+            return
+        extra = "Content-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
+        self.transport.write(self._head(200, extra))
+        for ev in events:
+            self.transport.write(f"{len(ev):x}\r\n".encode() + ev + b"\r\n")
+            await asyncio.sleep(0)
+        self.transport.write(b"0\r\n\r\n")
+
+
+async def _main(port: int, max_seconds: float) -> None:
+    backend = FakeBackend(port=port)
+    backend.record_requests = False
+    await backend.start()
+    try:
+        await asyncio.sleep(max_seconds)
+    finally:
+        await backend.stop()
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--max-seconds", type=float, default=600.0)
+    args = ap.parse_args()
+    try:
+        import uvloop
+
+        uvloop.run(_main(args.port, args.max_seconds))
+    except ImportError:
+        asyncio.run(_main(args.port, args.max_seconds))
