@@ -13,7 +13,9 @@ when a client's call returns, its record is in the store.
 
 ``Gateway.app`` is a plain ASGI app: run it with uvicorn, or mount it at the root of a
 Starlette/FastAPI app (``app.mount("/", gateway.app)``). The hot path uses aiohttp's pooled
-client and no framework routing, to keep the added latency well under a millisecond or two.
+client and no framework routing, to keep the added latency well under a millisecond or two;
+uvicorn with ``httptools`` and ``uvloop`` installed (``uvicorn[standard]``) serves it fastest.
+Control calls (:meth:`Gateway.pause`, :meth:`Gateway.resume`) run on the serving event loop.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import random
 import socket
 import time
@@ -36,6 +39,8 @@ import aiohttp
 from voltrl.errors import NotFoundError
 from voltrl.store.base import Store
 from voltrl.types import LLMCall
+
+logger = logging.getLogger(__name__)
 
 ASGIReceive = Callable[[], Awaitable[dict[str, Any]]]
 ASGISend = Callable[[dict[str, Any]], Awaitable[None]]
@@ -599,17 +604,32 @@ class Gateway:
         return b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
 
     async def _record(self, calls: list[LLMCall]) -> None:
+        """Write the calls; the write finishes even if this request is cancelled meanwhile."""
+        task = self._track(self.store.add_llm_calls(calls))
         try:
-            await self.store.add_llm_calls(calls)
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            raise
         except Exception as e:
             raise GatewayHTTPError(
                 500, f"the call could not be recorded: {type(e).__name__}: {e}", type="api_error"
             ) from e
 
     def _record_later(self, calls: list[LLMCall]) -> None:
-        task = asyncio.ensure_future(self.store.add_llm_calls(calls))
+        """Write the calls in the background (:meth:`aclose` waits for them); failures are
+        logged, as there is no response left to report them in."""
+        self._track(self.store.add_llm_calls(calls)).add_done_callback(_log_write_failure)
+
+    def _track(self, write: Awaitable[Any]) -> asyncio.Task[Any]:
+        task = asyncio.ensure_future(write)
         self._writes.add(task)
         task.add_done_callback(self._writes.discard)
+        return task
+
+
+def _log_write_failure(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logger.error("gateway: LLM calls could not be recorded", exc_info=task.exception())
 
 
 # ---- response handling ----------------------------------------------------------------

@@ -484,10 +484,11 @@ async def test_unknown_route_and_models(env: Env) -> None:
 
 # ---- hosted backends ----------------------------------------------------------------------------
 async def test_backend_without_token_ids_is_recorded_as_such() -> None:
-    async with gateway_env(token_ids=False) as env:
+    async with gateway_env(token_ids=False, request_token_ids=False) as env:
         rid, aid = await new_rollout(env.store)
         client = env.client(rid, aid)
         await client.chat.completions.create(model="m", messages=MESSAGES)
+        assert "return_token_ids" not in env.backend.requests[-1]["body"]  # hosted APIs reject it
         stream = await client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
         assert "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
         calls = await env.store.get_llm_calls(rid)
