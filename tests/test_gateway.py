@@ -12,9 +12,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from openai import AsyncOpenAI
-
-from tests.fake_openai_backend import (
+from fake_openai_backend import (
     TOOL_ARGS,
     FakeBackend,
     prompt_ids,
@@ -23,6 +21,8 @@ from tests.fake_openai_backend import (
     reply_text,
     tool_call_ids,
 )
+from openai import AsyncOpenAI
+
 from voltrl.gateway import Gateway, serve_gateway
 from voltrl.resources import LLM
 from voltrl.store.memory import InMemoryStore
