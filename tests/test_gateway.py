@@ -572,3 +572,18 @@ async def test_mounted_under_a_starlette_app(env: Env) -> None:
         server.should_exit = True
         await task
     assert len(await env.store.get_llm_calls(rid)) == 1
+
+
+async def test_client_leaving_a_stream_early_still_gets_the_call_recorded(env: Env) -> None:
+    rid, aid = await new_rollout(env.store)
+    stream = await env.client(rid, aid).chat.completions.create(
+        model="m", messages=MESSAGES, stream=True
+    )
+    async for _ in stream:
+        break
+    await stream.close()
+    while not await env.store.get_llm_calls(rid):  # bounded by the test timeout
+        await asyncio.sleep(0.01)
+    (call,) = await env.store.get_llm_calls(rid)
+    assert call.response_token_ids == reply_ids(0)
+    assert call.finish_reason == "stop"
