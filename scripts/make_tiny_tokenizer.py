@@ -121,7 +121,14 @@ def corpus(seed: int = 0, n: int = 3000) -> Iterator[str]:
 def main() -> None:
     """Train, wrap as a transformers tokenizer, and write the fixture."""
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    # Digits stand alone, as in Qwen2's tokenizer: a number is the same tokens wherever it
+    # appears (in a question, a tool call, a tool result), so copying it is easy to learn.
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=VOCAB_SIZE - len(TOOL_TOKENS),
