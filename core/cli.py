@@ -1,6 +1,7 @@
 """The ``voltrl`` command line.
 
     voltrl dev MODULE:AGENT --data FILE --llm-endpoint URL --model NAME
+    voltrl train CONFIG.yaml
     voltrl runs [--store PATH | --run-dir DIR]
 
 Errors a user can fix (a bad module path, a missing data file, an unreachable endpoint) print
@@ -105,6 +106,70 @@ def _cmd_dev(args: argparse.Namespace) -> int:
     return 0 if result.stats.failed == 0 else 1
 
 
+def build_from_config(config: dict[str, Any]) -> tuple[Any, Any, str, str | None]:
+    """``(trainer, agent, train data, val data)`` from a ``voltrl train`` config.
+
+    The config has ``agent`` (MODULE:AGENT), ``data`` (``train``, optional ``val``: files),
+    ``algorithm`` (``name``: ``local_rl`` or ``baseline``, and that algorithm's arguments;
+    LocalRL's ``update`` and ``trajectory`` sections are their configs) and ``trainer``
+    (:class:`~voltrl.Trainer` arguments; ``resources`` maps names to LLM fields).
+    """
+    from voltrl.algorithms.baseline import Baseline
+    from voltrl.resources import LLM
+    from voltrl.trainer import Trainer
+
+    unknown = set(config) - {"agent", "data", "algorithm", "trainer"}
+    if unknown:
+        raise VoltRLError(f"unknown config sections {sorted(unknown)}")
+    for key in ("agent", "data"):
+        if key not in config:
+            raise VoltRLError(f"the config needs an {key!r} section")
+    data = config["data"]
+    if not isinstance(data, dict) or "train" not in data:
+        raise VoltRLError("data needs a 'train' file (and optionally 'val')")
+    algo_cfg = dict(config.get("algorithm") or {"name": "baseline"})
+    name = algo_cfg.pop("name", "baseline")
+    try:
+        if name == "local_rl":
+            from voltrl.algorithms.local import LocalRL
+            from voltrl.algorithms.local.update import PolicyUpdateConfig
+            from voltrl.trajectory import TrajectoryConfig
+
+            if "update" in algo_cfg:
+                algo_cfg["update"] = PolicyUpdateConfig(**algo_cfg["update"])
+            if "trajectory" in algo_cfg:
+                algo_cfg["trajectory"] = TrajectoryConfig(**algo_cfg["trajectory"])
+            algorithm: Any = LocalRL(**algo_cfg)
+        elif name == "baseline":
+            algorithm = Baseline(**algo_cfg)
+        else:
+            raise VoltRLError(f"unknown algorithm {name!r}; use local_rl or baseline")
+        trainer_cfg = dict(config.get("trainer") or {})
+        if "resources" in trainer_cfg:
+            trainer_cfg["resources"] = {k: LLM(**v) for k, v in trainer_cfg["resources"].items()}
+        trainer = Trainer(algorithm, **trainer_cfg)
+    except (TypeError, ValueError) as exc:
+        raise VoltRLError(f"bad config: {exc}") from None
+    return trainer, load_agent(config["agent"]), data["train"], data.get("val")
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    import yaml
+
+    path = Path(args.config)
+    if not path.exists():
+        raise VoltRLError(f"config file {path} does not exist")
+    try:
+        config = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise VoltRLError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(config, dict):
+        raise VoltRLError(f"{path}: the config must be a mapping")
+    trainer, agent, train, val = build_from_config(config)
+    result = trainer.fit(agent, train, val)
+    return 0 if result.stats.rollouts else 1
+
+
 def _store_paths(args: argparse.Namespace) -> list[Path]:
     if args.store:
         path = Path(args.store)
@@ -185,6 +250,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="do not ask the endpoint for token ids (hosted APIs that reject the field)",
     )
     dev.set_defaults(func=_cmd_dev)
+
+    train = sub.add_parser("train", help="train an agent as a YAML config says")
+    train.add_argument("config", help="YAML: agent, data, algorithm, trainer")
+    train.set_defaults(func=_cmd_train)
 
     runs = sub.add_parser("runs", help="list runs and their reward statistics")
     runs.add_argument("--store", default=None, help="a store.sqlite file")
