@@ -25,7 +25,6 @@ import contextlib
 import json
 import logging
 import random
-import socket
 import time
 import zlib
 from collections import OrderedDict
@@ -824,35 +823,15 @@ async def _send_bytes(
 
 @contextlib.asynccontextmanager
 async def serve_gateway(
-    gateway: Gateway, host: str = "127.0.0.1", port: int = 0, shutdown_timeout_s: float = 30.0
+    gateway: Gateway, host: str = "127.0.0.1", port: int = 0
 ) -> AsyncIterator[str]:
-    """Serve ``gateway.app`` with uvicorn on this event loop; yields its base URL
-    (``http://host:port``). On exit the server stops (calls still running get up to
-    ``shutdown_timeout_s`` to finish) and :meth:`Gateway.aclose` runs."""
-    import uvicorn
+    """Serve ``gateway.app`` on this event loop; yields its base URL (``http://host:port``).
+    On exit the server stops and :meth:`Gateway.aclose` runs."""
+    from voltrl.server import serve
 
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    config = uvicorn.Config(
-        gateway.app,
-        lifespan="off",
-        log_level="warning",
-        access_log=False,
-        timeout_keep_alive=30,
-        timeout_graceful_shutdown=shutdown_timeout_s,
-    )
-    server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve(sockets=[sock]))
+    url, stop = await serve(gateway.app, host, port)
     try:
-        while not server.started:
-            if task.done():
-                task.result()
-                raise RuntimeError("the gateway server stopped while starting")
-            await asyncio.sleep(0.01)
-        yield f"http://{host}:{sock.getsockname()[1]}"
+        yield url
     finally:
-        server.should_exit = True
-        await task
-        sock.close()
+        await stop()
         await gateway.aclose()
