@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 TORCH  := torch==2.13.0
 
-.PHONY: test lint format clean
+.PHONY: test demo demo-seeds lint format clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,19 @@ $(VENV)/.test-deps: pyproject.toml | $(PY)
 	$(PIP) install --quiet "$(TORCH)"
 	$(PIP) install --quiet -e ".[dev,local]"
 	touch $@
+
+$(VENV)/.demo-deps: pyproject.toml | $(PY)
+	$(PIP) install --quiet "$(TORCH)"
+	$(PIP) install --quiet -e ".[demo]"
+	touch $@
+
+## make demo: train the calculator agent with LocalRL on this CPU (one seed, ~10 minutes)
+demo: $(VENV)/.demo-deps
+	$(PY) samples/calculator/demo.py --seeds 0
+
+## make demo-seeds: the same for seeds 0, 1 and 2 (the learning benchmark)
+demo-seeds: $(VENV)/.demo-deps
+	$(PY) samples/calculator/demo.py --seeds 0 1 2
 
 ## make test: install what the tests need and run them
 test: $(VENV)/.test-deps

@@ -15,8 +15,8 @@ recorded with the exact sampled token ids and rewards, and an algorithm improves
 
 from voltrl.agent import LitAgent, rollout
 from voltrl.algorithms.base import Algorithm
-from voltrl.algorithms.local import LocalRL
 from voltrl.algorithms.baseline import Baseline
+from voltrl.algorithms.local import LocalRL
 from voltrl.errors import (
     AgentLoadError,
     DatasetError,

@@ -2,10 +2,10 @@
 
 Trains a byte-level BPE (vocabulary ``VOCAB_SIZE``) on a small built-in corpus of arithmetic and
 calculator-agent text plus printable ASCII, adds ChatML special tokens and Hermes tool-call
-tokens, attaches a ChatML chat template with Hermes tool calls (Qwen2.5-style turns; tools are
-listed compactly as ``name(param, ...)`` to keep sequences short for CPU training), and saves it with
-``save_pretrained`` into ``core/algorithms/local/assets/tiny-tokenizer``. BPE training can
-differ across ``tokenizers`` versions, so the output is committed and loaded by
+tokens, attaches a ChatML chat template with Hermes tool calls (Qwen2.5-style turns; tools
+are listed compactly as ``name(param, ...)`` to keep sequences short for CPU training), and
+saves it with ``save_pretrained`` into ``core/algorithms/local/assets/tiny-tokenizer``. BPE
+training can differ across ``tokenizers`` versions, so the output is committed and loaded by
 :func:`voltrl.algorithms.local.tiny.build_tiny_tokenizer`; rerun this only on purpose::
 
     .venv/bin/python scripts/make_tiny_tokenizer.py

@@ -12,10 +12,15 @@ from voltrl.tracing import RolloutContext
 from voltrl.types import Task
 
 
-def make_ctx(resources: vl.Resources, mode: str = "train", task: dict | None = None) -> RolloutContext:
+def make_ctx(
+    resources: vl.Resources, mode: str = "train", task: dict | None = None
+) -> RolloutContext:
     return RolloutContext(
-        rollout_id="ro-1", attempt_id="at-1", task=Task(input=task or {"x": 1}),
-        mode=mode, resources=resources,  # type: ignore[arg-type]
+        rollout_id="ro-1",
+        attempt_id="at-1",
+        task=Task(input=task or {"x": 1}),
+        mode=mode,
+        resources=resources,  # type: ignore[arg-type]
     )
 
 
@@ -107,7 +112,7 @@ def test_normalize_result_rejects_non_numbers_naming_the_rollout(value):
 
 @pytest.mark.parametrize("value", [math.nan, math.inf])
 def test_normalize_result_rejects_nan_and_infinite_rewards(value):
-    with pytest.raises(vl.InvalidRewardError, match="rollout ro-7.*finite"):
+    with pytest.raises(vl.InvalidRewardError, match=r"rollout ro-7.*finite"):
         normalize_result(value, "ro-7")
 
 

@@ -426,7 +426,7 @@ async def test_a_long_poll_claim_whose_client_died_takes_no_rollout(served: Serv
     server, _store = served.server()
     client = served.client(server.url)
     body = b'{"worker_id": "dead", "lease_s": 30, "wait_s": 20}'
-    reader, writer = await asyncio.open_connection(server.host, server.port)
+    _reader, writer = await asyncio.open_connection(server.host, server.port)
     writer.write(
         b"POST /v1/store/claims HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
         + f"Authorization: Bearer {TOKEN}\r\nX-Request-Id: r1\r\n".encode()

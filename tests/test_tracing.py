@@ -15,7 +15,10 @@ from voltrl.types import Task
 
 def ctx(rid: str) -> RolloutContext:
     return RolloutContext(
-        rollout_id=rid, attempt_id=f"at-{rid}", task=Task(input={}), mode="train",
+        rollout_id=rid,
+        attempt_id=f"at-{rid}",
+        task=Task(input={}),
+        mode="train",
         resources=vl.Resources(items={}),
     )
 
@@ -92,7 +95,7 @@ def test_span_records_timing_status_and_errors():
         with vl.span("tool:add", a=1):
             pass
         with pytest.raises(ZeroDivisionError), vl.span("tool:div"):
-            1 / 0
+            raise ZeroDivisionError("division by zero")
         vl.emit_event("checkpoint", step=3)
     ok, err, ev = c.spans
     assert (ok.name, ok.status, ok.attributes) == ("tool:add", "ok", {"a": 1})

@@ -42,7 +42,11 @@ def test_dev_runs_every_task_once_and_reports_statistics(tmp_path: Path):
 
 def test_fit_with_baseline_evaluates_train_and_val_and_keeps_the_store(tmp_path: Path):
     trainer = vl.Trainer(
-        vl.Baseline(n_repeats=2), n_runners=1, inline=True, run_dir=tmp_path, name="f",
+        vl.Baseline(n_repeats=2),
+        n_runners=1,
+        inline=True,
+        run_dir=tmp_path,
+        name="f",
         progress=False,
     )
     result = trainer.fit(sync_agent, ROWS, val_dataset=ROWS[:2])
@@ -119,7 +123,11 @@ def test_bad_results_and_unknown_resources_fail_their_rollout_with_a_clear_error
 
     rows = [{"kind": "junk"}, {"kind": "resource"}, {"kind": "ok"}]
     trainer = vl.Trainer(
-        n_runners=1, inline=True, run_dir=tmp_path, max_attempts=1, progress=False,
+        n_runners=1,
+        inline=True,
+        run_dir=tmp_path,
+        max_attempts=1,
+        progress=False,
         resources={"main_llm": vl.LLM(endpoint="http://127.0.0.1:1/v1", model="m")},
     )
     result = trainer.dev(agent, rows)
@@ -151,7 +159,7 @@ class Marker(vl.LitAgent):
 
         with open(self.log, "a") as f:
             f.write(f"start {os.getpid()} {ctx.attempt_id}\n")
-        first = sum(line.startswith("start") for line in open(self.log)) == 1
+        first = Path(self.log).read_text().count("start") == 1
         if first:
             await asyncio.sleep(3600)
         with open(self.log, "a") as f:

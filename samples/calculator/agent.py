@@ -81,7 +81,7 @@ async def calculator_agent(task: dict[str, Any], llm: vl.LLM) -> float:
                 expression = json.loads(call.function.arguments)["expression"]
                 result = calculate(str(expression))
             except (json.JSONDecodeError, KeyError, TypeError):
-                result = "Error: arguments must be {\"expression\": ...}"
+                result = 'Error: arguments must be {"expression": ...}'
             used_tool = True
             with vl.span("tool:calculator", expression=call.function.arguments) as span:
                 span.attributes["result"] = result

@@ -23,11 +23,15 @@ def make_tasks(n: int, seed: int, *, low: int = 2, high: int = 99) -> list[dict[
     tasks = []
     for _ in range(n):
         a, b, op = rng.randint(low, high), rng.randint(low, high), rng.choice(OPS)
-        tasks.append({"question": f"What is {a} {op} {b}?", "answer": int(calculate(f"{a}{op}{b}"))})
+        tasks.append(
+            {"question": f"What is {a} {op} {b}?", "answer": int(calculate(f"{a}{op}{b}"))}
+        )
     return tasks
 
 
-def warmup_conversations(tasks: list[dict[str, Any]], seed: int, p_tool: float = 0.5) -> list[dict[str, Any]]:
+def warmup_conversations(
+    tasks: list[dict[str, Any]], seed: int, p_tool: float = 0.5
+) -> list[dict[str, Any]]:
     """One transcript per task: a tool-using one with probability ``p_tool``, else direct."""
     rng = random.Random(seed)
     out = []
@@ -46,8 +50,11 @@ def warmup_conversations(tasks: list[dict[str, Any]], seed: int, p_tool: float =
                     "role": "assistant",
                     "content": "",
                     "tool_calls": [
-                        {"id": call_id, "type": "function",
-                         "function": {"name": "calculator", "arguments": arguments}}
+                        {
+                            "id": call_id,
+                            "type": "function",
+                            "function": {"name": "calculator", "arguments": arguments},
+                        }
                     ],
                 },
                 {"role": "tool", "tool_call_id": call_id, "content": str(task["answer"])},

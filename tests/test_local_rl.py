@@ -1,0 +1,122 @@
+"""LocalRL end to end on a tiny model: the plumbing (store, gateway, engine, update).
+
+Learning itself is checked by `make demo` and the benchmarks, not here."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+from openai import AsyncOpenAI
+
+import voltrl as vl
+from voltrl.algorithms.local.tiny import build_tiny_model, build_tiny_tokenizer
+from voltrl.algorithms.local.update import PolicyUpdateConfig
+from voltrl.store.sql import SQLStore
+from voltrl.trajectory import TrajectoryConfig
+
+
+@vl.rollout
+async def two_turn_agent(task: dict, llm: vl.LLM) -> float:
+    """Two chained chat calls; reward 1 when the second reply contains the task's letter."""
+    client = AsyncOpenAI(base_url=llm.endpoint, api_key=llm.api_key, max_retries=0)
+    messages = [{"role": "user", "content": f"Say {task['letter']}."}]
+    first = await client.chat.completions.create(
+        model=llm.model, messages=messages, **llm.sampling_parameters
+    )
+    messages += [
+        {"role": "assistant", "content": first.choices[0].message.content or ""},
+        {"role": "user", "content": "Again."},
+    ]
+    second = await client.chat.completions.create(
+        model=llm.model, messages=messages, **llm.sampling_parameters
+    )
+    return float(task["letter"] in (second.choices[0].message.content or ""))
+
+
+def make_algorithm(**overrides) -> vl.LocalRL:
+    tok = build_tiny_tokenizer()
+    options = dict(
+        tokenizer=tok,
+        steps=2,
+        tasks_per_step=2,
+        group_size=2,
+        val_every=2,
+        sampling={"temperature": 1.0, "max_tokens": 6},
+        val_sampling={"max_tokens": 6},
+        update=PolicyUpdateConfig(lr=1e-3, micro_batch_size=4),
+        checkpoint_every=1,
+        trajectory=TrajectoryConfig(mode="trajectory"),
+    )
+    options.update(overrides)
+    return vl.LocalRL(build_tiny_model(tok, seed=0), **options)
+
+
+ROWS = [{"letter": c} for c in "abcd"]
+
+
+async def stored(path: Path):
+    store = SQLStore(path)
+    try:
+        rollouts = await store.query_rollouts()
+        calls = {r.rollout_id: await store.get_llm_calls(r.rollout_id) for r in rollouts}
+        return rollouts, calls
+    finally:
+        await store.close()
+
+
+def test_local_rl_trains_through_store_gateway_runners_and_engine(tmp_path: Path):
+    algo = make_algorithm()
+    trainer = vl.Trainer(
+        algo, n_runners=1, max_concurrency=8, run_dir=tmp_path, name="e2e", progress=False
+    )
+    result = trainer.fit(two_turn_agent, ROWS, val_dataset=ROWS[:2])
+    assert result.by_mode["train"].rollouts == 8 and result.by_mode["train"].failed == 0
+    assert result.by_mode["val"].rollouts == 4  # before the first step and after the last
+
+    rollouts, calls = asyncio.run(stored(tmp_path / "e2e" / "store.sqlite"))
+    train = [r for r in rollouts if r.mode == "train"]
+    # every call recorded with the engine's token ids, two per rollout
+    assert all(len(calls[r.rollout_id]) == 2 for r in rollouts)
+    assert all(c.has_token_ids and c.response_logprobs for cs in calls.values() for c in cs)
+    # each step ran on the weights the previous update published
+    versions = sorted({r.resources_version for r in train})
+    assert len(versions) == 2 and versions[0] < versions[1]
+    steps = [m for m in result.metrics if "update/loss" in m]
+    assert [m["step"] for m in steps] == [1, 2]
+    for m in steps:  # trajectory mode: one row per rollout, plus one per failed merge
+        assert m["update/tokens"] > 0
+        assert m["batch/rows"] == 4 + m.get("batch/merge_failures", 0), m
+    assert (tmp_path / "e2e" / "checkpoints").is_dir()
+    assert (tmp_path / "e2e" / "final" / "config.json").exists()
+    assert algo._engine is not None and algo._engine.weights_version == 2
+
+
+def test_local_rl_resumes_from_its_last_checkpoint(tmp_path: Path):
+    first = vl.Trainer(
+        make_algorithm(steps=1),
+        n_runners=1,
+        inline=True,
+        run_dir=tmp_path,
+        name="r",
+        progress=False,
+    )
+    first.fit(two_turn_agent, ROWS)
+    second_algo = make_algorithm(steps=2, resume=True)
+    second = vl.Trainer(
+        second_algo, n_runners=1, inline=True, run_dir=tmp_path, name="r", progress=False
+    )
+    result = second.fit(two_turn_agent, ROWS)
+    steps = [m["step"] for m in result.metrics if "update/loss" in m]
+    assert steps == [2]  # step 1 came from the checkpoint
+    lines = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines if "update/loss" in x] == [1, 2]
+
+
+def test_local_rl_needs_a_tokenizer_with_a_model_object(tmp_path: Path):
+    algo = vl.LocalRL(build_tiny_model(build_tiny_tokenizer(), seed=0), steps=1)
+    trainer = vl.Trainer(algo, n_runners=1, inline=True, run_dir=tmp_path, progress=False)
+    with pytest.raises(ValueError, match="tokenizer"):
+        trainer.fit(two_turn_agent, ROWS)
