@@ -63,6 +63,20 @@ from voltrl.errors import NotFoundError, StaleAttemptError, VoltRLError
 from voltrl.resources import Resources
 from voltrl.store.base import Store
 from voltrl.store.client import (
+    _ATTEMPTS,
+    _EXPIRE,
+    _HEARTBEAT,
+    _LLM_CALLS,
+    _MAYBE_CLAIM,
+    _MAYBE_RESOURCES,
+    _NONE,
+    _RESOURCES,
+    _REWARDS,
+    _ROLLOUT,
+    _ROLLOUTS,
+    _RUN,
+    _RUNS,
+    _SPANS,
     API_PREFIX,
     REQUEST_ID_HEADER,
     ClaimRequest,
@@ -308,21 +322,6 @@ async def _finished_before_disconnect(request: Request, task: asyncio.Future[Any
 def _ok(adapter: TypeAdapter[Any], value: Any) -> Response:
     return Response(adapter.dump_json(value), media_type=_JSON)
 
-
-_RUN = TypeAdapter(Run)
-_RUNS = TypeAdapter(list[Run])
-_RESOURCES = TypeAdapter(Resources)
-_MAYBE_RESOURCES = TypeAdapter(Resources | None)
-_ROLLOUT = TypeAdapter(Rollout)
-_ROLLOUTS = TypeAdapter(list[Rollout])
-_MAYBE_CLAIM = TypeAdapter(Claim | None)
-_HEARTBEAT = TypeAdapter(HeartbeatResponse)
-_EXPIRE = TypeAdapter(ExpireResponse)
-_ATTEMPTS = TypeAdapter(list[Attempt])
-_LLM_CALLS = TypeAdapter(list[LLMCall])
-_SPANS = TypeAdapter(list[Span])
-_REWARDS = TypeAdapter(list[Reward])
-_NONE = TypeAdapter(None)
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorResponse} for status in (400, 401, 413, 422, 500)

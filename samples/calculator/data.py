@@ -1,9 +1,9 @@
 """Arithmetic tasks for the calculator agent, and warm-up transcripts that teach the format.
 
-The warm-up shows two behaviours, half each: call the calculator and answer with its result,
-or answer straight away. Both transcripts carry the right answer, so the warm-up prefers
-neither; only the model's own (poor) mental arithmetic makes answering directly worse. RL has
-to find out that calling the tool pays.
+The warm-up shows two behaviours, half each: call the calculator and answer with its result
+("The answer is ..."), or answer straight away ("I think it is ..."). Both transcripts carry
+the right answer, so the warm-up prefers neither; only the model's own (poor) mental
+arithmetic makes answering directly worse. RL has to find out that calling the tool pays.
 """
 
 from __future__ import annotations
@@ -37,12 +37,12 @@ def warmup_conversations(
     out = []
     for i, task in enumerate(tasks):
         expression = task["question"].removeprefix("What is ").removesuffix("?")
-        answer = f"The answer is {task['answer']}."
         messages: list[dict[str, Any]] = [
             {"role": "system", "content": SYSTEM},
             {"role": "user", "content": task["question"]},
         ]
         if rng.random() < p_tool:
+            answer = f"The answer is {task['answer']}."
             call_id = f"call_{i}"
             arguments = json.dumps({"expression": expression})
             messages += [
@@ -59,6 +59,8 @@ def warmup_conversations(
                 },
                 {"role": "tool", "tool_call_id": call_id, "content": str(task["answer"])},
             ]
+        else:
+            answer = f"I think it is {task['answer']}."
         messages.append({"role": "assistant", "content": answer})
         out.append({"messages": messages, "tools": [CALCULATOR]})
     return out
