@@ -25,7 +25,7 @@ $(VENV)/.demo-deps: pyproject.toml | $(PY)
 	$(PIP) install --quiet -e ".[demo]"
 	touch $@
 
-## make demo: train the calculator agent with LocalRL on this CPU (one seed, ~10 minutes)
+## make demo: train the calculator agent with LocalRL on this CPU (one seed, ~8 minutes)
 demo: $(VENV)/.demo-deps
 	$(PY) samples/calculator/demo.py --seeds 0
 

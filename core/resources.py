@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 from urllib.parse import quote
 
-from pydantic import Field
+from pydantic import Field, PrivateAttr
 
 from voltrl.errors import UnknownResourceError
 from voltrl.types import Model, now
@@ -80,13 +80,15 @@ class Resources(Model):
     items: dict[str, Resource]
     version: int = 0
     created_at: float = Field(default_factory=now)
+    _rollout_id: str | None = PrivateAttr(default=None)
 
     def __getitem__(self, name: str) -> LLM | PromptTemplate:
         try:
             return self.items[name]
         except KeyError:
+            where = f"rollout {self._rollout_id}: " if self._rollout_id else ""
             raise UnknownResourceError(
-                f"unknown resource {name!r}; resources version {self.version} has "
+                f"{where}unknown resource {name!r}; resources version {self.version} has "
                 f"{sorted(self.items) or 'none'}"
             ) from None
 
@@ -103,4 +105,6 @@ class Resources(Model):
             k: v.scoped(rollout_id, attempt_id) if isinstance(v, LLM) else v
             for k, v in self.items.items()
         }
-        return self.model_copy(update={"items": items})
+        scoped = self.model_copy(update={"items": items})
+        scoped._rollout_id = rollout_id
+        return scoped

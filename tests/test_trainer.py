@@ -136,6 +136,7 @@ def test_bad_results_and_unknown_resources_fail_their_rollout_with_a_clear_error
     assert junk.status == "failed" and "InvalidRolloutResultError" in junk.error
     assert junk.rollout_id in junk.error
     assert res.status == "failed" and "unknown resource 'judge'" in res.error
+    assert res.rollout_id in res.error
     assert by_kind["ok"].status == "succeeded"
 
 

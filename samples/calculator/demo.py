@@ -26,7 +26,7 @@ sys.path.insert(0, str(HERE))
 from data import make_tasks, warmup_conversations  # noqa: E402
 
 MODEL = {"hidden": 128, "layers": 2, "heads": 4, "kv_heads": 2}
-WARMUP = {"steps": 1200, "batch_size": 32, "lr": 2e-3, "transcripts": 4000, "p_tool": 0.5}
+WARMUP = {"steps": 1500, "batch_size": 32, "lr": 2e-3, "transcripts": 4000, "p_tool": 0.5}
 
 
 def warm_model(seed: int, cache: Path) -> Path:
@@ -36,16 +36,16 @@ def warm_model(seed: int, cache: Path) -> Path:
     from voltrl.algorithms.local.sft import supervised_warmup
     from voltrl.algorithms.local.tiny import build_tiny_model, build_tiny_tokenizer
 
-    key = json.dumps({"model": MODEL, "warmup": WARMUP, "seed": seed}, sort_keys=True)
-    path = cache / f"calculator-warm-seed{seed}-{hashlib.sha1(key.encode()).hexdigest()[:8]}"
+    tasks = make_tasks(WARMUP["transcripts"], seed=10_000 + seed)
+    conversations = warmup_conversations(tasks, seed=seed, p_tool=WARMUP["p_tool"])
+    key = json.dumps([MODEL, WARMUP, seed, conversations], sort_keys=True)
+    path = cache / f"calculator-warm-seed{seed}-{hashlib.sha1(key.encode()).hexdigest()[:10]}"
     if (path / "config.json").exists():
         print(f"warm-up: using cached model {path}")
         return path
     torch.manual_seed(seed)
     tokenizer = build_tiny_tokenizer()
     model = build_tiny_model(tokenizer, seed=seed, **MODEL)
-    tasks = make_tasks(WARMUP["transcripts"], seed=10_000 + seed)
-    conversations = warmup_conversations(tasks, seed=seed, p_tool=WARMUP["p_tool"])
     started = time.time()
 
     def log(step: int, loss: float) -> None:
@@ -95,7 +95,7 @@ def write_run_files(run_dir: Path, seed: int, model_path: Path, steps: int) -> P
             "group_size": 8,
             "sampling": sampling,
             "val_sampling": sampling,
-            "val_every": 10,
+            "val_every": 5,
             "seed": seed,
             "update": {"lr": 5e-4, "micro_batch_size": 32, "clip_eps": 0.2, "seed": seed},
             "trajectory": {"mode": "trajectory"},
@@ -162,7 +162,7 @@ def run_seed(seed: int, out: Path, steps: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--steps", type=int, default=40, help="policy updates per seed")
+    parser.add_argument("--steps", type=int, default=30, help="policy updates per seed")
     parser.add_argument("--out", type=Path, default=Path("runs"))
     args = parser.parse_args(argv)
     results = [run_seed(seed, args.out, args.steps) for seed in args.seeds]
