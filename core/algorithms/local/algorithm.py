@@ -248,6 +248,16 @@ class LocalRL(Algorithm):
             update_s=t2 - t1,
             resources_version=ctx.resources_version,
         )
+        if ctx.progress:
+            print(
+                f"step {step + 1}/{self.steps}  reward {stats.reward_mean or 0:.3f}"
+                f"  loss {metrics.get('loss', float('nan')):.4f}"
+                f"  entropy {metrics.get('entropy', float('nan')):.3f}"
+                f"  trained {metrics.get('tokens', 0):.0f} tok"
+                f" ({metrics.get('tokens_per_s', 0):.0f}/s)"
+                f"  rollouts {t1 - t0:.1f}s  update {t2 - t1:.1f}s",
+                flush=True,
+            )
         return record
 
     async def validate(self, ctx: TrainContext, tasks: list[Task], step: int) -> list[Rollout]:
@@ -258,8 +268,11 @@ class LocalRL(Algorithm):
         )
         rollouts = await ctx.run_rollouts(tasks, mode="val", desc=f"validate @ {step}")
         await ctx.publish({"main_llm": self._llm})
-        record = ctx.log(step, **summarize(rollouts).flat("val/"))
+        stats = summarize(rollouts)
+        record = ctx.log(step, **stats.flat("val/"))
         self.history.append(record)
+        if ctx.progress:
+            print(f"validation @ {step}: reward {stats.reward_mean or 0:.3f}", flush=True)
         return rollouts
 
     def _save_final(self, directory: Path) -> None:
