@@ -123,7 +123,7 @@ def build_from_config(config: dict[str, Any]) -> tuple[Any, Any, str, str | None
         raise VoltRLError(f"unknown config sections {sorted(unknown)}")
     for key in ("agent", "data"):
         if key not in config:
-            raise VoltRLError(f"the config needs an {key!r} section")
+            raise VoltRLError(f"the config needs a {key!r} section")
     data = config["data"]
     if not isinstance(data, dict) or "train" not in data:
         raise VoltRLError("data needs a 'train' file (and optionally 'val')")

@@ -151,3 +151,52 @@ def test_dev_with_an_unreachable_endpoint_says_so(tmp_path):
 def test_runs_on_an_empty_directory_says_there_are_none(tmp_path):
     out = voltrl("runs", "--run-dir", str(tmp_path), cwd=tmp_path)
     assert out.returncode == 0 and "no runs found" in out.stdout
+
+
+def test_train_runs_local_rl_from_a_yaml_config(tmp_path):
+    import yaml
+
+    from voltrl.algorithms.local.tiny import build_tiny_model, build_tiny_tokenizer
+
+    tok = build_tiny_tokenizer()
+    build_tiny_model(tok, seed=0).save_pretrained(tmp_path / "model")
+    tok.save_pretrained(tmp_path / "model")
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps({"letter": c}) + "\n" for c in "ab"))
+    config = {
+        "agent": f"{ROOT / 'tests' / 'test_local_rl.py'}:two_turn_agent",
+        "data": {"train": str(data)},
+        "algorithm": {
+            "name": "local_rl",
+            "model": str(tmp_path / "model"),
+            "steps": 1,
+            "tasks_per_step": 2,
+            "group_size": 2,
+            "sampling": {"max_tokens": 4},
+            "update": {"lr": 1e-3},
+        },
+        "trainer": {"n_runners": 1, "run_dir": str(tmp_path / "runs"), "name": "yaml"},
+    }
+    (tmp_path / "train.yaml").write_text(yaml.safe_dump(config))
+    out = voltrl("train", str(tmp_path / "train.yaml"), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    metrics = [
+        json.loads(x) for x in (tmp_path / "runs/yaml/metrics.jsonl").read_text().splitlines()
+    ]
+    assert [m["step"] for m in metrics if "update/loss" in m] == [1]
+    assert (tmp_path / "runs" / "yaml" / "final" / "config.json").exists()
+
+
+def test_train_with_a_bad_config_says_what_is_wrong(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    for text, message in [
+        ("agent: x:y\nwhat: 1\n", "unknown config sections ['what']"),
+        ("agent: x:y\n", "needs a 'data' section"),
+        ("agent: x:y\ndata: {train: a.jsonl}\nalgorithm: {name: ppo}\n", "unknown algorithm 'ppo'"),
+        ("- a list\n", "must be a mapping"),
+    ]:
+        cfg.write_text(text)
+        out = voltrl("train", str(cfg), cwd=tmp_path)
+        assert out.returncode == 2 and message in out.stderr, out.stderr
+    out = voltrl("train", str(tmp_path / "missing.yaml"), cwd=tmp_path)
+    assert out.returncode == 2 and "does not exist" in out.stderr
