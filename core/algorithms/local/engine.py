@@ -8,11 +8,10 @@ batch's ``DynamicCache``. Every step then decodes one token for every running ch
 forward pass; finished choices leave the batch at once and the cache's all-padding columns are
 trimmed.
 
-Logprob semantics (what the trainer's PPO ratio needs): ``logprobs`` are the log-probabilities
-of each sampled token under the model's **raw** distribution, i.e. ``log_softmax(logits)`` at
-temperature 1 before top-k/top-p, as vLLM returns by default (``raw_logprobs``).
-``sampling_logprobs`` are the log-probabilities under the distribution actually sampled from
-(after temperature, top-k and top-p; 0.0 for greedy), as vLLM's ``processed_logprobs``.
+Requests are described by :class:`~.sampling.SamplingParams` and answered with
+:class:`~.sampling.Choice` deltas and :class:`~.sampling.RequestOutput`s (re-exported here);
+:mod:`.sampling` samples the tokens and documents the ``logprobs`` / ``sampling_logprobs``
+semantics.
 
 Text follows vLLM: special tokens are skipped, a stop string ends generation and is cut from the
 text (with the rest of the text after it), and EOS / ``stop_token_ids`` tokens are kept in
@@ -33,97 +32,38 @@ import threading
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
-FinishReason = Literal["stop", "length"]
-MAX_TOP_LOGPROBS = 20
-"""The most alternatives a request may ask for per sampled token."""
+from voltrl.algorithms.local.sampling import (
+    MAX_TOP_LOGPROBS,
+    Choice,
+    FinishReason,
+    RequestOutput,
+    SamplingParams,
+    _is_int,
+    decode_increment,
+    find_stop,
+    sample,
+)
+
+__all__ = [
+    "MAX_TOP_LOGPROBS",
+    "Choice",
+    "Engine",
+    "EngineError",
+    "FinishReason",
+    "RequestOutput",
+    "SamplingParams",
+]
 
 
 class EngineError(RuntimeError):
     """The engine failed a request: closed, or the model raised while serving it."""
-
-
-@dataclass(slots=True)
-class SamplingParams:
-    """How to sample one request. ``temperature=0`` is greedy; ``top_k`` 0 or -1 is off;
-    ``max_tokens=None`` means up to the model's context length."""
-
-    max_tokens: int | None = None
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    n: int = 1
-    seed: int | None = None
-    stop: Sequence[str] = ()
-    stop_token_ids: Sequence[int] = ()
-    ignore_eos: bool = False
-    top_logprobs: int = 0
-    skip_special_tokens: bool = True
-
-    def validate(self) -> None:
-        """Raise ``ValueError`` naming the first bad parameter."""
-        mt, t, p, k, n = self.max_tokens, self.temperature, self.top_p, self.top_k, self.n
-        _require(mt is None or (_is_int(mt) and mt >= 1), f"max_tokens must be >= 1, not {mt!r}")
-        _require(_is_num(t) and 0 <= t <= 100, f"temperature must be in [0, 100], not {t!r}")
-        _require(_is_num(p) and 0 < p <= 1, f"top_p must be in (0, 1], not {p!r}")
-        _require(_is_int(k) and k >= -1, f"top_k must be an integer >= -1 (0, -1: off), not {k!r}")
-        _require(_is_int(n) and n >= 1, f"n must be a positive integer, not {n!r}")
-        _require(self.seed is None or _is_int(self.seed), f"seed must be an integer: {self.seed!r}")
-        stops_ok = all(isinstance(s, str) and s for s in self.stop)
-        _require(stops_ok, "stop must be a non-empty string or a list of them")
-        ids_ok = all(_is_int(i) and i >= 0 for i in self.stop_token_ids)
-        _require(ids_ok, "stop_token_ids must be a list of token ids")
-        top = self.top_logprobs
-        top_ok = _is_int(top) and 0 <= top <= MAX_TOP_LOGPROBS
-        _require(top_ok, f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], not {top!r}")
-
-
-@dataclass(slots=True)
-class Choice:
-    """Tokens, logprobs and text of one choice: what a step added (a delta, from
-    :meth:`Engine.stream`), or all of it once finished (from :meth:`Engine.generate`).
-
-    ``text`` of a delta is the newly released text: text that may still turn out to start a
-    stop string is held back until it cannot. ``top_logprobs`` holds ``(token_id, raw
-    logprob)`` pairs. ``weights_version`` is the engine's weights version that sampled the
-    (last) tokens.
-    """
-
-    index: int
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    sampling_logprobs: list[float] = field(default_factory=list)
-    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
-    text: str = ""
-    finish_reason: FinishReason | None = None
-    stop_reason: str | int | None = None
-    weights_version: int = 0
-
-    def add(self, delta: Choice) -> None:
-        """Append a delta of this choice."""
-        self.token_ids += delta.token_ids
-        self.logprobs += delta.logprobs
-        self.sampling_logprobs += delta.sampling_logprobs
-        self.top_logprobs += delta.top_logprobs
-        self.text += delta.text
-        self.finish_reason = delta.finish_reason
-        self.stop_reason = delta.stop_reason
-        self.weights_version = delta.weights_version
-
-
-@dataclass(slots=True)
-class RequestOutput:
-    """A finished request: the prompt's token ids and its ``n`` choices, in index order."""
-
-    request_id: str
-    prompt_token_ids: list[int]
-    choices: list[Choice]
 
 
 class _Request:
@@ -546,66 +486,11 @@ class Engine:
 
     def _sample(self, seqs: list[_Seq], logits: torch.Tensor) -> torch.Tensor:
         """Sample one token per row; record raw and sampling logprobs and top alternatives."""
-        raw = torch.log_softmax(logits, dim=-1)
-        temps = [s.req.params.temperature for s in seqs]
-        if all(t == 0 for t in temps):
-            tokens = raw.argmax(dim=-1)
-            sampled = torch.zeros(len(seqs), device=logits.device)
-        else:
-            processed = self._processed_logprobs(seqs, logits, temps, raw)
-            probs = processed.exp()
-            tokens = raw.argmax(dim=-1)
-            # Rows with a seed of their own draw from their generator, the rest in one call.
-            shared = [i for i, s in enumerate(seqs) if temps[i] > 0 and s.gen is None]
-            if shared:
-                rows = torch.tensor(shared, device=logits.device)
-                draws = torch.multinomial(probs[rows], 1, generator=self._gen).squeeze(1)
-                tokens[rows] = draws
-            for i, s in enumerate(seqs):
-                if temps[i] > 0 and s.gen is not None:
-                    tokens[i] = torch.multinomial(probs[i], 1, generator=s.gen)[0]
-            sampled = processed.gather(1, tokens[:, None]).squeeze(1)
-            sampled = torch.where(torch.tensor(temps, device=logits.device) == 0, 0.0, sampled)
-        lps = raw.gather(1, tokens[:, None]).squeeze(1).tolist()
-        k = max(s.req.params.top_logprobs for s in seqs)
-        tops: list[list[tuple[int, float]]] = [[] for _ in seqs]
-        if k:
-            values, indices = raw.topk(k, dim=-1)
-            for i, s in enumerate(seqs):
-                kk = s.req.params.top_logprobs
-                tops[i] = list(zip(indices[i, :kk].tolist(), values[i, :kk].tolist(), strict=True))
-        for s, t, lp, slp, top in zip(
-            seqs, tokens.tolist(), lps, sampled.tolist(), tops, strict=True
-        ):
+        params = [s.req.params for s in seqs]
+        tokens, lps, slps, tops = sample(logits, params, [s.gen for s in seqs], self._gen)
+        for s, t, lp, slp, top in zip(seqs, tokens.tolist(), lps, slps, tops, strict=True):
             self._append(s, t, lp, slp, top)
         return tokens
-
-    @staticmethod
-    def _processed_logprobs(
-        seqs: list[_Seq], logits: torch.Tensor, temps: list[float], raw: torch.Tensor
-    ) -> torch.Tensor:
-        """Log-probabilities of the sampling distribution: temperature, then top-k, top-p
-        (``raw``, the log-softmax of ``logits``, when none of them changes anything)."""
-        device = logits.device
-        top_ks = [s.req.params.top_k for s in seqs]
-        top_ps = [s.req.params.top_p for s in seqs]
-        unfiltered = all(k <= 0 for k in top_ks) and all(p >= 1 for p in top_ps)
-        if unfiltered and all(t in (0, 1) for t in temps):
-            return raw
-        scaled = logits / torch.tensor([t if t > 0 else 1.0 for t in temps], device=device)[:, None]
-        if unfiltered:
-            return torch.log_softmax(scaled, dim=-1)
-        vocab = logits.shape[-1]
-        ordered, order = scaled.sort(dim=-1, descending=True)
-        ks = torch.tensor([k if k > 0 else vocab for k in top_ks], device=device)
-        ranks = torch.arange(vocab, device=device)
-        ordered = ordered.masked_fill(ranks[None, :] >= ks[:, None], float("-inf"))
-        probs = torch.softmax(ordered, dim=-1)
-        before = probs.cumsum(dim=-1) - probs  # mass of the more likely tokens
-        ps = torch.tensor(top_ps, device=device)
-        ordered = ordered.masked_fill(before > ps[:, None], float("-inf"))
-        kept = torch.full_like(scaled, float("-inf")).scatter(1, order, ordered)
-        return torch.log_softmax(kept, dim=-1)
 
     def _append(
         self, s: _Seq, token: int, lp: float, slp: float, top: list[tuple[int, float]]
@@ -625,13 +510,9 @@ class Engine:
         final = len(s.ids) >= req.max_tokens
         self._detokenize(s, len(s.ids), final=final)
         if req.stops and len(s.text) > start:
-            hits = [
-                (i, stop)
-                for stop in req.stops
-                if (i := s.text.find(stop, max(0, start - len(stop) + 1))) >= 0
-            ]
-            if hits:
-                cut, stop = min(hits)
+            hit = find_stop(s.text, start, req.stops)
+            if hit:
+                cut, stop = hit
                 s.text = s.text[:cut]
                 s.finish, s.stop_reason = "stop", stop
                 return
@@ -642,10 +523,11 @@ class Engine:
         """Incremental decoding of ``ids[:end]`` over a short window. An incomplete UTF-8
         sequence at the end waits for the next token, unless ``final``."""
         skip = s.req.params.skip_special_tokens
-        before = self.tokenizer.decode(s.ids[s.prefix : s.read], skip_special_tokens=skip)
-        after = self.tokenizer.decode(s.ids[s.prefix : end], skip_special_tokens=skip)
-        if len(after) > len(before) and (final or not after.endswith("\ufffd")):
-            s.text += after[len(before) :]
+        text = decode_increment(
+            self.tokenizer, s.ids, s.prefix, s.read, end, skip_special_tokens=skip, final=final
+        )
+        if text:
+            s.text += text
             s.prefix, s.read = s.read, end
 
     def _flush(self) -> None:
@@ -732,16 +614,3 @@ def _failure(e: Exception) -> EngineError:
 def _left_pad(t: torch.Tensor, width: int) -> torch.Tensor:
     """Zero-pad a ``[batch, heads, length, dim]`` tensor on the left to ``width`` columns."""
     return t if t.shape[-2] == width else F.pad(t, (0, 0, width - t.shape[-2], 0))
-
-
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise ValueError(message)
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _is_num(x: Any) -> bool:
-    return isinstance(x, int | float) and not isinstance(x, bool)

@@ -6,7 +6,7 @@ what the gateway records, under vLLM's field names: with ``return_token_ids`` th
 (``prompt_token_ids``: top level for chat, per choice for completions) and each choice's sampled
 ``token_ids``, on every streamed chunk too; ``logprobs`` as OpenAI shapes them. Logprobs are
 the raw model logprobs at temperature 1 unless the app is built with
-``logprobs_mode="processed"`` (see :mod:`.engine`).
+``logprobs_mode="processed"`` (see :mod:`.sampling`).
 
 Any ``model`` name is accepted (the gateway forces its own); ``/v1/models`` reports the served
 name. Unsupported or malformed parameters get a 400 with an OpenAI-shaped error. There is no
@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -36,11 +35,10 @@ from voltrl.algorithms.local.engine import (
     EngineError,
     SamplingParams,
 )
+from voltrl.algorithms.local.toolcalls import ToolStream, parse_tool_calls
 from voltrl.server import BackgroundServer, serve, serve_in_thread
 
 LogprobsMode = Literal["raw", "processed"]
-_TOOL_OPEN = "<tool_call>"
-_TOOL_RE = re.compile(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)\Z", re.DOTALL)
 _ROLES = {"system", "developer", "user", "assistant", "tool"}
 _TEXT_PARTS = {"text", "input_text", "output_text"}
 
@@ -51,41 +49,6 @@ class BadRequest(Exception):
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.message, self.param = message, param
-
-
-def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
-    """Split model output into content and OpenAI ``tool_calls`` (Hermes format).
-
-    Each ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` becomes a call with a
-    fresh id and JSON-string arguments; an unterminated last ``<tool_call>`` counts too. The
-    content is the text before the first call, right-stripped (``None`` if empty). If any call
-    is malformed, nothing is parsed: ``(text, [])``.
-    """
-    start = text.find(_TOOL_OPEN)
-    if start < 0:
-        return text, []
-    calls = []
-    for match in _TOOL_RE.finditer(text):
-        raw = match.group(1) if match.group(1) is not None else match.group(2)
-        try:
-            obj = json.loads(raw)
-        except ValueError:
-            return text, []
-        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-            return text, []
-        args = obj.get("arguments", obj.get("parameters", {}))
-        if isinstance(args, str):
-            try:
-                json.loads(args)
-            except ValueError:
-                return text, []
-        elif isinstance(args, dict):
-            args = json.dumps(args, ensure_ascii=False)
-        else:
-            return text, []
-        fn = {"name": obj["name"], "arguments": args}
-        calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": fn})
-    return text[:start].rstrip() or None, calls
 
 
 def _bytes_to_unicode() -> dict[int, str]:
@@ -339,7 +302,7 @@ class _Server:
         head = self.head("chatcmpl", "chat.completion.chunk")
         opts = body.get("stream_options")
         want_usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
-        states = [_ToolStream(tools) for _ in range(params.n)]
+        states = [ToolStream(tools) for _ in range(params.n)]
         generated = 0
         try:
             for i in range(params.n):
@@ -361,7 +324,7 @@ class _Server:
         yield b"data: [DONE]\n\n"
 
     def _chat_delta(
-        self, d: Choice, states: list[_ToolStream], want_ids: bool, want_lps: bool
+        self, d: Choice, states: list[ToolStream], want_ids: bool, want_lps: bool
     ) -> dict[str, Any]:
         state = states[d.index]
         content, calls = state.feed(d.text, final=d.finish_reason is not None)
@@ -487,41 +450,6 @@ class _Server:
             "max_model_len": self.engine.max_model_len,
         }
         return {"object": "list", "data": [card]}
-
-
-class _ToolStream:
-    """Streams a choice's content while holding back what may turn out to be a tool call."""
-
-    def __init__(self, tools: bool) -> None:
-        self.tools, self.text, self.sent, self.in_call = tools, "", 0, False
-
-    def feed(self, text: str, final: bool) -> tuple[str, list[dict[str, Any]]]:
-        """New content to send, and the parsed tool calls once ``final``."""
-        if not self.tools:
-            return text, []
-        self.text += text
-        if final:
-            content, calls = parse_tool_calls(self.text)
-            end = len(content or "") if calls else len(self.text)
-            out, self.sent = self.text[self.sent : max(end, self.sent)], end
-            return out, calls
-        if not self.in_call:
-            start = self.text.find(_TOOL_OPEN)
-            self.in_call = start >= 0
-            safe = start if self.in_call else len(self.text) - _partial_suffix(self.text)
-            end = len(self.text[:safe].rstrip())
-            if end > self.sent:
-                out, self.sent = self.text[self.sent : end], end
-                return out, []
-        return "", []
-
-
-def _partial_suffix(text: str) -> int:
-    """Length of the longest end of ``text`` that begins ``<tool_call>``."""
-    for k in range(min(len(_TOOL_OPEN) - 1, len(text)), 0, -1):
-        if _TOOL_OPEN.startswith(text[-k:]):
-            return k
-    return 0
 
 
 def _message(m: Any, i: int) -> dict[str, Any]:
