@@ -1,6 +1,6 @@
 """Arithmetic tasks for the calculator agent, and warm-up transcripts that teach the format.
 
-The warm-up shows two behaviours, half each: call the calculator and answer with its result
+The warm-up shows two behaviours: call the calculator and answer with its result
 ("The answer is ..."), or answer straight away ("I think it is ..."). Both transcripts carry
 the right answer, so the warm-up prefers neither; only the model's own (poor) mental
 arithmetic makes answering directly worse. RL has to find out that calling the tool pays.

@@ -26,7 +26,7 @@ sys.path.insert(0, str(HERE))
 from data import make_tasks, warmup_conversations  # noqa: E402
 
 MODEL = {"hidden": 128, "layers": 2, "heads": 4, "kv_heads": 2}
-WARMUP = {"steps": 1500, "batch_size": 32, "lr": 2e-3, "transcripts": 4000, "p_tool": 0.5}
+WARMUP = {"steps": 1500, "batch_size": 32, "lr": 2e-3, "transcripts": 4000, "p_tool": 0.35}
 
 
 def warm_model(seed: int, cache: Path) -> Path:
@@ -77,7 +77,7 @@ def write_run_files(run_dir: Path, seed: int, model_path: Path, steps: int) -> P
     """Tasks (train / held-out val, disjoint) and the ``voltrl train`` config; returns it."""
     import yaml
 
-    val = make_tasks(128, seed=999)
+    val = make_tasks(192, seed=999)
     held_out = {t["question"] for t in val}
     train = [t for t in make_tasks(3000, seed=2000 + seed) if t["question"] not in held_out]
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="held-out accuracy of the calculator agent (128 tasks, sampled)")
+    table = Table(title="held-out accuracy of the calculator agent (192 tasks, sampled)")
     for col in ("seed", "after warm-up", "after LocalRL", "change", "train minutes", "run"):
         table.add_column(col)
     for r in results:
