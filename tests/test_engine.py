@@ -9,18 +9,15 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
+import torch
+from openai import AsyncOpenAI, BadRequestError, OpenAI
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("transformers")
-
-import httpx  # noqa: E402
-from openai import AsyncOpenAI, BadRequestError, OpenAI  # noqa: E402
-
-from voltrl.algorithms.local.engine import Engine, SamplingParams  # noqa: E402
-from voltrl.algorithms.local.server import parse_tool_calls, serve_engine_in_thread  # noqa: E402
-from voltrl.algorithms.local.tiny import build_tiny_model, build_tiny_tokenizer  # noqa: E402
-from voltrl.server import BackgroundServer  # noqa: E402
+from voltrl.algorithms.local.engine import Engine, SamplingParams
+from voltrl.algorithms.local.server import parse_tool_calls, serve_engine_in_thread
+from voltrl.algorithms.local.tiny import build_tiny_model, build_tiny_tokenizer
+from voltrl.server import BackgroundServer
 
 CALC = {
     "type": "function",

@@ -8,11 +8,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
+import transformers
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-
-from voltrl.algorithms.local.loss import (  # noqa: E402
+from voltrl.algorithms.local.loss import (
     agg_loss,
     agg_normaliser,
     grpo_advantages,
@@ -22,13 +21,13 @@ from voltrl.algorithms.local.loss import (  # noqa: E402
     token_logprobs,
     weight_advantages,
 )
-from voltrl.algorithms.local.update import (  # noqa: E402
+from voltrl.algorithms.local.update import (
     PolicyTrainer,
     PolicyUpdateConfig,
     latest_checkpoint,
 )
-from voltrl.trajectory import TrainingBatch, TrajectoryConfig, build_trajectory, collate  # noqa: E402
-from voltrl.types import LLMCall, Rollout, Task, Trajectory, Transition  # noqa: E402
+from voltrl.trajectory import TrainingBatch, TrajectoryConfig, build_trajectory, collate
+from voltrl.types import LLMCall, Rollout, Task, Trajectory, Transition
 
 AGGS = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
 
@@ -482,7 +481,6 @@ def test_empty_prompt_is_a_clear_error() -> None:
 
 
 def test_lora_step_changes_only_adapters_and_merges() -> None:
-    pytest.importorskip("peft")
     base_state = {k: v.clone() for k, v in tiny_model().state_dict().items()}
     config = PolicyUpdateConfig(lr=1e-2, use_lora=True, lora_r=4, lora_alpha=8, kl_coef=0.1)
     trainer = PolicyTrainer(tiny_model(), config)
@@ -518,8 +516,6 @@ def test_lora_step_changes_only_adapters_and_merges() -> None:
 
 @pytest.mark.parametrize("use_lora", [False, True])
 def test_checkpoint_resumes_identically(tmp_path: Path, use_lora: bool) -> None:
-    if use_lora:
-        pytest.importorskip("peft")
     config = PolicyUpdateConfig(lr=1e-3, use_lora=use_lora, mini_batches=2, kl_coef=0.05)
     batch = varied_batch()
     first = PolicyTrainer(tiny_model(), config)

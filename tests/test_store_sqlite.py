@@ -289,7 +289,8 @@ async def test_open_store_picks_the_implementation_from_the_spec(tmp_path: Path)
 
 
 def test_open_store_uses_the_http_client_for_urls(monkeypatch: pytest.MonkeyPatch) -> None:
-    client = pytest.importorskip("voltrl.store.client")
+    from voltrl.store import client
+
     monkeypatch.setenv("VOLTRL_TOKEN", "tok")
     store = open_store("http://127.0.0.1:1")
     assert isinstance(store, client.HTTPStore)
