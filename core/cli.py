@@ -227,7 +227,9 @@ def _cmd_runs(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``voltrl``."""
-    parser = argparse.ArgumentParser(prog="voltrl", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="voltrl", description="VoltRL: run, train and inspect agents trained with RL."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     dev = sub.add_parser("dev", help="run an agent once per task against an endpoint, no training")
