@@ -1,7 +1,9 @@
 """`make demo`: train the calculator agent with LocalRL on this CPU and show it improve.
 
 1. Build a tiny Qwen2 model and tokenizer in code, and warm it up on synthetic transcripts so
-   it knows the chat and tool-call format (cached under ``runs/.cache``).
+   it knows the chat and tool-call format: half use the calculator, half answer directly; a
+   short last phase on mostly direct answers leaves it preferring mental arithmetic (cached
+   under ``runs/.cache``).
 2. Write the tasks and a ``voltrl train`` YAML config into the run directory.
 3. Train with LocalRL through the real store (SQLite in ``runs/<name>/``), gateway, runner
    processes and inference engine, validating on held-out tasks before, during and after.
@@ -26,7 +28,8 @@ sys.path.insert(0, str(HERE))
 from data import make_tasks, warmup_conversations  # noqa: E402
 
 MODEL = {"hidden": 128, "layers": 2, "heads": 4, "kv_heads": 2}
-WARMUP = {"steps": 1500, "batch_size": 32, "lr": 2e-3, "transcripts": 4000, "p_tool": 0.35}
+WARMUP = {"steps": 1500, "batch_size": 32, "lr": 2e-3, "transcripts": 4000, "p_tool": 0.5}
+SETTLE = {"steps": 300, "lr": 1e-3, "transcripts": 2000, "p_tool": 0.15}
 
 
 def warm_model(seed: int, cache: Path) -> Path:
@@ -38,7 +41,9 @@ def warm_model(seed: int, cache: Path) -> Path:
 
     tasks = make_tasks(WARMUP["transcripts"], seed=10_000 + seed)
     conversations = warmup_conversations(tasks, seed=seed, p_tool=WARMUP["p_tool"])
-    key = json.dumps([MODEL, WARMUP, seed, conversations], sort_keys=True)
+    settle_tasks = make_tasks(SETTLE["transcripts"], seed=20_000 + seed)
+    settle = warmup_conversations(settle_tasks, seed=seed + 1, p_tool=SETTLE["p_tool"])
+    key = json.dumps([MODEL, WARMUP, SETTLE, seed, conversations, settle], sort_keys=True)
     path = cache / f"calculator-warm-seed{seed}-{hashlib.sha1(key.encode()).hexdigest()[:10]}"
     if (path / "config.json").exists():
         print(f"warm-up: using cached model {path}")
