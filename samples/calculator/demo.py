@@ -71,6 +71,18 @@ def warm_model(seed: int, cache: Path) -> Path:
         seed=seed,
         log=log,
     )
+    # Settle on transcripts that mostly answer directly: the warmed model then knows both
+    # behaviours but prefers mental arithmetic, and RL has to discover that the tool pays.
+    supervised_warmup(
+        model,
+        tokenizer,
+        settle,
+        steps=SETTLE["steps"],
+        batch_size=WARMUP["batch_size"],
+        lr=SETTLE["lr"],
+        warmup_steps=0,
+        seed=seed + 1,
+    )
     tmp = path.with_suffix(".tmp")
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
