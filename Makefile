@@ -15,9 +15,10 @@ $(PY):
 	$(PIP) install --quiet --upgrade pip
 
 # Reinstalled when the dependencies change.
-$(VENV)/.test-deps: pyproject.toml | $(PY)
+# The agent frameworks come pinned by constraints/frameworks.txt (see that file for why).
+$(VENV)/.test-deps: pyproject.toml constraints/frameworks.txt | $(PY)
 	$(PIP) install --quiet "$(TORCH)"
-	$(PIP) install --quiet -e ".[dev,local]"
+	$(PIP) install --quiet -e ".[dev,all]" -c constraints/frameworks.txt
 	touch $@
 
 $(VENV)/.demo-deps: pyproject.toml | $(PY)

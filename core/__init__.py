@@ -34,7 +34,15 @@ from voltrl.errors import (
 )
 from voltrl.metrics import RewardStats
 from voltrl.resources import LLM, PromptTemplate, Resources
-from voltrl.tracing import RolloutContext, current_rollout, emit_event, emit_reward, span
+from voltrl.tracing import (
+    RolloutContext,
+    current_rollout,
+    emit_event,
+    emit_reward,
+    find_rollout,
+    rollout_headers,
+    span,
+)
 from voltrl.trainer import RunResult, TrainContext, Trainer
 from voltrl.types import (
     Attempt,
@@ -88,6 +96,8 @@ __all__ = [
     "current_rollout",
     "emit_event",
     "emit_reward",
+    "find_rollout",
     "rollout",
+    "rollout_headers",
     "span",
 ]

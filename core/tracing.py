@@ -130,15 +130,24 @@ def activate(ctx: RolloutContext) -> Iterator[RolloutContext]:
             _active.pop(ctx.attempt_id, None)
 
 
-def current_rollout() -> RolloutContext:
-    """The rollout being run here; raises :class:`NoActiveRolloutError` outside one."""
+def find_rollout() -> RolloutContext | None:
+    """The rollout being run here, or None: the context's own rollout, else the only rollout
+    running in this process (a bare thread), else None when there are none or several."""
     ctx = _current.get()
     if ctx is not None:
         return ctx
     with _active_lock:
         active = list(_active.values())
-    if len(active) == 1:
-        return active[0]
+    return active[0] if len(active) == 1 else None
+
+
+def current_rollout() -> RolloutContext:
+    """The rollout being run here; raises :class:`NoActiveRolloutError` outside one."""
+    ctx = find_rollout()
+    if ctx is not None:
+        return ctx
+    with _active_lock:
+        active = list(_active.values())
     if not active:
         raise NoActiveRolloutError("emit_reward/emit_event called outside any rollout")
     raise NoActiveRolloutError(
@@ -176,3 +185,19 @@ def emit_event(name: str, **attributes: Any) -> Span:
 def span(name: str, **attributes: Any) -> contextlib.AbstractContextManager[Span]:
     """``with vl.span("tool:search", query=q): ...`` records a timed span in the rollout."""
     return current_rollout().span(name, **attributes)
+
+
+def rollout_headers(agent_name: str | None = None) -> dict[str, str]:
+    """The gateway's header form for the current rollout (``x-rollout-id``, ``x-attempt-id``
+    and, when given, ``x-agent-name``); empty outside a rollout.
+
+    Clients created once and shared by concurrent rollouts send these on each request, so
+    the gateway records every call against the rollout that made it.
+    """
+    ctx = find_rollout()
+    if ctx is None:
+        return {}
+    headers = {"x-rollout-id": ctx.rollout_id, "x-attempt-id": ctx.attempt_id}
+    if agent_name:
+        headers["x-agent-name"] = agent_name
+    return headers

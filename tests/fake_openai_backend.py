@@ -4,7 +4,8 @@ Real HTTP/1.1 (keep-alive, chunked streaming) on raw asyncio, so it is fast enou
 benchmark baseline. It answers ``/v1/chat/completions`` and ``/v1/completions`` the way vLLM
 does with ``return_token_ids`` (``prompt_token_ids`` on the response, or per choice for
 completions, and ``choices[i].token_ids``) and ``logprobs``; streams SSE chunks; returns
-``n`` choices; calls the first tool when given tools; and can be scripted to fail.
+``n`` choices; calls the first tool when given tools; and can be scripted to fail, or to
+answer as a scripted agent backend (``fb.script``, e.g. :func:`tool_then_answer`).
 
 Everything is deterministic, so tests can compute what should have been recorded:
 :func:`prompt_ids`, :func:`reply_text`, :func:`reply_ids` and :func:`reply_logprobs`.
@@ -20,6 +21,7 @@ import asyncio
 import json
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 MODEL = "fake-model"
@@ -61,6 +63,30 @@ def tool_call_ids(index: int) -> list[int]:
     return [30000 + 100 * index + k for k in range(len(TOOL_ARGS))]
 
 
+Script = Callable[[dict[str, Any]], "dict[str, str] | None"]
+
+
+def scripted_ids(text: str) -> list[int]:
+    """The token ids of a scripted reply or tool-call arguments: one per character."""
+    return [40000 + ord(ch) for ch in text]
+
+
+def tool_then_answer(arguments: str, answer: str, tool: str | None = None) -> Script:
+    """A script for agent tests: call a tool (``tool``, else the first one offered) with
+    ``arguments`` (JSON text) until the conversation holds a tool result, then say ``answer``.
+
+    ``fb.script = tool_then_answer('{"expression": "2+3"}', "5")``.
+    """
+
+    def script(req: dict[str, Any]) -> dict[str, str] | None:
+        messages = req.get("messages") or []
+        if any(m.get("role") == "tool" for m in messages) or not req.get("tools"):
+            return {"text": answer}
+        return {"tool": tool or req["tools"][0]["function"]["name"], "arguments": arguments}
+
+    return script
+
+
 class FakeBackend:
     """The server. ``token_ids=False`` behaves like a hosted API (no token ids)."""
 
@@ -72,6 +98,7 @@ class FakeBackend:
         self.hold: asyncio.Event | None = None
         self.arrived = asyncio.Event()
         self.record_requests = True
+        self.script: Script | None = None
         self._server: asyncio.Server | None = None
         self._conns: set[_Conn] = set()
         self._counter = 0
@@ -139,6 +166,9 @@ class FakeBackend:
 
     def _choices(self, req: dict[str, Any], chat: bool) -> list[dict[str, Any]]:
         """Per choice: text pieces, token ids, logprobs, finish reason, tool call or None."""
+        scripted = self.script(req) if self.script is not None and chat else None
+        if scripted is not None:
+            return [self._scripted(scripted, i) for i in range(req.get("n") or 1)]
         uses_tool = chat and req.get("tools") and req.get("tool_choice") != "none"
         out = []
         for i in range(req.get("n") or 1):
@@ -150,8 +180,40 @@ class FakeBackend:
                 tool, ids, pieces = None, reply_ids(i), list(reply_text(i))
                 finish = "stop"
             lps = [-0.25 * (k + 1) for k in range(len(ids))] if tool else reply_logprobs(i)
-            out.append({"pieces": pieces, "ids": ids, "lps": lps, "finish": finish, "tool": tool})
+            out.append(
+                {
+                    "pieces": pieces,
+                    "ids": ids,
+                    "lps": lps,
+                    "finish": finish,
+                    "tool": tool,
+                    "args": TOOL_ARGS,
+                }
+            )
         return out
+
+    def _scripted(self, reply: dict[str, str], i: int) -> dict[str, Any]:
+        """A scripted choice: one token per character, ids from :func:`scripted_ids`."""
+        if "tool" in reply:
+            args = reply.get("arguments", "{}")
+            tool = {"id": f"call_{self._counter}_{i}", "name": reply["tool"]}
+            return {
+                "pieces": [],
+                "ids": scripted_ids(args),
+                "lps": [-0.1] * len(args),
+                "finish": "tool_calls",
+                "tool": tool,
+                "args": list(args),
+            }
+        text = reply["text"]
+        return {
+            "pieces": list(text),
+            "ids": scripted_ids(text),
+            "lps": [-0.1] * len(text),
+            "finish": "stop",
+            "tool": None,
+            "args": [],
+        }
 
     def _logprobs(self, req: dict[str, Any], chat: bool, lps: list[float], n: int) -> Any:
         if chat and req.get("logprobs"):
@@ -178,7 +240,7 @@ class FakeBackend:
             if chat:
                 msg: dict[str, Any] = {"role": "assistant", "content": "".join(c["pieces"]) or None}
                 if c["tool"]:
-                    fn = {"name": c["tool"]["name"], "arguments": "".join(TOOL_ARGS)}
+                    fn = {"name": c["tool"]["name"], "arguments": "".join(c["args"])}
                     msg["tool_calls"] = [
                         {"id": c["tool"]["id"], "type": "function", "function": fn}
                     ]
@@ -226,7 +288,7 @@ class FakeBackend:
                 if chat:
                     delta: dict[str, Any] = {"role": "assistant"} if k == 0 else {}
                     if c["tool"]:
-                        fn = {"arguments": TOOL_ARGS[k]}
+                        fn = {"arguments": c["args"][k]}
                         tc: dict[str, Any] = {"index": 0, "function": fn}
                         if k == 0:
                             tc.update(id=c["tool"]["id"], type="function")
