@@ -3,6 +3,9 @@
     voltrl dev MODULE:AGENT --data FILE --llm-endpoint URL --model NAME
     voltrl train CONFIG.yaml
     voltrl runs [--store PATH | --run-dir DIR]
+    voltrl serve [--store SPEC] [--host H] [--port N] [--token T] [--backend URL ...]
+    voltrl gateway --store URL --backend URL [--token T] [--host H] [--port N]
+    voltrl runner --store URL --agent MODULE:AGENT [--token T] [--workers N]
 
 Errors a user can fix (a bad module path, a missing data file, an unreachable endpoint) print
 one line on stderr and exit with status 2; no traceback.
@@ -14,6 +17,7 @@ import argparse
 import asyncio
 import importlib
 import importlib.util
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -225,6 +229,84 @@ def _cmd_runs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _token(args: argparse.Namespace) -> str | None:
+    return args.token or os.environ.get("VOLTRL_TOKEN") or None
+
+
+def _gateway_options(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "model": args.model,
+        "backend_api_key": args.backend_api_key,
+        "request_token_ids": not args.no_token_ids,
+    }
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from voltrl.serve import run_server
+
+    coro = run_server(
+        args.store,
+        host=args.host,
+        port=args.port,
+        token=_token(args),
+        backends=args.backend,
+        gateway=not args.no_gateway,
+        gateway_options=_gateway_options(args),
+    )
+    asyncio.run(coro)
+    return 0
+
+
+def _cmd_gateway(args: argparse.Namespace) -> int:
+    from voltrl.serve import run_gateway
+
+    coro = run_gateway(
+        args.store,
+        args.backend,
+        host=args.host,
+        port=args.port,
+        token=_token(args),
+        gateway_options=_gateway_options(args),
+    )
+    asyncio.run(coro)
+    return 0
+
+
+def _cmd_runner(args: argparse.Namespace) -> int:
+    from voltrl.runner import RunnerConfig, run_runner
+
+    if not args.store.startswith(("http://", "https://")):
+        raise VoltRLError(
+            f"--store must be a store server URL (http://HOST:PORT), got {args.store}"
+        )
+    if args.workers < 1 or args.max_concurrency < 1:
+        raise VoltRLError("--workers and --max-concurrency must be at least 1")
+    config = RunnerConfig(
+        max_concurrency=args.max_concurrency,
+        lease_s=args.lease,
+        claim_wait_s=min(5.0, args.lease),
+        default_timeout_s=args.timeout,
+        grace_s=args.grace,
+    )
+    agent = load_agent(args.agent)
+    return run_runner(
+        agent, args.store, token=_token(args), workers=args.workers, config=config, name=args.name
+    )
+
+
+def _add_serving_args(parser: argparse.ArgumentParser) -> None:
+    from voltrl.serve import DEFAULT_PORT
+
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="0 picks a free port")
+    parser.add_argument("--token", default=None, help="bearer token (default: $VOLTRL_TOKEN)")
+    parser.add_argument("--model", default=None, help="gateway: force this model name")
+    parser.add_argument("--backend-api-key", default=None, help="gateway: key for the backends")
+    parser.add_argument(
+        "--no-token-ids", action="store_true", help="gateway: do not ask backends for token ids"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``voltrl``."""
     parser = argparse.ArgumentParser(
@@ -261,6 +343,39 @@ def build_parser() -> argparse.ArgumentParser:
     runs.add_argument("--store", default=None, help="a store.sqlite file")
     runs.add_argument("--run-dir", default="runs", help="directory of run directories")
     runs.set_defaults(func=_cmd_runs)
+
+    serve = sub.add_parser("serve", help="serve a store (and a gateway) over HTTP")
+    serve.add_argument(
+        "--store", default="runs/store.sqlite", help="a SQLite path, sqlite:///, postgresql://"
+    )
+    serve.add_argument(
+        "--backend", action="append", default=[], help="inference backend URL (…/v1); repeatable"
+    )
+    serve.add_argument("--no-gateway", action="store_true", help="serve the store only")
+    _add_serving_args(serve)
+    serve.set_defaults(func=_cmd_serve)
+
+    gateway = sub.add_parser("gateway", help="serve a gateway recording into a store server")
+    gateway.add_argument("--store", required=True, help="store server URL (http://HOST:PORT)")
+    gateway.add_argument(
+        "--backend", action="append", required=True, help="inference backend URL; repeatable"
+    )
+    _add_serving_args(gateway)
+    gateway.set_defaults(func=_cmd_gateway)
+
+    runner = sub.add_parser("runner", help="run rollouts for a store server, on any machine")
+    runner.add_argument("--store", required=True, help="store server URL (http://HOST:PORT)")
+    runner.add_argument("--token", default=None, help="bearer token (default: $VOLTRL_TOKEN)")
+    runner.add_argument("--agent", required=True, help="MODULE:AGENT or path/to/file.py:AGENT")
+    runner.add_argument("--workers", type=int, default=1, help="worker processes")
+    runner.add_argument("--max-concurrency", type=int, default=4, help="rollouts per worker")
+    runner.add_argument("--lease", type=float, default=30.0, help="claim lease, seconds")
+    runner.add_argument(
+        "--grace", type=float, default=30.0, help="on SIGTERM, seconds to finish in-flight work"
+    )
+    runner.add_argument("--timeout", type=float, default=None, help="default rollout timeout, s")
+    runner.add_argument("--name", default=None, help="worker id prefix (default: host-pid)")
+    runner.set_defaults(func=_cmd_runner)
     return parser
 
 

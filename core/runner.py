@@ -13,9 +13,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing
+import os
 import signal
 import sys
 import threading
+import time
 import traceback
 from dataclasses import dataclass
 
@@ -43,6 +45,9 @@ class RunnerConfig:
     """Long-poll duration of one claim request."""
     default_timeout_s: float | None = None
     """Timeout for rollouts enqueued without one; None means no limit."""
+    grace_s: float = 30.0
+    """On stop, how long rollouts in flight may run on before they are released (handed
+    back to the store, which queues them again at once)."""
 
     @property
     def heartbeat_interval(self) -> float:
@@ -61,7 +66,10 @@ async def run_worker(
 ) -> int:
     """Claim and run rollouts until ``stop`` is set (or ``max_rollouts`` were started).
 
-    On stop, in-flight rollouts are allowed to finish. Returns how many rollouts it ran.
+    On stop it claims nothing more; rollouts in flight get ``config.grace_s`` seconds to
+    finish, then the rest are cancelled and released (reported as failed with a "released"
+    error, so the store queues them again at once instead of waiting for their leases).
+    Returns how many rollouts it ran.
     """
     stop = stop or asyncio.Event()
     active: dict[str, asyncio.Task[None]] = {}
@@ -87,7 +95,7 @@ async def run_worker(
                 lambda _t, aid=aid: (active.pop(aid, None), stale.discard(aid), slots.release())
             )
         if active:
-            await asyncio.gather(*active.values(), return_exceptions=True)
+            await asyncio.wait(list(active.values()), timeout=config.grace_s)
     finally:
         for task in list(active.values()):
             task.cancel()
@@ -195,10 +203,9 @@ async def _execute(
             )
         except asyncio.CancelledError:
             if attempt.attempt_id not in stale:  # worker shutting down: hand the rollout back
+                error = f"released: worker {attempt.worker_id} stopped before the rollout finished"
                 await _report(
-                    store,
-                    attempt.attempt_id,
-                    AttemptResult(status="failed", error="worker stopped during the rollout"),
+                    store, attempt.attempt_id, AttemptResult(status="failed", error=error)
                 )
             raise
         except Exception:
@@ -236,7 +243,8 @@ def _worker_process_main(
     config: RunnerConfig,
     sys_path: list[str],
 ) -> None:
-    """Entry point of a worker process: connect to the store server and run until SIGTERM."""
+    """Entry point of a worker process: connect to the store server and run until SIGTERM,
+    SIGINT, or the death of the process that started it (each stops it gracefully)."""
     sys.path[:0] = [p for p in sys_path if p not in sys.path]
     logging.basicConfig(level=logging.WARNING, format=f"[{worker_id}] %(levelname)s %(message)s")
     import cloudpickle
@@ -244,14 +252,25 @@ def _worker_process_main(
     from voltrl.store.client import HTTPStore
 
     agent = cloudpickle.loads(agent_blob)
+    parent = os.getppid()
+
+    async def watch_parent(stop: asyncio.Event) -> None:
+        while os.getppid() == parent:
+            await asyncio.sleep(1.0)
+        log.warning("worker %s: the process that started it is gone; stopping", worker_id)
+        stop.set()
 
     async def main() -> None:
         stop = asyncio.Event()
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
+        loop.add_signal_handler(signal.SIGINT, stop.set)
+        orphaned = asyncio.create_task(watch_parent(stop))
         store = HTTPStore(store_url, token=token)
         try:
             await run_worker(store, agent, worker_id=worker_id, config=config, stop=stop)
         finally:
+            orphaned.cancel()
             await store.close()
 
     asyncio.run(main())
@@ -319,16 +338,82 @@ class WorkerPool:
             if not self.processes:
                 return
 
-    def stop(self, grace_s: float = 10.0) -> None:
-        """SIGTERM every worker (they finish in-flight rollouts), then kill stragglers."""
+    @property
+    def alive(self) -> int:
+        """How many worker processes are running."""
+        return sum(p.is_alive() for p in self.processes.values())
+
+    def stop(self, grace_s: float | None = None) -> None:
+        """SIGTERM every worker (they finish or release in-flight rollouts, see
+        :func:`run_worker`), then kill the ones still running after ``grace_s`` (default: the
+        config's ``grace_s`` plus 10 s to report)."""
         self._stopping = True
+        if grace_s is None:
+            grace_s = self._config.grace_s + 10.0
         for proc in self.processes.values():
             if proc.is_alive():
                 proc.terminate()
+        deadline = time.monotonic() + grace_s
         for proc in self.processes.values():
-            proc.join(grace_s)
+            proc.join(max(0.0, deadline - time.monotonic()))
             if proc.is_alive():
                 proc.kill()
                 proc.join(5)
         if self._supervisor is not None:
             self._supervisor.join(2)
+
+
+def run_runner(
+    agent: LitAgent,
+    store_url: str,
+    *,
+    token: str | None = None,
+    workers: int = 1,
+    config: RunnerConfig = RunnerConfig(),
+    name: str | None = None,
+) -> int:
+    """``voltrl runner``: ``workers`` worker processes on this machine running ``agent`` for
+    the store server at ``store_url``, until SIGTERM or SIGINT.
+
+    Checks first that the store answers (a clear :class:`~voltrl.errors.StoreError` if it is
+    unreachable or refuses the token). On the signal, workers stop claiming and rollouts in
+    flight get ``config.grace_s`` seconds before they are released. Returns the exit status:
+    0 after a signal, 1 if every worker died for good.
+    """
+    import socket
+
+    from voltrl.store.client import HTTPStore
+
+    async def check() -> None:
+        store = HTTPStore(store_url, token=token, retries=2)
+        try:
+            await store.get_resources()
+        finally:
+            await store.close()
+
+    asyncio.run(check())
+    if workers < 1:
+        raise ValueError("workers must be >= 1")
+    name = name or f"{socket.gethostname()}-{os.getpid()}"
+    pool = WorkerPool(agent, store_url, n=workers, token=token, config=config, name=name)
+    stop = threading.Event()
+    handlers = {
+        sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)
+    }
+    pool.start()
+    print(
+        f"voltrl runner {name}: {workers} worker(s) x {config.max_concurrency} rollouts "
+        f"against {store_url}",
+        flush=True,
+    )
+    try:
+        while not stop.wait(0.5):
+            if not pool.processes:
+                log.error("every worker died; giving up")
+                return 1
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        pool.stop()
+    print(f"voltrl runner {name}: stopped", flush=True)
+    return 0

@@ -1,0 +1,88 @@
+"""Agents that ``voltrl runner`` processes load in the fault tests (``tests/fault_agents.py:NAME``).
+
+Task fields steer them:
+
+- ``Trivial``: returns 1.0.
+- ``Blocking``: writes ``{dir}/started-{rollout_id}-{attempt_id}``, then waits until the file
+  ``{dir}/{gate}`` exists and returns 1.0.
+- ``Recording``: emits a span, records one LLM call through the store's HTTP API (the store URL
+  and token come from ``VOLTRL_FAULT_STORE`` and ``VOLTRL_TOKEN``), sleeps ``sleep`` seconds,
+  and returns 1.0.
+- ``CallsLLM``: one chat completion through the ``main_llm`` resource (a gateway), inside a
+  span; returns 1.0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+import voltrl as vl
+from voltrl.store.client import HTTPStore
+from voltrl.types import LLMCall
+
+_stores: dict[str, HTTPStore] = {}
+
+
+def _store() -> HTTPStore:
+    url = os.environ["VOLTRL_FAULT_STORE"]
+    if url not in _stores:
+        _stores[url] = HTTPStore(url, token=os.environ.get("VOLTRL_TOKEN"), retries=8)
+    return _stores[url]
+
+
+class Trivial(vl.LitAgent):
+    """Returns 1.0 at once."""
+
+    async def rollout(self, task: dict[str, Any], resources: vl.Resources) -> float:
+        return 1.0
+
+
+class Blocking(vl.LitAgent):
+    """Marks that it started, then waits for a gate file."""
+
+    async def rollout(self, task: dict[str, Any], resources: vl.Resources, ctx: Any) -> float:
+        folder = Path(task["dir"])
+        (folder / f"started-{ctx.rollout_id}-{ctx.attempt_id}").touch()
+        while not (folder / task["gate"]).exists():
+            await asyncio.sleep(0.05)
+        return 1.0
+
+
+class Recording(vl.LitAgent):
+    """A span, an LLM call recorded over HTTP, a short sleep."""
+
+    async def rollout(self, task: dict[str, Any], resources: vl.Resources, ctx: Any) -> float:
+        with vl.span("work"):
+            call = LLMCall(
+                rollout_id=ctx.rollout_id,
+                attempt_id=ctx.attempt_id,
+                request={"i": task["i"]},
+                response={},
+            )
+            await _store().add_llm_calls([call])
+            await asyncio.sleep(task.get("sleep", 0.0))
+        return 1.0
+
+
+class CallsLLM(vl.LitAgent):
+    """One chat completion through the gateway."""
+
+    async def rollout(self, task: dict[str, Any], resources: vl.Resources) -> float:
+        from openai import AsyncOpenAI
+
+        llm = resources["main_llm"]
+        client = AsyncOpenAI(base_url=llm.endpoint, api_key=llm.api_key, max_retries=0)
+        try:
+            with vl.span("chat"):
+                await client.chat.completions.create(
+                    model=llm.model,
+                    messages=[{"role": "user", "content": f"task {task['i']}"}],
+                    max_tokens=4,
+                )
+        finally:
+            await client.close()
+        await asyncio.sleep(task.get("sleep", 0.0))
+        return 1.0
