@@ -82,12 +82,20 @@ def _hook(agent_name: str | None) -> Any:
     return add, add_async
 
 
+def async_http_client(
+    agent_name: str | None = None, *, timeout: float = 600.0
+) -> httpx2.AsyncClient:
+    """The ``httpx2.AsyncClient`` behind :func:`async_openai`, for frameworks that build their
+    own ``AsyncOpenAI`` and take an ``http_client``: each request gets :func:`call_headers`."""
+    _, add_async = _hook(agent_name)
+    return httpx2.AsyncClient(timeout=timeout, event_hooks={"request": [add_async]})
+
+
 def async_openai(
     llm: LLM, *, agent_name: str | None = None, timeout: float = 600.0, max_retries: int = 2
 ) -> AsyncOpenAI:
     """An ``openai.AsyncOpenAI`` client for ``llm`` that tags calls with the rollout."""
-    _, add_async = _hook(agent_name)
-    http = httpx2.AsyncClient(timeout=timeout, event_hooks={"request": [add_async]})
+    http = async_http_client(agent_name, timeout=timeout)
     return AsyncOpenAI(
         base_url=endpoint_for(llm, agent_name),
         api_key=llm.api_key,
