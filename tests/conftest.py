@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -15,7 +15,7 @@ from voltrl.store.client import HTTPStore
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
-STORE_KINDS = ["memory", "sqlite", "http"]
+STORE_KINDS = ["memory", "sqlite", "postgres", "http"]
 
 HTTP_STORE_TOKEN = "test-token"
 
@@ -42,6 +42,12 @@ async def make_store(kind: str, tmp_path: Path) -> Store:
         from voltrl.store.sql import SQLStore
 
         return SQLStore(tmp_path / "store.sqlite")
+    if kind == "postgres":  # a fresh database on a real server (tests/pg.py), one per session
+        from pg import new_database_url
+
+        from voltrl.store.sql import SQLStore
+
+        return SQLStore(new_database_url())
     if kind == "http":  # a real server on loopback, an in-memory store behind it
         from voltrl.server import serve_in_thread
         from voltrl.store.memory import InMemoryStore
@@ -49,6 +55,15 @@ async def make_store(kind: str, tmp_path: Path) -> Store:
 
         return ServedHTTPStore(serve_in_thread(store_app(InMemoryStore(), token=HTTP_STORE_TOKEN)))
     raise ValueError(kind)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_postgres() -> Iterator[None]:
+    """Stop the PostgreSQL server of tests/pg.py, if a test started one, when the session ends."""
+    yield
+    from pg import stop_cluster
+
+    stop_cluster()
 
 
 @pytest.fixture(params=STORE_KINDS)

@@ -1,4 +1,4 @@
-"""Stores: in-memory, SQL (SQLite; PostgreSQL-ready), and the HTTP client.
+"""Stores: in-memory, SQL (SQLite or PostgreSQL), and the HTTP client.
 
 :func:`open_store` turns a user's store spec (a CLI flag, a config value) into a store.
 """
@@ -10,12 +10,15 @@ from pathlib import Path
 
 from voltrl.errors import StoreError
 from voltrl.store.base import Store
+from voltrl.store.dialects import redact
 
 
 def open_store(spec: str | Path | None) -> Store:
     """The store a spec names: ``"memory"`` (or None) for an in-memory store; a file path or
-    ``sqlite:///PATH`` for SQLite; ``http://``/``https://`` for a store server (bearer token
-    from ``VOLTRL_TOKEN``). ``postgresql://`` is reserved and not supported yet."""
+    ``sqlite:///PATH`` for SQLite; ``postgresql://USER:PASSWORD@HOST:PORT/DATABASE`` (or
+    ``postgres://``) for PostgreSQL, with the ``postgres`` extra installed; ``http://`` or
+    ``https://`` for a store server (bearer token from ``VOLTRL_TOKEN``). Raises
+    :class:`~voltrl.errors.StoreError` when the store cannot be opened."""
     text = "memory" if spec is None else str(spec)
     if text == "memory":
         from voltrl.store.memory import InMemoryStore
@@ -25,15 +28,10 @@ def open_store(spec: str | Path | None) -> Store:
         from voltrl.store.client import HTTPStore
 
         return HTTPStore(text, token=os.environ.get("VOLTRL_TOKEN"))
-    if text.startswith(("postgresql:", "postgres:")):
+    if "://" in text and not text.startswith(("sqlite:", "postgresql://", "postgres://")):
         raise StoreError(
-            f"cannot open {text.split('@')[-1]!r}: PostgreSQL support is not available yet; "
-            "use a SQLite file (a path or sqlite:///PATH) or a store server (http://...)"
-        )
-    if "://" in text and not text.startswith("sqlite:"):
-        raise StoreError(
-            f"unknown store {text!r}: expected 'memory', a file path, sqlite:///PATH, "
-            "http(s)://HOST:PORT"
+            f"unknown store {redact(text)!r}: expected 'memory', a file path, sqlite:///PATH, "
+            "postgresql://HOST:PORT/DATABASE, http(s)://HOST:PORT"
         )
     from voltrl.store.sql import SQLStore
 
