@@ -1,0 +1,75 @@
+"""An MCP calculator server on stdio, written with the ``mcp`` 2.x SDK.
+
+One tool, ``calculate(expression)``: ``+ - * / // % **`` and parentheses over integers and
+decimals, evaluated safely (no names, no calls). A bad expression is a tool error, which the
+client sees as an error result. Run by the agent as a subprocess::
+
+    python samples/calc_mcp/calculator_server.py      # speaks MCP on stdin/stdout
+"""
+
+from __future__ import annotations
+
+import ast
+import operator
+from collections.abc import Callable
+
+from mcp.server.mcpserver import MCPServer
+
+_BINARY: dict[type[ast.operator], Callable[[float, float], float]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
+_UNARY: dict[type[ast.unaryop], Callable[[float], float]] = {
+    ast.USub: operator.neg,
+    ast.UAdd: operator.pos,
+}
+MAX_EXPONENT = 64
+
+server = MCPServer("calculator", instructions="Evaluate arithmetic expressions exactly.")
+
+
+def evaluate(expression: str) -> float:
+    """The value of an arithmetic ``expression``; ``ValueError`` when it is not one."""
+
+    def ev(node: ast.AST) -> float:
+        if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+            left, right = ev(node.left), ev(node.right)
+            if isinstance(node.op, ast.Pow) and abs(right) > MAX_EXPONENT:
+                raise ValueError(f"exponent {right} is too large")
+            return _BINARY[type(node.op)](left, right)
+        if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
+            return _UNARY[type(node.op)](ev(node.operand))
+        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+            return node.value
+        raise ValueError(f"not arithmetic: {ast.unparse(node)!r}")
+
+    try:
+        return ev(ast.parse(expression.replace(",", ""), mode="eval").body)
+    except SyntaxError as exc:
+        raise ValueError(f"cannot parse {expression!r}") from exc
+    except ZeroDivisionError as exc:
+        raise ValueError("division by zero") from exc
+    except OverflowError as exc:
+        raise ValueError("the result is too large") from exc
+
+
+def format_number(value: float) -> str:
+    """``12`` for whole numbers, else up to 10 significant decimals."""
+    if float(value).is_integer():
+        return str(int(value))
+    return f"{value:.10g}"
+
+
+@server.tool(structured_output=False)
+def calculate(expression: str) -> str:
+    """Evaluate an arithmetic expression such as "(12 + 7) * 3" and return the result."""
+    return format_number(evaluate(expression))
+
+
+if __name__ == "__main__":
+    server.run("stdio")
