@@ -1,1 +1,34 @@
-"""Adapter for openai_agents (arrives with the adapters issue)."""
+"""VoltRL adapter for the OpenAI Agents SDK (``pip install voltrl[openai-agents]``).
+
+    from agents import Agent, Runner
+    from voltrl.adapters import openai_agents as vla
+
+    vla.install_tracing()          # SDK spans into the rollout; nothing goes to OpenAI
+
+    @vl.rollout
+    async def agent(task, llm):
+        bot = Agent(name="solver", instructions="...", model=vla.model(llm), tools=[...])
+        result = await Runner.run(bot, task["question"])
+        return score(result.final_output, task)
+
+:func:`model` is the SDK's chat-completions model on a client that tags every call with the
+current rollout and agent; :func:`install_tracing` puts :class:`VoltRLTracingProcessor` in
+place of the SDK's default exporter.
+"""
+
+from voltrl.adapters.openai_agents.model import (
+    VoltRLChatCompletionsModel,
+    model,
+    model_settings,
+    running_agent_name,
+)
+from voltrl.adapters.openai_agents.tracing import VoltRLTracingProcessor, install_tracing
+
+__all__ = [
+    "VoltRLChatCompletionsModel",
+    "VoltRLTracingProcessor",
+    "install_tracing",
+    "model",
+    "model_settings",
+    "running_agent_name",
+]
