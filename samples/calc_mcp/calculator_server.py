@@ -1,8 +1,8 @@
 """An MCP calculator server on stdio, written with the ``mcp`` 2.x SDK.
 
 One tool, ``calculate(expression)``: ``+ - * / // % **`` and parentheses over integers and
-decimals, evaluated safely (no names, no calls). A bad expression is a tool error, which the
-client sees as an error result. Run by the agent as a subprocess::
+decimals, evaluated safely (no names, no calls). A bad expression raises ``ToolError``: the
+client gets an error result with the reason ("division by zero"). Run by the agent as a subprocess::
 
     python samples/calc_mcp/calculator_server.py      # speaks MCP on stdin/stdout
 """
@@ -14,6 +14,7 @@ import operator
 from collections.abc import Callable
 
 from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 
 _BINARY: dict[type[ast.operator], Callable[[float, float], float]] = {
     ast.Add: operator.add,
@@ -30,7 +31,9 @@ _UNARY: dict[type[ast.unaryop], Callable[[float], float]] = {
 }
 MAX_EXPONENT = 64
 
-server = MCPServer("calculator", instructions="Evaluate arithmetic expressions exactly.")
+server = MCPServer(
+    "calculator", instructions="Evaluate arithmetic expressions exactly.", log_level="WARNING"
+)
 
 
 def evaluate(expression: str) -> float:
@@ -68,7 +71,10 @@ def format_number(value: float) -> str:
 @server.tool(structured_output=False)
 def calculate(expression: str) -> str:
     """Evaluate an arithmetic expression such as "(12 + 7) * 3" and return the result."""
-    return format_number(evaluate(expression))
+    try:
+        return format_number(evaluate(expression))
+    except ValueError as exc:
+        raise ToolError(str(exc)) from exc
 
 
 if __name__ == "__main__":
