@@ -15,7 +15,8 @@ SDK's :class:`~agents.OpenAIChatCompletionsModel` on one of our shared OpenAI cl
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
 
 from agents import ModelSettings, OpenAIChatCompletionsModel
 from agents.agent_output import AgentOutputSchemaBase
@@ -26,17 +27,19 @@ from agents.tool import Tool
 from agents.tracing import AgentSpanData, TurnSpanData, get_current_span
 from openai.types.responses.response_prompt_param import ResponsePromptParam
 
-from voltrl.adapters.openai_client import async_openai, sampling_kwargs
+from voltrl.adapters.openai_client import SAMPLING_KEYS, async_openai
 from voltrl.resources import LLM
 
 #: Sampling parameters that ``ModelSettings`` has a field for; the others go to ``extra_args``.
 _SETTINGS_FIELDS = ("temperature", "top_p", "max_tokens", "presence_penalty", "frequency_penalty")
 
 
-def model_settings(llm: LLM) -> ModelSettings:
-    """The LLM's sampling parameters as the SDK's ``ModelSettings`` (``stop``, ``seed``,
-    ``max_completion_tokens``... travel in ``extra_args``)."""
-    params = sampling_kwargs(llm)
+def model_settings(llm: LLM | Mapping[str, Any]) -> ModelSettings:
+    """An LLM's sampling parameters (or such parameters themselves, e.g. ones a service
+    received with a request) as the SDK's ``ModelSettings``; ``stop``, ``seed``,
+    ``max_completion_tokens``... travel in ``extra_args``."""
+    given = llm.sampling_parameters if isinstance(llm, LLM) else llm
+    params = {k: v for k, v in given.items() if k in SAMPLING_KEYS}
     named = {k: params.pop(k) for k in _SETTINGS_FIELDS if k in params}
     return ModelSettings(**named, extra_args=params or None)
 

@@ -1,0 +1,129 @@
+"""The agent_service sample: its OpenAI Agents SDK agent runs in its own process (the real
+service on loopback, started the way ``run.py`` starts it), the trainer posts tasks to it, and
+every LLM call the service makes is recorded against the right rollout by our gateway in front
+of the scripted fake backend."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import httpx
+import pytest
+from fake_openai_backend import FakeBackend, scripted_ids
+
+import voltrl as vl
+from voltrl.store.memory import InMemoryStore
+
+SAMPLE = Path(__file__).resolve().parents[1] / "samples" / "agent_service"
+
+
+def load(name: str) -> ModuleType:
+    """A module of the sample, by path (its siblings import each other by name)."""
+    if str(SAMPLE) not in sys.path:
+        sys.path.insert(0, str(SAMPLE))
+    spec = importlib.util.spec_from_file_location(f"agent_service_{name}", SAMPLE / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+run = load("run")
+units = load("units")
+client = load("client")
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """The service as a subprocess, watching a gateway file that does not exist yet."""
+    gateway_file = tmp_path_factory.mktemp("service") / "gateway.json"
+    with run.service_process(gateway_file) as url:
+        yield url, gateway_file
+
+
+def converting_script(rows: list[dict[str, Any]]) -> Any:
+    """A backend that calls ``convert`` with the row's arguments, then answers with the
+    tool's result."""
+    by_question = {r["question"]: r for r in rows}
+
+    def script(req: dict[str, Any]) -> dict[str, str]:
+        messages = req["messages"]
+        results = [m["content"] for m in messages if m.get("role") == "tool"]
+        if results:
+            return {"text": f"The answer is {results[-1]}"}
+        row = by_question[next(m["content"] for m in messages if m["role"] == "user")]
+        args = {k: row[k] for k in ("value", "from_unit", "to_unit")}
+        return {"tool": "convert", "arguments": json.dumps(args)}
+
+    return script
+
+
+async def dev_run(
+    fb: FakeBackend, agent: vl.LitAgent, rows: list[dict], tmp_path: Path, name: str
+) -> tuple[vl.RunResult, InMemoryStore]:
+    store = InMemoryStore()
+    trainer = vl.Trainer(
+        store=store,
+        n_runners=1,
+        inline=True,
+        max_concurrency=4,
+        run_dir=tmp_path,
+        name=name,
+        progress=False,
+        resources={
+            "main_llm": vl.LLM(endpoint=fb.url, model="m", sampling_parameters={"temperature": 0.3})
+        },
+    )
+    return await trainer.dev_async(agent, rows), store
+
+
+async def test_dev_through_the_service_records_each_rollout_apart(
+    service: tuple[str, Path], tmp_path: Path
+) -> None:
+    url, gateway_file = service
+    rows = units.make_tasks(4, seed=1)
+    agent = client.ServiceAgent(url, gateway_file)
+
+    async with httpx.AsyncClient() as http:  # nothing published yet: the service says so
+        reply = await http.post(f"{url}/chat", json={"trace_id": "t", "row": rows[0]})
+    assert reply.status_code == 503
+
+    published = []
+    for attempt in range(2):  # a second trainer run is a new gateway on a new port
+        async with FakeBackend() as fb:
+            fb.script = converting_script(rows)
+            result, store = await dev_run(fb, agent, rows, tmp_path, f"dev{attempt}")
+        published.append(json.loads(gateway_file.read_text())["endpoint"])
+
+        assert result.rewards == [1.0] * len(rows)
+        assert {r["body"]["temperature"] for r in fb.requests} == {0.3}
+        for rollout in result.rollouts:
+            calls = await store.get_llm_calls(rollout.rollout_id)
+            assert len(calls) == 2
+            assert {c.agent_name for c in calls} == {"converter"}
+            assert {c.attempt_id for c in calls} == {rollout.final_attempt_id}
+            question = rollout.task.input["question"]
+            assert all(c.request["messages"][1]["content"] == question for c in calls)
+            answer = calls[1].response["choices"][0]["message"]["content"]
+            assert calls[1].response_token_ids == scripted_ids(answer)
+            assert calls[0].prompt_token_ids and calls[1].prompt_token_ids
+
+    assert published[0] != published[1]
+    assert all(p.endswith("/v1") and "/rollouts/" not in p for p in published)
+
+
+def test_gateway_base_and_publish_only_on_change(tmp_path: Path) -> None:
+    llm = vl.LLM(endpoint="http://127.0.0.1:9/v1", model="m", gateway=True).scoped("r1", "a1")
+    assert client.gateway_base(llm) == "http://127.0.0.1:9/v1"
+    path = tmp_path / "gw.json"
+    assert client.publish_gateway(llm, path) is True
+    assert client.publish_gateway(llm, path) is False
+    assert json.loads(path.read_text())["trace_header"] == "x-rollout-id"
+    assert units.reward("It is 3,500.0 m", {"answer": 3500}) == 1.0
+    assert units.reward("no idea", {"answer": 3500}) == 0.0
