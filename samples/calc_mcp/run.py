@@ -1,0 +1,111 @@
+"""Run the calc_mcp agent: ``dev`` against any OpenAI-compatible server, ``train`` with LocalRL.
+
+python samples/calc_mcp/run.py dev --endpoint http://127.0.0.1:8000/v1 --model NAME
+python samples/calc_mcp/run.py train                     # tiny random model, 2 steps, CPU
+python samples/calc_mcp/run.py train --model Qwen/Qwen2.5-0.5B-Instruct --steps 30
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from agent import calc_agent  # noqa: E402
+from data import make_problems  # noqa: E402
+
+import voltrl as vl  # noqa: E402
+
+
+def dev(args: argparse.Namespace) -> vl.RunResult:
+    """Run the agent once per problem against ``--endpoint``, recording every call."""
+    llm = vl.LLM(
+        endpoint=args.endpoint,
+        model=args.model,
+        api_key=args.api_key,
+        sampling_parameters={"temperature": 0.0, "max_tokens": args.max_tokens},
+    )
+    trainer = vl.Trainer(
+        resources={"main_llm": llm},
+        n_runners=1,
+        max_concurrency=args.concurrency,
+        run_dir=args.run_dir,
+        name=args.name,
+        request_token_ids=not args.no_token_ids,
+    )
+    return trainer.dev(calc_agent, make_problems(args.tasks, seed=args.seed))
+
+
+def local_model(name: str | None) -> dict[str, Any]:
+    """LocalRL's model arguments: ``name`` as ``from_pretrained`` takes it, or the tiny model."""
+    if name:
+        return {"model": name}
+    from voltrl.algorithms.local.tiny import build_tiny_model, build_tiny_tokenizer
+
+    tokenizer = build_tiny_tokenizer()
+    return {"model": build_tiny_model(tokenizer, hidden=128), "tokenizer": tokenizer}
+
+
+def train(args: argparse.Namespace) -> vl.RunResult:
+    """Train the model behind the agent with LocalRL on this machine."""
+    algorithm = vl.LocalRL(
+        **local_model(args.model),
+        steps=args.steps,
+        tasks_per_step=args.tasks_per_step,
+        group_size=args.group_size,
+        sampling={"temperature": 1.0, "max_tokens": args.max_tokens},
+        val_sampling={"temperature": 0.0, "max_tokens": args.max_tokens},
+        val_every=args.steps,
+        seed=args.seed,
+    )
+    trainer = vl.Trainer(
+        algorithm,
+        n_runners=1,
+        max_concurrency=args.concurrency,
+        run_dir=args.run_dir,
+        name=args.name,
+        rollout_timeout_s=600,
+    )
+    problems = make_problems(args.train_tasks + args.val_tasks, seed=args.seed)
+    return trainer.fit(calc_agent, problems[args.val_tasks :], problems[: args.val_tasks])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--run-dir", type=Path, default=Path("runs"))
+    common.add_argument("--name", default=None, help="run name (default: a fresh one)")
+    common.add_argument("--seed", type=int, default=0)
+    common.add_argument("--concurrency", type=int, default=4, help="rollouts in flight")
+
+    d = sub.add_parser("dev", parents=[common], help="run against an OpenAI-compatible server")
+    d.add_argument("--endpoint", required=True, help="base URL, e.g. http://127.0.0.1:8000/v1")
+    d.add_argument("--model", required=True)
+    d.add_argument("--api-key", default="EMPTY")
+    d.add_argument("--tasks", type=int, default=8)
+    d.add_argument("--max-tokens", type=int, default=512)
+    d.add_argument(
+        "--no-token-ids", action="store_true", help="for hosted APIs that reject vLLM's fields"
+    )
+
+    t = sub.add_parser("train", parents=[common], help="train with LocalRL on this machine")
+    t.add_argument("--model", default=None, help="path or hub name (default: the tiny model)")
+    t.add_argument("--steps", type=int, default=2)
+    t.add_argument("--tasks-per-step", type=int, default=2)
+    t.add_argument("--group-size", type=int, default=4)
+    t.add_argument("--train-tasks", type=int, default=200)
+    t.add_argument("--val-tasks", type=int, default=4)
+    t.add_argument("--max-tokens", type=int, default=48)
+
+    args = parser.parse_args(argv)
+    result = dev(args) if args.command == "dev" else train(args)
+    return 0 if result.stats.failed == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
