@@ -18,6 +18,8 @@ from typing import Any
 
 from autogen_agentchat import EVENT_LOGGER_NAME
 from autogen_agentchat.agents import AssistantAgent
+from autogen_agentchat.conditions import MaxMessageTermination
+from autogen_agentchat.teams import RoundRobinGroupChat
 from fake_openai_backend import FakeBackend, scripted_ids, tool_then_answer
 from mcp import StdioServerParameters
 from test_gateway import new_rollout
@@ -174,6 +176,31 @@ async def test_failed_tool_is_an_error_span_and_the_model_sees_the_error() -> No
     assert tool.attributes["error.type"] == "RuntimeError"
     tool_message = next(m for m in fb.requests[-1]["body"]["messages"] if m["role"] == "tool")
     assert "the adder is broken" in tool_message["content"]
+
+
+async def test_team_agents_each_record_their_calls_under_their_name() -> None:
+    store = InMemoryStore()
+    async with FakeBackend() as fb, serve_gateway(Gateway(store, [fb.url])) as base:
+        fb.script = lambda req: {"text": "fine"}
+        rid, aid = await new_rollout(store)
+        llm = LLM(endpoint=f"{base}/v1", model="m", gateway=True).scoped(rid, aid)
+        ctx = context(rid, aid)
+        names = ("writer", "critic")
+        clients = [vla.model_client(llm, agent_name=name) for name in names]
+        with activate(ctx):
+            agents = [
+                AssistantAgent(n, model_client=c) for n, c in zip(names, clients, strict=True)
+            ]
+            team = RoundRobinGroupChat(agents, termination_condition=MaxMessageTermination(4))
+            await team.run(task="Write a haiku.")
+        for client in clients:
+            await client.close()
+
+    calls = await store.get_llm_calls(rid)
+    assert [c.agent_name for c in calls] == ["writer", "critic", "writer"]
+    invoked = [s.name for s in ctx.spans if s.name.startswith("invoke_agent")]
+    assert invoked == ["invoke_agent writer", "invoke_agent critic", "invoke_agent writer"]
+    assert any(s.name.startswith("autogen process") for s in ctx.spans)  # runtime spans
 
 
 async def test_model_client_takes_the_llms_settings_and_agent_name() -> None:
