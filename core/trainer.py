@@ -5,7 +5,9 @@
 1. validate the data (nothing is stored if a row is bad);
 2. open the run directory ``runs/<name>/`` and its store (SQLite there by default);
 3. serve the store over HTTP on loopback, with a fresh bearer token, for the workers;
-4. start ``n_runners`` worker processes (or in-process workers with ``inline=True``);
+4. start ``n_runners`` worker processes (or in-process workers with ``inline=True``); with
+   ``n_runners=0`` start none, print the ``voltrl runner`` command that serves this run from
+   any machine, and wait for such remote runners;
 5. run the algorithm, which publishes resources and enqueues rollouts through
    :class:`TrainContext`;
 6. stop everything and return a :class:`RunResult`.
@@ -15,14 +17,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import secrets
+import sys
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from voltrl.agent import LitAgent, rollout
+from voltrl.agent import FunctionAgent, LitAgent, rollout
 from voltrl.algorithms.base import Algorithm
 from voltrl.dataset import Dataset, load_tasks
 from voltrl.errors import VoltRLError
@@ -63,6 +67,8 @@ class TrainContext:
     progress: bool = True
     workers_alive: Callable[[], bool] = lambda: True
     resources_version: int | None = None
+    remote_runners: bool = False
+    """Whether the rollouts are run by remote runners (the progress bar says it waits)."""
 
     async def publish(self, resources: Resources | Mapping[str, Resource]) -> Resources:
         """Save a new resources version; rollouts enqueued from now on run with it."""
@@ -90,10 +96,11 @@ class TrainContext:
         ids = [r.rollout_id for r in rollouts]
         columns = ("{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         with Progress(*columns, disable=not self.progress, transient=False) as bar:
-            task = bar.add_task(desc, total=len(ids))
+            waiting = f"{desc} (waiting for remote runners)"
+            task = bar.add_task(waiting if self.remote_runners else desc, total=len(ids))
             while True:
                 done = await self.store.wait_for_rollouts(ids, timeout_s=1.0)
-                bar.update(task, completed=len(done))
+                bar.update(task, completed=len(done), description=waiting if not done else desc)
                 if len(done) == len(ids):
                     return done
                 if not self.workers_alive():
@@ -118,7 +125,9 @@ class Trainer:
 
     Args:
         algorithm: what to do with the rollouts (default :class:`~voltrl.Baseline`).
-        n_runners: worker processes on this machine; 0 waits for remote runners.
+        n_runners: worker processes on this machine; 0 starts none: the store is served on
+            ``host:port`` and the trainer prints the ``voltrl runner`` command for remote
+            runners, then waits for them.
         store: a :class:`Store`, a store spec (path, ``sqlite:///...``, ``memory``,
             ``http://...``), or None for ``<run dir>/store.sqlite``.
         resources: resources to publish before the algorithm starts (e.g. ``{"main_llm":
@@ -135,6 +144,10 @@ class Trainer:
             endpoints as given.
         request_token_ids: have those gateways ask backends for token ids and logprobs
             (vLLM's ``return_token_ids``); turn off for hosted APIs that reject the field.
+        host, port: where the store server for the runners listens (``port=0``: a free
+            port); any host but loopback is reachable from other machines.
+        token: the store server's bearer token (default: ``$VOLTRL_TOKEN``, else a fresh
+            random one).
     """
 
     def __init__(
@@ -156,6 +169,7 @@ class Trainer:
         request_token_ids: bool = True,
         host: str = "127.0.0.1",
         port: int = 0,
+        token: str | None = None,
     ) -> None:
         from voltrl.algorithms.baseline import Baseline
 
@@ -177,6 +191,7 @@ class Trainer:
         self.record_calls = record_calls
         self.request_token_ids = request_token_ids
         self.host, self.port = host, port
+        self.token = token
 
     # ---- public API ---------------------------------------------------------------------
     def fit(
@@ -258,6 +273,7 @@ class Trainer:
                 rollout_timeout_s=self.rollout_timeout_s,
                 progress=self.progress,
                 workers_alive=alive,
+                remote_runners=self.n_runners == 0,
             )
             if self.resources is not None:
                 resources = self.resources
@@ -299,9 +315,7 @@ class Trainer:
         self, stack: contextlib.AsyncExitStack, store: Store, agent: LitAgent
     ) -> Callable[[], bool]:
         """Start the workers; returns a check that some can still run rollouts."""
-        if self.n_runners == 0:
-            return lambda: True
-        if self.inline:
+        if self.inline and self.n_runners > 0:
             stop = asyncio.Event()
             tasks = [
                 asyncio.create_task(
@@ -319,21 +333,42 @@ class Trainer:
             stack.push_async_callback(stop_inline)
             return lambda: not all(t.done() for t in tasks)
 
-        from voltrl.store.client import HTTPStore
-
-        if isinstance(store, HTTPStore):  # a store server already exists: use it directly
-            url, token = store.url, store.token
-        else:
-            from voltrl.server import serve
-            from voltrl.store.server import store_app
-
-            token = secrets.token_urlsafe(24)
-            url, stop_server = await serve(store_app(store, token=token), self.host, self.port)
-            stack.push_async_callback(stop_server)
+        url, token = await self._serve_store(stack, store)
+        if self.n_runners == 0:
+            print(f"store server: {url}; waiting for remote runners, started with:", flush=True)
+            print(f"  {self.runner_command(url, token, agent)}", flush=True)
+            return lambda: True
         pool = WorkerPool(agent, url, n=self.n_runners, token=token, config=self.runner_config)
         pool.start()
         stack.push_async_callback(asyncio.to_thread, pool.stop)
         return lambda: bool(pool.processes)
+
+    def runner_command(self, url: str, token: str | None, agent: LitAgent) -> str:
+        """The ``voltrl runner`` command line that runs ``agent`` for this trainer's store
+        server at ``url`` (``--workers N``: as many worker processes as wanted)."""
+        config = self.runner_config
+        parts = ["voltrl runner", f"--store {url}"]
+        parts += [f"--token {token}"] if token else []
+        parts += [f"--agent {_agent_spec(agent)}", "--workers N"]
+        parts += [f"--max-concurrency {config.max_concurrency}", f"--lease {config.lease_s:g}"]
+        return " ".join(parts)
+
+    async def _serve_store(
+        self, stack: contextlib.AsyncExitStack, store: Store
+    ) -> tuple[str, str | None]:
+        """The URL and token of a store server for ``store``, started here unless ``store``
+        already is one."""
+        from voltrl.store.client import HTTPStore
+
+        if isinstance(store, HTTPStore):  # a store server already exists: use it directly
+            return store.url, store.token
+        from voltrl.serve import server_app
+        from voltrl.server import serve
+
+        token = self.token or os.environ.get("VOLTRL_TOKEN") or secrets.token_urlsafe(24)
+        url, stop_server = await serve(server_app(store, token=token), self.host, self.port)
+        stack.push_async_callback(stop_server)
+        return url, token
 
     async def _result(self, ctx: TrainContext) -> RunResult:
         rollouts = await ctx.store.query_rollouts(run_id=ctx.run.run_id)
@@ -362,6 +397,18 @@ def _as_agent(agent: LitAgent | Callable[..., Any]) -> LitAgent:
     if callable(agent):
         return rollout(agent)  # type: ignore[return-value]
     raise TypeError(f"expected a LitAgent or a function, got {type(agent).__name__}")
+
+
+def _agent_spec(agent: LitAgent) -> str:
+    """``MODULE:NAME`` (or ``FILE.py:NAME``) that imports ``agent`` in ``voltrl runner``."""
+    target: Any = agent.fn if isinstance(agent, FunctionAgent) else type(agent)
+    module, name = getattr(target, "__module__", None), getattr(target, "__qualname__", "")
+    if not module or "<" in name:
+        return "MODULE:AGENT"
+    if module == "__main__":
+        path = getattr(sys.modules["__main__"], "__file__", None)
+        return f"{path}:{name}" if path else "MODULE:AGENT"
+    return f"{module}:{name}"
 
 
 async def _close_if(store: Store, owned: bool) -> None:

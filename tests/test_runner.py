@@ -197,3 +197,60 @@ async def test_rollouts_receive_resources_scoped_to_their_attempt():
     rollouts = await store.enqueue(tasks(1), resources_version=res.version)
     [r] = await run_until_done(store, agent, rollouts)
     assert seen == [f"http://gw/rollouts/{r.rollout_id}/attempts/{r.final_attempt_id}/v1"]
+
+
+def test_trainer_with_no_runners_waits_for_a_remote_voltrl_runner(tmp_path, capsys):
+    """``Trainer(n_runners=0)`` serves its store and prints a ``voltrl runner`` command; a
+    runner started with exactly that command does the work."""
+    import os
+    import re
+    import signal
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from fault_agents import Trivial
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    trainer = vl.Trainer(
+        n_runners=0, port=port, token="remote-token", run_dir=tmp_path, progress=False
+    )
+    command: list[str] = []
+
+    def start_runner() -> subprocess.Popen[str]:
+        # Wait for the trainer to print its command, then run it as a user would.
+        deadline = time.monotonic() + 60
+        while not command and time.monotonic() < deadline:
+            printed = capsys.readouterr().out
+            command.extend(m.group(0) for m in re.finditer(r"voltrl runner .*", printed))
+            time.sleep(0.1)
+        args = command[0].replace("--workers N", "--workers 1").split()[2:]
+        return subprocess.Popen(
+            [sys.executable, "-m", "voltrl.cli", "runner", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=Path(__file__).parent,  # where the printed module, fault_agents, is found
+            env={**os.environ, "VOLTRL_TOKEN": ""},
+        )
+
+    async def main():
+        runner = asyncio.create_task(asyncio.to_thread(start_runner))
+        try:
+            result = await trainer.dev_async(Trivial(), [{"i": i} for i in range(6)])
+        finally:
+            proc = await runner
+        return result, proc
+
+    result, proc = asyncio.run(main())
+    try:
+        assert command[0].startswith(f"voltrl runner --store http://127.0.0.1:{port} ")
+        assert "--token remote-token --agent fault_agents:Trivial" in command[0]
+        assert [r.status for r in result.rollouts] == ["succeeded"] * 6
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 0, out
