@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from agent_framework import Agent, MCPStdioTool, tool
 from agent_framework.openai import OpenAIChatCompletionClient
 from fake_openai_backend import FakeBackend, scripted_ids, tool_then_answer
@@ -75,7 +76,8 @@ def test_sampling_parameters_become_chat_options() -> None:
     assert str(client.client.base_url) == "http://127.0.0.1:1/v1/"
 
 
-async def test_agent_with_a_function_tool_through_trainer_dev(tmp_path: Path) -> None:
+@pytest.mark.parametrize("stream", [False, True])
+async def test_agent_with_a_function_tool_through_trainer_dev(tmp_path: Path, stream: bool) -> None:
     """Two tasks through Trainer.dev: each rollout has its calls, spans and reward."""
 
     @vl.rollout
@@ -90,7 +92,13 @@ async def test_agent_with_a_function_tool_through_trainer_dev(tmp_path: Path) ->
             default_options={"temperature": 0.2},  # the agent's own option wins
         )
         async with client.client:
-            response = await agent.run(task["question"])
+            if stream:
+                updates = agent.run(task["question"], stream=True)
+                async for _ in updates:
+                    pass
+                response = await updates.get_final_response()
+            else:
+                response = await agent.run(task["question"])
         return float(response.text == "The sum is 5.")
 
     store = InMemoryStore()
@@ -114,6 +122,7 @@ async def test_agent_with_a_function_tool_through_trainer_dev(tmp_path: Path) ->
     assert {req["path"] for req in fb.requests} == {"/v1/chat/completions"}
     body = fb.requests[0]["body"]
     assert (body["temperature"], body["max_completion_tokens"], body["top_k"]) == (0.2, 32, 7)
+    assert body["stream"] is stream
     assert len(result.rollouts) == 2
     for rollout in result.rollouts:
         assert rollout.status == "succeeded" and rollout.reward == 1.0

@@ -1,10 +1,10 @@
 """Agent Framework's chat-completions client for a VoltRL :class:`~voltrl.LLM`.
 
-``agent_framework.openai.OpenAIChatClient`` talks to ``/v1/responses``, which inference servers
-such as vLLM's training endpoints and our gateway do not record; :func:`chat_client` builds
-``OpenAIChatCompletionClient`` (``/v1/chat/completions``) instead, on the rollout-tagging
-``AsyncOpenAI`` of :mod:`voltrl.adapters.openai_client`, and applies the LLM's sampling
-parameters to every model call unless the agent or the call sets them.
+``agent_framework.openai.OpenAIChatClient`` calls the Responses API (``/v1/responses``), which
+the gateway neither serves nor records. :func:`chat_client` builds ``OpenAIChatCompletionClient``
+(``/v1/chat/completions``) instead, on the rollout-tagging ``AsyncOpenAI`` of
+:mod:`voltrl.adapters.openai_client`, and applies the LLM's sampling parameters to every model
+call unless the agent or the call sets them.
 """
 
 from __future__ import annotations
