@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from autogen_agentchat import EVENT_LOGGER_NAME
 from autogen_agentchat.agents import AssistantAgent
 from autogen_agentchat.conditions import MaxMessageTermination
@@ -318,3 +319,16 @@ async def test_mcp_tools_from_an_mcp2_stdio_server(tmp_path: Path) -> None:
     assert bad.status == "error" and bad.attributes["voltrl.tool.is_error"] is True
     assert "division by zero" in bad.attributes["gen_ai.tool.call.result"]
     assert bad.attributes["error.type"] == "McpToolError"
+
+
+async def test_mcp_tools_raise_plain_errors_not_exception_groups(tmp_path: Path) -> None:
+    script = tmp_path / "calc_server.py"
+    script.write_text(MCP_SERVER)
+    server = StdioServerParameters(command=sys.executable, args=[str(script)])
+    with pytest.raises(ValueError, match=r"no tool \['square'\]"):
+        async with vla.mcp_tools(server, names=["multiply", "square"]):
+            pass
+    with pytest.raises(KeyError, match="from the block"):
+        async with vla.mcp_tools(server, names=["multiply"]) as tools:
+            assert [t.name for t in tools] == ["multiply"]
+            raise KeyError("from the block")

@@ -78,6 +78,19 @@ async def list_tools(client: Client) -> list[mcp_types.Tool]:
             return tools
 
 
+def _single_leaf(group: BaseExceptionGroup) -> BaseException | None:
+    """The one exception inside (possibly nested) exception groups, or None if several."""
+    leaves: list[BaseException] = []
+    stack: list[BaseException] = [group]
+    while stack:
+        exc = stack.pop()
+        if isinstance(exc, BaseExceptionGroup):
+            stack.extend(exc.exceptions)
+        else:
+            leaves.append(exc)
+    return leaves[0] if len(leaves) == 1 else None
+
+
 @contextlib.asynccontextmanager
 async def mcp_tools(
     server: StdioServerParameters | str,
@@ -88,10 +101,20 @@ async def mcp_tools(
     """Connect to an MCP server (a stdio command, or a Streamable HTTP URL) and yield its
     tools as AutoGen tools, ``names`` only if given; the connection (and a stdio server's
     process) closes when the block ends. ``client_kwargs`` go to ``mcp.Client``
-    (``read_timeout_seconds``, ...). Enter and leave the block in the same task."""
-    async with Client(server, **client_kwargs) as client:
-        listed = await list_tools(client)
-        wanted = set(names) if names is not None else None
-        if wanted is not None and (missing := wanted - {t.name for t in listed}):
-            raise ValueError(f"the MCP server has no tool {sorted(missing)}")
-        yield [McpTool(client, t) for t in listed if wanted is None or t.name in wanted]
+    (``read_timeout_seconds``, ...). Enter and leave the block in the same task.
+
+    ``mcp.Client`` wraps an exception raised in the block in nested exception groups; when
+    there is just one exception inside, it is raised as it is.
+    """
+    try:
+        async with Client(server, **client_kwargs) as client:
+            listed = await list_tools(client)
+            wanted = set(names) if names is not None else None
+            if wanted is not None and (missing := wanted - {t.name for t in listed}):
+                raise ValueError(f"the MCP server has no tool {sorted(missing)}")
+            yield [McpTool(client, t) for t in listed if wanted is None or t.name in wanted]
+    except BaseExceptionGroup as group:
+        leaf = _single_leaf(group)
+        if leaf is None:
+            raise
+        raise leaf from None
