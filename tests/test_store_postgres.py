@@ -77,7 +77,27 @@ CLAIMER = textwrap.dedent(
     """
 )
 
+ONE_CHANGE = textwrap.dedent(
+    """
+    import asyncio, sys
+    from voltrl.store.sql import SQLStore
+    from voltrl.types import AttemptResult, Task
+
+    async def main(url: str, attempt_id: str) -> None:
+        store = SQLStore(url)
+        if attempt_id == "-":
+            [r] = await store.enqueue([Task(input={})])
+            print(r.rollout_id, flush=True)
+        else:
+            await store.complete(attempt_id, AttemptResult(status="succeeded", reward=2))
+        await store.close()
+
+    asyncio.run(main(*sys.argv[1:]))
+    """
+)
+
 PROCESS_LIMIT_S = 90  # far longer than any of these processes takes
+WAKE_LIMIT_S = 20.0  # far longer than any wake-up takes; reaching it means no wake-up came
 
 
 def python(script: str, *args: str, **kw: Any) -> subprocess.Popen[str]:
@@ -159,6 +179,24 @@ async def test_acknowledged_writes_survive_sigkill_of_the_writer() -> None:
         await store.cancel(r.rollout_id)
     [r] = await store.enqueue([Task(input={})])
     assert (await store.claim("w")).rollout.rollout_id == r.rollout_id  # type: ignore[union-attr]
+    await store.close()
+
+
+async def test_waiters_wake_when_another_process_commits_a_change() -> None:
+    url = new_database_url()
+    store = SQLStore(url)
+    claim = asyncio.create_task(store.claim("w", lease_s=600, wait_s=600))
+    enqueuer = python(ONE_CHANGE, url, "-", stdout=subprocess.PIPE)
+    out, _ = await asyncio.to_thread(enqueuer.communicate, timeout=PROCESS_LIMIT_S)
+    c = await asyncio.wait_for(claim, WAKE_LIMIT_S)
+    assert c is not None and c.rollout.rollout_id == out.strip()
+
+    waiter = asyncio.create_task(store.wait_for_rollouts([c.rollout.rollout_id], timeout_s=600))
+    completer = python(ONE_CHANGE, url, c.attempt.attempt_id)
+    await asyncio.to_thread(completer.communicate, timeout=PROCESS_LIMIT_S)
+    assert completer.returncode == 0
+    [done] = await asyncio.wait_for(waiter, WAKE_LIMIT_S)
+    assert done.status == "succeeded" and done.reward == 2
     await store.close()
 
 

@@ -12,7 +12,10 @@ PostgreSQL store is opened).
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
@@ -21,6 +24,11 @@ from urllib.parse import parse_qs, urlsplit
 from voltrl.errors import StoreError
 
 SCHEMA_VERSION = 1
+
+CHANNEL = "voltrl_changes"
+"""The PostgreSQL notification channel on which commits that waiters care about are sent."""
+LISTEN_TIMEOUT_S = 30.0  # a listener checks whether it was stopped at least this often
+LISTEN_RETRY_S = 1.0  # a listener whose connection was lost connects again after this
 
 CONNECT_TIMEOUT_S = 10
 """How long opening a PostgreSQL store waits for the server, unless the URL says."""
@@ -46,6 +54,7 @@ class Dialect:
     claim_lock: str  # ends the claim query: lock the row, skip rows other claimers hold
     row_lock: str  # ends reads of rows about to change
     schema_lock: str  # first statement of the transaction that creates the schema, or ""
+    schema_extra: tuple[str, ...]  # statements of this database's own, after the tables
     id_column: str  # an auto-incrementing integer primary key
     int_type: str  # counters and sequence numbers
     float_type: str
@@ -69,8 +78,8 @@ class Dialect:
         raise NotImplementedError
 
     @property
-    def error(self) -> type[Exception]:
-        """The base class of the driver's errors."""
+    def error(self) -> type[Exception] | tuple[type[Exception], ...]:
+        """The driver's errors: its base class, or a tuple of classes."""
         raise NotImplementedError
 
     def in_transaction(self, conn: Any) -> bool:
@@ -85,6 +94,13 @@ class Dialect:
         """Whether a transaction that failed with ``error`` changed nothing and can simply
         run again (PostgreSQL: it lost a deadlock, or a serialisation conflict)."""
         return False
+
+    def listen(
+        self, target: str, wake: Callable[[], None], own: Callable[[], Any]
+    ) -> ChangeListener | None:
+        """Call ``wake`` whenever another connection (``own`` returns the store's) commits a
+        change that waiters care about; None where the database cannot tell."""
+        return None
 
 
 @dataclass(frozen=True)
@@ -102,8 +118,9 @@ class SQLiteDialect(Dialect):
             raise StoreError(f"cannot open SQLite store {path}: {e}") from e
 
     @property
-    def error(self) -> type[Exception]:
-        return sqlite3.Error
+    def error(self) -> tuple[type[Exception], ...]:
+        # sqlite3 raises OverflowError, not one of its own, for an int past 64 bits.
+        return (sqlite3.Error, OverflowError)
 
     def in_transaction(self, conn: Any) -> bool:
         return bool(conn.in_transaction)
@@ -144,6 +161,54 @@ class PostgresDialect(Dialect):
         errors = _psycopg().errors
         return isinstance(error, errors.DeadlockDetected | errors.SerializationFailure)
 
+    def listen(
+        self, target: str, wake: Callable[[], None], own: Callable[[], Any]
+    ) -> ChangeListener | None:
+        return ChangeListener(self, target, wake, own)
+
+
+class ChangeListener:
+    """Wakes this process's waiters when another process commits a change to a PostgreSQL
+    database: the ``rollouts_changed`` and ``resources_changed`` triggers send a
+    notification on :data:`CHANNEL` at each commit that queues, finishes or publishes
+    something; a thread of its own LISTENs for it on a connection of its own.
+
+    After a (re)connection it wakes the waiters once, since it may have missed changes."""
+
+    def __init__(
+        self, dialect: Dialect, target: str, wake: Callable[[], None], own: Callable[[], Any]
+    ) -> None:
+        self._dialect, self._target, self._wake, self._own = dialect, target, wake, own
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="voltrl-store-listen", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn = self._dialect.connect(self._target)
+                try:
+                    conn.execute(f"LISTEN {CHANNEL}")
+                    self._wake()
+                    while not self._stop.is_set():
+                        for note in conn.notifies(timeout=LISTEN_TIMEOUT_S):
+                            if self._stop.is_set():
+                                break
+                            own = self._own()
+                            if own is None or note.pid != own.info.backend_pid:
+                                self._wake()  # the store's own commits woke them already
+                finally:
+                    conn.close()
+            except (StoreError, self._dialect.error):
+                self._stop.wait(LISTEN_RETRY_S)  # the server is away: try again
+
+    def close(self, conn: Any) -> None:
+        """Stop listening; ``conn``, the store's open connection, wakes the thread."""
+        self._stop.set()
+        with contextlib.suppress(self._dialect.error):  # else it stops at its next timeout
+            conn.execute(f"NOTIFY {CHANNEL}")
+        self._thread.join(LISTEN_RETRY_S)
+
 
 SQLITE = SQLiteDialect(
     name="SQLite",
@@ -152,6 +217,7 @@ SQLITE = SQLiteDialect(
     claim_lock="",
     row_lock="",
     schema_lock="",  # BEGIN IMMEDIATE already lets one writer in at a time
+    schema_extra=(),
     id_column="INTEGER PRIMARY KEY",
     int_type="INTEGER",
     float_type="REAL",
@@ -175,6 +241,18 @@ POSTGRES = PostgresDialect(
     row_lock=" FOR NO KEY UPDATE",
     # Concurrent CREATE TABLE IF NOT EXISTS can collide; one opener at a time creates them.
     schema_lock="SELECT pg_advisory_xact_lock(8765432101)",
+    # Other processes' waiters learn of changes from these notifications (ChangeListener):
+    # rollouts queued, finished or requeued (not claimed), and new resources versions.
+    schema_extra=(
+        "CREATE OR REPLACE FUNCTION voltrl_notify_change() RETURNS trigger LANGUAGE plpgsql "
+        f"AS $$ BEGIN PERFORM pg_notify('{CHANNEL}', ''); RETURN NULL; END $$",
+        "DROP TRIGGER IF EXISTS rollouts_changed ON rollouts",
+        "CREATE TRIGGER rollouts_changed AFTER INSERT OR UPDATE ON rollouts FOR EACH ROW "
+        "WHEN (NEW.status <> 'running') EXECUTE FUNCTION voltrl_notify_change()",
+        "DROP TRIGGER IF EXISTS resources_changed ON resources",
+        "CREATE TRIGGER resources_changed AFTER INSERT ON resources "
+        "FOR EACH STATEMENT EXECUTE FUNCTION voltrl_notify_change()",
+    ),
     id_column="BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY",
     int_type="BIGINT",
     float_type="DOUBLE PRECISION",
@@ -286,6 +364,7 @@ class Statements:
             if isinstance(sql, str) and not name.startswith("_"):
                 setattr(self, name, dialect.render(sql))
         self.schema = tuple(dialect.render(sql) for sql in Statements.schema)
+        self.schema += dialect.schema_extra
         self.records_of = {
             (table, by_attempt): dialect.render(
                 f"SELECT data FROM {table} WHERE rollout_id = ?"

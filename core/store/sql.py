@@ -29,9 +29,11 @@ in the middle, so it is atomic for every caller. Methods are written as plain bl
   opened again on the next call.
 
 Waiters wake on changes made through store objects of this process (all objects on one
-database share a notifier). The process that serves the store is its one writer in a VoltRL
-run; a commit by another process on the same database is seen at the waiter's next wake-up
-(a change here, a lease expiry or its deadline), not at once.
+database share a notifier). On PostgreSQL they also wake when another process commits a
+change: triggers send a notification that a thread of each store object LISTENs for. On
+SQLite, where the process that serves the store is its one writer in a VoltRL run, a commit
+by another process on the same file is seen at the waiter's next wake-up (a change here, a
+lease expiry or its deadline), not at once.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from voltrl.store.dialects import (
     POSTGRES,
     SCHEMA_VERSION,
     SQLITE,
+    ChangeListener,
     Connection,
     Dialect,
     Statements,
@@ -167,6 +170,7 @@ class SQLStore(LocalStore):
         self._lock = threading.Lock()
         self._conn: Connection | None = self._open()
         self._executor: ThreadPoolExecutor | None = None
+        self._listener: ChangeListener | None = None
         try:
             self._ensure_schema()
         except BaseException:
@@ -175,6 +179,7 @@ class SQLStore(LocalStore):
         if self._dialect.in_thread:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="voltrl-store")
         self._changed = _shared_notifier(notifier_key)
+        self._listener = self._dialect.listen(self._target, self._changed.notify, self._own)
 
     def __repr__(self) -> str:
         return f"SQLStore({self.location!r})"
@@ -197,9 +202,14 @@ class SQLStore(LocalStore):
             self._conn = self._open()
         return self._conn
 
+    def _own(self) -> Connection | None:
+        return self._conn
+
     def _disconnect(self) -> None:
         with self._lock:
             if self._conn is not None:
+                if self._listener is not None:
+                    self._listener.close(self._conn)
                 self._conn.close()
                 self._conn = None
 
