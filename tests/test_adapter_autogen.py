@@ -237,7 +237,12 @@ async def test_debug_events_read_for_tool_results_do_not_reach_user_handlers() -
             seen.append(record)
 
     handler = Keep(level=logging.DEBUG)
-    logging.getLogger(EVENT_LOGGER_NAME).addHandler(handler)
+    events = logging.getLogger(EVENT_LOGGER_NAME)
+    parent = events.parent
+    assert parent is not None
+    saved = parent.level
+    parent.setLevel(logging.WARNING)  # what the events logger let through before instrument()
+    events.addHandler(handler)
     store = InMemoryStore()
     try:
         async with FakeBackend() as fb, serve_gateway(Gateway(store, [fb.url])) as base:
@@ -250,7 +255,8 @@ async def test_debug_events_read_for_tool_results_do_not_reach_user_handlers() -
                 await solver(client, [add]).run(task="What is 17 + 25?")
             await client.close()
     finally:
-        logging.getLogger(EVENT_LOGGER_NAME).removeHandler(handler)
+        events.removeHandler(handler)
+        parent.setLevel(saved)
     assert tool_span(ctx.spans, "add").attributes["gen_ai.tool.call.result"] == "42"
     assert [r for r in seen if r.levelno < logging.WARNING] == []
 
