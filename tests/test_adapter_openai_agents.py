@@ -43,6 +43,19 @@ def broken(a: int, b: int) -> int:
     raise RuntimeError("the adder is broken")
 
 
+@vl.rollout
+async def solver(task: dict, llm: vl.LLM) -> float:
+    """The smallest SDK agent: one function tool, reward 1 for the right number."""
+    agent = Agent(
+        name="solver",
+        instructions="Use the add tool, then answer with the number only.",
+        model=vla.model(llm),
+        tools=[add],
+    )
+    result = await Runner.run(agent, task["question"])
+    return float(result.final_output.strip() == str(task["answer"]))
+
+
 def context(rollout_id: str, attempt_id: str) -> RolloutContext:
     return RolloutContext(
         rollout_id=rollout_id,
@@ -59,25 +72,14 @@ def tracing() -> Iterator[vla.VoltRLTracingProcessor]:
 
 
 async def test_agent_through_trainer_records_calls_spans_and_reward(tmp_path: Path) -> None:
+    """In a runner process, where only ``vla.model`` installs the tracing processor."""
     store = InMemoryStore()
-
-    @vl.rollout
-    async def solver(task: dict, llm: vl.LLM) -> float:
-        agent = Agent(
-            name="solver",
-            instructions="Use the add tool, then answer with the number only.",
-            model=vla.model(llm),
-            tools=[add],
-        )
-        result = await Runner.run(agent, task["question"])
-        return float(result.final_output.strip() == str(task["answer"]))
 
     async with FakeBackend() as fb:
         fb.script = tool_then_answer(ARGS, "42")
         trainer = vl.Trainer(
             store=store,
             n_runners=1,
-            inline=True,
             max_concurrency=2,
             run_dir=tmp_path,
             progress=False,

@@ -3,8 +3,6 @@
     from agents import Agent, Runner
     from voltrl.adapters import openai_agents as vla
 
-    vla.install_tracing()          # SDK spans into the rollout; nothing goes to OpenAI
-
     @vl.rollout
     async def agent(task, llm):
         bot = Agent(name="solver", instructions="...", model=vla.model(llm), tools=[...])
@@ -12,8 +10,9 @@
         return score(result.final_output, task)
 
 :func:`model` is the SDK's chat-completions model on a client that tags every call with the
-current rollout and agent; :func:`install_tracing` puts :class:`VoltRLTracingProcessor` in
-place of the SDK's default exporter.
+current rollout and agent. The first model made in a process also calls
+:func:`install_tracing`, which puts :class:`VoltRLTracingProcessor` in place of the SDK's
+default exporter: the SDK's spans go into the rollout, and nothing goes to OpenAI.
 """
 
 from voltrl.adapters.openai_agents.model import (
@@ -22,11 +21,16 @@ from voltrl.adapters.openai_agents.model import (
     model_settings,
     running_agent_name,
 )
-from voltrl.adapters.openai_agents.tracing import VoltRLTracingProcessor, install_tracing
+from voltrl.adapters.openai_agents.tracing import (
+    VoltRLTracingProcessor,
+    ensure_tracing,
+    install_tracing,
+)
 
 __all__ = [
     "VoltRLChatCompletionsModel",
     "VoltRLTracingProcessor",
+    "ensure_tracing",
     "install_tracing",
     "model",
     "model_settings",

@@ -9,7 +9,9 @@ SDK's :class:`~agents.OpenAIChatCompletionsModel` on one of our shared OpenAI cl
 - the LLM's sampling parameters apply to every call (they win over the agent's
   ``model_settings``: the algorithm decides how a rollout samples);
 - each call is attributed to an agent: the ``agent_name`` given here, else the name of the SDK
-  agent that is running (so handoffs between agents sharing one model are told apart).
+  agent that is running (so handoffs between agents sharing one model are told apart);
+- the first model made in a process installs :func:`~.tracing.install_tracing` (unless
+  ``tracing=False``): runner processes record the SDK's spans and never export them.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from agents.tool import Tool
 from agents.tracing import AgentSpanData, TurnSpanData, get_current_span
 from openai.types.responses.response_prompt_param import ResponsePromptParam
 
+from voltrl.adapters.openai_agents.tracing import ensure_tracing
 from voltrl.adapters.openai_client import SAMPLING_KEYS, async_openai
 from voltrl.resources import LLM
 
@@ -60,7 +63,16 @@ class VoltRLChatCompletionsModel(OpenAIChatCompletionsModel):
     """``OpenAIChatCompletionsModel`` that applies a VoltRL LLM's sampling parameters and names
     the calling agent to the gateway. Build it with :func:`model`."""
 
-    def __init__(self, llm: LLM, *, agent_name: str | None = None, timeout: float = 600.0) -> None:
+    def __init__(
+        self,
+        llm: LLM,
+        *,
+        agent_name: str | None = None,
+        timeout: float = 600.0,
+        tracing: bool = True,
+    ) -> None:
+        if tracing:
+            ensure_tracing()
         super().__init__(
             model=llm.model,
             openai_client=async_openai(llm, agent_name=agent_name, timeout=timeout),
@@ -140,13 +152,14 @@ class VoltRLChatCompletionsModel(OpenAIChatCompletionsModel):
 
 
 def model(
-    llm: LLM, agent_name: str | None = None, *, timeout: float = 600.0
+    llm: LLM, agent_name: str | None = None, *, timeout: float = 600.0, tracing: bool = True
 ) -> VoltRLChatCompletionsModel:
     """The SDK model for ``llm``: ``Agent(name=..., model=model(llm), tools=[...])``.
 
     Chat-completions (not the Responses API), on a client that tags each call with the
     current rollout, so one model object may serve concurrent rollouts. ``agent_name``
     attributes every call to that name; without it, calls are attributed to the SDK agent
-    making them.
+    making them. Unless ``tracing=False``, the SDK's tracing is routed into the rollout (see
+    :func:`~voltrl.adapters.openai_agents.install_tracing`) the first time in a process.
     """
-    return VoltRLChatCompletionsModel(llm, agent_name=agent_name, timeout=timeout)
+    return VoltRLChatCompletionsModel(llm, agent_name=agent_name, timeout=timeout, tracing=tracing)

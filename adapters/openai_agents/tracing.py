@@ -183,7 +183,8 @@ def install_tracing(processor: VoltRLTracingProcessor | None = None) -> VoltRLTr
     This replaces the SDK's default exporter, so no trace is sent to OpenAI's servers, and
     turns SDK tracing on (``OPENAI_AGENTS_DISABLE_TRACING`` would otherwise leave the rollout
     without its spans; with the exporter gone, nothing is exported). Calling it again
-    re-installs the same processor. Returns the processor.
+    re-installs the same processor. To keep another processor as well, add it afterwards
+    with ``agents.add_trace_processor``. Returns the processor.
     """
     global _installed
     with _lock:
@@ -193,3 +194,12 @@ def install_tracing(processor: VoltRLTracingProcessor | None = None) -> VoltRLTr
     set_trace_processors([processor])
     set_tracing_disabled(False)
     return processor
+
+
+def ensure_tracing() -> VoltRLTracingProcessor:
+    """:func:`install_tracing` unless this process has already installed it (what
+    :func:`~voltrl.adapters.openai_agents.model` calls, so that rollouts in runner processes
+    record their spans and never export them)."""
+    with _lock:
+        installed = _installed
+    return installed if installed is not None else install_tracing()

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import openai
-from agents import Agent, Runner, function_tool, set_tracing_disabled
+from agents import Agent, Runner, function_tool
 from agents.exceptions import AgentsException
 from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel, Field
@@ -137,8 +137,9 @@ def create_app(gateway_file: str | Path | None = None) -> FastAPI:
     if not path:
         raise SystemExit(f"set {GATEWAY_FILE_ENV} to the file the trainer publishes to")
     watcher = GatewayWatcher(path)
-    # The SDK would send its traces to OpenAI's servers: this service keeps them to itself.
-    set_tracing_disabled(True)
+    # The SDK would send its traces to OpenAI's servers; with VoltRL's processor in place of
+    # its exporter they stay here (no rollout runs in this process, so they are dropped).
+    vla.install_tracing()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
