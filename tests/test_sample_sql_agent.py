@@ -1,0 +1,111 @@
+"""The sql_agent sample's LangGraph agent, once per question through ``Trainer.dev`` against a
+scripted backend: a wrong first query, a review, a rewrite, an approval; execution-match
+reward; calls named after their nodes; the agent filter keeps only write/rewrite calls."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+from fake_openai_backend import FakeBackend, scripted_ids
+
+import voltrl as vl
+from voltrl.store.memory import InMemoryStore
+from voltrl.trajectory import TrajectoryConfig, trajectories_from_store
+
+SAMPLE = Path(__file__).resolve().parents[1] / "samples" / "sql_agent"
+
+
+def load_sample() -> Any:
+    spec = importlib.util.spec_from_file_location("sample_sql_agent_run", SAMPLE / "run.py")
+    assert spec is not None and spec.loader is not None
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+    return run
+
+
+run = load_sample()
+agent = run.load_agent_module()
+ROWS = run.questions("val")[:2]
+GOLD = {r["question"]: r["gold_sql"] for r in ROWS}
+WRONG = "SELECT name FROM customers"
+REVIEW = "The query does not answer the question."
+
+
+def sql_backend(req: dict[str, Any]) -> dict[str, str]:
+    """Write a wrong query, reject it, rewrite it to the gold query, approve that."""
+    system, user = req["messages"][0]["content"], req["messages"][-1]["content"]
+    question = next(q for q in GOLD if q in user)
+    if system.startswith("You review"):
+        return {"text": "CORRECT" if GOLD[question] in user else REVIEW}
+    if "previous query was wrong" in system:
+        return {"text": f"```sql\n{GOLD[question]};\n```"}
+    return {"text": f"```sql\n{WRONG}\n```"}
+
+
+def test_sql_agent_runs_through_dev_and_trains_only_write_and_rewrite(tmp_path: Path):
+    store = InMemoryStore()
+
+    async def main() -> vl.RunResult:
+        async with FakeBackend() as fb:
+            fb.script = sql_backend
+            trainer = vl.Trainer(
+                n_runners=1,
+                inline=True,
+                store=store,
+                run_dir=tmp_path,
+                progress=False,
+                resources={"main_llm": vl.LLM(endpoint=fb.url, model="fake-model")},
+            )
+            return await trainer.dev_async(agent.sql_agent, ROWS)
+
+    result = asyncio.run(main())
+    assert result.rewards == [1.0, 1.0]
+
+    async def inspect() -> None:
+        for rollout in result.rollouts:
+            gold = rollout.task.input["gold_sql"]
+            calls = sorted(
+                await store.get_llm_calls(rollout.rollout_id), key=lambda c: c.sequence_id or 0
+            )
+            assert [c.agent_name for c in calls] == ["write", "check", "rewrite", "check"]
+            assert calls[0].response_token_ids == scripted_ids(f"```sql\n{WRONG}\n```")
+            assert calls[2].response_token_ids == scripted_ids(f"```sql\n{gold};\n```")
+            spans = await store.get_spans(rollout.rollout_id)
+            nodes = [
+                s.name
+                for s in sorted(spans, key=lambda s: s.start_time)
+                if s.name.startswith("node:")
+            ]
+            assert nodes == [
+                "node:write",
+                "node:execute",
+                "node:check",
+                "node:rewrite",
+                "node:execute",
+                "node:check",
+            ]
+        config = TrajectoryConfig(agent_filter=agent.AGENT_FILTER)
+        trajectories = await trajectories_from_store(store, result.rollouts, config)
+        for trajectory in trajectories:
+            assert [t.agent_name for t in trajectory.transitions] == ["write", "rewrite"]
+            assert trajectory.stats["dropped/agent_filter"] == 2
+            assert {t.reward for t in trajectory.transitions} == {1.0}
+
+    asyncio.run(inspect())
+
+
+def test_reward_is_execution_match_and_the_database_is_read_only():
+    gold = "SELECT COUNT(*) FROM orders WHERE status = 'shipped'"
+    assert agent.execution_match("SELECT count(id) FROM orders WHERE status='shipped'", gold) == 1.0
+    assert agent.execution_match("SELECT COUNT(*) FROM orders", gold) == 0.0
+    assert agent.execution_match("DROP TABLE orders", gold) == 0.0
+    assert agent.execution_match("not sql at all", gold) == 0.0
+    assert agent.extract_sql("Here:\n```sql\nSELECT 1;\n```") == "SELECT 1"
+    rows = [json.loads(line) for line in (SAMPLE / "questions.jsonl").read_text().splitlines()]
+    for row in rows:  # every gold query runs and returns something
+        assert agent.run_sql(row["gold_sql"])[0], row["question"]
+    assert {r["split"] for r in rows} == {"train", "val"}
