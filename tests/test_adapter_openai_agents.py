@@ -189,7 +189,7 @@ async def test_model_settings_and_fixed_agent_name() -> None:
     llm = LLM(
         endpoint="http://127.0.0.1:1/v1",
         model="m",
-        sampling_parameters={"temperature": 0.5, "max_tokens": 64, "seed": 3, "top_k": 5},
+        sampling_parameters={"temperature": 0.5, "max_tokens": 64, "seed": 3, "n": 2, "top_k": 5},
     )
     settings = vla.model_settings(llm)
     assert (settings.temperature, settings.max_tokens) == (0.5, 64)

@@ -40,9 +40,10 @@ _SETTINGS_FIELDS = ("temperature", "top_p", "max_tokens", "presence_penalty", "f
 def model_settings(llm: LLM | Mapping[str, Any]) -> ModelSettings:
     """An LLM's sampling parameters (or such parameters themselves, e.g. ones a service
     received with a request) as the SDK's ``ModelSettings``; ``stop``, ``seed``,
-    ``max_completion_tokens``... travel in ``extra_args``."""
+    ``max_completion_tokens``... travel in ``extra_args``. ``n`` is dropped: the SDK reads one
+    choice per call."""
     given = llm.sampling_parameters if isinstance(llm, LLM) else llm
-    params = {k: v for k, v in given.items() if k in SAMPLING_KEYS}
+    params = {k: v for k, v in given.items() if k in SAMPLING_KEYS and k != "n"}
     named = {k: params.pop(k) for k in _SETTINGS_FIELDS if k in params}
     return ModelSettings(**named, extra_args=params or None)
 

@@ -52,12 +52,12 @@ def span_fields(sdk_span: SDKSpan[Any]) -> tuple[str, dict[str, Any]]:
 
 def span_name(kind: str, fields: dict[str, Any]) -> str:
     """A readable span name: ``agent:Planner``, ``function:add``, ``handoff:A->B``,
-    ``turn:1``, ``generation``..."""
+    ``turn:1``, ``mcp_tools:<server>``, ``generation``..."""
     if kind == "handoff":
         return f"handoff:{fields.get('from_agent')}->{fields.get('to_agent')}"
     if kind == "turn":
         return f"turn:{fields.get('turn')}"
-    name = fields.get("name")
+    name = fields.get("name") or fields.get("server")
     return f"{kind}:{name}" if name else kind
 
 
