@@ -22,7 +22,7 @@ import traceback
 from dataclasses import dataclass
 
 from voltrl.agent import LitAgent, normalize_result, run_rollout
-from voltrl.errors import StaleAttemptError
+from voltrl.errors import StaleAttemptError, StoreError
 from voltrl.resources import Resources
 from voltrl.store.base import Store
 from voltrl.tracing import RolloutContext, activate
@@ -211,16 +211,32 @@ async def _execute(
         except Exception:
             result = _failed()
     result.rewards, result.spans = list(ctx.rewards), list(ctx.spans)
-    await _report(store, attempt.attempt_id, result)
+    await _report(store, attempt.attempt_id, result, patience_s=config.lease_s)
 
 
-async def _report(store: Store, attempt_id: str, result: AttemptResult) -> None:
-    try:
-        await store.complete(attempt_id, result)
-    except StaleAttemptError as exc:
-        log.info("result of %s rejected: %s", attempt_id, exc)
-    except Exception:
-        log.exception("could not report attempt %s", attempt_id)
+async def _report(
+    store: Store, attempt_id: str, result: AttemptResult, patience_s: float = 0.0
+) -> None:
+    """Report an attempt's result. While the store cannot take it (unreachable, restarting),
+    try again for up to ``patience_s`` seconds: heartbeats go on meanwhile, so the attempt
+    keeps its rollout unless the outage outlasts its lease (the store then rejects it)."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            await store.complete(attempt_id, result)
+            return
+        except StaleAttemptError as exc:
+            log.info("result of %s rejected: %s", attempt_id, exc)
+            return
+        except StoreError as exc:
+            if time.monotonic() >= deadline:
+                log.error("could not report attempt %s: %s", attempt_id, exc)
+                return
+            log.warning("could not report attempt %s yet, trying again: %s", attempt_id, exc)
+            await asyncio.sleep(1.0)
+        except Exception:
+            log.exception("could not report attempt %s", attempt_id)
+            return
 
 
 def _failed() -> AttemptResult:
