@@ -15,7 +15,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from agents import Agent, ModelSettings, Runner, function_tool, handoff
+from agents import (
+    Agent,
+    GuardrailFunctionOutput,
+    ModelSettings,
+    RunContextWrapper,
+    Runner,
+    function_tool,
+    handoff,
+    input_guardrail,
+)
 from agents.tracing import processors as sdk_processors
 from fake_openai_backend import FakeBackend, scripted_ids, tool_then_answer
 from test_gateway import new_rollout
@@ -54,6 +63,12 @@ async def solver(task: dict, llm: vl.LLM) -> float:
     )
     result = await Runner.run(agent, task["question"])
     return float(result.final_output.strip() == str(task["answer"]))
+
+
+@input_guardrail
+def on_topic(ctx: RunContextWrapper, agent: Agent, text: object) -> GuardrailFunctionOutput:
+    """A guardrail that lets arithmetic through."""
+    return GuardrailFunctionOutput(output_info=None, tripwire_triggered="+" not in str(text))
 
 
 def context(rollout_id: str, attempt_id: str) -> RolloutContext:
@@ -149,13 +164,17 @@ async def test_concurrent_rollouts_sharing_one_model_stay_apart() -> None:
         assert tool.attributes["openai_agents.output"] == "42"
 
 
-async def test_handoff_names_each_agent_and_failed_tool_is_an_error_span() -> None:
+async def test_handoff_guardrail_and_failed_tool_spans_and_agent_names() -> None:
     store = InMemoryStore()
     async with FakeBackend() as fb, serve_gateway(Gateway(store, [fb.url])) as base:
         shared = vla.model(LLM(endpoint=f"{base}/v1", model="m", gateway=True))
         worker = Agent(name="worker", instructions="Add.", model=shared, tools=[broken])
         triage = Agent(
-            name="triage", instructions="Hand off.", model=shared, handoffs=[handoff(worker)]
+            name="triage",
+            instructions="Hand off.",
+            model=shared,
+            handoffs=[handoff(worker)],
+            input_guardrails=[on_topic],
         )
 
         def script(req: dict) -> dict[str, str]:
@@ -181,8 +200,32 @@ async def test_handoff_names_each_agent_and_failed_tool_is_an_error_span() -> No
     assert [c.agent_name for c in calls] == ["triage", "worker", "worker"]
     names = [s.name for s in ctx.spans]
     assert "handoff:triage->worker" in names
+    [guard] = [s for s in ctx.spans if s.name == "guardrail:on_topic"]
+    assert guard.attributes["openai_agents.triggered"] is False
     [tool] = [s for s in ctx.spans if s.name == "function:broken"]
     assert tool.status == "error" and tool.events[0]["message"].startswith("Error running tool")
+
+
+async def test_streamed_run_is_recorded_with_agent_name_and_token_ids() -> None:
+    store = InMemoryStore()
+    async with FakeBackend() as fb, serve_gateway(Gateway(store, [fb.url])) as base:
+        fb.script = tool_then_answer(ARGS, "42")
+        shared = vla.model(LLM(endpoint=f"{base}/v1", model="m", gateway=True))
+        agent = Agent(name="streamer", instructions="Add.", model=shared, tools=[add])
+        rid, aid = await new_rollout(store)
+        ctx = context(rid, aid)
+        with activate(ctx):
+            result = Runner.run_streamed(agent, "What is 17 + 25?")
+            async for _ in result.stream_events():
+                pass
+        await shared.aclose()
+    assert result.final_output == "42"
+    assert all(r["body"].get("stream") for r in fb.requests)
+    calls = await store.get_llm_calls(rid)
+    assert [c.response_token_ids for c in calls] == [scripted_ids(ARGS), scripted_ids("42")]
+    assert {(c.attempt_id, c.agent_name) for c in calls} == {(aid, "streamer")}
+    [tool] = [s for s in ctx.spans if s.name == "function:add"]
+    assert tool.attributes["openai_agents.output"] == "42"
 
 
 async def test_model_settings_and_fixed_agent_name() -> None:

@@ -1,8 +1,9 @@
 """The OpenAI Agents SDK's chat-completions model, built from a :class:`~voltrl.LLM`.
 
-The SDK's default provider talks to the Responses API (``/v1/responses``), which inference
-servers such as vLLM and our gateway do not record token ids for; :func:`model` returns the
-SDK's :class:`~agents.OpenAIChatCompletionsModel` on one of our shared OpenAI clients instead:
+The SDK's default provider talks to the Responses API (``/v1/responses``), which the gateway
+does not serve (it records chat-completions with their token ids); :func:`model` returns the
+SDK's :class:`~agents.OpenAIChatCompletionsModel` on one of our rollout-tagging OpenAI clients
+instead:
 
 - calls carry the current rollout (a rollout-scoped endpoint, or the gateway's headers read at
   request time), so one model object is safe for concurrent rollouts;
