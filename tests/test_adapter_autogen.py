@@ -34,7 +34,6 @@ from voltrl.tracing import RolloutContext, activate
 from voltrl.types import Span, Task
 
 ARGS = '{"a": 17, "b": 25}'
-vla.instrument()
 
 
 def add(a: int, b: int) -> int:
@@ -74,6 +73,7 @@ def tool_span(spans: list[Span], tool: str) -> Span:
 
 
 async def test_agent_through_trainer_records_calls_spans_and_reward(tmp_path: Path) -> None:
+    """In a runner process, where only ``model_client`` turns the span recording on."""
     store = InMemoryStore()
 
     @vl.rollout
@@ -90,7 +90,6 @@ async def test_agent_through_trainer_records_calls_spans_and_reward(tmp_path: Pa
         trainer = vl.Trainer(
             store=store,
             n_runners=1,
-            inline=True,
             max_concurrency=2,
             run_dir=tmp_path,
             progress=False,

@@ -2,17 +2,15 @@
 
 - :func:`model_client` builds AutoGen's ``OpenAIChatCompletionClient`` (chat-completions)
   from a :class:`voltrl.LLM`, with an agent name for multi-agent systems;
-- :func:`instrument` records AutoGen's OpenTelemetry spans (agent steps, tool calls with
-  their results and success or failure) into the rollout;
+- :func:`instrument` (called by :func:`model_client`) records AutoGen's OpenTelemetry spans
+  (agent steps, tool calls with their results and success or failure) into the rollout;
 - :func:`mcp_tools` gives an MCP server's tools as AutoGen tools with ``mcp`` 2.x, where
   AutoGen's own ``McpWorkbench`` does not work.
 
 ::
 
     from autogen_agentchat.agents import AssistantAgent
-    from voltrl.adapters.autogen import instrument, model_client
-
-    instrument()
+    from voltrl.adapters.autogen import model_client
 
     @vl.rollout
     async def agent(task, llm):

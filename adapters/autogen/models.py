@@ -7,6 +7,7 @@ from typing import Any
 from autogen_core.models import ModelFamily, ModelInfo
 from autogen_ext.models.openai import OpenAIChatCompletionClient
 
+from voltrl.adapters.autogen.tracing import instrument
 from voltrl.adapters.openai_client import SAMPLING_KEYS, async_http_client, endpoint_for
 from voltrl.resources import LLM
 
@@ -39,8 +40,11 @@ def model_client(
 
     Calls are recorded against the current rollout however the client is shared: a
     rollout-scoped LLM carries the rollout in its endpoint, and every request also carries
-    the rollout headers of the asyncio task (or thread) that makes it.
+    the rollout headers of the asyncio task (or thread) that makes it. Building a client also
+    calls :func:`~voltrl.adapters.autogen.instrument` (once per process), so AutoGen's spans
+    are recorded in every process that runs rollouts.
     """
+    instrument()
     sampling = dict(llm.sampling_parameters)
     sampling.pop("n", None)
     create_args = {k: sampling.pop(k) for k in _CREATE_KEYS if k in sampling}

@@ -76,13 +76,14 @@ def record_tool_results(event: ToolCallExecutionEvent) -> int:
 def instrument() -> TracerProvider:
     """Record AutoGen's spans (agent steps, tool calls with their results) into rollouts.
 
-    Call it once per process, before or after building agents (AutoGen looks the global
-    provider up when it starts a span). Puts VoltRL's span processor on the global SDK
-    tracer provider (made if there is none) and returns that provider. Calling it again
-    changes nothing. A runtime you build yourself uses the global provider unless you give
-    it another (``SingleThreadedAgentRuntime(tracer_provider=...)``); runtime spans of teams
-    can be switched off with AutoGen's ``AUTOGEN_DISABLE_RUNTIME_TRACING=true``, while agent
-    and tool spans stay.
+    Puts VoltRL's span processor on the global SDK tracer provider (made if there is none)
+    and returns that provider. :func:`~voltrl.adapters.autogen.model_client` calls it; call
+    it yourself when your agents use another model client. Once per process is enough,
+    before or after building agents (AutoGen looks the global provider up when it starts a
+    span); calling it again changes nothing. A runtime you build yourself uses the global
+    provider unless you give it another (``SingleThreadedAgentRuntime(tracer_provider=...)``);
+    runtime spans of teams can be switched off with AutoGen's
+    ``AUTOGEN_DISABLE_RUNTIME_TRACING=true``, while agent and tool spans stay.
     """
     global _filter
     provider = install_tracer_provider()

@@ -1,9 +1,9 @@
 """An AutoGen ``AssistantAgent`` with a calculator tool, solving arithmetic word problems.
 
-The agent is ordinary AutoGen code. VoltRL adds two lines: the model client comes from the
-rollout's LLM (``model_client``), and ``instrument()`` records AutoGen's spans (the agent
-step, each calculator call with its result or error) into the rollout. Reward 1 when the
-last number of the agent's final message is the answer.
+The agent is ordinary AutoGen code; VoltRL adds one line: the model client comes from the
+rollout's LLM (``model_client``), which also records AutoGen's spans (the agent step, each
+calculator call with its result or error) into the rollout. Reward 1 when the last number of
+the agent's final message is the answer.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from autogen_agentchat.base import TaskResult
 from autogen_core.models import ChatCompletionClient
 
 import voltrl as vl
-from voltrl.adapters.autogen import instrument, model_client
+from voltrl.adapters.autogen import model_client
 
 SYSTEM = (
     "You solve arithmetic word problems. Use the calculator tool for every computation, "
@@ -79,7 +79,6 @@ def build_agent(client: ChatCompletionClient) -> AssistantAgent:
 @vl.rollout
 async def autogen_calc_agent(task: dict[str, Any], llm: vl.LLM) -> float:
     """Solve ``task["question"]``; reward 1 for the right final number."""
-    instrument()  # idempotent; here so that every worker process records AutoGen's spans
     client = model_client(llm, agent_name="solver")
     try:
         result = await build_agent(client).run(task=task["question"])
