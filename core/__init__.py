@@ -17,6 +17,7 @@ from voltrl.agent import LitAgent, rollout
 from voltrl.algorithms.base import Algorithm
 from voltrl.algorithms.baseline import Baseline
 from voltrl.algorithms.local import LocalRL
+from voltrl.algorithms.verl import VERL
 from voltrl.errors import (
     AgentLoadError,
     DatasetError,
@@ -60,6 +61,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "LLM",
+    "VERL",
     "AgentLoadError",
     "Algorithm",
     "Attempt",

@@ -232,6 +232,8 @@ def policy_loss(
     agg: LossAgg = "token-mean",
     old_known: Tensor | None = None,
     normaliser: float | None = None,
+    dual_clip: float | None = None,
+    max_log_ratio: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO-clip loss against the sampling logprobs, aggregated by :func:`agg_loss`.
 
@@ -242,6 +244,13 @@ def policy_loss(
         ratio_t = exp(logp_t - old_t)
         L_t     = max( -A * ratio_t,  -A * clip(ratio_t, 1 - e_lo, 1 + e_hi) )
         loss    = agg(L, m)
+
+    Two options make this verl's ``vanilla`` policy loss (``core_algos.
+    compute_policy_loss_vanilla``; both off by default, as LocalRL trains): ``max_log_ratio``
+    clamps ``logp_t - old_t`` to ``[-max_log_ratio, max_log_ratio]`` before ``exp`` (verl: 20),
+    and ``dual_clip = c > 1`` is dual-clip PPO (verl's ``clip_ratio_c``, default 3): where
+    ``A < 0``, ``L_t = min(L_t, -A * c)``, bounding how much one token with a huge ratio can
+    push. The VERL integration's tests check the two definitions agree numerically.
 
     **Unknown old logprobs.** The trajectory builder writes 0 where the sampling logprob is
     unknown (retokenized calls, backends that returned none, context tokens). Where
@@ -265,10 +274,16 @@ def policy_loss(
         old = torch.where(known, old_logprobs.to(logprobs.dtype), logprobs.detach())
     adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
     log_ratio = logprobs - old
+    if max_log_ratio is not None:
+        log_ratio = log_ratio.clamp(min=-max_log_ratio, max=max_log_ratio)
     ratio = torch.exp(log_ratio)
     unclipped = -adv * ratio
     clipped = -adv * torch.clamp(ratio, 1.0 - e_lo, 1.0 + e_hi)
     per_token = torch.maximum(unclipped, clipped)
+    if dual_clip is not None:
+        if dual_clip <= 1.0:
+            raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
+        per_token = torch.where(adv < 0, torch.minimum(per_token, -adv * dual_clip), per_token)
     loss = agg_loss(per_token, response_mask, agg, normaliser)
     with torch.no_grad():
         m = response_mask.bool()
