@@ -19,13 +19,13 @@
 
 from voltrl.adapters.langchain.callbacks import (
     VoltRLCallbackHandler,
+    agent_name_from,
     callback_handler,
     instrument,
     tracing_config,
 )
 from voltrl.adapters.langchain.chat_model import (
     GatewayChatOpenAI,
-    agent_name_from,
     chat_model,
     sampling_fields,
 )

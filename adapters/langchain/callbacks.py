@@ -7,9 +7,9 @@ marks hidden (LangGraph's internal plumbing) are skipped; their children hang on
 recorded ancestor. Tool spans carry the tool's input and output and end ``error`` when the tool
 failed. Spans reach the store with the attempt's result, like every span of a rollout.
 
-One handler may serve any number of concurrent rollouts. Attach it per call with
-:func:`tracing_config` (``graph.invoke(inputs, config=tracing_config())``), or to every LangChain
-run in the process with :func:`instrument`.
+One handler serves any number of concurrent rollouts. :func:`instrument` attaches it to every
+LangChain run in the process (:func:`~voltrl.adapters.langchain.chat_model` calls it); to attach
+it to one call only, pass ``config=tracing_config()``.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextvars
 import threading
 import traceback
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -27,7 +28,6 @@ from langchain_core.outputs import LLMResult
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tracers.context import register_configure_hook
 
-from voltrl.adapters.langchain.chat_model import agent_name_from
 from voltrl.tracing import RolloutContext, find_rollout
 from voltrl.types import Span, now
 
@@ -44,6 +44,15 @@ class _Open:
     ctx: RolloutContext
     span: Span | None
     parent_id: str | None
+
+
+def agent_name_from(metadata: Mapping[str, Any] | None) -> str | None:
+    """The agent a LangChain run belongs to, from its metadata: the ``create_agent`` agent's
+    name (``lc_agent_name``), else the LangGraph node running it (``langgraph_node``)."""
+    if not metadata:
+        return None
+    name = metadata.get("lc_agent_name") or metadata.get("langgraph_node")
+    return str(name) if name else None
 
 
 def _text(value: Any) -> str:

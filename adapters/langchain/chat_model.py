@@ -9,7 +9,7 @@ config's ``agent_filter`` can pick the nodes to train.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
@@ -17,6 +17,7 @@ from langchain_core.messages import BaseMessage
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from langchain_openai import ChatOpenAI
 
+from voltrl.adapters.langchain.callbacks import agent_name_from, instrument
 from voltrl.adapters.openai_client import async_openai, endpoint_for, sync_openai
 from voltrl.resources import LLM
 
@@ -34,15 +35,6 @@ _FIELDS = {
     "logprobs": "logprobs",
     "top_logprobs": "top_logprobs",
 }
-
-
-def agent_name_from(metadata: Mapping[str, Any] | None) -> str | None:
-    """The agent a LangChain run belongs to, from its metadata: the ``create_agent`` agent's
-    name (``lc_agent_name``), else the LangGraph node running it (``langgraph_node``)."""
-    if not metadata:
-        return None
-    name = metadata.get("lc_agent_name") or metadata.get("langgraph_node")
-    return str(name) if name else None
 
 
 def sampling_fields(llm: LLM) -> dict[str, Any]:
@@ -146,7 +138,11 @@ def chat_model(
             ``create_agent`` agent or LangGraph node making it.
         timeout, max_retries: of the underlying OpenAI clients.
         kwargs: any other ``ChatOpenAI`` argument; they override the LLM's sampling parameters.
+
+    It also calls :func:`~voltrl.adapters.langchain.instrument`, so every LangChain run of a
+    rollout in this process (graph, nodes, model and tool calls) is recorded as a span.
     """
+    instrument()
     sync_client = sync_openai(llm, agent_name=agent_name, timeout=timeout, max_retries=max_retries)
     async_client = async_openai(
         llm, agent_name=agent_name, timeout=timeout, max_retries=max_retries
