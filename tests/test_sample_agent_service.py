@@ -16,8 +16,11 @@ from typing import Any
 import httpx
 import pytest
 from fake_openai_backend import FakeBackend, scripted_ids
+from test_gateway import new_rollout
 
 import voltrl as vl
+from voltrl.gateway import Gateway
+from voltrl.server import serve
 from voltrl.store.memory import InMemoryStore
 
 SAMPLE = Path(__file__).resolve().parents[1] / "samples" / "agent_service"
@@ -116,6 +119,40 @@ async def test_dev_through_the_service_records_each_rollout_apart(
 
     assert published[0] != published[1]
     assert all(p.endswith("/v1") and "/rollouts/" not in p for p in published)
+
+
+async def test_a_gateway_with_its_own_trace_header(service: tuple[str, Path]) -> None:
+    """A gateway configured with ``trace_header="trace_id"`` (the verl recipe's name): the
+    published file says so, and the service sends the trace id under that name."""
+    url, gateway_file = service
+    rows = units.make_tasks(1, seed=2)
+    store = InMemoryStore()
+    async with FakeBackend() as fb:
+        fb.script = converting_script(rows)
+        gateway = Gateway(store, [fb.url], trace_header="trace_id")
+        seen: list[dict[str, str]] = []
+
+        async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+            if scope["type"] == "http":  # the headers each call reaches the gateway with
+                seen.append({k.decode(): v.decode() for k, v in scope["headers"]})
+            await gateway(scope, receive, send)
+
+        base, stop = await serve(app)
+        try:
+            rid, aid = await new_rollout(store)
+            llm = vl.LLM(endpoint=f"{base}/v1", model="m", gateway=True).scoped(rid, aid)
+            client.publish_gateway(llm, gateway_file, trace_header="trace_id")
+            reply = await client.AgentClient(url).chat(rid, {"max_tokens": 32}, **rows[0])
+        finally:
+            await stop()
+            await gateway.aclose()
+    assert reply["reward"] == 1.0
+    calls = await store.get_llm_calls(rid)
+    assert len(calls) == 2 and {c.attempt_id for c in calls} == {aid}
+    assert len(seen) == 2
+    assert all(h["trace_id"] == rid and "x-rollout-id" not in h for h in seen)
+    assert {h["x-agent-name"] for h in seen} == {"converter"}
+    assert {r["body"]["max_tokens"] for r in fb.requests} == {32}
 
 
 def test_gateway_base_and_publish_only_on_change(tmp_path: Path) -> None:
