@@ -116,6 +116,7 @@ class Draft(TypedDict):
 
 
 async def test_shared_model_names_calls_after_langgraph_nodes_and_keeps_rollouts_apart():
+    """One model for every node and rollout: async, sync-in-a-thread and streamed graphs."""
     store = InMemoryStore()
     async with FakeBackend() as fb, serve_gateway(Gateway(store, [fb.url])) as base:
         llm = vl.LLM(
@@ -141,7 +142,7 @@ async def test_shared_model_names_calls_after_langgraph_nodes_and_keeps_rollouts
         graph = builder.compile()
         instrument()  # every LangChain run is traced; no config needed
 
-        rollouts = [await new_rollout(store, f"r{i}") for i in range(2)]
+        rollouts = [await new_rollout(store, f"r{i}") for i in range(3)]
         contexts = [context(rid, aid) for rid, aid in rollouts]
 
         async def run(k: int, ctx: RolloutContext) -> None:
@@ -149,14 +150,17 @@ async def test_shared_model_names_calls_after_langgraph_nodes_and_keeps_rollouts
                 inputs = {"question": f"question {k}", "draft": "", "verdict": ""}
                 if k == 0:
                     await graph.ainvoke(inputs)
-                else:  # a sync graph in a thread of the rollout
+                elif k == 1:  # a sync graph in a thread of the rollout
                     await asyncio.to_thread(graph.invoke, inputs)
+                else:  # streamed: LangChain gives the model no run manager then
+                    assert [c async for c in graph.astream(inputs, stream_mode="messages")]
 
         await asyncio.gather(*(run(k, ctx) for k, ctx in enumerate(contexts)))
 
         assert fb.requests[0]["body"]["temperature"] == 0.5
         assert fb.requests[0]["body"]["max_completion_tokens"] == 16
         assert fb.requests[0]["body"]["top_k"] == 5
+        assert sum(bool(r["body"].get("stream")) for r in fb.requests) == 2
         for k, (rid, aid) in enumerate(rollouts):
             calls = sorted(await store.get_llm_calls(rid), key=lambda c: c.sequence_id or 0)
             assert [c.agent_name for c in calls] == ["write", "check"]

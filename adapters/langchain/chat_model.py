@@ -15,6 +15,7 @@ from typing import Any
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.messages import BaseMessage
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
+from langchain_core.runnables import ensure_config
 from langchain_openai import ChatOpenAI
 
 from voltrl.adapters.langchain.callbacks import agent_name_from, instrument
@@ -56,7 +57,8 @@ class GatewayChatOpenAI(ChatOpenAI):
     """``ChatOpenAI`` that names the agent of each call to VoltRL's gateway.
 
     With ``voltrl_agent_name`` unset, each call carries an ``x-agent-name`` header taken from
-    the run's metadata (:func:`agent_name_from`); otherwise the client already names the agent.
+    the run's metadata (:func:`agent_name_from`: the LangGraph node or ``create_agent`` name);
+    otherwise the client already names the agent.
     """
 
     voltrl_agent_name: str | None = None
@@ -70,9 +72,14 @@ class GatewayChatOpenAI(ChatOpenAI):
         run_manager: CallbackManagerForLLMRun | AsyncCallbackManagerForLLMRun | None,
         kwargs: dict[str, Any],
     ) -> dict[str, Any]:
-        if self.voltrl_agent_name or not self.voltrl_gateway or run_manager is None:
+        if self.voltrl_agent_name or not self.voltrl_gateway:
             return kwargs
-        name = agent_name_from(run_manager.metadata)
+        # LangChain hands streaming calls no run manager; the config of the runnable running
+        # now (the LangGraph node, in a context variable) has the same metadata.
+        metadata = {**(ensure_config().get("metadata") or {})}
+        if run_manager is not None:
+            metadata.update(run_manager.metadata)
+        name = agent_name_from(metadata)
         if not name:
             return kwargs
         headers = {"x-agent-name": name, **(kwargs.get("extra_headers") or {})}
