@@ -157,30 +157,30 @@ def rows_to_drop(
     """Which ``excess`` rows to drop to round a batch down, preferring no-signal rows.
 
     Rows of GRPO groups whose rewards are all equal have advantage 0 and add nothing to the
-    policy gradient, so they go first: whole groups, smallest first (a group is dropped
-    entirely where possible, so no group is left half-represented). When those are not
-    enough, returns only what they give (the caller pads the rest, as verl does): rows with
-    a learning signal are never dropped. Returns row indices in ascending order.
+    policy gradient, so only they are dropped: whole groups where a set of them adds up to
+    ``excess`` (or comes closest below it), then single rows of the remaining flat groups.
+    Rows with a learning signal are never dropped; when the flat rows are not enough, fewer
+    than ``excess`` are returned and the caller pads the rest (as verl does). Returns row
+    indices in ascending order.
     """
     if excess <= 0:
         return []
     members: dict[Hashable, list[int]] = defaultdict(list)
     for i, g in enumerate(groups):
         members[g].append(i)
-    flat = [
-        rows
-        for g, rows in members.items()
-        if max(rewards[i] for i in rows) == min(rewards[i] for i in rows)
-    ]
-    flat.sort(key=len)
-    dropped: list[int] = []
-    for rows in flat:
-        if len(dropped) + len(rows) <= excess:
-            dropped += rows
-    for rows in flat:
-        for i in reversed(rows):
-            if len(dropped) >= excess:
-                break
-            if i not in dropped:
-                dropped.append(i)
+    flat = sorted(
+        (rows for rows in members.values() if len({rewards[i] for i in rows}) == 1), key=len
+    )
+    # subset sum over whole flat groups: best[s] = the groups (indices into flat) summing to s
+    best: dict[int, list[int]] = {0: []}
+    for k, rows in enumerate(flat):
+        for total, chosen in list(best.items()):
+            new = total + len(rows)
+            if new <= excess and new not in best:
+                best[new] = [*chosen, k]
+    chosen = best[max(best)]
+    dropped = [i for k in chosen for i in flat[k]]
+    for k, rows in enumerate(flat):
+        if k not in chosen:
+            dropped += rows[len(rows) - min(len(rows), excess - len(dropped)) :]
     return sorted(dropped[:excess])
