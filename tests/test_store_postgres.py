@@ -25,6 +25,7 @@ from pg import new_database_url
 
 from voltrl.errors import StoreError
 from voltrl.store import open_store
+from voltrl.store.dialects import PostgresDialect
 from voltrl.store.sql import SQLStore
 from voltrl.types import LLMCall, Reward, Task
 
@@ -236,6 +237,53 @@ async def test_stores_opening_a_new_database_at_once_create_the_schema_once() ->
         assert conn.execute("SELECT version FROM schema_version").fetchall() == [(1,)]
     for store in stores:
         await store.close()
+
+
+async def test_transaction_aborted_to_break_a_deadlock_runs_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    url = new_database_url()
+    store = SQLStore(url)
+    await store.enqueue([Task(input={})])
+    c = await store.claim("w")
+    assert c is not None
+    aborted: list[BaseException | None] = []
+    retryable = PostgresDialect.retryable
+
+    def spy(self: PostgresDialect, error: BaseException | None) -> bool:
+        aborted.append(error)
+        return retryable(self, error)
+
+    monkeypatch.setattr(PostgresDialect, "retryable", spy)
+    # cancel locks the rollout, then its attempt; another transaction holds the attempt and
+    # then asks for the rollout. PostgreSQL breaks the deadlock by aborting the store's
+    # transaction (the other one looks for deadlocks only after 60 s); the store runs it again.
+    with psycopg.connect(url) as other:
+        other.execute("SET deadlock_timeout = '60s'")
+        other.execute(
+            "SELECT 1 FROM attempts WHERE attempt_id = %s FOR UPDATE", [c.attempt.attempt_id]
+        )
+        cancel = asyncio.create_task(store.cancel(c.rollout.rollout_id))  # rollout, then attempt
+        while not await asyncio.to_thread(lock_waiters, url):
+            await asyncio.sleep(0.01)
+        sql = "SELECT 1 FROM rollouts WHERE rollout_id = %s FOR UPDATE"
+        await asyncio.to_thread(other.execute, sql, [c.rollout.rollout_id])
+        other.commit()
+    r = await asyncio.wait_for(cancel, PROCESS_LIMIT_S)
+    assert r.status == "cancelled"
+    assert aborted and all(isinstance(e, psycopg.errors.DeadlockDetected) for e in aborted)
+    assert (await store.get_attempts(r.rollout_id))[0].status == "cancelled"
+    await store.close()
+
+
+def lock_waiters(url: str) -> int:
+    """How many connections to this database wait for a row lock."""
+    with psycopg.connect(url) as conn:
+        sql = (
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        )
+        return int(conn.execute(sql).fetchone()[0])  # type: ignore[index]
 
 
 async def test_lost_connection_is_opened_again_on_the_next_call() -> None:

@@ -84,8 +84,11 @@ from voltrl.types import (
 
 M = TypeVar("M", bound=Model)
 Numbered = TypeVar("Numbered", LLMCall, Span)
+T = TypeVar("T", Span, Reward)
 P = ParamSpec("P")
 R = TypeVar("R")
+DEADLOCK_RETRIES = 4  # times a PostgreSQL transaction aborted to break a deadlock runs again
+DEADLOCK_BACKOFF_S = 0.02  # before the first of them; doubled for each next one
 
 
 _NOTIFIERS: weakref.WeakValueDictionary[str, Notifier] = weakref.WeakValueDictionary()
@@ -111,6 +114,18 @@ def _attempt_row(a: Attempt) -> tuple[Any, ...]:
     return (a.rollout_id, a.index, a.status, a.lease_expires_at, a.model_dump_json())
 
 
+def _tagged(records: Sequence[T], rollout_id: str, attempt_id: str) -> list[T]:
+    """``records`` of an attempt's report, each tagged with the attempt (copied only when a
+    record names another rollout or attempt: a runner's records already name their own)."""
+    tag = {"rollout_id": rollout_id, "attempt_id": attempt_id}
+    return [
+        rec
+        if (rec.rollout_id, rec.attempt_id) == (rollout_id, attempt_id)
+        else rec.model_copy(update=tag)
+        for rec in records
+    ]
+
+
 def sqlite_path(path_or_url: str | Path) -> Path:
     """The file of a SQLite store given as a path or a ``sqlite:///path`` URL (as in
     SQLAlchemy: ``sqlite:///runs/store.sqlite`` is relative, ``sqlite:////tmp/x`` absolute)."""
@@ -133,14 +148,15 @@ def _db_call(
         executor = self._executor
         if executor is None:
             return method(self, *args, **kwargs)
-        run = functools.partial(method, self, *args, **kwargs)
-        for tries_left in reversed(range(5)):
+        run, loop = functools.partial(method, self, *args, **kwargs), asyncio.get_running_loop()
+        for i in range(DEADLOCK_RETRIES):
             try:
-                return await asyncio.get_running_loop().run_in_executor(executor, run)
+                return await loop.run_in_executor(executor, run)
             except StoreError as e:
-                if not tries_left or not self._dialect.retryable(e.__cause__):
+                if not self._dialect.retryable(e.__cause__):
                     raise
-        raise AssertionError("unreachable")
+            await asyncio.sleep(DEADLOCK_BACKOFF_S * 2**i)  # let the other transaction finish
+        return await loop.run_in_executor(executor, run)
 
     return call
 
@@ -446,9 +462,8 @@ class SQLStore(LocalStore):
                     f"attempt {attempt_id} of rollout {a.rollout_id} no longer owns it "
                     f"(attempt status {a.status}, rollout status {r.status})"
                 )
-            tag = {"rollout_id": r.rollout_id, "attempt_id": attempt_id}
-            self._insert_spans(conn, [s.model_copy(update=tag) for s in result.spans])
-            self._insert_rewards(conn, [rw.model_copy(update=tag) for rw in result.rewards])
+            self._insert_spans(conn, _tagged(result.spans, r.rollout_id, attempt_id))
+            self._insert_rewards(conn, _tagged(result.rewards, r.rollout_id, attempt_id))
             apply_result(r, a, result)
             self._update_attempt(conn, a)
             self._update_rollout(conn, r)
