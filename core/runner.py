@@ -401,7 +401,7 @@ def run_runner(
     from voltrl.store.client import HTTPStore
 
     async def check() -> None:
-        store = HTTPStore(store_url, token=token, retries=2)
+        store = HTTPStore(store_url, token=token, retries=0)
         try:
             await store.get_resources()
         finally:

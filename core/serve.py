@@ -207,8 +207,8 @@ async def run_gateway(
     require_token_off_loopback(host, token)
     if not backends:
         raise VoltRLError("the gateway needs at least one --backend URL")
+    await _check_store_server(store_url, token)
     store = HTTPStore(store_url, token=token)
-    await _check_store(store)
     gw = _gateway(store, backends, token, gateway_options or {})
     try:
         app: ASGIApp = BearerAuth(gw.app, token, open_paths=()) if token else gw.app
@@ -221,12 +221,18 @@ async def run_gateway(
         await store.close()
 
 
-async def _check_store(store: Store) -> None:
-    """Raise :class:`VoltRLError` unless the store answers an authenticated request."""
+async def _check_store_server(url: str, token: str | None) -> None:
+    """Raise :class:`VoltRLError` unless the store server at ``url`` answers an authenticated
+    request (one try: a clear error now rather than retries)."""
+    from voltrl.store.client import HTTPStore
+
+    store = HTTPStore(url, token=token, retries=0)
     try:
         await store.get_resources()
     except VoltRLError as exc:
         raise VoltRLError(f"cannot use the store: {exc}") from None
+    finally:
+        await store.close()
 
 
 def _describe(store_spec: str) -> str:

@@ -200,3 +200,24 @@ def test_train_with_a_bad_config_says_what_is_wrong(tmp_path):
         assert out.returncode == 2 and message in out.stderr, out.stderr
     out = voltrl("train", str(tmp_path / "missing.yaml"), cwd=tmp_path)
     assert out.returncode == 2 and "does not exist" in out.stderr
+
+
+def test_runner_errors_are_one_line_each(tmp_path):
+    """A bad agent, a store that is not a URL, an unreachable store, a wrong token."""
+    from voltrl.server import serve_in_thread
+    from voltrl.store.memory import InMemoryStore
+    from voltrl.store.server import store_app
+
+    agent = f"{ROOT / 'tests' / 'fault_agents.py'}:Trivial"
+    dead = f"http://127.0.0.1:{free_port()}"
+    with serve_in_thread(store_app(InMemoryStore(), token="right")) as server:
+        for args, message in [
+            (["--store", server.url, "--agent", "nope:agent"], "cannot import module 'nope'"),
+            (["--store", "runs/store.sqlite", "--agent", agent], "must be a store server URL"),
+            (["--store", dead, "--agent", agent], f"store server {dead} unreachable"),
+            (["--store", server.url, "--agent", agent, "--token", "wrong"], "401 Unauthorized"),
+            (["--store", server.url, "--agent", agent, "--workers", "0"], "at least 1"),
+        ]:
+            out = voltrl("runner", *args, cwd=tmp_path)
+            assert out.returncode == 2 and message in out.stderr, (args, out.stderr)
+            assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr

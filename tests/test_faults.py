@@ -180,7 +180,7 @@ async def test_sigterm_lets_a_runner_finish_within_its_grace_period_then_release
     quick, slow = await store.enqueue(
         [Task(input={"dir": str(tmp_path), "gate": gate}) for gate in ("quick", "slow")]
     )
-    runner = procs.runner("runner", url, "Blocking", "--lease", "600", "--grace", "2")
+    runner = procs.runner("runner", url, "Blocking", "--lease", "600", "--grace", "4")
 
     async def both_started() -> bool:
         return len(list(tmp_path.glob("started-*"))) == 2
@@ -226,7 +226,7 @@ async def test_the_server_killed_mid_run_restarts_and_keeps_everything_acknowled
         store = HTTPStore(url, TOKEN, retries=8)
         llm = LLM(endpoint=f"{url}/v1", model="fake-model", api_key=TOKEN, gateway=True)
         resources = await store.add_resources(Resources(items={"main_llm": llm}))
-        tasks = [Task(input={"i": i, "sleep": 0.3}) for i in range(40)]
+        tasks = [Task(input={"i": i, "sleep": 0.5}) for i in range(40)]
         rollouts = await store.enqueue(tasks, resources_version=resources.version, max_attempts=20)
         runner = procs.runner("runner", url, "CallsLLM", "--max-concurrency", "4", "--lease", "3")
 
