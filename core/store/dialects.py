@@ -3,11 +3,11 @@ it runs on.
 
 Every statement of the store is written once, in :class:`Statements`, with ``?``
 placeholders and ``{tokens}`` for types and locking clauses; a :class:`Dialect` renders it
-for one database. The dialect also
-knows how to connect, which errors its driver raises, whether a transaction is open, and
-which failures are worth running again. Two exist: :data:`SQLITE` (the standard library's
-``sqlite3``) and :data:`POSTGRES` (psycopg 3, the ``postgres`` extra, imported only when a
-PostgreSQL store is opened).
+for one database. The dialect also knows how to connect, which errors its driver raises,
+whether a transaction is open, which failures are worth running again, and how to hear of
+other processes' commits. Two exist: :data:`SQLITE` (the standard library's ``sqlite3``) and
+:data:`POSTGRES` (psycopg 3, the ``postgres`` extra, imported only when a PostgreSQL store is
+opened).
 """
 
 from __future__ import annotations
