@@ -4,7 +4,8 @@
 
 1. validate the data (nothing is stored if a row is bad);
 2. open the run directory ``runs/<name>/`` and its store (SQLite there by default);
-3. serve the store over HTTP on loopback, with a fresh bearer token, for the workers;
+3. serve the store over HTTP on loopback, with a fresh bearer token, for the workers (the
+   gateways in front of the LLMs check the same token: agents get it as their API key);
 4. start ``n_runners`` worker processes (or in-process workers with ``inline=True``); with
    ``n_runners=0`` start none, print the ``voltrl runner`` command that serves this run from
    any machine, and wait for such remote runners;
@@ -146,8 +147,8 @@ class Trainer:
             (vLLM's ``return_token_ids``); turn off for hosted APIs that reject the field.
         host, port: where the store server for the runners listens (``port=0``: a free
             port); any host but loopback is reachable from other machines.
-        token: the store server's bearer token (default: ``$VOLTRL_TOKEN``, else a fresh
-            random one).
+        token: the bearer token of the store server and the gateways (default:
+            ``$VOLTRL_TOKEN``, else a fresh random one).
     """
 
     def __init__(
@@ -263,7 +264,8 @@ class Trainer:
         async with contextlib.AsyncExitStack() as stack:
             stack.push_async_callback(_close_if, store, owned)
             stack.callback(metrics.close)
-            alive = await self._start_workers(stack, store, agent)
+            token = self.token or os.environ.get("VOLTRL_TOKEN") or secrets.token_urlsafe(24)
+            alive = await self._start_workers(stack, store, agent, token)
             ctx = TrainContext(
                 store=store,
                 run=run,
@@ -278,7 +280,7 @@ class Trainer:
             if self.resources is not None:
                 resources = self.resources
                 if self.record_calls:
-                    resources = await self._behind_gateways(stack, ctx, resources)
+                    resources = await self._behind_gateways(stack, ctx, resources, token)
                 await ctx.publish(resources)
             yield ctx
 
@@ -287,32 +289,38 @@ class Trainer:
         stack: contextlib.AsyncExitStack,
         ctx: TrainContext,
         resources: Resources | Mapping[str, Resource],
+        token: str,
     ) -> dict[str, Resource]:
-        """The resources with each LLM endpoint served through a recording gateway."""
+        """The resources with each LLM endpoint served through a recording gateway that
+        checks ``token`` (the agents' API key now); the LLM's own key goes to its backend."""
         from voltrl.gateway import Gateway
+        from voltrl.serve import BearerAuth
         from voltrl.server import serve
 
         items = dict(resources.items if isinstance(resources, Resources) else resources)
-        urls: dict[str, str] = {}
+        urls: dict[tuple[str, str], str] = {}
         for name, item in items.items():
             if not isinstance(item, LLM) or item.gateway:
                 continue
-            if item.endpoint not in urls:
+            backend = (item.endpoint, item.api_key)
+            if backend not in urls:
                 gateway = Gateway(
                     ctx.store,
                     [item.endpoint],
                     resources_version=lambda: ctx.resources_version,
                     request_token_ids=self.request_token_ids,
+                    backend_api_key=item.api_key,
                 )
                 stack.push_async_callback(gateway.aclose)
-                url, stop = await serve(gateway.app, self.host, 0)
+                url, stop = await serve(BearerAuth(gateway.app, token, ()), self.host, 0)
                 stack.push_async_callback(stop)
-                urls[item.endpoint] = f"{url}/v1"
-            items[name] = item.model_copy(update={"endpoint": urls[item.endpoint], "gateway": True})
+                urls[backend] = f"{url}/v1"
+            update = {"endpoint": urls[backend], "gateway": True, "api_key": token}
+            items[name] = item.model_copy(update=update)
         return items
 
     async def _start_workers(
-        self, stack: contextlib.AsyncExitStack, store: Store, agent: LitAgent
+        self, stack: contextlib.AsyncExitStack, store: Store, agent: LitAgent, token: str
     ) -> Callable[[], bool]:
         """Start the workers; returns a check that some can still run rollouts."""
         if self.inline and self.n_runners > 0:
@@ -333,7 +341,7 @@ class Trainer:
             stack.push_async_callback(stop_inline)
             return lambda: not all(t.done() for t in tasks)
 
-        url, token = await self._serve_store(stack, store)
+        url, token = await self._serve_store(stack, store, token)
         if self.n_runners == 0:
             print(f"store server: {url}; waiting for remote runners, started with:", flush=True)
             print(f"  {self.runner_command(url, token, agent)}", flush=True)
@@ -354,10 +362,10 @@ class Trainer:
         return " ".join(parts)
 
     async def _serve_store(
-        self, stack: contextlib.AsyncExitStack, store: Store
+        self, stack: contextlib.AsyncExitStack, store: Store, token: str
     ) -> tuple[str, str | None]:
-        """The URL and token of a store server for ``store``, started here unless ``store``
-        already is one."""
+        """The URL and token of a store server for ``store`` (started here with ``token``),
+        or of the one ``store`` already is."""
         from voltrl.store.client import HTTPStore
 
         if isinstance(store, HTTPStore):  # a store server already exists: use it directly
@@ -365,7 +373,6 @@ class Trainer:
         from voltrl.serve import server_app
         from voltrl.server import serve
 
-        token = self.token or os.environ.get("VOLTRL_TOKEN") or secrets.token_urlsafe(24)
         url, stop_server = await serve(server_app(store, token=token), self.host, self.port)
         stack.push_async_callback(stop_server)
         return url, token
