@@ -4,7 +4,13 @@ difference.
 
 This module also defines the wire format of the request and response bodies that are not
 records themselves (records such as :class:`~voltrl.types.Rollout` travel as-is). The server
-imports them from here, so a worker needs only ``httpx`` and ``pydantic`` to talk to a store.
+imports them from here, so a worker needs only ``aiohttp`` and ``pydantic`` to talk to a store.
+
+Few requests: every write takes a batch (``enqueue`` many tasks, ``add_spans``/``add_llm_calls``
+/``add_rewards`` many records), and a runner reports a whole attempt (status, reward, emitted
+rewards, spans) in the one ``complete`` request, so a rollout costs three requests: enqueue,
+claim, complete. Connections are kept alive and reused (one pool per ``HTTPStore`` and event
+loop); bodies are serialised and parsed by pydantic's JSON code directly.
 
 Retries: every call is retried, with exponential backoff and jitter, on transport errors
 (connection refused or reset, timeouts) and on 500/502/503/504 responses. Reads are safe to
@@ -16,7 +22,9 @@ memory for a while (``dedup_ttl_s``, ``dedup_max_bytes``): if it restarts, or fo
 between applying a write and receiving its retry, the retry is applied again (for ``complete``
 that answers :class:`~voltrl.errors.StaleAttemptError`; a second ``claim`` leaves the first
 attempt to expire with its lease). A connection that was refused never reached the server, so
-retrying it is always safe.
+retrying it is always safe. Any other failure (an error answer, a body that is not what the
+route returns) raises a :class:`~voltrl.errors.StoreError`: a call never answers "nothing" for
+a failure.
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal, TypeVar
 from urllib.parse import quote
 
-import httpx
+import aiohttp
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from voltrl.errors import NotFoundError, StaleAttemptError, StoreError
@@ -182,26 +190,28 @@ _TYPED_ERRORS: dict[str, type[StoreError]] = {
 }
 
 
-def error_from_response(response: httpx.Response) -> StoreError:
+def error_from_response(status: int, content: bytes, what: str) -> StoreError:
     """The typed exception an error answer of a store server stands for.
 
+    ``status`` and ``content`` are the answer's; ``what`` names the request (``POST /claims``).
     ``NotFoundError`` and ``StaleAttemptError`` come back as themselves, with the server's
     message; anything else (bad request, auth, a proxy's error page) is a :class:`StoreError`
     naming the status.
     """
     try:
-        detail = _ERROR.validate_json(response.content).error
+        detail = _ERROR.validate_json(content).error
     except ValidationError:
-        text = response.text.strip()[:500] or response.reason_phrase
+        text = content.decode("utf-8", "replace").strip()[:500] or "(empty body)"
         return StoreError(
-            f"store server answered {response.status_code} to {response.request.method} "
-            f"{response.request.url.path} without a VoltRL error body: {text}"
+            f"store server answered {status} to {what} without a VoltRL error body: {text}"
         )
     if (cls := _TYPED_ERRORS.get(detail.type)) is not None:
         return cls(detail.message)
-    return StoreError(
-        f"store server answered {response.status_code} {detail.type}: {detail.message}"
-    )
+    return StoreError(f"store server answered {status} {detail.type}: {detail.message}")
+
+
+_RETRY_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError)
+"""Transport failures a call retries: refused, reset or dropped connections, timeouts."""
 
 
 class HTTPStore(Store):
@@ -213,9 +223,12 @@ class HTTPStore(Store):
     repeated (see the module docstring for which failures). Long waits (``claim(wait_s=...)``,
     ``wait_for_rollouts``) are split into requests of at most ``long_poll_s`` seconds.
 
-    One pooled ``httpx.AsyncClient`` is created lazily for the running event loop and replaced
-    when the loop changes, so a process may call ``asyncio.run`` more than once. Use one
-    ``HTTPStore`` from one event loop at a time; :meth:`close` releases the connections.
+    One ``aiohttp`` session (a pool of kept-alive connections, at most ``max_connections``) is
+    created lazily for the running event loop and replaced when the loop changes, so a process
+    may call ``asyncio.run`` more than once. Idle connections are closed after
+    ``keepalive_s``, a little before uvicorn's default of 5 s, so a request rarely meets a
+    connection the server is closing. Use one ``HTTPStore`` from one event loop at a time;
+    :meth:`close` releases the connections.
     """
 
     def __init__(
@@ -228,35 +241,46 @@ class HTTPStore(Store):
         backoff_s: float = 0.1,
         max_backoff_s: float = 2.0,
         long_poll_s: float = 25.0,
+        max_connections: int = 512,
+        keepalive_s: float = 4.0,
     ) -> None:
         if retries < 0 or timeout_s <= 0 or long_poll_s <= 0:
             raise ValueError("need retries >= 0, timeout_s > 0 and long_poll_s > 0")
         self.url = url.rstrip("/")
         self.token = token
+        self._base = self.url + API_PREFIX
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._timeout_s = timeout_s
+        self._timeout = self._request_timeout(0.0)
         self._retries = retries
         self._backoff_s = backoff_s
         self._max_backoff_s = max_backoff_s
         self._long_poll_s = long_poll_s
-        self._client: httpx.AsyncClient | None = None
-        self._client_loop: asyncio.AbstractEventLoop | None = None
+        self._max_connections = max_connections
+        self._keepalive_s = keepalive_s
+        self._session: aiohttp.ClientSession | None = None
+        self._session_loop: asyncio.AbstractEventLoop | None = None
 
     def __repr__(self) -> str:
         return f"HTTPStore({self.url!r})"
 
     # ---- transport ----------------------------------------------------------------------
-    def _http(self) -> httpx.AsyncClient:
+    def _http(self) -> aiohttp.ClientSession:
         loop = asyncio.get_running_loop()
-        if self._client is None or self._client_loop is not loop:
-            # A client from another (finished) loop cannot be closed from this one; drop it.
-            self._client = httpx.AsyncClient(
-                base_url=self.url + API_PREFIX,
-                headers=self._headers,
-                limits=httpx.Limits(max_connections=512, max_keepalive_connections=64),
+        if self._session is None or self._session_loop is not loop:
+            if self._session is not None:
+                _forget(self._session, self._session_loop)
+            connector = aiohttp.TCPConnector(
+                limit=self._max_connections, limit_per_host=0, keepalive_timeout=self._keepalive_s
             )
-            self._client_loop = loop
-        return self._client
+            self._session = aiohttp.ClientSession(headers=self._headers, connector=connector)
+            self._session_loop = loop
+        return self._session
+
+    def _request_timeout(self, wait_s: float) -> aiohttp.ClientTimeout:
+        return aiohttp.ClientTimeout(
+            sock_connect=self._timeout_s, sock_read=self._timeout_s + wait_s
+        )
 
     def _backoff(self, attempt: int) -> float:
         cap = min(self._max_backoff_s, self._backoff_s * 2**attempt)
@@ -277,17 +301,19 @@ class HTTPStore(Store):
         if write:
             headers[REQUEST_ID_HEADER] = uuid.uuid4().hex
         content = body.model_dump_json().encode() if body is not None else None
-        timeout = httpx.Timeout(self._timeout_s + wait_s, connect=self._timeout_s)
-        query = {k: v for k, v in (params or {}).items() if v is not None}
-        client = self._http()
+        timeout = self._timeout if wait_s <= 0 else self._request_timeout(wait_s)
+        query = {k: str(v) for k, v in (params or {}).items() if v is not None} or None
+        session = self._http()
+        url = self._base + path
         attempt = 0
         while True:
             last = attempt >= self._retries
             try:
-                response = await client.request(
-                    method, path, content=content, params=query, headers=headers, timeout=timeout
-                )
-            except httpx.TransportError as exc:
+                async with session.request(
+                    method, url, data=content, params=query, headers=headers, timeout=timeout
+                ) as response:
+                    status, answer = response.status, await response.read()
+            except _RETRY_ERRORS as exc:
                 if last:
                     raise StoreError(
                         f"store server {self.url} unreachable: {type(exc).__name__}: {exc} "
@@ -295,11 +321,17 @@ class HTTPStore(Store):
                     ) from exc
                 problem = f"{type(exc).__name__}: {exc}"
             else:
-                if response.is_success:
-                    return adapter.validate_json(response.content)
-                if last or response.status_code not in RETRY_STATUS:
-                    raise error_from_response(response)
-                problem = f"status {response.status_code}"
+                if 200 <= status < 300:
+                    try:
+                        return adapter.validate_json(answer)
+                    except ValidationError as exc:
+                        raise StoreError(
+                            f"store server {self.url} answered {method} {path} with a body "
+                            f"that is not what the route returns: {exc}"
+                        ) from exc
+                if last or status not in RETRY_STATUS:
+                    raise error_from_response(status, answer, f"{method} {path}")
+                problem = f"status {status}"
             delay = self._backoff(attempt)
             attempt += 1
             logger.warning(
@@ -447,8 +479,21 @@ class HTTPStore(Store):
         return await self._call("GET", path, _REWARDS, params={"attempt_id": attempt_id})
 
     async def close(self) -> None:
-        """Close the pooled connections of the current event loop's client."""
-        client, self._client = self._client, None
-        if client is not None and self._client_loop is asyncio.get_running_loop():
-            await client.aclose()
-        self._client_loop = None
+        """Close the pooled connections of the current event loop's session."""
+        session, self._session = self._session, None
+        if session is not None:
+            if self._session_loop is asyncio.get_running_loop():
+                await session.close()
+            else:
+                _forget(session, self._session_loop)
+        self._session_loop = None
+
+
+def _forget(session: aiohttp.ClientSession, loop: asyncio.AbstractEventLoop | None) -> None:
+    """Drop a session of another event loop (``loop``, usually finished), which cannot be
+    closed from this one: its connections went with that loop. Marking a finished loop's pool
+    closed keeps aiohttp from reporting it as leaked when it is garbage-collected."""
+    connector = session.connector
+    session.detach()
+    if connector is not None and loop is not None and loop.is_closed():
+        connector._close()  # only flags the pool closed: its loop is gone

@@ -9,6 +9,7 @@ when the server has a token):
 
 ========  ==================================  ==========================================
 GET       /health                             liveness, no auth
+POST      /v1/traces                          OTLP/HTTP trace export (:mod:`~voltrl.store.otlp`)
 POST      /runs                               ``add_run``
 GET       /runs                               ``list_runs``
 POST      /resources                          ``add_resources``
@@ -36,28 +37,41 @@ Errors are JSON ``{"error": {"type": ..., "message": ...}}``: ``NotFoundError`` 
 a body over the size limit 413, anything unexpected 500 (logged here with its traceback; the
 answer carries only the message).
 
-Writes (every POST but ``/rollouts/query`` and ``/rollouts/wait``) honour an ``X-Request-Id``
-header: the first request with an id runs, later ones with the same id get its answer (waiting
-for it when it is still running), so clients can retry writes without applying them twice.
+Writes (every POST but ``/rollouts/query``, ``/rollouts/wait`` and ``/v1/traces``) honour an
+``X-Request-Id`` header: the first request with an id runs, later ones with the same id get its
+answer (waiting for it when it is still running), so clients can retry writes without applying
+them twice.
+
+:func:`store_app` also serves the OTLP route at the root, ``/v1/traces``, where OpenTelemetry
+SDKs send traces when given the server's URL as their OTLP endpoint.
+
+The routes are FastAPI routes (so the OpenAPI schema describes them and ``store_router`` mounts
+in any FastAPI app), but their requests do not go through FastAPI's dependency machinery, which
+cost more than the store itself: the route class binds path, query and body parameters from the
+endpoint's signature once, parses a body with pydantic's JSON parser in one pass, and checks the
+token and the body size itself. The routes a runner calls (claim, enqueue, complete) come first,
+so they are matched first.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
+import inspect
 import logging
 import time
+import typing
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from fastapi import APIRouter, Depends, FastAPI, Request, Response
+from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
-from pydantic import TypeAdapter, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 from starlette.exceptions import HTTPException
-from starlette.types import Message, Receive
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from voltrl.errors import NotFoundError, StaleAttemptError, VoltRLError
 from voltrl.resources import Resources
@@ -93,6 +107,7 @@ from voltrl.store.client import (
     SpansRequest,
     WaitRequest,
 )
+from voltrl.store.otlp import OTLP_PATH, OTLP_REQUEST_BODY, export_traces
 from voltrl.types import Attempt, AttemptResult, Claim, LLMCall, Reward, Rollout, Run, Span
 
 logger = logging.getLogger(__name__)
@@ -103,6 +118,9 @@ DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 DEFAULT_MAX_WAIT_S = 30.0
 """Longest a long-poll request (claim, wait for rollouts) is held before it answers."""
 
+DEFAULT_DEDUP_MAX_BYTES = 32 * 1024 * 1024
+"""Bytes of remembered write answers (for retries with the same request id) kept at most."""
+
 _JSON = "application/json"
 _HTTP_ERROR_TYPES = {
     400: "BadRequest",
@@ -110,8 +128,11 @@ _HTTP_ERROR_TYPES = {
     404: "NotFound",
     405: "MethodNotAllowed",
     413: "PayloadTooLarge",
+    415: "UnsupportedMediaType",
 }
 _HEALTH = HealthResponse().model_dump_json().encode()
+_PUBLIC_ROUTES = frozenset({"health"})
+"""Names of the endpoints that need no token."""
 
 
 def _error(exc: Exception) -> tuple[int, bytes, dict[str, str]]:
@@ -167,19 +188,82 @@ def _limited(receive: Receive, max_bytes: int) -> Receive:
     return receive_limited
 
 
-def _route_class(max_body_bytes: int) -> type[APIRoute]:
-    """A route class whose handlers enforce the body limit and answer every error as JSON.
+def _invalid(exc: ValidationError, where: tuple[str, ...]) -> RequestValidationError:
+    """``exc``'s problems, located under ``where`` (``("body",)``, ``("query", "version")``)."""
+    return RequestValidationError(
+        [{**e, "loc": (*where, *e.get("loc", ()))} for e in exc.errors(include_url=False)]
+    )
+
+
+Binder = Callable[[Request], Awaitable[dict[str, Any]]]
+
+
+def _binder(endpoint: Callable[..., Any], path_params: set[str]) -> Binder:
+    """A function giving the arguments of ``endpoint`` for a request, from its signature: a
+    ``Request`` parameter gets the request, path parameters their (string) value, one pydantic
+    model parameter the JSON body, and the others the query parameter of their name."""
+    hints = typing.get_type_hints(endpoint)
+    request_name: str | None = None
+    body: tuple[str, TypeAdapter[Any]] | None = None
+    queries: dict[str, tuple[TypeAdapter[Any], Any]] = {}
+    for name, param in inspect.signature(endpoint).parameters.items():
+        kind = hints.get(name)
+        if kind is Request:
+            request_name = name
+        elif name in path_params:
+            continue
+        elif isinstance(kind, type) and issubclass(kind, BaseModel):
+            body = (name, TypeAdapter(kind))
+        else:
+            queries[name] = (TypeAdapter(kind), param.default)
+
+    async def bind(request: Request) -> dict[str, Any]:
+        args: dict[str, Any] = dict(request.path_params)
+        if request_name is not None:
+            args[request_name] = request
+        for name, (adapter, default) in queries.items():
+            given = request.query_params.get(name)
+            try:
+                args[name] = default if given is None else adapter.validate_python(given)
+            except ValidationError as exc:
+                raise _invalid(exc, ("query", name)) from None
+        if body is not None:
+            try:
+                args[body[0]] = body[1].validate_json(await request.body())
+            except ValidationError as exc:
+                raise _invalid(exc, ("body",)) from None
+        return args
+
+    return bind
+
+
+class _StoreRoute(APIRoute):
+    """Base of the route classes :func:`_route_class` makes (one per router's settings)."""
+
+
+def _route_class(max_body_bytes: int, token: str | None) -> type[_StoreRoute]:
+    """A route class whose handlers check the token and the body size, bind the endpoint's
+    arguments themselves (see the module docstring) and answer every error as JSON.
 
     Done per route (not as middleware or app exception handlers) so the routes keep this
     behaviour when the router is included in another app.
     """
+    expected = None if token is None else token.encode()
 
-    class StoreRoute(APIRoute):
+    class StoreRoute(_StoreRoute):
+        def __init__(self, path: str, endpoint: Callable[..., Any], **kwargs: Any) -> None:
+            super().__init__(path, endpoint, **kwargs)
+            self.app = _asgi(self.get_route_handler())
+
         def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-            handler = super().get_route_handler()
+            endpoint = self.endpoint
+            bind = _binder(endpoint, set(self.param_convertors))
+            needs_token = expected is not None and self.name not in _PUBLIC_ROUTES
 
             async def handle(request: Request) -> Response:
                 try:
+                    if needs_token:
+                        _check_token(request, expected)  # type: ignore[arg-type]
                     length = request.headers.get("content-length")
                     if length is not None and length.isdigit():
                         if int(length) > max_body_bytes:
@@ -189,7 +273,7 @@ def _route_class(max_body_bytes: int) -> type[APIRoute]:
                             )  # fmt: skip
                     elif request.method != "GET":
                         request = Request(request.scope, _limited(request.receive, max_body_bytes))
-                    return await handler(request)
+                    return await endpoint(**await bind(request))
                 except Exception as exc:
                     return error_response(exc)
 
@@ -198,24 +282,77 @@ def _route_class(max_body_bytes: int) -> type[APIRoute]:
     return StoreRoute
 
 
-def _bearer(token: str) -> Callable[[Request], Awaitable[None]]:
-    """A dependency that accepts only ``Authorization: Bearer <token>``."""
-    expected = token.encode()
+def _asgi(handler: Callable[[Request], Awaitable[Response]]) -> ASGIApp:
+    """A route's ASGI app: the handler's answer, without FastAPI's per-request wrappers (exit
+    stacks for dependencies with ``yield``, exception handlers), which the handler needs not."""
 
-    async def check_token(request: Request) -> None:
-        scheme, _, given = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected):
-            raise HTTPException(
-                401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"}
-            )
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        response = await handler(Request(scope, receive, send))
+        await response(scope, receive, send)
 
-    return check_token
+    return app
+
+
+class _StoreApp(FastAPI):
+    """The FastAPI app of :func:`store_app`, which sends a request for one of the store's
+    routes straight to that route.
+
+    The routes check the token and the body size and answer errors themselves, so FastAPI's
+    middleware stack and router, which cost more per request than the store's own work, are
+    skipped for them; anything else (OpenAPI docs, unknown paths) goes through FastAPI.
+    """
+
+    def index_routes(self) -> None:
+        """Remember the store's routes by method and path (or path pattern)."""
+        self._static: dict[tuple[str, str], APIRoute] = {}
+        self._patterns: list[tuple[str, APIRoute]] = []
+        for route in self.routes:
+            if isinstance(route, _StoreRoute):
+                for method in route.methods:
+                    if route.param_convertors:
+                        self._patterns.append((method, route))
+                    else:
+                        self._static[method, route.path] = route
+
+    def _route_for(self, scope: Scope) -> APIRoute | None:
+        method, path = scope["method"], scope["path"]
+        route = self._static.get((method, path))
+        if route is not None:
+            scope["path_params"] = {}
+            return route
+        for route_method, route in self._patterns:
+            if route_method == method and (match := route.path_regex.match(path)):
+                convert = route.param_convertors
+                scope["path_params"] = {
+                    k: convert[k].convert(v) for k, v in match.groupdict().items()
+                }
+                return route
+        return None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and not scope.get("root_path"):
+            route = self._route_for(scope)
+            if route is not None:
+                scope["route"] = route
+                await route.app(scope, receive, send)
+                return
+        await super().__call__(scope, receive, send)
+
+
+def _check_token(request: Request, expected: bytes) -> None:
+    """Accept only ``Authorization: Bearer <token>``; 401 otherwise."""
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected):
+        raise HTTPException(
+            401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"}
+        )
 
 
 @dataclass(slots=True)
 class _Replay:
     created: float
-    task: asyncio.Task[tuple[int, bytes]]
+    task: asyncio.Future[tuple[int, bytes]] | None
+    answer: tuple[int, bytes] | None = None
     size: int = 0
 
 
@@ -224,8 +361,8 @@ class _Replays:
 
     The operation runs as its own task, so a client that disconnects (or times out) does not
     cancel it half-way, and its retry picks up the same result. Answers of 5xx are forgotten so
-    a retry runs again; others are kept ``ttl_s`` seconds, the oldest dropped sooner when the
-    kept answers pass ``max_bytes``.
+    a retry runs again; others are kept ``ttl_s`` seconds (as bytes, the task dropped), the
+    oldest dropped sooner when the kept answers pass ``max_bytes``.
     """
 
     def __init__(self, ttl_s: float, max_bytes: int) -> None:
@@ -264,11 +401,16 @@ class _Replays:
             self._evict()
             replay = _Replay(time.monotonic(), asyncio.ensure_future(self._outcome(op, adapter)))
             self._entries[key] = replay
-            replay.task.add_done_callback(lambda _: self._settle(key, replay))
-        if abandon_on_disconnect and not await _finished_before_disconnect(request, replay.task):
-            replay.task.cancel()
-            return Response(status_code=499)
-        status, body = await asyncio.shield(replay.task)
+            replay.task.add_done_callback(lambda _: self._settle(key, replay))  # type: ignore[union-attr]
+        if replay.answer is None:
+            task = replay.task
+            assert task is not None
+            if abandon_on_disconnect and not await _finished_before_disconnect(request, task):
+                task.cancel()
+                return Response(status_code=499)
+            status, body = await asyncio.shield(task)
+        else:
+            status, body = replay.answer
         return Response(body, status_code=status, media_type=_JSON)
 
     @staticmethod
@@ -282,12 +424,14 @@ class _Replays:
             return status, body
 
     def _settle(self, key: str, replay: _Replay) -> None:
+        task, replay.task = replay.task, None
         if self._entries.get(key) is not replay:
             return
-        if replay.task.cancelled() or replay.task.result()[0] >= 500:
+        if task is None or task.cancelled() or task.result()[0] >= 500:
             del self._entries[key]
         else:
-            replay.size = len(key) + len(replay.task.result()[1])
+            replay.answer = task.result()
+            replay.size = len(key) + len(replay.answer[1])
             self._bytes += replay.size
 
     def _evict(self) -> None:
@@ -297,7 +441,7 @@ class _Replays:
         for key, replay in self._entries.items():
             if replay.created > expired and self._bytes <= self._max_bytes:
                 break
-            if replay.task.done():
+            if replay.answer is not None:
                 doomed.append(key)
                 self._bytes -= replay.size
         for key in doomed:
@@ -306,6 +450,11 @@ class _Replays:
 
 async def _finished_before_disconnect(request: Request, task: asyncio.Future[Any]) -> bool:
     """Wait for ``task``; False if the client disconnected first."""
+    # One turn of the loop lets the task run its first step: a claim that finds a queued
+    # rollout at once is done by then and needs no watcher.
+    await asyncio.sleep(0)
+    if task.done():
+        return True
 
     async def disconnected() -> None:
         while (await request.receive())["type"] != "http.disconnect":
@@ -337,7 +486,7 @@ def store_router(
     max_wait_s: float = DEFAULT_MAX_WAIT_S,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     dedup_ttl_s: float = 300.0,
-    dedup_max_bytes: int = 64 * 1024 * 1024,
+    dedup_max_bytes: int = DEFAULT_DEDUP_MAX_BYTES,
 ) -> APIRouter:
     """The store routes (see the module docstring), to include under ``/v1/store``.
 
@@ -348,41 +497,25 @@ def store_router(
     """
     if max_wait_s <= 0 or max_body_bytes <= 0:
         raise ValueError("max_wait_s and max_body_bytes must be positive")
-    router = APIRouter(route_class=_route_class(max_body_bytes), responses=_ERRORS)
-    auth = [Depends(_bearer(token))] if token else []
+    router = APIRouter(route_class=_route_class(max_body_bytes, token), responses=_ERRORS)
     replays = _Replays(dedup_ttl_s, dedup_max_bytes)
 
     def capped(wait_s: float | None) -> float:
         return max_wait_s if wait_s is None else min(max(wait_s, 0.0), max_wait_s)
 
-    @router.get("/health", response_model=HealthResponse, tags=["store"])
-    async def health() -> Response:
-        """Whether the server is up; needs no token."""
-        return Response(_HEALTH, media_type=_JSON)
+    # ---- what a runner calls for every rollout: matched first ---------------------------
+    @router.post("/claims", response_model=Claim | None)
+    async def claim(body: ClaimRequest, request: Request) -> Response:
+        """Claim the oldest queued rollout, waiting up to ``wait_s`` (capped); null if none."""
+        wait_s = capped(body.wait_s)
+        return await replays.run(
+            request,
+            lambda: store.claim(body.worker_id, lease_s=body.lease_s, wait_s=wait_s),
+            _MAYBE_CLAIM,
+            abandon_on_disconnect=True,
+        )
 
-    # ---- runs and resources -----------------------------------------------------------
-    @router.post("/runs", response_model=Run, dependencies=auth)
-    async def add_run(run: Run, request: Request) -> Response:
-        """Record a run."""
-        return await replays.run(request, lambda: store.add_run(run), _RUN)
-
-    @router.get("/runs", response_model=list[Run], dependencies=auth)
-    async def list_runs() -> Response:
-        """All runs, oldest first."""
-        return _ok(_RUNS, await store.list_runs())
-
-    @router.post("/resources", response_model=Resources, dependencies=auth)
-    async def add_resources(resources: Resources, request: Request) -> Response:
-        """Save a new resources version."""
-        return await replays.run(request, lambda: store.add_resources(resources), _RESOURCES)
-
-    @router.get("/resources", response_model=Resources | None, dependencies=auth)
-    async def get_resources(version: int | None = None) -> Response:
-        """One resources version, or the latest; null when there is none."""
-        return _ok(_MAYBE_RESOURCES, await store.get_resources(version))
-
-    # ---- queue ------------------------------------------------------------------------
-    @router.post("/rollouts", response_model=list[Rollout], dependencies=auth)
+    @router.post("/rollouts", response_model=list[Rollout])
     async def enqueue(body: EnqueueRequest, request: Request) -> Response:
         """Queue one rollout per task."""
 
@@ -398,18 +531,12 @@ def store_router(
 
         return await replays.run(request, op, _ROLLOUTS)
 
-    @router.post("/claims", response_model=Claim | None, dependencies=auth)
-    async def claim(body: ClaimRequest, request: Request) -> Response:
-        """Claim the oldest queued rollout, waiting up to ``wait_s`` (capped); null if none."""
-        wait_s = capped(body.wait_s)
-        return await replays.run(
-            request,
-            lambda: store.claim(body.worker_id, lease_s=body.lease_s, wait_s=wait_s),
-            _MAYBE_CLAIM,
-            abandon_on_disconnect=True,
-        )
+    @router.post("/attempts/{attempt_id}/complete", response_model=Rollout, responses=_STALE)
+    async def complete(attempt_id: str, result: AttemptResult, request: Request) -> Response:
+        """Finish an attempt with its whole report (409 if it no longer owns its rollout)."""
+        return await replays.run(request, lambda: store.complete(attempt_id, result), _ROLLOUT)
 
-    @router.post("/heartbeats", response_model=HeartbeatResponse, dependencies=auth)
+    @router.post("/heartbeats", response_model=HeartbeatResponse)
     async def heartbeat(body: HeartbeatRequest, request: Request) -> Response:
         """Renew leases; answers the attempts that no longer own their rollout."""
 
@@ -420,27 +547,55 @@ def store_router(
 
         return await replays.run(request, op, _HEARTBEAT)
 
-    @router.post(
-        "/attempts/{attempt_id}/complete",
-        response_model=Rollout,
-        dependencies=auth,
-        responses=_STALE,
-    )
-    async def complete(attempt_id: str, result: AttemptResult, request: Request) -> Response:
-        """Finish an attempt with its whole report (409 if it no longer owns its rollout)."""
-        return await replays.run(request, lambda: store.complete(attempt_id, result), _ROLLOUT)
+    @router.get("/resources", response_model=Resources | None)
+    async def get_resources(version: int | None = None) -> Response:
+        """One resources version, or the latest; null when there is none."""
+        return _ok(_MAYBE_RESOURCES, await store.get_resources(version))
 
-    @router.post(
-        "/rollouts/{rollout_id}/cancel",
-        response_model=Rollout,
-        dependencies=auth,
-        responses=_MISSING,
-    )
+    # ---- records ----------------------------------------------------------------------
+    @router.post("/llm_calls", response_model=list[LLMCall], responses=_MISSING)
+    async def add_llm_calls(body: LLMCallsRequest, request: Request) -> Response:
+        """Record LLM calls; answers them with sequence ids assigned."""
+        return await replays.run(request, lambda: store.add_llm_calls(body.calls), _LLM_CALLS)
+
+    @router.post("/spans", response_model=list[Span], responses=_MISSING)
+    async def add_spans(body: SpansRequest, request: Request) -> Response:
+        """Record spans; answers them with sequence ids assigned."""
+        return await replays.run(request, lambda: store.add_spans(body.spans), _SPANS)
+
+    @router.post("/rewards", response_model=None, responses=_MISSING)
+    async def add_rewards(body: RewardsRequest, request: Request) -> Response:
+        """Record rewards; answers null."""
+        return await replays.run(request, lambda: store.add_rewards(body.rewards), _NONE)
+
+    # ---- runs and resources -----------------------------------------------------------
+    @router.get("/health", response_model=HealthResponse, tags=["store"])
+    async def health() -> Response:
+        """Whether the server is up; needs no token."""
+        return Response(_HEALTH, media_type=_JSON)
+
+    @router.post("/runs", response_model=Run)
+    async def add_run(run: Run, request: Request) -> Response:
+        """Record a run."""
+        return await replays.run(request, lambda: store.add_run(run), _RUN)
+
+    @router.get("/runs", response_model=list[Run])
+    async def list_runs() -> Response:
+        """All runs, oldest first."""
+        return _ok(_RUNS, await store.list_runs())
+
+    @router.post("/resources", response_model=Resources)
+    async def add_resources(resources: Resources, request: Request) -> Response:
+        """Save a new resources version."""
+        return await replays.run(request, lambda: store.add_resources(resources), _RESOURCES)
+
+    # ---- queue ------------------------------------------------------------------------
+    @router.post("/rollouts/{rollout_id}/cancel", response_model=Rollout, responses=_MISSING)
     async def cancel(rollout_id: str, request: Request) -> Response:
         """Cancel a rollout that has not finished."""
         return await replays.run(request, lambda: store.cancel(rollout_id), _ROLLOUT)
 
-    @router.post("/leases/expire", response_model=ExpireResponse, dependencies=auth)
+    @router.post("/leases/expire", response_model=ExpireResponse)
     async def expire_leases(request: Request) -> Response:
         """End attempts whose lease ran out."""
 
@@ -449,39 +604,19 @@ def store_router(
 
         return await replays.run(request, op, _EXPIRE)
 
-    @router.post(
-        "/rollouts/wait", response_model=list[Rollout], dependencies=auth, responses=_MISSING
-    )
+    @router.post("/rollouts/wait", response_model=list[Rollout], responses=_MISSING)
     async def wait_for_rollouts(body: WaitRequest) -> Response:
         """Wait (capped) until the rollouts finish; answers the finished ones, in order."""
         done = await store.wait_for_rollouts(body.rollout_ids, timeout_s=capped(body.timeout_s))
         return _ok(_ROLLOUTS, done)
 
-    # ---- records ----------------------------------------------------------------------
-    @router.post("/llm_calls", response_model=list[LLMCall], dependencies=auth, responses=_MISSING)
-    async def add_llm_calls(body: LLMCallsRequest, request: Request) -> Response:
-        """Record LLM calls; answers them with sequence ids assigned."""
-        return await replays.run(request, lambda: store.add_llm_calls(body.calls), _LLM_CALLS)
-
-    @router.post("/spans", response_model=list[Span], dependencies=auth, responses=_MISSING)
-    async def add_spans(body: SpansRequest, request: Request) -> Response:
-        """Record spans; answers them with sequence ids assigned."""
-        return await replays.run(request, lambda: store.add_spans(body.spans), _SPANS)
-
-    @router.post("/rewards", response_model=None, dependencies=auth, responses=_MISSING)
-    async def add_rewards(body: RewardsRequest, request: Request) -> Response:
-        """Record rewards; answers null."""
-        return await replays.run(request, lambda: store.add_rewards(body.rewards), _NONE)
-
     # ---- queries ----------------------------------------------------------------------
-    @router.get(
-        "/rollouts/{rollout_id}", response_model=Rollout, dependencies=auth, responses=_MISSING
-    )
+    @router.get("/rollouts/{rollout_id}", response_model=Rollout, responses=_MISSING)
     async def get_rollout(rollout_id: str) -> Response:
         """One rollout."""
         return _ok(_ROLLOUT, await store.get_rollout(rollout_id))
 
-    @router.post("/rollouts/query", response_model=list[Rollout], dependencies=auth)
+    @router.post("/rollouts/query", response_model=list[Rollout])
     async def query_rollouts(body: QueryRequest) -> Response:
         """Rollouts matching every given filter, oldest first."""
         found = await store.query_rollouts(
@@ -495,46 +630,29 @@ def store_router(
         )
         return _ok(_ROLLOUTS, found)
 
-    @router.get(
-        "/rollouts/{rollout_id}/attempts",
-        response_model=list[Attempt],
-        dependencies=auth,
-        responses=_MISSING,
-    )
+    @router.get("/rollouts/{rollout_id}/attempts", response_model=list[Attempt], responses=_MISSING)
     async def get_attempts(rollout_id: str) -> Response:
         """A rollout's attempts, first to last."""
         return _ok(_ATTEMPTS, await store.get_attempts(rollout_id))
 
     @router.get(
-        "/rollouts/{rollout_id}/llm_calls",
-        response_model=list[LLMCall],
-        dependencies=auth,
-        responses=_MISSING,
+        "/rollouts/{rollout_id}/llm_calls", response_model=list[LLMCall], responses=_MISSING
     )
     async def get_llm_calls(rollout_id: str, attempt_id: str | None = None) -> Response:
         """A rollout's LLM calls (of one attempt when given), by sequence id."""
         return _ok(_LLM_CALLS, await store.get_llm_calls(rollout_id, attempt_id))
 
-    @router.get(
-        "/rollouts/{rollout_id}/spans",
-        response_model=list[Span],
-        dependencies=auth,
-        responses=_MISSING,
-    )
+    @router.get("/rollouts/{rollout_id}/spans", response_model=list[Span], responses=_MISSING)
     async def get_spans(rollout_id: str, attempt_id: str | None = None) -> Response:
         """A rollout's spans (of one attempt when given), by sequence id."""
         return _ok(_SPANS, await store.get_spans(rollout_id, attempt_id))
 
-    @router.get(
-        "/rollouts/{rollout_id}/rewards",
-        response_model=list[Reward],
-        dependencies=auth,
-        responses=_MISSING,
-    )
+    @router.get("/rollouts/{rollout_id}/rewards", response_model=list[Reward], responses=_MISSING)
     async def get_rewards(rollout_id: str, attempt_id: str | None = None) -> Response:
         """A rollout's rewards (of one attempt when given), oldest first."""
         return _ok(_REWARDS, await store.get_rewards(rollout_id, attempt_id))
 
+    router.include_router(otlp_router(store, token=token, max_body_bytes=max_body_bytes))
     return router
 
 
@@ -545,23 +663,45 @@ def store_app(
     max_wait_s: float = DEFAULT_MAX_WAIT_S,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     dedup_ttl_s: float = 300.0,
-    dedup_max_bytes: int = 64 * 1024 * 1024,
+    dedup_max_bytes: int = DEFAULT_DEDUP_MAX_BYTES,
 ) -> FastAPI:
-    """A FastAPI app serving ``store`` under ``/v1/store`` (options as :func:`store_router`).
+    """A FastAPI app serving ``store`` under ``/v1/store`` (options as :func:`store_router`),
+    and its OTLP trace route at ``/v1/traces`` too.
 
     Unknown paths and methods also answer in the JSON error format.
     """
-    app = FastAPI(title="VoltRL store", version="1")
-    app.include_router(
-        store_router(
-            store,
-            token=token,
-            max_wait_s=max_wait_s,
-            max_body_bytes=max_body_bytes,
-            dedup_ttl_s=dedup_ttl_s,
-            dedup_max_bytes=dedup_max_bytes,
-        ),
-        prefix=API_PREFIX,
+    app = _StoreApp(title="VoltRL store", version="1")
+    router = store_router(
+        store,
+        token=token,
+        max_wait_s=max_wait_s,
+        max_body_bytes=max_body_bytes,
+        dedup_ttl_s=dedup_ttl_s,
+        dedup_max_bytes=dedup_max_bytes,
     )
+    app.include_router(router, prefix=API_PREFIX)
+    app.include_router(otlp_router(store, token=token, max_body_bytes=max_body_bytes))
     app.add_exception_handler(HTTPException, _http_exception)
+    app.index_routes()
     return app
+
+
+def otlp_router(
+    store: Store, *, token: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+) -> APIRouter:
+    """Only the OTLP trace route, ``/v1/traces``, to include at an app's root (where
+    OpenTelemetry SDKs send traces when given the server's URL as their OTLP endpoint)."""
+    router = APIRouter(route_class=_route_class(max_body_bytes, token))
+
+    @router.post(
+        OTLP_PATH,
+        response_model=None,
+        openapi_extra=OTLP_REQUEST_BODY,
+        tags=["otlp"],
+        responses={status: {"model": ErrorResponse} for status in (400, 401, 413, 415)},
+    )
+    async def otlp_traces(request: Request) -> Response:
+        """OTLP/HTTP trace export (protobuf or JSON): spans and rewards of rollouts."""
+        return await export_traces(store, request, max_bytes=max_body_bytes)
+
+    return router

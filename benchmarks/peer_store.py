@@ -1,0 +1,283 @@
+"""Our store in the peer harness ``shared/bench/peer/store_throughput.py`` (``OursStoreAdapter``).
+
+mode ``http``: our store server (``store_app`` over a durable ``SQLStore`` file in a temporary
+directory, bearer token on, served by uvicorn with ``voltrl.server.serve`` as the trainer does)
+runs in its own process; every harness worker is one runner with its own ``HTTPStore``.
+mode ``inproc``: the workers call one ``SQLStore`` object directly.
+
+The harness's lifecycle is enqueue -> claim -> K spans -> complete with a reward. The adapter
+does what our runner (``voltrl.runner``) really does, and nothing cheaper:
+
+- ``claim`` is ``store.claim(worker_id, wait_s=RunnerConfig.claim_wait_s)``, the runner's
+  long-poll claim;
+- ``add_span`` appends the span to the attempt's buffer, as ``RolloutContext.add_span`` does
+  (no request: spans travel with the attempt's report);
+- ``complete`` sends one ``AttemptResult`` with the buffered spans and the reward the agent
+  returned, as ``runner._execute`` does.
+
+So a rollout costs 3 requests (enqueue, claim, complete) where the peer's runner makes 14.
+The server process can be profiled: ``serve --profile FILE`` writes cProfile stats at exit.
+
+Also runnable on its own::
+
+    .venv/bin/python benchmarks/peer_store.py memory --rollouts 20000 --concurrency 32
+
+runs that many rollouts through the HTTP server and prints its RSS every 1,000 rollouts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import cProfile
+import os
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from voltrl.runner import RunnerConfig
+from voltrl.store.base import Store
+from voltrl.store.client import HTTPStore
+from voltrl.store.sql import SQLStore
+from voltrl.types import AttemptResult, Span, Task
+
+TOKEN = "peer-bench-token"
+HERE = Path(__file__).resolve().parent
+PEER = Path(os.environ.get("VOLTRL_PEER_BENCH", HERE.parent.parent / "shared" / "bench" / "peer"))
+
+
+def _harness() -> Any:
+    """The harness module (imported from ``PEER``), for its helpers and child tracking."""
+    if str(PEER) not in sys.path:
+        sys.path.insert(0, str(PEER))
+    import store_throughput
+
+    return store_throughput
+
+
+@dataclass
+class Worker:
+    """One runner: its store client and the spans buffered per attempt until it completes."""
+
+    store: Store
+    spans: dict[str, list[Span]] = field(default_factory=dict)
+
+
+class OursStoreAdapter:
+    """The harness's store adapter protocol, for our store server and client."""
+
+    name = "ours"
+
+    def __init__(self, args: argparse.Namespace, rec: Any) -> None:
+        self.args = args
+        self.rec = rec
+        self.mode = "http"
+        self.base = ""
+        self.server_pid: int | None = None
+        self.store: SQLStore | None = None
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        self.attrs: dict[str, Any] = {}
+
+    async def start(self, mode: str) -> None:
+        """Start the server process (http) or open the store (inproc)."""
+        h = _harness()
+        self.mode = mode
+        self.attrs = h.make_span_payload(self.args.span_bytes)
+        self._tmp = tempfile.TemporaryDirectory(prefix="voltrl-peer-store-")
+        db = Path(self._tmp.name) / "store.sqlite"
+        if mode == "inproc":
+            self.store = SQLStore(db)
+            return
+        port = h.free_port()
+        self.base = f"http://{h.LOOPBACK}:{port}"
+        argv = [sys.executable, str(Path(__file__).resolve()), "serve"]
+        argv += ["--db", str(db), "--port", str(port)]
+        if profile := os.environ.get("VOLTRL_PEER_PROFILE"):
+            argv += ["--profile", profile]
+        proc = h.CHILDREN.spawn(argv, log_path=self.args.server_log)
+        self.server_pid = proc.pid
+        await h.wait_http_ok(f"{self.base}/v1/store/health", timeout=50, proc=proc)
+
+    async def new_worker(self, idx: int) -> Worker:
+        """One runner's client: its own ``HTTPStore`` (connection pool), or the shared store."""
+        if self.mode == "inproc":
+            assert self.store is not None
+            return Worker(self.store)
+        return Worker(HTTPStore(self.base, TOKEN))
+
+    async def close_worker(self, h: Worker) -> None:
+        """Close the runner's connections."""
+        if self.mode == "http":
+            await h.store.close()
+
+    async def enqueue(self, h: Worker, task_input: dict[str, Any]) -> str:
+        """Queue one rollout."""
+        (rollout,) = await h.store.enqueue([Task(input=task_input)])
+        return rollout.rollout_id
+
+    async def claim(self, h: Worker, worker_id: str) -> tuple[str, str] | None:
+        """The runner's long-poll claim."""
+        claim = await h.store.claim(worker_id, wait_s=RunnerConfig().claim_wait_s)
+        if claim is None:
+            return None
+        return claim.rollout.rollout_id, claim.attempt.attempt_id
+
+    async def add_span(self, h: Worker, rid: str, aid: str, seq: int) -> None:
+        """Buffer one span of the attempt, as ``RolloutContext.add_span`` does."""
+        t = time.time()
+        span = Span(
+            rollout_id=rid,
+            attempt_id=aid,
+            name="openai.chat.completion",
+            start_time=t - 0.001,
+            end_time=t,
+            attributes=dict(self.attrs),
+            status="ok",
+            sequence_id=seq,
+        )
+        h.spans.setdefault(aid, []).append(span)
+
+    async def complete(self, h: Worker, rid: str, aid: str, seq: int, reward: float) -> None:
+        """Report the attempt: status, returned reward and buffered spans in one request."""
+        spans = h.spans.pop(aid, [])
+        result = AttemptResult(status="succeeded", reward=reward, spans=spans)
+        await h.store.complete(aid, result)
+
+    async def server_info(self) -> dict[str, Any]:
+        """Counts of rollouts and spans; the server process's CPU seconds and RSS."""
+        info: dict[str, Any] = {}
+        if self._tmp is not None:
+            info.update(_counts(Path(self._tmp.name) / "store.sqlite"))
+        if self.server_pid is not None:
+            info.update(_harness().proc_stats(self.server_pid))
+        return info
+
+    async def stop(self) -> None:
+        """Stop the server process and remove the store file."""
+        if self.store is not None:
+            await self.store.close()
+        if self.server_pid is not None:
+            _harness().CHILDREN.kill_all()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+
+def _counts(db: Path) -> dict[str, int]:
+    """Rows in the store file (read by a separate connection, as ``voltrl runs`` would)."""
+    import sqlite3
+
+    if not db.exists():
+        return {}
+    with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)) as c:
+        return {
+            f"total_{t}": c.execute(f"SELECT COUNT(*) FROM {t}").fetchone()[0]
+            for t in ("rollouts", "attempts", "spans")
+        }
+
+
+# ---- server process -----------------------------------------------------------------------
+def serve_main(db: str, port: int, profile: str | None) -> None:
+    """Serve ``store_app(SQLStore(db))`` on loopback until SIGTERM.
+
+    uvicorn as ``voltrl.server.serve`` configures it, except that the HTTP parser is pinned to
+    h11 (pure Python, always installed with uvicorn): ``httptools`` is not a VoltRL dependency,
+    so the numbers hold for a plain install. The peer's server ran on h11 too.
+    """
+    import uvicorn
+
+    from voltrl.store.server import store_app
+
+    profiler = cProfile.Profile(time.process_time) if profile else None
+
+    async def main() -> None:
+        store = SQLStore(db)
+        config = uvicorn.Config(
+            store_app(store, token=TOKEN),
+            host="127.0.0.1",
+            port=port,
+            http="h11",
+            loop="asyncio",
+            log_level="warning",
+        )
+        server = uvicorn.Server(config)
+        # uvicorn stops on SIGTERM, then raises it again under the handler found at start:
+        # make that one a no-op so the profile is written and the store closed.
+        signal.signal(signal.SIGTERM, lambda *_: None)
+        if profiler is not None:
+            profiler.enable()
+        try:
+            await server.serve()
+        finally:
+            if profiler is not None:
+                profiler.disable()
+                profiler.dump_stats(profile)
+            await store.close()
+
+    asyncio.run(main())
+
+
+# ---- memory check -------------------------------------------------------------------------
+async def memory_check(rollouts: int, concurrency: int, every: int) -> list[tuple[int, float]]:
+    """Run ``rollouts`` lifecycles through the HTTP server; (rollouts done, RSS MiB) samples."""
+    h = _harness()
+    args = argparse.Namespace(span_bytes=800, server_log=None)
+    adapter = OursStoreAdapter(args, None)
+    await adapter.start("http")
+    assert adapter.server_pid is not None
+    samples = [(0, h.proc_stats(adapter.server_pid)["rss_mib"])]
+    done = 0
+
+    async def worker(i: int) -> None:
+        nonlocal done
+        w = await adapter.new_worker(i)
+        while done < rollouts:
+            await adapter.enqueue(w, {"task": f"w{i}", "question": "What is 2+2?"})
+            claim = await adapter.claim(w, f"mem-worker-{i}")
+            if claim is None:
+                continue
+            for s in range(1, 11):
+                await adapter.add_span(w, *claim, s)
+            await adapter.complete(w, *claim, 11, 1.0)
+            done += 1
+            if done % every == 0:
+                samples.append((done, h.proc_stats(adapter.server_pid)["rss_mib"]))
+        await adapter.close_worker(w)
+
+    try:
+        await asyncio.gather(*(worker(i) for i in range(concurrency)))
+    finally:
+        await adapter.stop()
+    return samples
+
+
+def main() -> None:
+    """``serve`` (the server process) or ``memory`` (the RSS check)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    srv = sub.add_parser("serve", help="run the store server (the adapter starts this)")
+    srv.add_argument("--db", required=True)
+    srv.add_argument("--port", type=int, required=True)
+    srv.add_argument("--profile", default=None, help="write cProfile stats here at exit")
+    mem = sub.add_parser("memory", help="server RSS over many rollouts")
+    mem.add_argument("--rollouts", type=int, default=20000)
+    mem.add_argument("--concurrency", type=int, default=32)
+    mem.add_argument("--every", type=int, default=1000)
+    args = parser.parse_args()
+    if args.command == "serve":
+        serve_main(args.db, args.port, args.profile)
+        return
+    t0 = time.perf_counter()
+    samples = asyncio.run(memory_check(args.rollouts, args.concurrency, args.every))
+    print(f"{args.rollouts} rollouts in {time.perf_counter() - t0:.1f} s")
+    print(f"{'rollouts':>9} {'server RSS MiB':>15}")
+    for n, rss in samples:
+        print(f"{n:>9} {rss:>15.1f}")
+
+
+if __name__ == "__main__":
+    main()
