@@ -189,3 +189,37 @@ schema = _schema()
 )
 def test_fuzzed_store_api_never_answers_5xx(case: schemathesis.Case, fuzzed_server: str) -> None:
     case.call_and_validate(base_url=fuzzed_server, headers=AUTH, checks=[not_a_server_error])
+
+
+async def test_the_trainers_gateways_check_its_token(tmp_path):
+    """Agents get the run's token as their LLM's API key; the gateway refuses any other."""
+    import voltrl as vl
+
+    seen: list[tuple[str, int]] = []
+
+    @vl.rollout
+    async def agent(task, llm):
+        for key in (llm.api_key, "wrong"):
+            client = AsyncOpenAI(base_url=llm.endpoint, api_key=key, max_retries=0)
+            try:
+                await client.completions.create(model=llm.model, prompt="hi", max_tokens=2)
+                seen.append((key, 200))
+            except Exception as exc:
+                seen.append((key, getattr(exc, "status_code", 0)))
+            finally:
+                await client.close()
+        return 1.0
+
+    async with FakeBackend() as backend:
+        llm = LLM(endpoint=backend.url, model="m", api_key="backend-key")
+        trainer = vl.Trainer(
+            n_runners=1,
+            inline=True,
+            token=TOKEN,
+            resources={"main_llm": llm},
+            run_dir=tmp_path,
+            progress=False,
+        )
+        result = await trainer.dev_async(agent, [{"q": 1}])
+    assert result.stats.succeeded == 1
+    assert seen == [(TOKEN, 200), ("wrong", 401)]
