@@ -385,7 +385,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except VoltRLError as exc:
-        print(f"voltrl: error: {exc}", file=sys.stderr)
+        message = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        print(f"voltrl: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

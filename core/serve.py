@@ -18,6 +18,8 @@ import signal
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+from starlette.requests import Request
+from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from voltrl.errors import VoltRLError
@@ -113,9 +115,17 @@ def server_app(
     options: dict[str, Any] = {} if max_wait_s is None else {"max_wait_s": max_wait_s}
     app = store_app(store, **options)
     app.title = "VoltRL store server"
+    app.add_exception_handler(Exception, _internal_error)
     if gateway is not None:
         app.mount("/", gateway.app)
     return BearerAuth(app, token) if token else app
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    """Anything unexpected, the gateway's included, answers 500 as JSON (logged here)."""
+    from voltrl.store.server import error_response
+
+    return error_response(exc)
 
 
 async def _wait_for_signal() -> None:

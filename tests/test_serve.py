@@ -7,6 +7,7 @@ import asyncio
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from openai import AsyncOpenAI
 from schemathesis.checks import not_a_server_error
 from schemathesis.config import SchemathesisConfig
 
+from voltrl.gateway import Gateway
 from voltrl.resources import LLM
 from voltrl.serve import BearerAuth, is_loopback, server_app
 from voltrl.server import serve, serve_in_thread
@@ -78,6 +80,31 @@ def test_serving_beyond_loopback_without_a_token_is_refused(tmp_path):
         assert out.stderr.count("\n") == 1 and "pass --token or set VOLTRL_TOKEN" in out.stderr
 
 
+def test_serve_errors_are_one_line(tmp_path):
+    """A port in use, an unknown store, an unreachable database."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        for args, message in [
+            (["--store", "memory", "--port", port], "Address already in use"),
+            (["--store", "mysql://h/db", "--port", "0"], "unknown store 'mysql://h/db'"),
+            (
+                ["--store", "postgresql://u:secret@127.0.0.1:1/db", "--port", "0"],
+                "cannot connect to PostgreSQL at 127.0.0.1:1/db",
+            ),
+        ]:
+            out = subprocess.run(
+                [sys.executable, "-m", "voltrl.cli", "serve", *args],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                cwd=tmp_path,
+            )
+            assert out.returncode == 2 and message in out.stderr, out.stderr
+            assert out.stderr.count("\n") == 1 and "secret" not in out.stderr
+
+
 async def test_with_a_token_every_route_but_health_needs_it():
     async with FakeBackend() as backend:
         from voltrl.serve import _gateway
@@ -119,6 +146,27 @@ async def test_with_a_token_every_route_but_health_needs_it():
         finally:
             await stop_server()
             await gateway.aclose()
+
+
+async def test_an_unexpected_error_in_the_gateway_answers_json_without_a_traceback():
+    store = InMemoryStore()
+    gateway = Gateway(store, ["http://127.0.0.1:9/v1"])
+
+    async def explode(scope, receive, send):
+        raise RuntimeError("boom")
+
+    gateway._handle = explode  # type: ignore[method-assign]
+    url, stop_server = await serve(server_app(store, token=TOKEN, gateway=gateway))
+    try:
+        async with httpx.AsyncClient(base_url=url) as http:
+            answer = await http.post("/v1/chat/completions", headers=AUTH, json={})
+    finally:
+        await stop_server()
+        await gateway.aclose()
+    assert answer.status_code == 500
+    assert answer.json() == {
+        "error": {"type": "InternalError", "message": "unexpected RuntimeError: boom"}
+    }
 
 
 def test_bearer_auth_needs_a_token():
