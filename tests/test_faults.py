@@ -351,13 +351,18 @@ async def test_network_faults_between_runner_and_server_lose_nothing_and_duplica
         done = await all_finished(store, rollouts, 150)
         procs.stop(runner, "runner")
     assert [r.status for r in done] == ["succeeded"] * len(rollouts)
+    statuses: Counter[str] = Counter()
     for r in done:
         attempts = await store.get_attempts(r.rollout_id)
+        statuses.update(a.status for a in attempts)
         assert [a.status for a in attempts].count("succeeded") == 1
         calls = Counter(c.attempt_id for c in await store.get_llm_calls(r.rollout_id))
         assert calls[r.final_attempt_id] == 1 and max(calls.values()) == 1, calls
         assert [s.name for s in await store.get_spans(r.rollout_id, r.final_attempt_id)] == ["work"]
-    print(f"\nproxy faults injected: {dict(proxy.faults)}")
+    print(f"\nproxy faults injected: {dict(proxy.faults)}; attempts: {dict(statuses)}")
+    # A claim is applied once however often it is retried: an attempt left to expire is one
+    # whose every retry failed, which the worker logs.
+    assert statuses["expired"] <= procs.log("runner").count("claim failed")
     assert all(proxy.faults[fate] > 0 for fate in FlakyProxy.FATES), proxy.faults
     await store.close()
 
