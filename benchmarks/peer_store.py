@@ -9,11 +9,11 @@ The harness's lifecycle is enqueue -> claim -> K spans -> complete with a reward
 does what our runner (``voltrl.runner``) really does, and nothing cheaper:
 
 - ``claim`` is ``store.claim(worker_id, wait_s=RunnerConfig.claim_wait_s)``, the runner's
-  long-poll claim;
-- ``add_span`` appends the span to the attempt's buffer, as ``RolloutContext.add_span`` does
-  (no request: spans travel with the attempt's report);
-- ``complete`` sends one ``AttemptResult`` with the buffered spans and the reward the agent
-  returned, as ``runner._execute`` does.
+  long-poll claim, and opens the attempt's :class:`~voltrl.tracing.RolloutContext`;
+- ``add_span`` records a span with ``RolloutContext.span`` (the harness's ~800 bytes of
+  attributes), which buffers it on the context: no request, spans travel with the report;
+- ``complete`` sends one ``AttemptResult`` with the context's spans and rewards and the reward
+  the agent returned, as ``runner._execute`` does.
 
 So a rollout costs 3 requests (enqueue, claim, complete) where the peer's runner makes 14.
 The server process can be profiled: ``serve --profile FILE`` writes cProfile stats at exit.
@@ -40,11 +40,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from voltrl.resources import Resources
 from voltrl.runner import RunnerConfig
 from voltrl.store.base import Store
 from voltrl.store.client import HTTPStore
 from voltrl.store.sql import SQLStore
-from voltrl.types import AttemptResult, Span, Task
+from voltrl.tracing import RolloutContext
+from voltrl.types import AttemptResult, Task
 
 TOKEN = "peer-bench-token"
 HERE = Path(__file__).resolve().parent
@@ -62,10 +64,10 @@ def _harness() -> Any:
 
 @dataclass
 class Worker:
-    """One runner: its store client and the spans buffered per attempt until it completes."""
+    """One runner: its store client and the context of each attempt it runs."""
 
     store: Store
-    spans: dict[str, list[Span]] = field(default_factory=dict)
+    contexts: dict[str, RolloutContext] = field(default_factory=dict)
 
 
 class OursStoreAdapter:
@@ -121,31 +123,31 @@ class OursStoreAdapter:
         return rollout.rollout_id
 
     async def claim(self, h: Worker, worker_id: str) -> tuple[str, str] | None:
-        """The runner's long-poll claim."""
+        """The runner's long-poll claim; opens the attempt's rollout context."""
         claim = await h.store.claim(worker_id, wait_s=RunnerConfig().claim_wait_s)
         if claim is None:
             return None
-        return claim.rollout.rollout_id, claim.attempt.attempt_id
-
-    async def add_span(self, h: Worker, rid: str, aid: str, seq: int) -> None:
-        """Buffer one span of the attempt, as ``RolloutContext.add_span`` does."""
-        t = time.time()
-        span = Span(
+        rid, aid = claim.rollout.rollout_id, claim.attempt.attempt_id
+        h.contexts[aid] = RolloutContext(
             rollout_id=rid,
             attempt_id=aid,
-            name="openai.chat.completion",
-            start_time=t - 0.001,
-            end_time=t,
-            attributes=dict(self.attrs),
-            status="ok",
-            sequence_id=seq,
+            task=claim.rollout.task,
+            mode=claim.rollout.mode,
+            resources=Resources(items={}),
+            worker_id=worker_id,
         )
-        h.spans.setdefault(aid, []).append(span)
+        return rid, aid
+
+    async def add_span(self, h: Worker, rid: str, aid: str, seq: int) -> None:
+        """One span of the attempt, recorded (buffered) by its rollout context."""
+        with h.contexts[aid].span("openai.chat.completion", **self.attrs):
+            pass
 
     async def complete(self, h: Worker, rid: str, aid: str, seq: int, reward: float) -> None:
-        """Report the attempt: status, returned reward and buffered spans in one request."""
-        spans = h.spans.pop(aid, [])
-        result = AttemptResult(status="succeeded", reward=reward, spans=spans)
+        """Report the attempt: status, returned reward, the context's spans, in one request."""
+        ctx = h.contexts.pop(aid)
+        result = AttemptResult(status="succeeded", reward=reward)
+        result.rewards, result.spans = list(ctx.rewards), list(ctx.spans)
         await h.store.complete(aid, result)
 
     async def server_info(self) -> dict[str, Any]:

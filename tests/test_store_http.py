@@ -442,3 +442,69 @@ async def test_a_long_poll_claim_whose_client_died_takes_no_rollout(served: Serv
     claim = await client.claim("alive", wait_s=WAKE_LIMIT_S)
     assert claim is not None and claim.rollout.rollout_id == queued.rollout_id
     assert claim.attempt.index == 1  # no orphaned attempt was started before it
+
+
+# ---- client transport -------------------------------------------------------------------------
+def record_clients(app: Any, seen: list[tuple[str, int]]) -> Any:
+    """``app``, recording the client address (host, port) of every request."""
+
+    async def wrapper(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            seen.append(scope["client"])
+        await app(scope, receive, send)
+
+    return wrapper
+
+
+async def test_client_keeps_one_connection_alive_across_calls(served: Served) -> None:
+    store, seen = InMemoryStore(), []
+    server, _ = served.server(store, app=record_clients(store_app(store, token=TOKEN), seen))
+    client = served.client(server.url)
+    for _ in range(5):
+        await client.enqueue(tasks(1))
+        c = await client.claim("w")
+        assert c is not None
+        await client.complete(c.attempt.attempt_id, AttemptResult(status="succeeded"))
+    assert len(seen) == 15 and len(set(seen)) == 1
+
+
+def fail_first(app: Any, path_suffix: str, times: int, status: int) -> Any:
+    """``app``, except that the first ``times`` requests to a path ending in ``path_suffix``
+    get ``status`` without reaching it (a proxy in front of a restarting server)."""
+    failed: list[str] = []
+
+    async def wrapper(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].endswith(path_suffix) and len(failed) < times:
+            failed.append(scope["path"])
+            await send({"type": "http.response.start", "status": status, "headers": []})
+            await send({"type": "http.response.body", "body": b"<html>try again</html>"})
+            return
+        await app(scope, receive, send)
+
+    return wrapper
+
+
+async def test_5xx_answers_are_retried_and_the_write_applies_once(served: Served) -> None:
+    store = InMemoryStore()
+    server, _ = served.server(
+        store, app=fail_first(store_app(store, token=TOKEN), "/rollouts", 2, 503)
+    )
+    client = served.client(server.url, backoff_s=0.001)
+    [r] = await client.enqueue(tasks(1))
+    assert [x.rollout_id for x in await store.query_rollouts()] == [r.rollout_id]
+
+    server, _ = served.server(
+        store, app=fail_first(store_app(store, token=TOKEN), "/claims", 9, 502)
+    )
+    with pytest.raises(StoreError, match="502 to POST /claims without a VoltRL error body"):
+        await served.client(server.url, retries=2, backoff_s=0.001).claim("w")
+
+
+async def test_a_success_answer_that_is_not_the_routes_body_raises(served: Served) -> None:
+    """A claim must never read a broken answer as "no rollout queued"."""
+    store = InMemoryStore()
+    server, _ = served.server(
+        store, app=fail_first(store_app(store, token=TOKEN), "/claims", 1, 200)
+    )
+    with pytest.raises(StoreError, match="not what the route returns"):
+        await served.client(server.url).claim("w")

@@ -210,6 +210,9 @@ def error_from_response(status: int, content: bytes, what: str) -> StoreError:
     return StoreError(f"store server answered {status} {detail.type}: {detail.message}")
 
 
+_SKIPPED_HEADERS = ("Accept", "Accept-Encoding")
+"""Headers aiohttp adds by default that a store server does not use: fewer to send and parse."""
+
 _RETRY_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError)
 """Transport failures a call retries: refused, reset or dropped connections, timeouts."""
 
@@ -273,7 +276,12 @@ class HTTPStore(Store):
             connector = aiohttp.TCPConnector(
                 limit=self._max_connections, limit_per_host=0, keepalive_timeout=self._keepalive_s
             )
-            self._session = aiohttp.ClientSession(headers=self._headers, connector=connector)
+            self._session = aiohttp.ClientSession(
+                headers=self._headers,
+                connector=connector,
+                skip_auto_headers=_SKIPPED_HEADERS,
+                cookie_jar=aiohttp.DummyCookieJar(),
+            )
             self._session_loop = loop
         return self._session
 

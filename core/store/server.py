@@ -64,6 +64,7 @@ import typing
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
+from re import Pattern
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request, Response
@@ -71,6 +72,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, TypeAdapter, ValidationError
 from starlette.exceptions import HTTPException
+from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from voltrl.errors import NotFoundError, StaleAttemptError, VoltRLError
@@ -302,30 +304,31 @@ class _StoreApp(FastAPI):
     skipped for them; anything else (OpenAPI docs, unknown paths) goes through FastAPI.
     """
 
-    def index_routes(self) -> None:
-        """Remember the store's routes by method and path (or path pattern)."""
-        self._static: dict[tuple[str, str], APIRoute] = {}
-        self._patterns: list[tuple[str, APIRoute]] = []
-        for route in self.routes:
-            if isinstance(route, _StoreRoute):
-                for method in route.methods:
-                    if route.param_convertors:
-                        self._patterns.append((method, route))
-                    else:
-                        self._static[method, route.path] = route
+    def index_routes(self, prefix: str, router: APIRouter) -> None:
+        """Send requests for ``router``'s store routes, included under ``prefix``, straight
+        to them."""
+        if not hasattr(self, "_static"):
+            self._static: dict[tuple[str, str], _StoreRoute] = {}
+            self._patterns: list[tuple[str, Pattern[str], _StoreRoute]] = []
+        for route in router.routes:
+            if not isinstance(route, _StoreRoute):
+                continue
+            for method in route.methods:
+                if route.param_convertors:
+                    regex, _, _ = compile_path(prefix + route.path)
+                    self._patterns.append((method, regex, route))
+                else:
+                    self._static[method, prefix + route.path] = route
 
-    def _route_for(self, scope: Scope) -> APIRoute | None:
+    def _route_for(self, scope: Scope) -> _StoreRoute | None:
         method, path = scope["method"], scope["path"]
         route = self._static.get((method, path))
         if route is not None:
             scope["path_params"] = {}
             return route
-        for route_method, route in self._patterns:
-            if route_method == method and (match := route.path_regex.match(path)):
-                convert = route.param_convertors
-                scope["path_params"] = {
-                    k: convert[k].convert(v) for k, v in match.groupdict().items()
-                }
+        for route_method, regex, route in self._patterns:
+            if route_method == method and (match := regex.match(path)):
+                scope["path_params"] = match.groupdict()  # every path parameter is a string
                 return route
         return None
 
@@ -652,7 +655,7 @@ def store_router(
         """A rollout's rewards (of one attempt when given), oldest first."""
         return _ok(_REWARDS, await store.get_rewards(rollout_id, attempt_id))
 
-    router.include_router(otlp_router(store, token=token, max_body_bytes=max_body_bytes))
+    _add_otlp_route(router, store, max_body_bytes)
     return router
 
 
@@ -679,10 +682,12 @@ def store_app(
         dedup_ttl_s=dedup_ttl_s,
         dedup_max_bytes=dedup_max_bytes,
     )
+    otlp = otlp_router(store, token=token, max_body_bytes=max_body_bytes)
     app.include_router(router, prefix=API_PREFIX)
-    app.include_router(otlp_router(store, token=token, max_body_bytes=max_body_bytes))
+    app.include_router(otlp)
     app.add_exception_handler(HTTPException, _http_exception)
-    app.index_routes()
+    app.index_routes(API_PREFIX, router)
+    app.index_routes("", otlp)
     return app
 
 
@@ -692,7 +697,11 @@ def otlp_router(
     """Only the OTLP trace route, ``/v1/traces``, to include at an app's root (where
     OpenTelemetry SDKs send traces when given the server's URL as their OTLP endpoint)."""
     router = APIRouter(route_class=_route_class(max_body_bytes, token))
+    _add_otlp_route(router, store, max_body_bytes)
+    return router
 
+
+def _add_otlp_route(router: APIRouter, store: Store, max_body_bytes: int) -> None:
     @router.post(
         OTLP_PATH,
         response_model=None,
@@ -703,5 +712,3 @@ def otlp_router(
     async def otlp_traces(request: Request) -> Response:
         """OTLP/HTTP trace export (protobuf or JSON): spans and rewards of rollouts."""
         return await export_traces(store, request, max_bytes=max_body_bytes)
-
-    return router
