@@ -8,7 +8,12 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 TORCH  := torch==2.13.0
 
-.PHONY: test test-vllm demo demo-seeds lint format clean postgres
+# The VERL tests' environment (see test-verl below).
+VERL_VENV    := .venv-verl
+VERL_PY      := $(VERL_VENV)/bin/python
+VERL_VERSION := 0.9.1
+
+.PHONY: test test-verl test-vllm demo demo-seeds lint format clean postgres
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -34,9 +39,28 @@ demo: $(VENV)/.demo-deps
 demo-seeds: $(VENV)/.demo-deps
 	$(PY) samples/calculator/demo.py --seeds 0 1 2
 
-## make test: install what the tests need and run them
-test: $(VENV)/.test-deps postgres
+## make test: install what the tests need and run them (tests/, then tests_verl/)
+test: $(VENV)/.test-deps postgres $(VERL_VENV)/.deps-$(VERL_VERSION)
 	$(PY) -m pytest -q
+	$(VERL_PY) -m pytest -q tests_verl
+
+# The VERL integration's tests (tests_verl/) need the real verl package, which pins
+# transformers<5.11, so they run in their own environment, .venv-verl, on the same pinned
+# torch (verl's [vllm]/[fsdp]/[cpu] extras pin another torch and are not used). About 1.5
+# minutes to install and 2.5 to run on 2 cores. No GPU: verl's trainer itself is not run.
+$(VERL_PY):
+	$(PYTHON) -m venv $(VERL_VENV)
+	$(VERL_PY) -m pip install --quiet --upgrade pip
+
+# The stamp names the version, so changing the pin reinstalls; pyproject changes do too.
+$(VERL_VENV)/.deps-$(VERL_VERSION): pyproject.toml | $(VERL_PY)
+	$(VERL_PY) -m pip install --quiet "$(TORCH)"
+	$(VERL_PY) -m pip install --quiet -e ".[dev,local,verl]" "$(TORCH)"
+	touch $@
+
+## make test-verl: the VERL integration against the real verl package on this CPU (tests_verl/)
+test-verl: $(VERL_VENV)/.deps-$(VERL_VERSION)
+	$(VERL_PY) -m pytest -q tests_verl
 
 # The store tests start a real PostgreSQL server (tests/pg.py); they find its binaries on PATH,
 # through pg_config, or in /usr/lib/postgresql/*/bin. Where there are none, install them.
@@ -83,4 +107,4 @@ format: $(VENV)/.test-deps
 	$(VENV)/bin/ruff format .
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(VERL_VENV) runs .pytest_cache .ruff_cache .hypothesis

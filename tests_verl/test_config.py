@@ -30,6 +30,8 @@ def test_composed_config_is_wired_for_voltrl(composed):
     # the preset's offload and micro-batch settings landed in verl's keys
     assert cfg.actor_rollout_ref.actor.fsdp_config.param_offload is True
     assert cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu == 2
+    vllm = cfg.actor_rollout_ref.rollout.engine_kwargs.vllm
+    assert vllm.enable_auto_tool_choice and vllm.tool_call_parser == "hermes"
     traj = ours.trajectory_config(cfg)
     assert traj.max_prompt_length == cfg.data.max_prompt_length == 1024
     assert traj.max_response_length == cfg.actor_rollout_ref.rollout.response_length
@@ -41,15 +43,24 @@ def test_dict_yaml_and_overrides_compose_in_order(tmp_path):
     path.write_text(
         "actor_rollout_ref:\n  actor:\n    optim:\n      lr: 2.0e-6\n"
         "trainer:\n  total_training_steps: 7\n"
+        "  logger: [console, tensorboard]\n"
         "voltrl:\n  rollout_weighting: true\n  trajectory:\n    mode: trajectory\n"
     )
     cfg, ours = compose_config(
-        path, ["trainer.total_training_steps=9", "voltrl.rounding=pad"], preset="8gpu"
+        path,
+        [
+            "trainer.total_training_steps=9",
+            "voltrl.rounding=pad",
+            "+actor_rollout_ref.rollout.engine_kwargs.vllm.max_num_seqs=64",
+        ],
+        preset="8gpu",
     )
     assert cfg.actor_rollout_ref.actor.optim.lr == 2e-6
     assert cfg.trainer.total_training_steps == 9  # overrides come last
     assert cfg.trainer.n_gpus_per_node == 8
+    assert list(cfg.trainer.logger) == ["console", "tensorboard"]
     assert ours.rollout_weighting and ours.rounding == "pad"
+    assert cfg.actor_rollout_ref.rollout.engine_kwargs.vllm.max_num_seqs == 64
     assert ours.trajectory_config(cfg).mode == "trajectory"
     assert set(PRESETS) == {"1gpu-40gb", "8gpu"}
 

@@ -189,22 +189,32 @@ class VERL(Algorithm):
         await asyncio.to_thread(self._trainer.fit, manager)
 
     async def _serve_gateway(self, ctx: TrainContext, addresses: list[str]) -> LLM:
-        """A gateway in front of verl's vLLM replicas; returns the ``LLM`` agents get."""
+        """A gateway in front of verl's vLLM replicas (``host:port`` addresses of their
+        OpenAI-compatible servers); returns the ``LLM`` agents get. vLLM serves the model
+        under verl's local copy's path, so the name is read from ``/v1/models``."""
+        import httpx
+
         from voltrl.gateway import Gateway
         from voltrl.server import serve
 
+        if not addresses:
+            raise RuntimeError("verl started no rollout replicas (actor_rollout_ref.rollout)")
         backends = [a if a.startswith("http") else f"http://{a}" for a in addresses]
-        served = self.voltrl.served_model_name or str(self.verl_config.actor_rollout_ref.model.path)
+        backends = [f"{b.rstrip('/')}/v1" for b in backends]
+        async with httpx.AsyncClient(timeout=60.0) as client:
+            response = await client.get(f"{backends[0]}/models")
+            response.raise_for_status()
+            served = response.json()["data"][0]["id"]
         self._gateway = Gateway(
-            ctx.store,
-            [f"{b.rstrip('/')}/v1" for b in backends],
-            model=served,
-            resources_version=lambda: ctx.resources_version,
+            ctx.store, backends, model=served, resources_version=lambda: ctx.resources_version
         )
         url, stop = await serve(self._gateway.app, self.voltrl.gateway_host, 0)
         self._stops.append(stop)
         return LLM(
-            endpoint=f"{url}/v1", model=served, gateway=True, sampling_parameters=self.sampling
+            endpoint=f"{url}/v1",
+            model=self.voltrl.served_model_name or served,
+            gateway=True,
+            sampling_parameters=self.sampling,
         )
 
     def _start_ray_and_tq(self, cfg: Any) -> None:

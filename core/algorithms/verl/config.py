@@ -57,8 +57,8 @@ class VoltrlSection(Model):
             joins a running local cluster or starts one.
         gateway_host: the address the gateway in front of the vLLM replicas binds to; runners
             on other machines need a reachable one (then the store server needs a token).
-        served_model_name: the model name agents see in their ``LLM`` (default: verl's
-            ``actor_rollout_ref.model.path``, the name vLLM serves).
+        served_model_name: the model name agents see in their ``LLM`` (default: the name the
+            vLLM replicas serve; the gateway always sends that one to them).
         max_wait_s: longest one GRPO group may take before its rollouts count as failed.
     """
 
@@ -128,11 +128,24 @@ _DRIVER = "voltrl.algorithms.verl.driver"
 DEFAULTS: dict[str, Any] = {
     "algorithm": {"adv_estimator": "grpo"},
     "trainer": {"project_name": "voltrl", "logger": ["console"]},
-    "actor_rollout_ref": {"rollout": {"name": "vllm", "mode": "async"}},
+    "actor_rollout_ref": {
+        "actor": {"ppo_micro_batch_size_per_gpu": 4},
+        "ref": {"log_prob_micro_batch_size_per_gpu": 8},
+        "rollout": {
+            "log_prob_micro_batch_size_per_gpu": 8,
+            "name": "vllm",
+            "mode": "async",
+            # agents call tools through the OpenAI API: vLLM parses Hermes-style tool calls
+            "engine_kwargs": {
+                "vllm": {"enable_auto_tool_choice": True, "tool_call_parser": "hermes"}
+            },
+        },
+    },
 }
 """VoltRL's defaults over verl's own, applied before presets: GRPO (verl's default is GAE,
-which needs a critic model) with vLLM rollout servers, metrics to the console (add
-``"wandb"``, ``"tensorboard"`` or ``"mlflow"`` to ``trainer.logger``)."""
+which needs a critic model), micro-batch sizes (verl has none), vLLM rollout servers that
+parse Hermes tool calls, metrics to the console (add ``"wandb"``, ``"tensorboard"`` or
+``"mlflow"`` to ``trainer.logger``)."""
 
 
 def _as_container(source: ConfigSource | None) -> dict[str, Any]:
@@ -184,6 +197,8 @@ def compose_config(
     try:
         with initialize_config_module("verl.trainer.config", version_base=None):
             cfg = compose("ppo_trainer")
+        # free-form maps passed through to the inference engine: any key is valid there
+        OmegaConf.set_struct(cfg.actor_rollout_ref.rollout.engine_kwargs, False)
         dotted = OmegaConf.from_dotlist([o.lstrip("+") for o in verl_overrides])
         cfg = OmegaConf.merge(cfg, DEFAULTS, PRESETS.get(preset or "", {}), user, dotted)
     except OmegaConfBaseException as e:
@@ -212,6 +227,7 @@ def _wire(cfg: Any) -> None:
 
 def validate_config(cfg: Any) -> None:
     """Run verl's own validation and schema conversion, plus VoltRL's own constraints."""
+    from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import omega_conf_to_dataclass
@@ -232,5 +248,5 @@ def validate_config(cfg: Any) -> None:
         omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
         omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout)
         omega_conf_to_dataclass(cfg.algorithm)
-    except (AssertionError, TypeError, ValueError, OmegaConfBaseException) as e:
+    except (AssertionError, TypeError, ValueError, OmegaConfBaseException, HydraException) as e:
         raise ValueError(f"verl rejected the config: {e}") from e
