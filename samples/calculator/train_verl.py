@@ -1,6 +1,6 @@
 """Train the calculator agent with verl on GPUs (``vl.VERL``), the same ``agent.py`` as the demo.
 
-    pip install 'voltrl[verl]' 'verl[vllm]==0.9.1'        # on the GPU machine(s)
+    pip install -e '.[verl]' 'verl[vllm]==0.9.1'           # on the GPU machine(s)
     ray start --head                                        # optional on one machine
     python samples/calculator/train_verl.py --model Qwen/Qwen2.5-1.5B-Instruct --preset 1gpu-40gb
     python samples/calculator/train_verl.py --model Qwen/Qwen2.5-7B-Instruct --preset 8gpu \\
@@ -17,63 +17,39 @@ import sys
 from pathlib import Path
 
 import voltrl as vl
+from voltrl.algorithms.verl.script import verl_algorithm, verl_arguments
 
 HERE = Path(__file__).resolve().parent
+MAX_TOKENS = 256  # per model call; at most three calls fit rollout.response_length
 
 
-def config(args: argparse.Namespace) -> dict:
-    """verl's keys for this agent: three model calls per task at most, short answers."""
+def config() -> dict:
+    """verl's keys for this agent, plus the ``voltrl`` section."""
     return {
         "actor_rollout_ref": {
-            "model": {"path": args.model},
             "actor": {"optim": {"lr": 1e-6}},
             "rollout": {"response_length": 1024, "val_kwargs": {"temperature": 0.0}},
         },
         "data": {"max_prompt_length": 512},
-        "trainer": {
-            "total_training_steps": args.steps,
-            "test_freq": 10,
-            "save_freq": 50,
-            "val_before_train": True,
-        },
-        "voltrl": {
-            # one row per rollout: the tool result joins the response as context (mask 0)
-            "trajectory": {"mode": "trajectory"},
-            "rollout_weighting": True,
-        },
+        "trainer": {"test_freq": 10, "save_freq": 50, "val_before_train": True},
+        # one row per rollout: the tool result joins the response as context (mask 0)
+        "voltrl": {"trajectory": {"mode": "trajectory"}, "rollout_weighting": True},
     }
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    """The command line."""
+    """The command line: the shared VERL options plus the task counts."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="Qwen/Qwen2.5-1.5B-Instruct")
-    parser.add_argument("--preset", default="1gpu-40gb", choices=["1gpu-40gb", "8gpu"])
-    parser.add_argument("--config", type=Path, default=None, help="a YAML of verl keys")
-    parser.add_argument("--steps", type=int, default=200)
+    verl_arguments(parser, model="Qwen/Qwen2.5-1.5B-Instruct", name="calculator-verl")
     parser.add_argument("--train-tasks", type=int, default=4096)
     parser.add_argument("--val-tasks", type=int, default=192)
-    parser.add_argument("--runners", type=int, default=4, help="runner processes")
-    parser.add_argument("--concurrency", type=int, default=32, help="rollouts per runner")
-    parser.add_argument("--name", default="calculator-verl", help="run name (resumes)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("overrides", nargs="*", help="key=value verl / voltrl.* overrides")
     return parser.parse_args(argv)
 
 
 def algorithm(args: argparse.Namespace) -> vl.VERL:
-    """The VERL algorithm of this run (composes and validates verl's config)."""
-    overrides = list(args.overrides)
-    source = args.config if args.config is not None else config(args)
-    if args.config is not None:
-        overrides = [f"actor_rollout_ref.model.path={args.model}", *overrides]
-    return vl.VERL(
-        source,
-        overrides=overrides,
-        preset=args.preset,
-        sampling={"max_tokens": 256},  # per call; three calls fit rollout.response_length
-        val_sampling={"max_tokens": 256},
-    )
+    """The run's VERL algorithm (composes and validates verl's config)."""
+    sampling = {"max_tokens": MAX_TOKENS}
+    return verl_algorithm(args, config(), sampling=sampling, val_sampling=sampling)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from voltrl.algorithms.base import Algorithm
 from voltrl.algorithms.verl.config import ConfigSource, VoltrlSection, compose_config
+from voltrl.errors import VoltRLError
 from voltrl.metrics import summarize
 from voltrl.resources import LLM
 from voltrl.types import Task
@@ -126,7 +127,13 @@ class VERL(Algorithm):
 
     # ---- lifecycle ------------------------------------------------------------------------------
     async def setup(self, ctx: TrainContext) -> None:
-        """Nothing starts before ``train``: verl builds its workers around the dataset."""
+        """Nothing starts before ``train``: verl builds its workers around the dataset. VERL
+        only trains; ``Trainer.dev`` is for an endpoint you serve (``resources=...``)."""
+        if ctx.run.kind != "fit":
+            raise VoltRLError(
+                "VERL only trains (Trainer.fit); to run an agent without training, use "
+                "Trainer(resources={'main_llm': vl.LLM(endpoint=..., model=...)}).dev(...)"
+            )
 
     async def train(self, ctx: TrainContext, train: list[Task], val: list[Task] | None) -> None:
         """Run verl's trainer on ``train`` (validating on ``val``) with VoltRL's rollouts."""
@@ -146,7 +153,7 @@ class VERL(Algorithm):
         def after_update(step: int) -> None:
             async def publish_and_resume() -> None:
                 assert manager is not None
-                manager._published = None  # the next group publishes its LLM again
+                manager.new_policy()
                 self._gateway.resume()
 
             bridge.call(publish_and_resume())

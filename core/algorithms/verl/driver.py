@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 from collections import Counter
 from collections.abc import Callable, Coroutine
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
     from voltrl.trainer import TrainContext
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 
 
 class LoopBridge:
@@ -182,8 +184,15 @@ class VoltAgentLoopManager:
             validate = bool(row.get("validate", False))
             uid = str(row["uid"])
             steps = int(row.get("global_steps", 0))
-            self.pending.append(self.bridge.submit(self.run_group(row, uid, steps, validate)))
+            future = self.bridge.submit(self.run_group(row, uid, steps, validate))
+            future.add_done_callback(_log_group_error)
+            self.pending.append(future)
         self.pending = [f for f in self.pending if not f.done()]
+
+    def new_policy(self) -> None:
+        """The replicas serve new weights: the next group publishes its resources again, so
+        its rollouts record a new resources version."""
+        self._published = None
 
     async def _publish(self, validate: bool) -> None:
         if self.resources is None:
@@ -272,6 +281,11 @@ class VoltAgentLoopManager:
         with self._lock:
             out, self.val_rollouts = self.val_rollouts, []
         return out
+
+
+def _log_group_error(future: Any) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        logger.error("a GRPO group failed; it is marked 'failure'", exc_info=future.exception())
 
 
 def tq_put_rows(

@@ -1,0 +1,67 @@
+"""The command line the samples' ``train_verl.py`` scripts share.
+
+::
+
+    parser = verl_arguments(argparse.ArgumentParser(), model="Qwen/Qwen2.5-1.5B-Instruct")
+    args = parser.parse_args()
+    algorithm = verl_algorithm(args, {"voltrl": {"trajectory": {"mode": "trajectory"}}})
+
+Options: ``--model``, ``--preset``, ``--config`` (a YAML of verl keys, replacing the script's
+own config), ``--steps``, ``--runners``, ``--concurrency``, ``--name`` (the run's name: running
+again resumes it), ``--seed``, and trailing ``key=value`` overrides of verl's or ``voltrl.*``
+keys.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from voltrl.algorithms.verl.algorithm import VERL
+from voltrl.algorithms.verl.config import PRESETS
+
+
+def verl_arguments(
+    parser: argparse.ArgumentParser,
+    *,
+    model: str,
+    preset: str = "1gpu-40gb",
+    steps: int = 200,
+    name: str = "verl",
+) -> argparse.ArgumentParser:
+    """Add the shared VERL options to ``parser`` (see the module docstring)."""
+    parser.add_argument("--model", default=model, help="hub name or path of the model")
+    parser.add_argument("--preset", default=preset, choices=sorted(PRESETS))
+    parser.add_argument("--config", type=Path, default=None, help="a YAML of verl keys")
+    parser.add_argument("--steps", type=int, default=steps, help="policy updates")
+    parser.add_argument("--runners", type=int, default=4, help="runner processes")
+    parser.add_argument("--concurrency", type=int, default=32, help="rollouts per runner")
+    parser.add_argument("--name", default=name, help="run name (running again resumes it)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("overrides", nargs="*", help="key=value verl or voltrl.* overrides")
+    return parser
+
+
+def verl_algorithm(
+    args: argparse.Namespace,
+    config: dict[str, Any],
+    *,
+    sampling: dict[str, Any] | None = None,
+    val_sampling: dict[str, Any] | None = None,
+) -> VERL:
+    """:class:`VERL` from the parsed options and a script's own ``config`` (verl keys plus
+    ``voltrl``); ``--model`` and ``--steps`` are applied on top, overrides last."""
+    source: Any = args.config if args.config is not None else config
+    overrides = [
+        f"actor_rollout_ref.model.path={args.model}",
+        f"trainer.total_training_steps={args.steps}",
+        *args.overrides,
+    ]
+    return VERL(
+        source,
+        overrides=overrides,
+        preset=args.preset,
+        sampling=sampling,
+        val_sampling=val_sampling,
+    )
