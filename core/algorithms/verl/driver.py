@@ -283,6 +283,10 @@ class VoltAgentLoopManager:
         return out
 
 
+def _is_val(key: str) -> bool:
+    return key.startswith(("val-", "val/", "voltrl/val/"))
+
+
 def _log_group_error(future: Any) -> None:
     if not future.cancelled() and future.exception() is not None:
         logger.error("a GRPO group failed; it is marked 'failure'", exc_info=future.exception())
@@ -341,7 +345,10 @@ class VoltPPOTrainer(PPOTrainerSync):
             :class:`~voltrl.algorithms.verl.config.VoltrlSection`).
         rollout_weighting: per-rollout normalisation of advantages.
         manager_stats: returns VoltRL's counts since the last step (logged as ``voltrl/*``).
-        on_metrics: receives each step's metrics after verl computed them.
+        on_metrics: receives each step's metrics after verl computed them, and each
+            validation's (``_validate``).
+        val_stats: VoltRL's statistics of the validation rollouts just run (all of them,
+            also those that left no training row), merged into the validation metrics.
     """
 
     def __init__(
@@ -439,6 +446,7 @@ class VoltPPOTrainer(PPOTrainerSync):
     def _validate(self) -> dict[str, float]:
         metrics = super()._validate()
         metrics.update(self.val_stats())
+        self.on_metrics(self.global_steps, metrics)
         return metrics
 
     def _compute_metrics(
@@ -446,4 +454,5 @@ class VoltPPOTrainer(PPOTrainerSync):
     ) -> None:
         super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)
         metrics.update({f"voltrl/{k}": v for k, v in self.manager_stats().items()})
-        self.on_metrics(global_steps, metrics)
+        # validation metrics were passed on by _validate already
+        self.on_metrics(global_steps, {k: v for k, v in metrics.items() if not _is_val(k)})
