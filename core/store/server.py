@@ -351,6 +351,11 @@ def _check_token(request: Request, expected: bytes) -> None:
         )
 
 
+_ENTRY_OVERHEAD = 250
+"""Bytes a remembered answer takes besides its key and body (objects, dict slot), counted
+against ``dedup_max_bytes`` so that the budget bounds the memory really used."""
+
+
 @dataclass(slots=True)
 class _Replay:
     created: float
@@ -398,7 +403,7 @@ class _Replays:
                 return Response(status_code=499)
             status, body = once.result()
             return Response(body, status_code=status, media_type=_JSON)
-        key = f"{request.url.path} {request_id}"
+        key = f"{request.scope['path']} {request_id}"
         replay = self._entries.get(key)
         if replay is None:
             self._evict()
@@ -434,7 +439,7 @@ class _Replays:
             del self._entries[key]
         else:
             replay.answer = task.result()
-            replay.size = len(key) + len(replay.answer[1])
+            replay.size = len(key) + len(replay.answer[1]) + _ENTRY_OVERHEAD
             self._bytes += replay.size
 
     def _evict(self) -> None:
