@@ -13,7 +13,7 @@ VERL_VENV    := .venv-verl
 VERL_PY      := $(VERL_VENV)/bin/python
 VERL_VERSION := 0.9.1
 
-.PHONY: test test-verl test-vllm demo demo-seeds lint format clean postgres
+.PHONY: test test-verl test-vllm demo demo-seeds lint format clean postgres bench-peer-store
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,17 @@ demo: $(VENV)/.demo-deps
 ## make demo-seeds: the same for seeds 0, 1 and 2 (the learning benchmark)
 demo-seeds: $(VENV)/.demo-deps
 	$(PY) samples/calculator/demo.py --seeds 0 1 2
+
+## make bench-peer-store: our store server against agentlightning 0.3.0's in the peer harness
+## (../shared/bench/peer), rollouts/s at 1, 8 and 32 workers and server memory (~5 minutes)
+bench-peer-store: $(VENV)/.test-deps .venv-peer/.deps
+	$(PY) benchmarks/run_peer_store.py --peer-python .venv-peer/bin/python
+
+# The peer, agentlightning 0.3.0, in a venv of its own (~3 minutes, ~800 MB; no torch).
+.venv-peer/.deps:
+	$(PYTHON) -m venv .venv-peer
+	.venv-peer/bin/pip install --quiet agentlightning==0.3.0
+	touch $@
 
 ## make test: install what the tests need and run them (tests/, then tests_verl/)
 test: $(VENV)/.test-deps postgres $(VERL_VENV)/.deps-$(VERL_VERSION)
