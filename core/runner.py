@@ -262,7 +262,9 @@ def _worker_process_main(
     """Entry point of a worker process: connect to the store server and run until SIGTERM,
     SIGINT, or the death of the process that started it (each stops it gracefully)."""
     sys.path[:0] = [p for p in sys_path if p not in sys.path]
-    logging.basicConfig(level=logging.WARNING, format=f"[{worker_id}] %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.WARNING, format=f"%(asctime)s [{worker_id}] %(levelname)s %(message)s"
+    )
     import cloudpickle
 
     from voltrl.store.client import HTTPStore

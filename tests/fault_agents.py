@@ -23,15 +23,6 @@ import voltrl as vl
 from voltrl.store.client import HTTPStore
 from voltrl.types import LLMCall
 
-_stores: dict[str, HTTPStore] = {}
-
-
-def _store() -> HTTPStore:
-    url = os.environ["VOLTRL_FAULT_STORE"]
-    if url not in _stores:
-        _stores[url] = HTTPStore(url, token=os.environ.get("VOLTRL_TOKEN"), retries=8)
-    return _stores[url]
-
 
 class Trivial(vl.LitAgent):
     """Returns 1.0 at once."""
@@ -62,7 +53,13 @@ class Recording(vl.LitAgent):
                 request={"i": task["i"]},
                 response={},
             )
-            await _store().add_llm_calls([call])
+            store = HTTPStore(
+                os.environ["VOLTRL_FAULT_STORE"], os.environ["VOLTRL_TOKEN"], retries=8
+            )
+            try:
+                await store.add_llm_calls([call])
+            finally:
+                await store.close()
             await asyncio.sleep(task.get("sleep", 0.0))
         return 1.0
 

@@ -72,18 +72,19 @@ class Processes:
     def log(self, name: str) -> str:
         return (self.folder / f"{name}.log").read_text(errors="replace")
 
-    def serve(self, store: str, port: int, *args: str) -> subprocess.Popen:
-        """``voltrl serve`` on ``port``; returns once it answers its health check."""
+    async def serve(self, store: str, port: int, *args: str) -> subprocess.Popen:
+        """``voltrl serve`` on ``port``; returns once it answers its health check. (Async, as
+        every wait here: the tests' proxy and fake backend run on the test's event loop.)"""
         proc = self.voltrl("serve", "serve", "--store", store, "--port", str(port), *args)
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/v1/store/health", timeout=1).is_success:
-                    return proc
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None, self.log("serve")
-            time.sleep(0.1)
+        async with httpx.AsyncClient() as http:
+            while time.monotonic() < deadline:
+                with contextlib.suppress(httpx.HTTPError):
+                    health = await http.get(f"http://127.0.0.1:{port}/v1/store/health")
+                    if health.is_success:
+                        return proc
+                assert proc.poll() is None, self.log("serve")
+                await asyncio.sleep(0.1)
         raise AssertionError(f"voltrl serve did not start: {self.log('serve')}")
 
     def runner(
@@ -101,10 +102,10 @@ class Processes:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(30)
 
-    def stop(self, proc: subprocess.Popen, name: str) -> None:
+    async def stop(self, proc: subprocess.Popen, name: str) -> None:
         """SIGTERM the process and check it exits cleanly."""
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(60) == 0, self.log(name)
+        assert await asyncio.to_thread(proc.wait, 60) == 0, self.log(name)
 
     def kill_all(self) -> None:
         for proc in self.started:
@@ -145,7 +146,7 @@ async def test_a_runner_killed_mid_rollout_has_its_rollouts_retried_and_complete
 ):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    procs.serve(str(tmp_path / "store.sqlite"), port)
+    await procs.serve(str(tmp_path / "store.sqlite"), port)
     store = HTTPStore(url, TOKEN)
     tasks = [Task(input={"dir": str(tmp_path), "gate": "open", "i": i}) for i in range(3)]
     rollouts = await store.enqueue(tasks, max_attempts=3)
@@ -166,7 +167,7 @@ async def test_a_runner_killed_mid_rollout_has_its_rollouts_retried_and_complete
         assert attempts[0].worker_id != attempts[-1].worker_id
         assert [a.status for a in attempts].count("succeeded") == 1
         assert attempts[-1].attempt_id == r.final_attempt_id
-    procs.stop(second, "second")
+    await procs.stop(second, "second")
     await store.close()
 
 
@@ -175,7 +176,7 @@ async def test_sigterm_lets_a_runner_finish_within_its_grace_period_then_release
 ):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    procs.serve("memory", port)
+    await procs.serve("memory", port)
     store = HTTPStore(url, TOKEN)
     quick, slow = await store.enqueue(
         [Task(input={"dir": str(tmp_path), "gate": gate}) for gate in ("quick", "slow")]
@@ -198,7 +199,7 @@ async def test_sigterm_lets_a_runner_finish_within_its_grace_period_then_release
     again = procs.runner("again", url, "Blocking")
     [done] = await all_finished(store, [slow], 60)
     assert done.status == "succeeded"
-    procs.stop(again, "again")
+    await procs.stop(again, "again")
     await store.close()
 
 
@@ -222,7 +223,7 @@ async def test_the_server_killed_mid_run_restarts_and_keeps_everything_acknowled
     url = f"http://127.0.0.1:{port}"
     async with FakeBackend() as backend:
         serve_args = (spec, port, "--backend", backend.url)
-        server = procs.serve(*serve_args)
+        server = await procs.serve(*serve_args)
         store = HTTPStore(url, TOKEN, retries=8)
         llm = LLM(endpoint=f"{url}/v1", model="fake-model", api_key=TOKEN, gateway=True)
         resources = await store.add_resources(Resources(items={"main_llm": llm}))
@@ -241,7 +242,7 @@ async def test_the_server_killed_mid_run_restarts_and_keeps_everything_acknowled
         assert len(await store.query_rollouts(status=["queued", "running"])) > 0
         procs.kill(server)
         assert server.returncode == -signal.SIGKILL
-        await asyncio.to_thread(procs.serve, *serve_args)
+        await procs.serve(*serve_args)
         done = await all_finished(store, rollouts, 120)
         assert [r.status for r in done] == ["succeeded"] * len(rollouts)
         for r in done:
@@ -254,7 +255,7 @@ async def test_the_server_killed_mid_run_restarts_and_keeps_everything_acknowled
         spans_after = {s.span_id for r in rollouts for s in await store.get_spans(r.rollout_id)}
         assert calls <= calls_after and spans <= spans_after
         assert len(calls) >= 10 and len(spans) >= 10
-        procs.stop(runner, "runner")
+        await procs.stop(runner, "runner")
         await store.close()
 
 
@@ -332,7 +333,7 @@ async def test_network_faults_between_runner_and_server_lose_nothing_and_duplica
     tmp_path, procs
 ):
     port = free_port()
-    procs.serve(str(tmp_path / "store.sqlite"), port)
+    await procs.serve(str(tmp_path / "store.sqlite"), port)
     store = HTTPStore(f"http://127.0.0.1:{port}", TOKEN)  # the test itself goes direct
     async with FlakyProxy(port, rate=0.2, seed=5) as proxy:
         rollouts = await store.enqueue(
@@ -349,7 +350,7 @@ async def test_network_faults_between_runner_and_server_lose_nothing_and_duplica
             env={"VOLTRL_FAULT_STORE": proxy.url},
         )
         done = await all_finished(store, rollouts, 150)
-        procs.stop(runner, "runner")
+        await procs.stop(runner, "runner")
     assert [r.status for r in done] == ["succeeded"] * len(rollouts)
     statuses: Counter[str] = Counter()
     for r in done:
@@ -376,7 +377,7 @@ async def test_32_concurrent_runners_run_2000_rollouts_once_each_with_flat_serve
 ):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    server = procs.serve(str(tmp_path / "store.sqlite"), port)
+    server = await procs.serve(str(tmp_path / "store.sqlite"), port)
     store = HTTPStore(url, TOKEN)
     rollouts = await store.enqueue([Task(input={"i": i}) for i in range(2000)])
     ids = [r.rollout_id for r in rollouts]
@@ -404,7 +405,7 @@ async def test_32_concurrent_runners_run_2000_rollouts_once_each_with_flat_serve
     rss_end = memory.memory_info().rss
     cpu = sum(memory.cpu_times()[:2])
     for runner, name in zip(runners, ("runner0", "runner1"), strict=True):
-        procs.stop(runner, name)
+        await procs.stop(runner, name)
     done = await store.query_rollouts()
     assert len(done) == 2000 and {r.rollout_id for r in done} == set(ids)
     assert Counter(r.status for r in done) == {"succeeded": 2000}
