@@ -313,6 +313,7 @@ class Trainer:
                 )
                 stack.push_async_callback(gateway.aclose)
                 url, stop = await serve(BearerAuth(gateway.app, token, ()), self.host, 0)
+                url = reachable_url(url)
                 stack.push_async_callback(stop)
                 urls[backend] = f"{url}/v1"
             update = {"endpoint": urls[backend], "gateway": True, "api_key": token}
@@ -374,6 +375,7 @@ class Trainer:
         from voltrl.server import serve
 
         url, stop_server = await serve(server_app(store, token=token), self.host, self.port)
+        url = reachable_url(url)
         stack.push_async_callback(stop_server)
         return url, token
 
@@ -404,6 +406,17 @@ def _as_agent(agent: LitAgent | Callable[..., Any]) -> LitAgent:
     if callable(agent):
         return rollout(agent)  # type: ignore[return-value]
     raise TypeError(f"expected a LitAgent or a function, got {type(agent).__name__}")
+
+
+def reachable_url(url: str) -> str:
+    """``url`` of a server bound to every address (``0.0.0.0``, ``::``) with this machine's
+    host name instead, so that other machines can use it; other URLs as they are."""
+    import socket
+
+    for wildcard in ("http://0.0.0.0:", "http://[::]:"):
+        if url.startswith(wildcard):
+            return f"http://{socket.gethostname()}:{url[len(wildcard) :]}"
+    return url
 
 
 def _agent_spec(agent: LitAgent) -> str:

@@ -254,3 +254,14 @@ def test_trainer_with_no_runners_waits_for_a_remote_voltrl_runner(tmp_path, caps
         proc.send_signal(signal.SIGTERM)
         out = proc.communicate(timeout=60)[0]
     assert proc.returncode == 0, out
+
+
+def test_urls_of_servers_on_every_address_name_this_machine():
+    import socket
+
+    from voltrl.trainer import reachable_url
+
+    host = socket.gethostname()
+    assert reachable_url("http://0.0.0.0:8400") == f"http://{host}:8400"
+    assert reachable_url("http://[::]:8400") == f"http://{host}:8400"
+    assert reachable_url("http://127.0.0.1:8400") == "http://127.0.0.1:8400"
