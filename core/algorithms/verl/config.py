@@ -128,6 +128,8 @@ _DRIVER = "voltrl.algorithms.verl.driver"
 DEFAULTS: dict[str, Any] = {
     "algorithm": {"adv_estimator": "grpo"},
     "trainer": {"project_name": "voltrl", "logger": ["console"]},
+    # the dataset is a list of task ids: loader worker processes would only cost start-up
+    "data": {"dataloader_num_workers": 0},
     "actor_rollout_ref": {
         "actor": {"ppo_micro_batch_size_per_gpu": 4},
         "ref": {"log_prob_micro_batch_size_per_gpu": 8},

@@ -145,8 +145,9 @@ class VoltAgentLoopManager:
         n, val_n: rollouts per task in training (``rollout.n``) and validation
             (``rollout.val_kwargs.n``).
         resources: ``(train, val)`` resources to publish before queuing each kind.
-        put: writes ``(keys, fields, tags, partition)`` rows and ``(uid, tag, partition)``
-            group status into TransferQueue (default: :func:`tq_put_rows`, :func:`tq_put_tag`).
+        put_rows: writes ``(keys, fields, tags, partition)`` into TransferQueue (default
+            :func:`tq_put_rows`); put_tag: sets a group's ``(uid, tag, partition)`` status
+            (default :func:`tq_put_tag`).
         max_wait_s: longest a group may run; its unfinished rollouts then count as failed.
     """
 
@@ -210,6 +211,7 @@ class VoltAgentLoopManager:
         ``train``); the group's tag becomes ``finished`` (``failure`` when no row remains)."""
         partition = "val" if validate else "train"
         prompt_tag = {"is_prompt": True, "global_steps": steps}
+        status = "failure"
         try:
             task = self.tasks[str(row["voltrl_task_id"])]
             await asyncio.to_thread(
@@ -247,7 +249,6 @@ class VoltAgentLoopManager:
         except Exception:
             with self._lock:
                 self.stats["group_errors"] += 1
-            status = "failure"
             raise
         finally:
             await asyncio.to_thread(self.put_tag, uid, {**prompt_tag, "status": status}, partition)
