@@ -183,7 +183,10 @@ class Trainer:
         self.run_dir = Path(run_dir)
         self.name = name
         self.runner_config = RunnerConfig(
-            max_concurrency=max_concurrency, lease_s=lease_s, claim_wait_s=min(5.0, lease_s)
+            max_concurrency=max_concurrency,
+            lease_s=lease_s,
+            claim_wait_s=min(5.0, lease_s),
+            grace_s=2.0,  # the trainer stops its workers once nobody waits for their results
         )
         self.max_attempts = max_attempts
         self.rollout_timeout_s = rollout_timeout_s
