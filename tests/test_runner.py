@@ -265,3 +265,31 @@ def test_urls_of_servers_on_every_address_name_this_machine():
     assert reachable_url("http://0.0.0.0:8400") == f"http://{host}:8400"
     assert reachable_url("http://[::]:8400") == f"http://{host}:8400"
     assert reachable_url("http://127.0.0.1:8400") == "http://127.0.0.1:8400"
+
+
+async def test_a_stopped_worker_finishes_within_its_grace_period_and_releases_the_rest():
+    gates = {"quick": asyncio.Event(), "slow": asyncio.Event()}
+
+    class Gated(vl.LitAgent):
+        async def rollout(self, task, resources):
+            await gates[task["gate"]].wait()
+            return 1.0
+
+    store = InMemoryStore()
+    quick, slow = await store.enqueue([Task(input={"gate": g}) for g in gates], max_attempts=2)
+    config = RunnerConfig(lease_s=600, claim_wait_s=0.1, grace_s=0.5)
+    stop = asyncio.Event()
+    worker = asyncio.create_task(
+        run_worker(store, Gated(), worker_id="w", config=config, stop=stop)
+    )
+    async with asyncio.timeout(10):
+        while len(await store.query_rollouts(status="running")) < 2:
+            await asyncio.sleep(0.01)
+    stop.set()
+    gates["quick"].set()  # finishes within the grace period; "slow" does not
+    assert await asyncio.wait_for(worker, 10) == 2
+    assert (await store.get_rollout(quick.rollout_id)).status == "succeeded"
+    assert (await store.get_rollout(slow.rollout_id)).status == "queued"  # at once, not at 600 s
+    [released] = await store.get_attempts(slow.rollout_id)
+    assert released.status == "failed"
+    assert released.error == "released: worker w stopped before the rollout finished"
