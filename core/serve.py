@@ -155,10 +155,12 @@ async def _served(app: ASGIApp, host: str, port: int, graceful_s: float) -> Asyn
         await stop()
 
 
-def _gateway(
+def make_gateway(
     store: Store, backends: Sequence[str], token: str | None, options: dict[str, Any]
 ) -> Gateway:
-    # With a token, clients send it as their API key: never forward it to the backends.
+    """A gateway recording into ``store`` for a server guarded by ``token`` (``options``:
+    :class:`~voltrl.gateway.Gateway` arguments). With a token, clients send it as their API
+    key, so it is never forwarded: backends get ``backend_api_key`` (default ``EMPTY``)."""
     if token and options.get("backend_api_key") is None:
         options = {**options, "backend_api_key": "EMPTY"}
     return Gateway(store, backends, **options)
@@ -185,7 +187,11 @@ async def run_server(
 
     require_token_off_loopback(host, token)
     store = open_store(store_spec)
-    gw = _gateway(store, backends, token, gateway_options or {}) if gateway and backends else None
+    gw = (
+        make_gateway(store, backends, token, gateway_options or {})
+        if gateway and backends
+        else None
+    )
     try:
         app = server_app(store, token=token, gateway=gw)
         async with _served(app, host, port, graceful_s) as url:
@@ -219,7 +225,7 @@ async def run_gateway(
         raise VoltRLError("the gateway needs at least one --backend URL")
     await _check_store_server(store_url, token)
     store = HTTPStore(store_url, token=token)
-    gw = _gateway(store, backends, token, gateway_options or {})
+    gw = make_gateway(store, backends, token, gateway_options or {})
     try:
         app: ASGIApp = BearerAuth(gw.app, token, open_paths=()) if token else gw.app
         async with _served(app, host, port, graceful_s) as url:

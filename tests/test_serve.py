@@ -23,7 +23,7 @@ from schemathesis.config import SchemathesisConfig
 
 from voltrl.gateway import Gateway
 from voltrl.resources import LLM
-from voltrl.serve import BearerAuth, is_loopback, server_app
+from voltrl.serve import BearerAuth, is_loopback, make_gateway, server_app
 from voltrl.server import serve, serve_in_thread
 from voltrl.store.client import HTTPStore
 from voltrl.store.memory import InMemoryStore
@@ -107,10 +107,8 @@ def test_serve_errors_are_one_line(tmp_path):
 
 async def test_with_a_token_every_route_but_health_needs_it():
     async with FakeBackend() as backend:
-        from voltrl.serve import _gateway
-
         store = InMemoryStore()
-        gateway = _gateway(store, [backend.url], TOKEN, {})
+        gateway = make_gateway(store, [backend.url], TOKEN, {})
         url, stop_server = await serve(server_app(store, token=TOKEN, gateway=gateway))
         try:
             async with httpx.AsyncClient(base_url=url) as http:
