@@ -5,7 +5,12 @@ rollouts in flight. Each rollout gets a :class:`~voltrl.tracing.RolloutContext`,
 is enforced by cancelling the work, and whatever the agent does (raise, hang, return junk)
 ends that attempt only. A :class:`WorkerPool` runs workers as separate processes talking to
 the store over HTTP, and restarts one that dies; the dead worker's leases expire and the
-store hands its rollouts out again.
+store hands its rollouts out again. :func:`run_runner` is ``voltrl runner``: a pool for a
+store server anywhere, until SIGTERM.
+
+A stopped worker claims nothing more, gives rollouts in flight ``grace_s`` to finish, and
+releases the rest: they are reported failed with a "released" error, so the store queues them
+again at once (the released attempt counts towards the rollout's ``max_attempts``).
 """
 
 from __future__ import annotations
