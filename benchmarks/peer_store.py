@@ -183,7 +183,7 @@ def _counts(db: Path) -> dict[str, int]:
 
 
 # ---- server process -----------------------------------------------------------------------
-def serve_main(db: str, port: int, profile: str | None) -> None:
+def serve_main(db: str, port: int, profile: str | None, http: str = "h11") -> None:
     """Serve ``store_app(SQLStore(db))`` on loopback until SIGTERM.
 
     uvicorn as ``voltrl.server.serve`` configures it, except that the HTTP parser is pinned to
@@ -202,7 +202,7 @@ def serve_main(db: str, port: int, profile: str | None) -> None:
             store_app(store, token=TOKEN),
             host="127.0.0.1",
             port=port,
-            http="h11",
+            http=http,
             loop="asyncio",
             log_level="warning",
         )
@@ -265,13 +265,14 @@ def main() -> None:
     srv.add_argument("--db", required=True)
     srv.add_argument("--port", type=int, required=True)
     srv.add_argument("--profile", default=None, help="write cProfile stats here at exit")
+    srv.add_argument("--http", default="h11", help="uvicorn's HTTP parser: h11 or httptools")
     mem = sub.add_parser("memory", help="server RSS over many rollouts")
     mem.add_argument("--rollouts", type=int, default=20000)
     mem.add_argument("--concurrency", type=int, default=32)
     mem.add_argument("--every", type=int, default=1000)
     args = parser.parse_args()
     if args.command == "serve":
-        serve_main(args.db, args.port, args.profile)
+        serve_main(args.db, args.port, args.profile, args.http)
         return
     t0 = time.perf_counter()
     samples = asyncio.run(memory_check(args.rollouts, args.concurrency, args.every))

@@ -367,10 +367,12 @@ class _Replay:
 class _Replays:
     """Runs each write request id once and answers repeats with the first answer.
 
-    The operation runs as its own task, so a client that disconnects (or times out) does not
-    cancel it half-way, and its retry picks up the same result. Answers of 5xx are forgotten so
-    a retry runs again; others are kept ``ttl_s`` seconds (as bytes, the task dropped), the
-    oldest dropped sooner when the kept answers pass ``max_bytes``.
+    A client that disconnects (or times out) does not cancel the operation half-way, and its
+    retry picks up the same result: the operation runs to its end in the request that started
+    it (uvicorn never cancels a request for a lost client), or, for operations abandoned on
+    disconnect, as a task of its own. Answers of 5xx are forgotten so a retry runs again;
+    others are kept ``ttl_s`` seconds (as bytes), the oldest dropped sooner when the kept
+    answers pass ``max_bytes``.
     """
 
     def __init__(self, ttl_s: float, max_bytes: int) -> None:
@@ -405,20 +407,35 @@ class _Replays:
             return Response(body, status_code=status, media_type=_JSON)
         key = f"{request.scope['path']} {request_id}"
         replay = self._entries.get(key)
-        if replay is None:
-            self._evict()
-            replay = _Replay(time.monotonic(), asyncio.ensure_future(self._outcome(op, adapter)))
-            self._entries[key] = replay
-            replay.task.add_done_callback(lambda _: self._settle(key, replay))  # type: ignore[union-attr]
-        if replay.answer is None:
-            task = replay.task
-            assert task is not None
-            if abandon_on_disconnect and not await _finished_before_disconnect(request, task):
-                task.cancel()
-                return Response(status_code=499)
-            status, body = await asyncio.shield(task)
-        else:
+        if replay is not None and replay.answer is not None:
             status, body = replay.answer
+        elif replay is not None or abandon_on_disconnect:
+            if replay is None:
+                self._evict()
+                task = asyncio.ensure_future(self._outcome(op, adapter))
+                replay = self._entries[key] = _Replay(time.monotonic(), task)
+                task.add_done_callback(lambda _: self._settle(key, replay))
+            pending = replay.task
+            assert pending is not None
+            if abandon_on_disconnect and not await _finished_before_disconnect(request, pending):
+                pending.cancel()
+                return Response(status_code=499)
+            status, body = await asyncio.shield(pending)
+        else:
+            # The first request with this id runs the operation itself (no task of its own:
+            # it is cheaper, and uvicorn does not cancel a request whose client went away);
+            # repeats that arrive meanwhile wait for its answer.
+            self._evict()
+            answer = asyncio.get_running_loop().create_future()
+            replay = self._entries[key] = _Replay(time.monotonic(), answer)
+            try:
+                status, body = await self._outcome(op, adapter)
+            except BaseException:
+                answer.cancel()
+                self._settle(key, replay)
+                raise
+            answer.set_result((status, body))
+            self._settle(key, replay)
         return Response(body, status_code=status, media_type=_JSON)
 
     @staticmethod
