@@ -73,13 +73,15 @@ class DriverProbe(Algorithm):
                 "algorithm": {"rollout_correction": {"bypass_mode": True}},
                 "trainer": {"n_gpus_per_node": 1, "total_training_steps": 1},
                 "transfer_queue": {"backend": {"SimpleStorage": {"num_data_storage_units": 1}}},
+                # TransferQueue's actors ask for CPUs; this machine has 2
+                "ray_kwargs": {"ray_init": {"num_cpus": 8, "include_dashboard": False}},
                 "voltrl": {"rollout_weighting": True, "rounding": self.rounding},
             }
         )
         cfg = algo.run_config(ctx, train, None)
-        ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
+        assert not ray.is_initialized()
+        await asyncio.to_thread(algo._start_ray_and_tq, cfg)  # as VERL.train does
         try:
-            await asyncio.to_thread(tq.init, cfg.transfer_queue)
             trainer = VoltPPOTrainer(cfg, rounding=self.rounding, rollout_weighting=True)
             trainer.tokenizer = trainer.processor = None  # our dataset needs neither
             trainer._init_dataloader()
@@ -95,8 +97,8 @@ class DriverProbe(Algorithm):
             self.seen = await asyncio.to_thread(self._step, trainer, tq)
             self.seen["stats"] = manager.take_stats()
         finally:
-            await asyncio.to_thread(tq.close)
-            await asyncio.to_thread(ray.shutdown)
+            await algo.teardown(ctx)
+        self.seen["ray_after_teardown"] = ray.is_initialized()
 
     @staticmethod
     def _step(trainer, tq) -> dict:
@@ -138,6 +140,7 @@ def test_finished_rollouts_become_a_verl_training_step(tmp_path, rounding):
     assert all(r.status == "succeeded" for r in result.rollouts)
     # every rollout's rows reached verl: 1 + 2 + 3 rows per task, 4 tasks
     assert seen["sampled"] == 24 and seen["stats"]["rows"] == 24
+    assert seen["ray_after_teardown"] is False
     assert seen["stats"]["rollouts"] == 12
     t1 = next(r.task.task_id for r in result.rollouts if r.task.input["name"] == "t1")
     flat = [i for i, t in enumerate(seen["tasks"]) if t == t1]

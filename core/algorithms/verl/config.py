@@ -199,8 +199,9 @@ def compose_config(
     try:
         with initialize_config_module("verl.trainer.config", version_base=None):
             cfg = compose("ppo_trainer")
-        # free-form maps passed through to the inference engine: any key is valid there
+        # free-form maps passed through to vLLM and to ray.init: any key is valid there
         OmegaConf.set_struct(cfg.actor_rollout_ref.rollout.engine_kwargs, False)
+        OmegaConf.set_struct(cfg.ray_kwargs.ray_init, False)
         dotted = OmegaConf.from_dotlist([o.lstrip("+") for o in verl_overrides])
         cfg = OmegaConf.merge(cfg, DEFAULTS, PRESETS.get(preset or "", {}), user, dotted)
     except OmegaConfBaseException as e:
