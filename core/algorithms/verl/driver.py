@@ -223,7 +223,9 @@ class VoltAgentLoopManager:
             done = await self._wait(rollouts)
             trajectories = await trajectories_from_store(self.ctx.store, done, self.trajectory)
             fields_of_row = {
-                k: row[k] for k in ("index", "data_source", "reward_model") if k in row
+                k: row[k]
+                for k in ("index", "data_source", "reward_model", "raw_prompt", "agent_name")
+                if k in row
             }
             fields_of_row.update(voltrl_task_id=task.task_id, global_steps=steps)
             rows = 0
