@@ -69,13 +69,24 @@ def run_once(python: str, argv: list[str], label: str, out: Path, deadline: floa
     return json.loads(json_out.read_text())
 
 
+def created(level: dict) -> int:
+    """Rollouts the server holds at the end of a level that it did not hold at its start."""
+    before, after = level.get("server_before", {}), level.get("server_after", {})
+    return (after.get("total_rollouts") or 0) - (before.get("total_rollouts") or 0)
+
+
 def growth_per_1000(level: dict) -> float | None:
     """Server RSS growth over a level, in MiB per 1,000 rollouts created in it."""
     before, after = level.get("server_before", {}), level.get("server_after", {})
-    n = (after.get("total_rollouts") or 0) - (before.get("total_rollouts") or 0)
-    if not n or "rss_mib" not in before or "rss_mib" not in after:
+    if not created(level) or "rss_mib" not in before or "rss_mib" not in after:
         return None
-    return (after["rss_mib"] - before["rss_mib"]) / n * 1000
+    return (after["rss_mib"] - before["rss_mib"]) / created(level) * 1000
+
+
+def cpu_ms_per_rollout(level: dict, key: str) -> float | None:
+    """CPU milliseconds per rollout created in a level: the server's or the harness's."""
+    cpu = level.get(key)
+    return None if cpu is None or not created(level) else cpu / created(level) * 1000
 
 
 def print_table(results: dict[str, list[dict]]) -> None:
@@ -104,9 +115,11 @@ def print_table(results: dict[str, list[dict]]) -> None:
         cells = " ".join(f"{v:>14.1f}" if v is not None else f"{'-':>14}" for v in row.values())
         print(f"{n:>4} {cells} {ratio}")
 
-    print("\nserver RSS (MiB) and errors, per configuration and N (first repeat)")
-    header = f"{'config':>14} {'N':>4} {'before':>8} {'after':>8}"
-    print(f"{header} {'MiB/1k rollouts':>16} {'errors':>7}")
+    print(
+        "\nserver RSS (MiB), CPU ms per rollout and errors, per configuration and N (first repeat)"
+    )
+    header = f"{'config':>14} {'N':>4} {'RSS before':>10} {'after':>8} {'MiB/1k rollouts':>16}"
+    print(f"{header} {'server CPU':>10} {'client CPU':>10} {'errors':>7}")
     for name in names:
         first = results[name][0] if results[name] else {}
         for lv in first.get("levels", []):
@@ -114,9 +127,12 @@ def print_table(results: dict[str, list[dict]]) -> None:
             before = lv.get("server_before", {}).get("rss_mib")
             after = lv.get("server_after", {}).get("rss_mib")
             errors = lv.get("failed_lifecycles", 0) + sum(lv.get("errors", {}).values())
+            cpu = [cpu_ms_per_rollout(lv, k) for k in ("server_cpu_s", "harness_cpu_s")]
             print(
-                f"{name:>14} {lv['concurrency']:>4} {before or '-':>8} {after or '-':>8} "
-                f"{'-' if g is None else f'{g:.1f}':>16} {errors:>7}"
+                f"{name:>14} {lv['concurrency']:>4} {before or '-':>10} {after or '-':>8} "
+                f"{'-' if g is None else f'{g:.1f}':>16} "
+                + " ".join(f"{'-' if c is None else f'{c:.2f}':>10}" for c in cpu)
+                + f" {errors:>7}"
             )
 
 
