@@ -51,20 +51,26 @@ class DriverProbe(Algorithm):
 
     name = "driver_probe"
 
-    def __init__(self, rounding: str) -> None:
-        self.rounding = rounding
+    def __init__(self, rounding: str, validate: bool = False) -> None:
+        self.rounding, self.validate = rounding, validate
         self.seen: dict = {}
 
     async def train(self, ctx, train, val):
         import ray
         import transfer_queue as tq
+        from omegaconf import open_dict
+        from verl.experimental.reward_loop import RewardLoopManager
 
+        from voltrl.algorithms.local.tiny import build_tiny_tokenizer
         from voltrl.algorithms.verl.driver import LoopBridge, VoltAgentLoopManager, VoltPPOTrainer
+        from voltrl.metrics import summarize
 
+        tokenizer = build_tiny_tokenizer()
+        tokenizer.save_pretrained(ctx.run_dir / "model")  # what verl's reward workers load
         algo = vl.VERL(
             {
                 "actor_rollout_ref": {
-                    "model": {"path": "/nonexistent/model"},
+                    "model": {"path": str(ctx.run_dir / "model")},
                     "actor": {"ppo_mini_batch_size": 4, "ppo_micro_batch_size_per_gpu": 1},
                     "rollout": {"n": N, "log_prob_micro_batch_size_per_gpu": 1},
                 },
@@ -75,27 +81,41 @@ class DriverProbe(Algorithm):
                 "transfer_queue": {"backend": {"SimpleStorage": {"num_data_storage_units": 1}}},
                 # TransferQueue's actors ask for CPUs; this machine has 2
                 "ray_kwargs": {"ray_init": {"num_cpus": 8, "include_dashboard": False}},
+                "reward": {"num_workers": 1},
                 "voltrl": {"rollout_weighting": True, "rounding": self.rounding},
             }
         )
-        cfg = algo.run_config(ctx, train, None)
+        cfg = algo.run_config(ctx, train, val if self.validate else None)
         assert not ray.is_initialized()
         await asyncio.to_thread(algo._start_ray_and_tq, cfg)  # as VERL.train does
         try:
-            trainer = VoltPPOTrainer(cfg, rounding=self.rounding, rollout_weighting=True)
-            trainer.tokenizer = trainer.processor = None  # our dataset needs neither
-            trainer._init_dataloader()
             manager = VoltAgentLoopManager(
                 ctx,
                 LoopBridge(asyncio.get_running_loop()),
-                {t.task_id: t for t in train},
+                {t.task_id: t for t in [*train, *(val or [])]},
                 algo.trajectory,
                 n=N,
+                val_n=2,
             )
+            trainer = VoltPPOTrainer(
+                cfg,
+                rounding=self.rounding,
+                rollout_weighting=True,
+                val_stats=lambda: summarize(manager.take_val_rollouts()).flat("voltrl/val/"),
+            )
+            # what PPOTrainer.init sets up without GPUs: the tokenizer (validation decodes
+            # responses with it), the dataloaders, verl's reward-loop workers (Ray actors)
+            trainer.tokenizer, trainer.processor = tokenizer, None
+            trainer._init_dataloader()
+            trainer.reward_loop_manager = RewardLoopManager(config=cfg, rm_resource_pool=None)
             trainer.agent_loop_manager = manager
             trainer.global_steps = 1
             self.seen = await asyncio.to_thread(self._step, trainer, tq)
             self.seen["stats"] = manager.take_stats()
+            if self.validate:
+                with open_dict(cfg):
+                    cfg.actor_rollout_ref.rollout.val_kwargs.n = 2
+                self.seen["val"] = await asyncio.to_thread(trainer._validate)
         finally:
             await algo.teardown(ctx)
         self.seen["ray_after_teardown"] = ray.is_initialized()
@@ -131,18 +151,28 @@ class DriverProbe(Algorithm):
 @pytest.mark.parametrize("rounding", ["drop_zero_variance", "pad"])
 def test_finished_rollouts_become_a_verl_training_step(tmp_path, rounding):
     _calls.clear()
-    probe = DriverProbe(rounding)
+    validate = rounding == "pad"  # one of the two runs also validates
+    probe = DriverProbe(rounding, validate=validate)
     rows = [{"name": name} for name in REWARDS]
     trainer = vl.Trainer(probe, store="memory", inline=True, progress=False, run_dir=tmp_path)
-    result = trainer.fit(agent, rows)
+    result = trainer.fit(agent, rows, val_dataset=rows[:2])
     seen = probe.seen
-    assert len(result.rollouts) == N * len(rows)
+    train_rollouts = [r for r in result.rollouts if r.mode == "train"]
+    assert len(train_rollouts) == N * len(rows)
     assert all(r.status == "succeeded" for r in result.rollouts)
+    if validate:
+        # verl's _validate: our manager ran 2 rollouts per validation task through the
+        # runner, verl's replay buffer sampled them from the "val" partition, verl decoded
+        # and scored them; our statistics of every validation rollout are merged in
+        val = seen["val"]
+        assert sum(r.mode == "val" for r in result.rollouts) == 4
+        assert val["voltrl/val/rollouts"] == 4
+        assert any(k.startswith("val-core/voltrl/") for k in val), sorted(val)
     # every rollout's rows reached verl: 1 + 2 + 3 rows per task, 4 tasks
     assert seen["sampled"] == 24 and seen["stats"]["rows"] == 24
     assert seen["ray_after_teardown"] is False
     assert seen["stats"]["rollouts"] == 12
-    t1 = next(r.task.task_id for r in result.rollouts if r.task.input["name"] == "t1")
+    t1 = next(r.task.task_id for r in train_rollouts if r.task.input["name"] == "t1")
     flat = [i for i, t in enumerate(seen["tasks"]) if t == t1]
     if rounding == "drop_zero_variance":
         # 24 % 5 == 4 rows dropped, all from the zero-variance group t1 (6 rows)
