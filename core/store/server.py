@@ -45,37 +45,24 @@ them twice.
 :func:`store_app` also serves the OTLP route at the root, ``/v1/traces``, where OpenTelemetry
 SDKs send traces when given the server's URL as their OTLP endpoint.
 
-The routes are FastAPI routes (so the OpenAPI schema describes them and ``store_router`` mounts
-in any FastAPI app), but their requests do not go through FastAPI's dependency machinery, which
-cost more than the store itself: the route class binds path, query and body parameters from the
-endpoint's signature once, parses a body with pydantic's JSON parser in one pass, and checks the
-token and the body size itself. The routes a runner calls (claim, enqueue, complete) come first,
-so they are matched first.
+The routes are FastAPI routes whose requests skip FastAPI's dependency machinery, and
+``store_app`` sends requests for them straight to them (see :mod:`voltrl.store.routing`). The
+routes a runner calls for every rollout (claim, enqueue, complete) are declared first.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
-import inspect
-import logging
 import time
-import typing
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from re import Pattern
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request, Response
-from fastapi.exceptions import RequestValidationError
-from fastapi.routing import APIRoute
-from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic import TypeAdapter
 from starlette.exceptions import HTTPException
-from starlette.routing import compile_path
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from voltrl.errors import NotFoundError, StaleAttemptError, VoltRLError
 from voltrl.resources import Resources
 from voltrl.store.base import Store
 from voltrl.store.client import (
@@ -97,7 +84,6 @@ from voltrl.store.client import (
     REQUEST_ID_HEADER,
     ClaimRequest,
     EnqueueRequest,
-    ErrorDetail,
     ErrorResponse,
     ExpireResponse,
     HealthResponse,
@@ -110,9 +96,9 @@ from voltrl.store.client import (
     WaitRequest,
 )
 from voltrl.store.otlp import OTLP_PATH, OTLP_REQUEST_BODY, export_traces
+from voltrl.store.routing import StoreApp, error_parts, http_exception, route_class
+from voltrl.store.routing import error_response as error_response
 from voltrl.types import Attempt, AttemptResult, Claim, LLMCall, Reward, Rollout, Run, Span
-
-logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 """Largest request body a store server accepts unless told otherwise."""
@@ -124,231 +110,7 @@ DEFAULT_DEDUP_MAX_BYTES = 32 * 1024 * 1024
 """Bytes of remembered write answers (for retries with the same request id) kept at most."""
 
 _JSON = "application/json"
-_HTTP_ERROR_TYPES = {
-    400: "BadRequest",
-    401: "Unauthorized",
-    404: "NotFound",
-    405: "MethodNotAllowed",
-    413: "PayloadTooLarge",
-    415: "UnsupportedMediaType",
-}
 _HEALTH = HealthResponse().model_dump_json().encode()
-_PUBLIC_ROUTES = frozenset({"health"})
-"""Names of the endpoints that need no token."""
-
-
-def _error(exc: Exception) -> tuple[int, bytes, dict[str, str]]:
-    """Status, JSON body and headers of the error answer for ``exc``."""
-    headers: dict[str, str] = {}
-    if isinstance(exc, NotFoundError):
-        status, kind, message = 404, "NotFoundError", str(exc)
-    elif isinstance(exc, StaleAttemptError):
-        status, kind, message = 409, "StaleAttemptError", str(exc)
-    elif isinstance(exc, RequestValidationError | ValidationError):
-        problems = [
-            f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', '')}"
-            for e in exc.errors()
-        ]
-        more = f" (and {len(problems) - 10} more)" if len(problems) > 10 else ""
-        status, kind, message = 422, "ValidationError", "; ".join(problems[:10]) + more
-    elif isinstance(exc, HTTPException):
-        status, message = exc.status_code, str(exc.detail)
-        kind = _HTTP_ERROR_TYPES.get(status, "HTTPError")
-        headers = dict(exc.headers or {})
-    elif isinstance(exc, VoltRLError):
-        status, kind, message = 400, type(exc).__name__, str(exc)
-    else:
-        logger.error("store server: unexpected error", exc_info=exc)
-        status, kind = 500, "InternalError"
-        message = f"unexpected {type(exc).__name__}: {exc}"
-    body = ErrorResponse(error=ErrorDetail(type=kind, message=message))
-    return status, body.model_dump_json().encode(), headers
-
-
-def error_response(exc: Exception) -> Response:
-    """The JSON error answer for ``exc`` (see the module docstring for the statuses)."""
-    status, body, headers = _error(exc)
-    return Response(body, status_code=status, media_type=_JSON, headers=headers)
-
-
-async def _http_exception(request: Request, exc: Exception) -> Response:
-    return error_response(exc)
-
-
-def _limited(receive: Receive, max_bytes: int) -> Receive:
-    """``receive`` that fails with 413 once the body grows past ``max_bytes``."""
-    seen = 0
-
-    async def receive_limited() -> Message:
-        nonlocal seen
-        message = await receive()
-        seen += len(message.get("body", b""))
-        if seen > max_bytes:
-            raise HTTPException(413, f"request body over the limit of {max_bytes} bytes")
-        return message
-
-    return receive_limited
-
-
-def _invalid(exc: ValidationError, where: tuple[str, ...]) -> RequestValidationError:
-    """``exc``'s problems, located under ``where`` (``("body",)``, ``("query", "version")``)."""
-    return RequestValidationError(
-        [{**e, "loc": (*where, *e.get("loc", ()))} for e in exc.errors(include_url=False)]
-    )
-
-
-Binder = Callable[[Request], Awaitable[dict[str, Any]]]
-
-
-def _binder(endpoint: Callable[..., Any], path_params: set[str]) -> Binder:
-    """A function giving the arguments of ``endpoint`` for a request, from its signature: a
-    ``Request`` parameter gets the request, path parameters their (string) value, one pydantic
-    model parameter the JSON body, and the others the query parameter of their name."""
-    hints = typing.get_type_hints(endpoint)
-    request_name: str | None = None
-    body: tuple[str, TypeAdapter[Any]] | None = None
-    queries: dict[str, tuple[TypeAdapter[Any], Any]] = {}
-    for name, param in inspect.signature(endpoint).parameters.items():
-        kind = hints.get(name)
-        if kind is Request:
-            request_name = name
-        elif name in path_params:
-            continue
-        elif isinstance(kind, type) and issubclass(kind, BaseModel):
-            body = (name, TypeAdapter(kind))
-        else:
-            queries[name] = (TypeAdapter(kind), param.default)
-
-    async def bind(request: Request) -> dict[str, Any]:
-        args: dict[str, Any] = dict(request.path_params)
-        if request_name is not None:
-            args[request_name] = request
-        for name, (adapter, default) in queries.items():
-            given = request.query_params.get(name)
-            try:
-                args[name] = default if given is None else adapter.validate_python(given)
-            except ValidationError as exc:
-                raise _invalid(exc, ("query", name)) from None
-        if body is not None:
-            try:
-                args[body[0]] = body[1].validate_json(await request.body())
-            except ValidationError as exc:
-                raise _invalid(exc, ("body",)) from None
-        return args
-
-    return bind
-
-
-class _StoreRoute(APIRoute):
-    """Base of the route classes :func:`_route_class` makes (one per router's settings)."""
-
-
-def _route_class(max_body_bytes: int, token: str | None) -> type[_StoreRoute]:
-    """A route class whose handlers check the token and the body size, bind the endpoint's
-    arguments themselves (see the module docstring) and answer every error as JSON.
-
-    Done per route (not as middleware or app exception handlers) so the routes keep this
-    behaviour when the router is included in another app.
-    """
-    expected = None if token is None else token.encode()
-
-    class StoreRoute(_StoreRoute):
-        def __init__(self, path: str, endpoint: Callable[..., Any], **kwargs: Any) -> None:
-            super().__init__(path, endpoint, **kwargs)
-            self.app = _asgi(self.get_route_handler())
-
-        def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-            endpoint = self.endpoint
-            bind = _binder(endpoint, set(self.param_convertors))
-            needs_token = expected is not None and self.name not in _PUBLIC_ROUTES
-
-            async def handle(request: Request) -> Response:
-                try:
-                    if needs_token:
-                        _check_token(request, expected)  # type: ignore[arg-type]
-                    length = request.headers.get("content-length")
-                    if length is not None and length.isdigit():
-                        if int(length) > max_body_bytes:
-                            raise HTTPException(
-                                413, f"request body of {length} bytes is over the limit of "
-                                f"{max_body_bytes} bytes",
-                            )  # fmt: skip
-                    elif request.method != "GET":
-                        request = Request(request.scope, _limited(request.receive, max_body_bytes))
-                    return await endpoint(**await bind(request))
-                except Exception as exc:
-                    return error_response(exc)
-
-            return handle
-
-    return StoreRoute
-
-
-def _asgi(handler: Callable[[Request], Awaitable[Response]]) -> ASGIApp:
-    """A route's ASGI app: the handler's answer, without FastAPI's per-request wrappers (exit
-    stacks for dependencies with ``yield``, exception handlers), which the handler needs not."""
-
-    async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        response = await handler(Request(scope, receive, send))
-        await response(scope, receive, send)
-
-    return app
-
-
-class _StoreApp(FastAPI):
-    """The FastAPI app of :func:`store_app`, which sends a request for one of the store's
-    routes straight to that route.
-
-    The routes check the token and the body size and answer errors themselves, so FastAPI's
-    middleware stack and router, which cost more per request than the store's own work, are
-    skipped for them; anything else (OpenAPI docs, unknown paths) goes through FastAPI.
-    """
-
-    def index_routes(self, prefix: str, router: APIRouter) -> None:
-        """Send requests for ``router``'s store routes, included under ``prefix``, straight
-        to them."""
-        if not hasattr(self, "_static"):
-            self._static: dict[tuple[str, str], _StoreRoute] = {}
-            self._patterns: list[tuple[str, Pattern[str], _StoreRoute]] = []
-        for route in router.routes:
-            if not isinstance(route, _StoreRoute):
-                continue
-            for method in route.methods:
-                if route.param_convertors:
-                    regex, _, _ = compile_path(prefix + route.path)
-                    self._patterns.append((method, regex, route))
-                else:
-                    self._static[method, prefix + route.path] = route
-
-    def _route_for(self, scope: Scope) -> _StoreRoute | None:
-        method, path = scope["method"], scope["path"]
-        route = self._static.get((method, path))
-        if route is not None:
-            scope["path_params"] = {}
-            return route
-        for route_method, regex, route in self._patterns:
-            if route_method == method and (match := regex.match(path)):
-                scope["path_params"] = match.groupdict()  # every path parameter is a string
-                return route
-        return None
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and not scope.get("root_path"):
-            route = self._route_for(scope)
-            if route is not None:
-                scope["route"] = route
-                await route.app(scope, receive, send)
-                return
-        await super().__call__(scope, receive, send)
-
-
-def _check_token(request: Request, expected: bytes) -> None:
-    """Accept only ``Authorization: Bearer <token>``; 401 otherwise."""
-    scheme, _, given = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected):
-        raise HTTPException(
-            401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"}
-        )
 
 
 _ENTRY_OVERHEAD = 250
@@ -445,7 +207,7 @@ class _Replays:
         try:
             return 200, adapter.dump_json(await op())
         except Exception as exc:
-            status, body, _ = _error(exc)
+            status, body, _ = error_parts(exc)
             return status, body
 
     def _settle(self, key: str, replay: _Replay) -> None:
@@ -522,7 +284,7 @@ def store_router(
     """
     if max_wait_s <= 0 or max_body_bytes <= 0:
         raise ValueError("max_wait_s and max_body_bytes must be positive")
-    router = APIRouter(route_class=_route_class(max_body_bytes, token), responses=_ERRORS)
+    router = APIRouter(route_class=route_class(max_body_bytes, token), responses=_ERRORS)
     replays = _Replays(dedup_ttl_s, dedup_max_bytes)
 
     def capped(wait_s: float | None) -> float:
@@ -695,7 +457,7 @@ def store_app(
 
     Unknown paths and methods also answer in the JSON error format.
     """
-    app = _StoreApp(title="VoltRL store", version="1")
+    app = StoreApp(title="VoltRL store", version="1")
     router = store_router(
         store,
         token=token,
@@ -707,7 +469,7 @@ def store_app(
     otlp = otlp_router(store, token=token, max_body_bytes=max_body_bytes)
     app.include_router(router, prefix=API_PREFIX)
     app.include_router(otlp)
-    app.add_exception_handler(HTTPException, _http_exception)
+    app.add_exception_handler(HTTPException, http_exception)
     app.index_routes(API_PREFIX, router)
     app.index_routes("", otlp)
     return app
@@ -718,7 +480,7 @@ def otlp_router(
 ) -> APIRouter:
     """Only the OTLP trace route, ``/v1/traces``, to include at an app's root (where
     OpenTelemetry SDKs send traces when given the server's URL as their OTLP endpoint)."""
-    router = APIRouter(route_class=_route_class(max_body_bytes, token))
+    router = APIRouter(route_class=route_class(max_body_bytes, token))
     _add_otlp_route(router, store, max_body_bytes)
     return router
 
