@@ -218,14 +218,16 @@ async def test_spans_of_unknown_rollouts_are_rejected_alone(
     good = sdk_spans({"voltrl.rollout_id": c.rollout.rollout_id})
     unknown = sdk_spans({"voltrl.rollout_id": "ro-nobody"})
     untagged = sdk_spans({})[:1]
-    body = encode([*good, *unknown, *untagged]).SerializeToString()
+    stranger = sdk_spans({"voltrl.rollout_id": c.rollout.rollout_id, "voltrl.attempt_id": "at-x"})
+    body = encode([*good, *unknown, *untagged, *stranger[:1]]).SerializeToString()
     async with httpx.AsyncClient() as http:
         r = await http.post(server.url + "/v1/traces", content=body, headers=PROTOBUF)
         assert r.status_code == 200
         partial = ExportTraceServiceResponse.FromString(r.content).partial_success
-        assert partial.rejected_spans == 3
+        assert partial.rejected_spans == 4
         assert "unknown rollout 'ro-nobody' (2 spans)" in partial.error_message
         assert "no voltrl.rollout_id" in partial.error_message
+        assert "unknown attempt 'at-x'" in partial.error_message
 
         bad_reward = {"key": "voltrl.reward", "value": {"stringValue": "great"}}
         span = {"name": "s", "attributes": [bad_reward]}

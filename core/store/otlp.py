@@ -27,8 +27,8 @@ Without an attempt id, the span goes to the rollout's running attempt, else its 
 **Answers.** Spans are converted to :class:`~voltrl.types.Span` (ids as hex, times in seconds,
 attributes and events as JSON values, the resource's attributes under ``otel.resource``, the
 scope's name as ``otel.scope.name``; links are not kept) and stored with ``add_spans``. A span
-that cannot be stored (no rollout id, an unknown rollout, a rollout without attempts, a reward
-that is not a finite number) is rejected alone: the answer is 200 with OTLP's
+that cannot be stored (no rollout id, an unknown rollout or attempt, a rollout without attempts,
+a reward that is not a finite number) is rejected alone: the answer is 200 with OTLP's
 ``partial_success`` (``rejected_spans`` and an ``error_message`` naming the reasons), in the
 request's encoding. A body that is not OTLP gets 400, an unsupported content type 415, both
 with the store's JSON error body.
@@ -59,7 +59,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from starlette.exceptions import HTTPException
 
 from voltrl.store.base import Store
-from voltrl.types import Reward, Span
+from voltrl.types import Attempt, Reward, Span
 
 OTLP_PATH = "/v1/traces"
 """Where OTLP/HTTP exporters send traces (the path the OTLP specification gives)."""
@@ -296,9 +296,8 @@ def _span(raw: _Raw, rollout_id: str, attempt_id: str) -> Span:
     )
 
 
-async def _attempt_of(store: Store, rollout_id: str) -> str | None:
-    """The rollout's running attempt, else its latest; None if it has none."""
-    attempts = await store.get_attempts(rollout_id)
+def _current_attempt(attempts: list[Attempt]) -> str | None:
+    """The running attempt, else the latest; None if there is none."""
     running = [a for a in attempts if a.status == "running"]
     chosen = running[-1] if running else attempts[-1] if attempts else None
     return None if chosen is None else chosen.attempt_id
@@ -309,24 +308,24 @@ async def convert(store: Store, raws: list[_Raw], headers: dict[str, str]) -> _B
     batch = _Batch()
     wanted = {rid for raw in raws if (rid := _tag(raw, headers, ROLLOUT_ID, ROLLOUT_HEADER))}
     found = await store.query_rollouts(rollout_ids=sorted(wanted)) if wanted else []
-    known = {r.rollout_id for r in found}
-    attempts: dict[str, str | None] = {}
+    attempts = {r.rollout_id: await store.get_attempts(r.rollout_id) for r in found}
     for raw in raws:
         rollout_id = _tag(raw, headers, ROLLOUT_ID, ROLLOUT_HEADER)
         if rollout_id is None:
             batch.reject(f"no {ROLLOUT_ID} attribute or {ROLLOUT_HEADER} header")
             continue
-        if rollout_id not in known:
+        if rollout_id not in attempts:
             batch.reject(f"unknown rollout {rollout_id!r}")
             continue
         attempt_id = _tag(raw, headers, ATTEMPT_ID, ATTEMPT_HEADER)
         if attempt_id is None:
-            if rollout_id not in attempts:
-                attempts[rollout_id] = await _attempt_of(store, rollout_id)
-            attempt_id = attempts[rollout_id]
+            attempt_id = _current_attempt(attempts[rollout_id])
             if attempt_id is None:
                 batch.reject(f"rollout {rollout_id!r} has no attempt yet")
                 continue
+        elif attempt_id not in {a.attempt_id for a in attempts[rollout_id]}:
+            batch.reject(f"unknown attempt {attempt_id!r} of rollout {rollout_id!r}")
+            continue
         try:
             span = _span(raw, rollout_id, attempt_id)
             if REWARD in raw.attributes:
