@@ -16,7 +16,9 @@ does what our runner (``voltrl.runner``) really does, and nothing cheaper:
   the agent returned, as ``runner._execute`` does.
 
 So a rollout costs 3 requests (enqueue, claim, complete) where the peer's runner makes 14.
-The server process can be profiled: ``serve --profile FILE`` writes cProfile stats at exit.
+The server process can be profiled: ``serve --profile FILE`` writes cProfile stats at exit
+(``VOLTRL_PEER_PROFILE=FILE`` makes the adapter pass it). Its HTTP parser is h11 unless
+``VOLTRL_PEER_HTTP=httptools``.
 
 Also runnable on its own::
 
@@ -101,6 +103,7 @@ class OursStoreAdapter:
         argv += ["--db", str(db), "--port", str(port)]
         if profile := os.environ.get("VOLTRL_PEER_PROFILE"):
             argv += ["--profile", profile]
+        argv += ["--http", os.environ.get("VOLTRL_PEER_HTTP", "h11")]
         proc = h.CHILDREN.spawn(argv, log_path=self.args.server_log)
         self.server_pid = proc.pid
         await h.wait_http_ok(f"{self.base}/v1/store/health", timeout=50, proc=proc)

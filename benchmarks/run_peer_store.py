@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -56,12 +57,17 @@ def run_harness_here(argv: list[str]) -> None:
     store_throughput.main()
 
 
-def run_once(python: str, argv: list[str], label: str, out: Path, deadline: float) -> dict:
+def run_once(
+    python: str, argv: list[str], label: str, out: Path, deadline: float, env: dict[str, str]
+) -> dict:
     """One harness process; returns its JSON result (or an ``error``)."""
     json_out = out / f"{label}.json"
     cmd = [python, *argv, "--json-out", str(json_out), "--deadline", str(deadline)]
     print(f"[{time.strftime('%H:%M:%S')}] {label}: {' '.join(cmd)}", flush=True)
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=deadline + 30, check=False)
+    done = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=deadline + 30, check=False,
+        env={**os.environ, **env},
+    )  # fmt: skip
     if done.returncode != 0 or not json_out.exists():
         tail = (done.stderr or done.stdout)[-1500:]
         print(f"  {label} failed (exit {done.returncode}):\n{tail}", flush=True)
@@ -105,7 +111,7 @@ def print_table(results: dict[str, list[dict]]) -> None:
         return sorted(vals)[len(vals) // 2] if vals else None  # median over repeats
 
     names = list(results)
-    peers = [n for n in names if n.startswith("peer")]
+    peers = [n for n in names if n.startswith("peer")]  # the ratio is of "ours" (h11)
     print("\ncompleted rollouts/s (median over repeats)")
     print(f"{'N':>4} " + " ".join(f"{n:>14}" for n in names) + f" {'ours/best peer':>15}")
     for n in levels:
@@ -150,6 +156,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--memory-rollouts", type=int, default=20000, help="0: no memory check")
     parser.add_argument("--json-out", default=None, help="write every raw result here")
+    parser.add_argument(
+        "--also-httptools",
+        action="store_true",
+        help="also run ours with uvicorn's httptools parser (not a VoltRL dependency)",
+    )
     args = parser.parse_args()
     if not (PEER / "store_throughput.py").exists():
         sys.exit(f"peer harness not found at {PEER} (set VOLTRL_PEER_BENCH)")
@@ -157,20 +168,23 @@ def main() -> None:
     common = ["--mode", "http", "--concurrency", args.concurrency]
     common += ["--duration", str(args.duration), "--warmup", str(args.warmup)]
     deadline = 60 + 3 * len(args.concurrency.split(",")) * (args.duration + args.warmup + 5)
-    runs: list[tuple[str, str, list[str]]] = []
+    runs: list[tuple[str, str, list[str], dict[str, str]]] = []
     if args.peer_python:
         for config in args.peer_configs.split(","):
             argv = [str(PEER / "store_throughput.py"), "--impl", "agentlightning"]
-            runs.append((f"peer-{config}", args.peer_python, argv + common + PEER_CONFIGS[config]))
+            argv += common + PEER_CONFIGS[config]
+            runs.append((f"peer-{config}", args.peer_python, argv, {}))
     ours = [str(Path(__file__).resolve()), "harness", "--impl", "ours", *common]
-    runs.append(("ours", sys.executable, ours))
+    runs.append(("ours", sys.executable, ours, {"VOLTRL_PEER_HTTP": "h11"}))
+    if args.also_httptools:
+        runs.append(("ours-httptools", sys.executable, ours, {"VOLTRL_PEER_HTTP": "httptools"}))
 
-    results: dict[str, list[dict]] = {name: [] for name, _, _ in runs}
+    results: dict[str, list[dict]] = {name: [] for name, _, _, _ in runs}
     with tempfile.TemporaryDirectory(prefix="voltrl-peer-store-") as tmp:
         for i in range(args.repeats):
             order = runs if i % 2 == 0 else runs[::-1]  # alternate, so drift hits both sides
-            for name, python, argv in order:
-                res = run_once(python, argv, f"{name}-{i}", Path(tmp), deadline)
+            for name, python, argv, env in order:
+                res = run_once(python, argv, f"{name}-{i}", Path(tmp), deadline, env)
                 results[name].append(res)
     print_table(results)
     memory: list[tuple[int, float]] = []
