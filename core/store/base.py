@@ -25,6 +25,7 @@ from voltrl.errors import NotFoundError
 from voltrl.resources import Resources
 from voltrl.store.lifecycle import Notifier
 from voltrl.types import (
+    FINISHED_ROLLOUT,
     Attempt,
     AttemptResult,
     Claim,
@@ -214,10 +215,14 @@ class LocalStore(Store):
         while True:
             seen = self._changed.version
             await self.expire_leases()
-            for r in await self.query_rollouts(rollout_ids=list(pending)) if pending else []:
-                if r.finished:
-                    done[r.rollout_id] = r
-                    pending.discard(r.rollout_id)
+            finished = list(FINISHED_ROLLOUT)  # only rows that changed state are read back
+            if pending:
+                rows = await self.query_rollouts(rollout_ids=list(pending), status=finished)
+            else:
+                rows = []
+            for r in rows:
+                done[r.rollout_id] = r
+                pending.discard(r.rollout_id)
             if not pending or (deadline is not None and time.time() >= deadline):
                 return [done[i] for i in ids if i in done]
             await self._sleep_until_change(deadline, seen)
