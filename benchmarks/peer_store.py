@@ -1,8 +1,8 @@
 """Our store in the peer harness ``shared/bench/peer/store_throughput.py`` (``OursStoreAdapter``).
 
-mode ``http``: our store server (``store_app`` over a durable ``SQLStore`` file in a temporary
-directory, bearer token on, served by uvicorn with ``voltrl.server.serve`` as the trainer does)
-runs in its own process; every harness worker is one runner with its own ``HTTPStore``.
+mode ``http``: our store server (``voltrl serve --no-gateway`` over a durable ``SQLStore`` file
+in a temporary directory, bearer token on) runs in its own process; every harness worker is one
+runner with its own ``HTTPStore``.
 mode ``inproc``: the workers call one ``SQLStore`` object directly.
 
 The harness's lifecycle is enqueue -> claim -> K spans -> complete with a reward. The adapter
@@ -16,9 +16,10 @@ does what our runner (``voltrl.runner``) really does, and nothing cheaper:
   the agent returned, as ``runner._execute`` does.
 
 So a rollout costs 3 requests (enqueue, claim, complete) where the peer's runner makes 14.
-The server process can be profiled: ``serve --profile FILE`` writes cProfile stats at exit
-(``VOLTRL_PEER_PROFILE=FILE`` makes the adapter pass it). Its HTTP parser is h11 unless
-``VOLTRL_PEER_HTTP=httptools``.
+The server process is ``voltrl serve`` (the CLI's entry point, run by ``serve_main``): uvloop
+and uvicorn's httptools parser, both core dependencies. It can be profiled: ``serve --profile
+FILE`` writes cProfile stats at exit (``VOLTRL_PEER_PROFILE=FILE`` makes the adapter pass it).
+``VOLTRL_PEER_PLAIN=1`` serves on h11 and asyncio's own loop instead, for reference.
 
 Also runnable on its own::
 
@@ -34,7 +35,6 @@ import asyncio
 import contextlib
 import cProfile
 import os
-import signal
 import sys
 import tempfile
 import time
@@ -103,7 +103,8 @@ class OursStoreAdapter:
         argv += ["--db", str(db), "--port", str(port)]
         if profile := os.environ.get("VOLTRL_PEER_PROFILE"):
             argv += ["--profile", profile]
-        argv += ["--http", os.environ.get("VOLTRL_PEER_HTTP", "h11")]
+        if os.environ.get("VOLTRL_PEER_PLAIN"):
+            argv += ["--plain"]
         proc = h.CHILDREN.spawn(argv, log_path=self.args.server_log)
         self.server_pid = proc.pid
         await h.wait_http_ok(f"{self.base}/v1/store/health", timeout=50, proc=proc)
@@ -186,44 +187,32 @@ def _counts(db: Path) -> dict[str, int]:
 
 
 # ---- server process -----------------------------------------------------------------------
-def serve_main(db: str, port: int, profile: str | None, http: str = "h11") -> None:
-    """Serve ``store_app(SQLStore(db))`` on loopback until SIGTERM.
+def serve_main(db: str, port: int, profile: str | None, plain: bool = False) -> None:
+    """``voltrl serve --store DB --port PORT --token TOKEN --no-gateway``, run in this process
+    through the CLI's own entry point (same code path: uvicorn as ``voltrl.server`` configures
+    it, on uvloop with the httptools parser, bearer auth, the durable SQLite store) until SIGTERM.
 
-    uvicorn as ``voltrl.server.serve`` configures it, except that the HTTP parser is pinned to
-    h11 (pure Python, always installed with uvicorn): ``httptools`` is not a VoltRL dependency,
-    so the numbers hold for a plain install. The peer's server ran on h11 too.
+    ``plain``: for reference only, h11 and asyncio's own loop instead (what a store server gets
+    without uvloop and httptools installed). ``profile``: write cProfile stats (CPU time) there
+    at exit.
     """
-    import uvicorn
+    import voltrl.server
+    from voltrl.cli import main as voltrl_main
 
-    from voltrl.store.server import store_app
-
+    if plain:
+        voltrl.server.HTTP_PARSER = "h11"
+        voltrl.server.run = asyncio.run  # type: ignore[assignment]
     profiler = cProfile.Profile(time.process_time) if profile else None
-
-    async def main() -> None:
-        store = SQLStore(db)
-        config = uvicorn.Config(
-            store_app(store, token=TOKEN),
-            host="127.0.0.1",
-            port=port,
-            http=http,
-            loop="asyncio",
-            log_level="warning",
-        )
-        server = uvicorn.Server(config)
-        # uvicorn stops on SIGTERM, then raises it again under the handler found at start:
-        # make that one a no-op so the profile is written and the store closed.
-        signal.signal(signal.SIGTERM, lambda *_: None)
+    argv = ["serve", "--store", db, "--port", str(port), "--token", TOKEN, "--no-gateway"]
+    if profiler is not None:
+        profiler.enable()
+    try:
+        status = voltrl_main(argv)
+    finally:
         if profiler is not None:
-            profiler.enable()
-        try:
-            await server.serve()
-        finally:
-            if profiler is not None:
-                profiler.disable()
-                profiler.dump_stats(profile)
-            await store.close()
-
-    asyncio.run(main())
+            profiler.disable()
+            profiler.dump_stats(profile)
+    sys.exit(status)
 
 
 # ---- memory check -------------------------------------------------------------------------
@@ -268,14 +257,16 @@ def main() -> None:
     srv.add_argument("--db", required=True)
     srv.add_argument("--port", type=int, required=True)
     srv.add_argument("--profile", default=None, help="write cProfile stats here at exit")
-    srv.add_argument("--http", default="h11", help="uvicorn's HTTP parser: h11 or httptools")
+    srv.add_argument(
+        "--plain", action="store_true", help="h11 and asyncio's loop (no httptools, no uvloop)"
+    )
     mem = sub.add_parser("memory", help="server RSS over many rollouts")
     mem.add_argument("--rollouts", type=int, default=20000)
     mem.add_argument("--concurrency", type=int, default=32)
     mem.add_argument("--every", type=int, default=1000)
     args = parser.parse_args()
     if args.command == "serve":
-        serve_main(args.db, args.port, args.profile, args.http)
+        serve_main(args.db, args.port, args.profile, args.plain)
         return
     t0 = time.perf_counter()
     samples = asyncio.run(memory_check(args.rollouts, args.concurrency, args.every))

@@ -111,7 +111,7 @@ def print_table(results: dict[str, list[dict]]) -> None:
         return sorted(vals)[len(vals) // 2] if vals else None  # median over repeats
 
     names = list(results)
-    peers = [n for n in names if n.startswith("peer")]  # the ratio is of "ours" (h11)
+    peers = [n for n in names if n.startswith("peer")]  # the ratio is of "ours"
     print("\ncompleted rollouts/s (median over repeats)")
     print(f"{'N':>4} " + " ".join(f"{n:>14}" for n in names) + f" {'ours/best peer':>15}")
     for n in levels:
@@ -157,9 +157,9 @@ def main() -> None:
     parser.add_argument("--memory-rollouts", type=int, default=20000, help="0: no memory check")
     parser.add_argument("--json-out", default=None, help="write every raw result here")
     parser.add_argument(
-        "--also-httptools",
+        "--also-plain",
         action="store_true",
-        help="also run ours with uvicorn's httptools parser (not a VoltRL dependency)",
+        help="also run ours on h11 and asyncio's loop (no httptools, no uvloop), for reference",
     )
     args = parser.parse_args()
     if not (PEER / "store_throughput.py").exists():
@@ -175,9 +175,9 @@ def main() -> None:
             argv += common + PEER_CONFIGS[config]
             runs.append((f"peer-{config}", args.peer_python, argv, {}))
     ours = [str(Path(__file__).resolve()), "harness", "--impl", "ours", *common]
-    runs.append(("ours", sys.executable, ours, {"VOLTRL_PEER_HTTP": "h11"}))
-    if args.also_httptools:
-        runs.append(("ours-httptools", sys.executable, ours, {"VOLTRL_PEER_HTTP": "httptools"}))
+    runs.append(("ours", sys.executable, ours, {}))
+    if args.also_plain:
+        runs.append(("ours-plain", sys.executable, ours, {"VOLTRL_PEER_PLAIN": "1"}))
 
     results: dict[str, list[dict]] = {name: [] for name, _, _, _ in runs}
     with tempfile.TemporaryDirectory(prefix="voltrl-peer-store-") as tmp:

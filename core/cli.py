@@ -243,6 +243,7 @@ def _gateway_options(args: argparse.Namespace) -> dict[str, Any]:
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     from voltrl.serve import run_server
+    from voltrl.server import run
 
     coro = run_server(
         args.store,
@@ -253,12 +254,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         gateway=not args.no_gateway,
         gateway_options=_gateway_options(args),
     )
-    asyncio.run(coro)
+    run(coro)  # on uvloop when installed
     return 0
 
 
 def _cmd_gateway(args: argparse.Namespace) -> int:
     from voltrl.serve import run_gateway
+    from voltrl.server import run
 
     coro = run_gateway(
         args.store,
@@ -268,7 +270,7 @@ def _cmd_gateway(args: argparse.Namespace) -> int:
         token=_token(args),
         gateway_options=_gateway_options(args),
     )
-    asyncio.run(coro)
+    run(coro)  # on uvloop when installed
     return 0
 
 
