@@ -61,6 +61,7 @@ from voltrl.store.dialects import (
     Connection,
     Dialect,
     Statements,
+    WalCheckpointer,
     is_postgres_url,
     postgres_location,
     redact,
@@ -187,6 +188,7 @@ class SQLStore(LocalStore):
         self._conn: Connection | None = self._open()
         self._executor: ThreadPoolExecutor | None = None
         self._listener: ChangeListener | None = None
+        self._checkpointer: WalCheckpointer | None = None
         try:
             self._ensure_schema()
         except BaseException:
@@ -196,6 +198,9 @@ class SQLStore(LocalStore):
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="voltrl-store")
         self._changed = _shared_notifier(notifier_key)
         self._listener = self._dialect.listen(self._target, self._changed.notify, self._own)
+        if self._dialect is SQLITE:  # commits no longer wait for checkpoints (see the class)
+            self._checkpointer = WalCheckpointer(self._target)
+            self._conn.execute("PRAGMA wal_autocheckpoint=0")
 
     def __repr__(self) -> str:
         return f"SQLStore({self.location!r})"
@@ -226,6 +231,9 @@ class SQLStore(LocalStore):
             if self._conn is not None:
                 if self._listener is not None:
                     self._listener.close(self._conn)
+                if self._checkpointer is not None:
+                    self._checkpointer.close()
+                    self._checkpointer = None
                 self._conn.close()
                 self._conn = None
 
@@ -246,6 +254,8 @@ class SQLStore(LocalStore):
                 conn.execute(self._dialect.begin_write)
                 yield conn
                 conn.execute("COMMIT")
+                if self._checkpointer is not None:
+                    self._checkpointer.dirty = True
             except BaseException as e:
                 if self._dialect.in_transaction(conn):
                     conn.execute("ROLLBACK")
