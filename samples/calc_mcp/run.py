@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -40,20 +39,12 @@ def dev(args: argparse.Namespace) -> vl.RunResult:
     return trainer.dev(calc_agent, make_problems(args.tasks, seed=args.seed))
 
 
-def local_model(name: str | None) -> dict[str, Any]:
-    """LocalRL's model arguments: ``name`` as ``from_pretrained`` takes it, or the tiny model."""
-    if name:
-        return {"model": name}
-    from voltrl.algorithms.local.tiny import build_tiny_model, build_tiny_tokenizer
-
-    tokenizer = build_tiny_tokenizer()
-    return {"model": build_tiny_model(tokenizer, hidden=128), "tokenizer": tokenizer}
-
-
 def train(args: argparse.Namespace) -> vl.RunResult:
     """Train the model behind the agent with LocalRL on this machine."""
+    from voltrl.algorithms.local.tiny import tiny_or_named
+
     algorithm = vl.LocalRL(
-        **local_model(args.model),
+        **tiny_or_named(args.model),
         steps=args.steps,
         tasks_per_step=args.tasks_per_step,
         group_size=args.group_size,

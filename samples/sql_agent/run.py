@@ -64,21 +64,14 @@ def dev(args: argparse.Namespace) -> int:
 def train(args: argparse.Namespace) -> int:
     """Train with LocalRL; only the calls of ``write`` and ``rewrite`` become training rows."""
     import voltrl as vl
+    from voltrl.algorithms.local.tiny import tiny_or_named
     from voltrl.algorithms.local.update import PolicyUpdateConfig
     from voltrl.trajectory import TrajectoryConfig
 
     agent = load_agent_module()
-    if args.model is None:
-        from voltrl.algorithms.local.tiny import build_tiny_model, build_tiny_tokenizer
-
-        tokenizer = build_tiny_tokenizer()
-        model: Any = build_tiny_model(tokenizer, hidden=64, layers=2, seed=args.seed)
-    else:
-        model, tokenizer = args.model, None
     sampling = {"temperature": 1.0, "max_tokens": args.max_tokens}
     algorithm = vl.LocalRL(
-        model,
-        tokenizer=tokenizer,
+        **tiny_or_named(args.model, seed=args.seed, hidden=64),
         steps=args.steps,
         tasks_per_step=args.tasks_per_step,
         group_size=args.group_size,

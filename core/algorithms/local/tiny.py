@@ -67,3 +67,15 @@ def build_tiny_model(
     model.generation_config.eos_token_id = eos
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model.to(dtype).eval()
+
+
+def tiny_or_named(
+    model: str | None, *, seed: int = 0, hidden: int = 128, layers: int = 2
+) -> dict[str, object]:
+    """``LocalRL``'s ``model`` (and ``tokenizer``) keywords: ``model`` as ``from_pretrained``
+    takes it (a path or hub name), or when it is empty the tiny model and tokenizer."""
+    if model:
+        return {"model": model}
+    tokenizer = build_tiny_tokenizer()
+    tiny = build_tiny_model(tokenizer, hidden=hidden, layers=layers, seed=seed)
+    return {"model": tiny, "tokenizer": tokenizer}
