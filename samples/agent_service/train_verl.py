@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 import voltrl as vl
-from voltrl.algorithms.verl.script import verl_algorithm, verl_arguments
+from voltrl.algorithms.verl.script import verl_algorithm, verl_arguments, verl_fit
 
 HERE = Path(__file__).resolve().parent
 MAX_TOKENS = 256  # per model call
@@ -54,8 +54,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def algorithm(args: argparse.Namespace) -> vl.VERL:
     """The run's VERL algorithm (composes and validates verl's config)."""
-    sampling = {"max_tokens": MAX_TOKENS}
-    return verl_algorithm(args, config(), sampling=sampling, val_sampling=sampling)
+    return verl_algorithm(args, config(), max_tokens=MAX_TOKENS)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,17 +64,7 @@ def main(argv: list[str] | None = None) -> int:
 
     train, val = datasets(args.seed, args.train_tasks, args.n_val)
     with agent_for(args, args.out / args.name) as agent:
-        trainer = vl.Trainer(
-            algorithm(args),
-            n_runners=args.runners,
-            max_concurrency=args.concurrency,
-            run_dir=args.out,
-            name=args.name,
-            rollout_timeout_s=600,
-        )
-        result = trainer.fit(agent, train, val_dataset=val)
-    print(f"run directory: {result.run_dir}")
-    return 0
+        return verl_fit(args, algorithm(args), agent, train, val, run_dir=args.out)
 
 
 if __name__ == "__main__":

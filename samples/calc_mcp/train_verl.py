@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import voltrl as vl
-from voltrl.algorithms.verl.script import verl_algorithm, verl_arguments
+from voltrl.algorithms.verl.script import verl_algorithm, verl_arguments, verl_fit
 
 HERE = Path(__file__).resolve().parent
 MAX_TOKENS = 256  # per model call; up to four round trips
@@ -52,8 +52,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def algorithm(args: argparse.Namespace) -> vl.VERL:
     """The run's VERL algorithm (composes and validates verl's config)."""
-    sampling = {"max_tokens": MAX_TOKENS}
-    return verl_algorithm(args, config(), sampling=sampling, val_sampling=sampling)
+    return verl_algorithm(args, config(), max_tokens=MAX_TOKENS)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,17 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     from data import make_problems
 
     problems = make_problems(args.train_tasks + args.val_tasks, seed=args.seed)
-    trainer = vl.Trainer(
-        algorithm(args),
-        n_runners=args.runners,
-        max_concurrency=args.concurrency,
-        name=args.name,
-        rollout_timeout_s=600,
-    )
     val, train = problems[: args.val_tasks], problems[args.val_tasks :]
-    result = trainer.fit(calc_agent, train, val_dataset=val)
-    print(f"run directory: {result.run_dir}")
-    return 0
+    return verl_fit(args, algorithm(args), calc_agent, train, val)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import voltrl as vl
-from voltrl.algorithms.verl.script import verl_algorithm, verl_arguments
+from voltrl.algorithms.verl.script import verl_algorithm, verl_arguments, verl_fit
 
 HERE = Path(__file__).resolve().parent
 MAX_TOKENS = 256  # per model call; at most three calls fit rollout.response_length
@@ -48,8 +48,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def algorithm(args: argparse.Namespace) -> vl.VERL:
     """The run's VERL algorithm (composes and validates verl's config)."""
-    sampling = {"max_tokens": MAX_TOKENS}
-    return verl_algorithm(args, config(), sampling=sampling, val_sampling=sampling)
+    return verl_algorithm(args, config(), max_tokens=MAX_TOKENS)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,18 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     from agent import calculator_agent
     from data import make_tasks
 
-    trainer = vl.Trainer(
-        algorithm(args),
-        n_runners=args.runners,
-        max_concurrency=args.concurrency,
-        name=args.name,
-        rollout_timeout_s=600,
-    )
     train = make_tasks(args.train_tasks, seed=args.seed)
     val = make_tasks(args.val_tasks, seed=args.seed + 1)
-    result = trainer.fit(calculator_agent, train, val_dataset=val)
-    print(f"run directory: {result.run_dir}")
-    return 0
+    return verl_fit(args, algorithm(args), calculator_agent, train, val)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import voltrl as vl
-from voltrl.algorithms.verl.script import verl_algorithm, verl_arguments
+from voltrl.algorithms.verl.script import verl_algorithm, verl_arguments, verl_fit
 
 HERE = Path(__file__).resolve().parent
 MAX_TOKENS = 384  # per model call (a query, or a check of one)
@@ -49,12 +49,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def algorithm(args: argparse.Namespace) -> vl.VERL:
     """The run's VERL algorithm (composes and validates verl's config)."""
-    return verl_algorithm(
-        args,
-        config(),
-        sampling={"max_tokens": MAX_TOKENS},
-        val_sampling={"max_tokens": MAX_TOKENS},
-    )
+    return verl_algorithm(args, config(), max_tokens=MAX_TOKENS)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,16 +59,7 @@ def main(argv: list[str] | None = None) -> int:
 
     agent = load_agent_module()
     assert agent.AGENT_FILTER == AGENT_FILTER
-    trainer = vl.Trainer(
-        algorithm(args),
-        n_runners=args.runners,
-        max_concurrency=args.concurrency,
-        name=args.name,
-        rollout_timeout_s=600,
-    )
-    result = trainer.fit(agent.sql_agent, questions("train"), val_dataset=questions("val"))
-    print(f"run directory: {result.run_dir}")
-    return 0
+    return verl_fit(args, algorithm(args), agent.sql_agent, questions("train"), questions("val"))
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@
     parser = verl_arguments(argparse.ArgumentParser(), model="Qwen/Qwen2.5-1.5B-Instruct")
     args = parser.parse_args()
     algorithm = verl_algorithm(args, {"voltrl": {"trajectory": {"mode": "trajectory"}}})
+    verl_fit(args, algorithm, agent, train_rows, val_rows)  # trains; prints the run directory
 
 Options: ``--model``, ``--preset``, ``--config`` (a YAML of verl keys, replacing the script's
 own config), ``--steps``, ``--runners``, ``--concurrency``, ``--name`` (the run's name: running
@@ -49,9 +50,14 @@ def verl_algorithm(
     *,
     sampling: dict[str, Any] | None = None,
     val_sampling: dict[str, Any] | None = None,
+    max_tokens: int | None = None,
 ) -> VERL:
     """:class:`VERL` from the parsed options and a script's own ``config`` (verl keys plus
-    ``voltrl``); ``--model`` and ``--steps`` are applied on top, overrides last."""
+    ``voltrl``); ``--model`` and ``--steps`` are applied on top, overrides last.
+    ``max_tokens`` caps each model call, in training and validation alike."""
+    if max_tokens is not None:
+        sampling = {"max_tokens": max_tokens, **(sampling or {})}
+        val_sampling = {"max_tokens": max_tokens, **(val_sampling or {})}
     source: Any = args.config if args.config is not None else config
     overrides = [
         f"actor_rollout_ref.model.path={args.model}",
@@ -65,3 +71,28 @@ def verl_algorithm(
         sampling=sampling,
         val_sampling=val_sampling,
     )
+
+
+def verl_fit(
+    args: argparse.Namespace,
+    algorithm: VERL,
+    agent: Any,
+    train: list[dict[str, Any]],
+    val: list[dict[str, Any]],
+    **trainer: Any,
+) -> int:
+    """Train ``agent`` with ``algorithm`` on ``--runners`` runners of ``--concurrency`` rollouts
+    as run ``--name`` (``trainer`` adds :class:`voltrl.Trainer` arguments); prints the run
+    directory and returns the script's exit status."""
+    from voltrl.trainer import Trainer
+
+    result = Trainer(
+        algorithm,
+        n_runners=args.runners,
+        max_concurrency=args.concurrency,
+        name=args.name,
+        rollout_timeout_s=600,
+        **trainer,
+    ).fit(agent, train, val_dataset=val)
+    print(f"run directory: {result.run_dir}")
+    return 0
