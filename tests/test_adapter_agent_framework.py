@@ -16,6 +16,7 @@ import pytest
 from agent_framework import Agent, MCPStdioTool, tool
 from agent_framework.openai import OpenAIChatCompletionClient
 from fake_openai_backend import FakeBackend, scripted_ids, tool_then_answer
+from helpers import context, fake_trainer
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from test_gateway import new_rollout
 
@@ -23,10 +24,10 @@ import voltrl as vl
 from voltrl.adapters.agent_framework import chat_client, chat_options, instrument
 from voltrl.gateway import Gateway, serve_gateway
 from voltrl.otel import RolloutSpanProcessor
-from voltrl.resources import LLM, Resources
+from voltrl.resources import LLM
 from voltrl.store.memory import InMemoryStore
 from voltrl.tracing import RolloutContext, activate
-from voltrl.types import Span, Task
+from voltrl.types import Span
 
 CALCULATOR_SERVER = (
     Path(__file__).resolve().parents[1] / "samples" / "calc_mcp" / "calculator_server.py"
@@ -43,16 +44,6 @@ def add(a: int, b: int) -> int:
 def divide(a: int, b: int) -> float:
     """Divide a by b."""
     return a / b
-
-
-def context(rollout_id: str, attempt_id: str) -> RolloutContext:
-    return RolloutContext(
-        rollout_id=rollout_id,
-        attempt_id=attempt_id,
-        task=Task(input={}),
-        mode="train",
-        resources=Resources(items={}),
-    )
 
 
 def named(spans: list[Span], name: str) -> Span:
@@ -109,14 +100,8 @@ async def test_agent_with_a_function_tool_through_trainer_dev(tmp_path: Path, st
     )
     async with FakeBackend() as fb:
         fb.script = tool_then_answer('{"a": 2, "b": 3}', "The sum is 5.")
-        trainer = vl.Trainer(
-            n_runners=1,
-            inline=True,
-            store=store,
-            resources={"main_llm": llm.model_copy(update={"endpoint": fb.url})},
-            run_dir=tmp_path,
-            name="af",
-            progress=False,
+        trainer = fake_trainer(
+            store, tmp_path, llm.model_copy(update={"endpoint": fb.url}), name="af"
         )
         result = await trainer.dev_async(solver, [{"question": "2+3?"}, {"question": "3+2?"}])
     assert {req["path"] for req in fb.requests} == {"/v1/chat/completions"}

@@ -22,18 +22,18 @@ from autogen_agentchat.agents import AssistantAgent
 from autogen_agentchat.conditions import MaxMessageTermination, TextMentionTermination
 from autogen_agentchat.teams import RoundRobinGroupChat, Swarm
 from fake_openai_backend import FakeBackend, scripted_ids, tool_then_answer
+from helpers import ADD_ARGS as ARGS
+from helpers import context, dev_adding_twice
 from mcp import StdioServerParameters
 from test_gateway import new_rollout
 
 import voltrl as vl
 from voltrl.adapters import autogen as vla
 from voltrl.gateway import Gateway, serve_gateway
-from voltrl.resources import LLM, Resources
+from voltrl.resources import LLM
 from voltrl.store.memory import InMemoryStore
 from voltrl.tracing import RolloutContext, activate
-from voltrl.types import Span, Task
-
-ARGS = '{"a": 17, "b": 25}'
+from voltrl.types import Span
 
 
 def add(a: int, b: int) -> int:
@@ -44,16 +44,6 @@ def add(a: int, b: int) -> int:
 def broken(a: int, b: int) -> int:
     """A tool that always fails."""
     raise RuntimeError("the adder is broken")
-
-
-def context(rollout_id: str, attempt_id: str) -> RolloutContext:
-    return RolloutContext(
-        rollout_id=rollout_id,
-        attempt_id=attempt_id,
-        task=Task(input={}),
-        mode="train",
-        resources=Resources(items={}),
-    )
 
 
 def solver(client: Any, tools: list[Any], name: str = "solver") -> AssistantAgent:
@@ -85,30 +75,8 @@ async def test_agent_through_trainer_records_calls_spans_and_reward(tmp_path: Pa
             await client.close()
         return float(result.messages[-1].content.strip() == str(task["answer"]))
 
-    async with FakeBackend() as fb:
-        fb.script = tool_then_answer(ARGS, "42")
-        trainer = vl.Trainer(
-            store=store,
-            n_runners=1,
-            max_concurrency=2,
-            run_dir=tmp_path,
-            progress=False,
-            resources={
-                "main_llm": LLM(
-                    endpoint=fb.url, model="m", sampling_parameters={"temperature": 0.7}
-                )
-            },
-        )
-        rows = [{"question": "What is 17 + 25?", "answer": 42}] * 2
-        result = await trainer.dev_async(agent, rows)
-
-    assert result.rewards == [1.0, 1.0]
-    assert {r["body"]["temperature"] for r in fb.requests} == {0.7}
+    result = await dev_adding_twice(agent, store, tmp_path)
     for rollout in result.rollouts:
-        calls = await store.get_llm_calls(rollout.rollout_id)
-        assert [c.response_token_ids for c in calls] == [scripted_ids(ARGS), scripted_ids("42")]
-        assert {c.agent_name for c in calls} == {"solver"}
-        assert all(c.prompt_token_ids for c in calls)
         spans = await store.get_spans(rollout.rollout_id)
         tool = tool_span(spans, "add")
         assert tool.status == "ok"

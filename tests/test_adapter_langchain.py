@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from fake_openai_backend import FakeBackend, scripted_ids, tool_then_answer
+from helpers import context, fake_trainer
 from langchain.agents import create_agent
 from langchain_core.tools import tool
 from langgraph.graph import END, START, StateGraph
@@ -20,10 +21,9 @@ from test_gateway import new_rollout
 import voltrl as vl
 from voltrl.adapters.langchain import chat_model, instrument, mcp_tools, tracing_config
 from voltrl.gateway import Gateway, serve_gateway
-from voltrl.resources import Resources
 from voltrl.store.memory import InMemoryStore
 from voltrl.tracing import RolloutContext, activate
-from voltrl.types import Span, Task
+from voltrl.types import Span
 
 ARGS = '{"city": "Paris"}'
 ANSWER = "It is sunny in Paris."
@@ -34,16 +34,6 @@ def by_name(spans: list[Span]) -> dict[str, list[Span]]:
     for s in spans:
         out.setdefault(s.name, []).append(s)
     return out
-
-
-def context(rollout_id: str, attempt_id: str) -> RolloutContext:
-    return RolloutContext(
-        rollout_id=rollout_id,
-        attempt_id=attempt_id,
-        task=Task(input={}),
-        mode="train",
-        resources=Resources(items={}),
-    )
 
 
 async def test_create_agent_through_trainer_records_calls_spans_and_reward(tmp_path: Path):
@@ -67,14 +57,7 @@ async def test_create_agent_through_trainer_records_calls_spans_and_reward(tmp_p
     store = InMemoryStore()
     async with FakeBackend() as fb:
         fb.script = tool_then_answer(ARGS, ANSWER)
-        trainer = vl.Trainer(
-            n_runners=1,
-            inline=True,
-            store=store,
-            run_dir=tmp_path,
-            progress=False,
-            resources={"main_llm": vl.LLM(endpoint=fb.url, model="fake-model")},
-        )
+        trainer = fake_trainer(store, tmp_path, vl.LLM(endpoint=fb.url, model="fake-model"))
         questions = ["Weather in Paris, please?", "Is it raining in Paris?"]
         result = await trainer.dev_async(agent, [{"question": q} for q in questions])
 

@@ -27,17 +27,16 @@ from agents import (
 )
 from agents.tracing import processors as sdk_processors
 from fake_openai_backend import FakeBackend, scripted_ids, tool_then_answer
+from helpers import ADD_ARGS as ARGS
+from helpers import context, dev_adding_twice
 from test_gateway import new_rollout
 
 import voltrl as vl
 from voltrl.adapters import openai_agents as vla
 from voltrl.gateway import Gateway, serve_gateway
-from voltrl.resources import LLM, Resources
+from voltrl.resources import LLM
 from voltrl.store.memory import InMemoryStore
 from voltrl.tracing import RolloutContext, activate
-from voltrl.types import Task
-
-ARGS = '{"a": 17, "b": 25}'
 
 
 @function_tool
@@ -71,16 +70,6 @@ def on_topic(ctx: RunContextWrapper, agent: Agent, text: object) -> GuardrailFun
     return GuardrailFunctionOutput(output_info=None, tripwire_triggered="+" not in str(text))
 
 
-def context(rollout_id: str, attempt_id: str) -> RolloutContext:
-    return RolloutContext(
-        rollout_id=rollout_id,
-        attempt_id=attempt_id,
-        task=Task(input={}),
-        mode="train",
-        resources=Resources(items={}),
-    )
-
-
 @pytest.fixture(autouse=True)
 def tracing() -> Iterator[vla.VoltRLTracingProcessor]:
     yield vla.install_tracing()
@@ -90,30 +79,8 @@ async def test_agent_through_trainer_records_calls_spans_and_reward(tmp_path: Pa
     """In a runner process, where only ``vla.model`` installs the tracing processor."""
     store = InMemoryStore()
 
-    async with FakeBackend() as fb:
-        fb.script = tool_then_answer(ARGS, "42")
-        trainer = vl.Trainer(
-            store=store,
-            n_runners=1,
-            max_concurrency=2,
-            run_dir=tmp_path,
-            progress=False,
-            resources={
-                "main_llm": LLM(
-                    endpoint=fb.url, model="m", sampling_parameters={"temperature": 0.7}
-                )
-            },
-        )
-        rows = [{"question": "What is 17 + 25?", "answer": 42}] * 2
-        result = await trainer.dev_async(solver, rows)
-
-    assert result.rewards == [1.0, 1.0]
-    assert {r["body"]["temperature"] for r in fb.requests} == {0.7}
+    result = await dev_adding_twice(solver, store, tmp_path)
     for rollout in result.rollouts:
-        calls = await store.get_llm_calls(rollout.rollout_id)
-        assert [c.response_token_ids for c in calls] == [scripted_ids(ARGS), scripted_ids("42")]
-        assert {c.agent_name for c in calls} == {"solver"}
-        assert all(c.prompt_token_ids for c in calls)
         stored = await store.get_spans(rollout.rollout_id)
         spans = {s.name: s for s in stored}
         tool = spans["function:add"]

@@ -6,26 +6,16 @@ from __future__ import annotations
 import asyncio
 
 from fake_openai_backend import FakeBackend
+from helpers import context
 from test_gateway import new_rollout
 
 from voltrl.adapters.openai_client import async_openai, call_headers, request_headers, sync_openai
 from voltrl.gateway import Gateway, serve_gateway
-from voltrl.resources import LLM, Resources
+from voltrl.resources import LLM
 from voltrl.store.memory import InMemoryStore
-from voltrl.tracing import RolloutContext, activate
-from voltrl.types import Task
+from voltrl.tracing import activate
 
 MESSAGES = [{"role": "user", "content": "hi"}]
-
-
-def context(rollout_id: str, attempt_id: str) -> RolloutContext:
-    return RolloutContext(
-        rollout_id=rollout_id,
-        attempt_id=attempt_id,
-        task=Task(input={}),
-        mode="train",
-        resources=Resources(items={}),
-    )
 
 
 async def test_shared_client_keeps_concurrent_rollouts_apart() -> None:

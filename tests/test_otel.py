@@ -4,23 +4,12 @@ from __future__ import annotations
 
 import asyncio
 
+from helpers import context
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Status, StatusCode
 
 from voltrl.otel import RolloutSpanProcessor, install_tracer_provider
-from voltrl.resources import Resources
 from voltrl.tracing import RolloutContext, activate
-from voltrl.types import Task
-
-
-def context(rid: str) -> RolloutContext:
-    return RolloutContext(
-        rollout_id=rid,
-        attempt_id=f"at-{rid}",
-        task=Task(input={}),
-        mode="train",
-        resources=Resources(items={}),
-    )
 
 
 def provider() -> tuple[TracerProvider, RolloutSpanProcessor]:

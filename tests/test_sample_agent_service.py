@@ -5,17 +5,15 @@ of the scripted fake backend."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import httpx
 import pytest
 from fake_openai_backend import FakeBackend, scripted_ids
+from helpers import fake_trainer, load_sample
 from test_gateway import new_rollout
 
 import voltrl as vl
@@ -23,23 +21,9 @@ from voltrl.gateway import Gateway
 from voltrl.server import serve
 from voltrl.store.memory import InMemoryStore
 
-SAMPLE = Path(__file__).resolve().parents[1] / "samples" / "agent_service"
-
-
-def load(name: str) -> ModuleType:
-    """A module of the sample, by path (its siblings import each other by name)."""
-    if str(SAMPLE) not in sys.path:
-        sys.path.insert(0, str(SAMPLE))
-    spec = importlib.util.spec_from_file_location(f"agent_service_{name}", SAMPLE / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-run = load("run")
-units = load("units")
-client = load("client")
+run = load_sample("agent_service", "run")
+units = load_sample("agent_service", "units")
+client = load_sample("agent_service", "client")
 
 
 @pytest.fixture(scope="module")
@@ -71,18 +55,8 @@ async def dev_run(
     fb: FakeBackend, agent: vl.LitAgent, rows: list[dict], tmp_path: Path, name: str
 ) -> tuple[vl.RunResult, InMemoryStore]:
     store = InMemoryStore()
-    trainer = vl.Trainer(
-        store=store,
-        n_runners=1,
-        inline=True,
-        max_concurrency=4,
-        run_dir=tmp_path,
-        name=name,
-        progress=False,
-        resources={
-            "main_llm": vl.LLM(endpoint=fb.url, model="m", sampling_parameters={"temperature": 0.3})
-        },
-    )
+    llm = vl.LLM(endpoint=fb.url, model="m", sampling_parameters={"temperature": 0.3})
+    trainer = fake_trainer(store, tmp_path, llm, max_concurrency=4, name=name)
     return await trainer.dev_async(agent, rows), store
 
 

@@ -3,31 +3,18 @@ scripted fake backend (a calculator call, then the answer), and its data and too
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 from fake_openai_backend import FakeBackend, scripted_ids
+from helpers import fake_trainer, load_sample
 
 import voltrl as vl
 from voltrl.store.memory import InMemoryStore
 
-SAMPLE = Path(__file__).resolve().parents[1] / "samples" / "autogen_calc"
-
-
-def load(name: str) -> ModuleType:
-    """A module of the sample, imported by path under a name of its own."""
-    spec = importlib.util.spec_from_file_location(f"autogen_calc_{name}", SAMPLE / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-agent, data = load("agent"), load("data")
+agent, data = load_sample("autogen_calc", "agent"), load_sample("autogen_calc", "data")
 
 
 def solve_with_calculator(req: dict[str, Any]) -> dict[str, str]:
@@ -49,15 +36,8 @@ async def test_sample_agent_runs_once_through_dev(tmp_path: Path) -> None:
     store = InMemoryStore()
     async with FakeBackend() as fb:
         fb.script = solve_with_calculator
-        trainer = vl.Trainer(
-            store=store,
-            n_runners=1,
-            inline=True,
-            max_concurrency=2,
-            run_dir=tmp_path,
-            progress=False,
-            resources={"main_llm": vl.LLM(endpoint=fb.url, model="m")},
-        )
+        llm = vl.LLM(endpoint=fb.url, model="m")
+        trainer = fake_trainer(store, tmp_path, llm, max_concurrency=2)
         result = await trainer.dev_async(agent.autogen_calc_agent, rows)
 
     by_answer = {r.task.input["answer"]: r for r in result.rollouts}

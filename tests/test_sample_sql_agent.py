@@ -5,29 +5,21 @@ reward; calls named after their nodes; the agent filter keeps only write/rewrite
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 from pathlib import Path
 from typing import Any
 
 from fake_openai_backend import FakeBackend, scripted_ids
+from helpers import SAMPLES, fake_trainer, load_sample
 
 import voltrl as vl
 from voltrl.store.memory import InMemoryStore
 from voltrl.trajectory import TrajectoryConfig, trajectories_from_store
 
-SAMPLE = Path(__file__).resolve().parents[1] / "samples" / "sql_agent"
+SAMPLE = SAMPLES / "sql_agent"
 
 
-def load_sample() -> Any:
-    spec = importlib.util.spec_from_file_location("sample_sql_agent_run", SAMPLE / "run.py")
-    assert spec is not None and spec.loader is not None
-    run = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(run)
-    return run
-
-
-run = load_sample()
+run = load_sample("sql_agent", "run")
 agent = run.load_agent_module()
 ROWS = run.questions("val")[:2]
 GOLD = {r["question"]: r["gold_sql"] for r in ROWS}
@@ -52,14 +44,8 @@ def test_sql_agent_runs_through_dev_and_trains_only_write_and_rewrite(tmp_path: 
     async def main() -> vl.RunResult:
         async with FakeBackend() as fb:
             fb.script = sql_backend
-            trainer = vl.Trainer(
-                n_runners=1,
-                inline=True,
-                store=store,
-                run_dir=tmp_path,
-                progress=False,
-                resources={"main_llm": vl.LLM(endpoint=fb.url, model="fake-model")},
-            )
+            llm = vl.LLM(endpoint=fb.url, model="fake-model")
+            trainer = fake_trainer(store, tmp_path, llm)
             return await trainer.dev_async(agent.sql_agent, ROWS)
 
     result = asyncio.run(main())

@@ -7,20 +7,10 @@ import contextvars
 import threading
 
 import pytest
+from helpers import context as ctx
 
 import voltrl as vl
-from voltrl.tracing import RolloutContext, activate
-from voltrl.types import Task
-
-
-def ctx(rid: str) -> RolloutContext:
-    return RolloutContext(
-        rollout_id=rid,
-        attempt_id=f"at-{rid}",
-        task=Task(input={}),
-        mode="train",
-        resources=vl.Resources(items={}),
-    )
+from voltrl.tracing import activate
 
 
 def test_emit_reward_outside_a_rollout_raises():

@@ -1,0 +1,81 @@
+"""Helpers the tests share: a rollout context to activate by hand, a trainer against the fake
+backend, the adapter tests' two rollouts of an agent that adds 17 and 25 with a tool, and a
+sample's module imported by path."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from fake_openai_backend import FakeBackend, scripted_ids, tool_then_answer
+
+import voltrl as vl
+from voltrl.store.base import Store
+from voltrl.tracing import RolloutContext
+from voltrl.types import Task
+
+ADD_ARGS = '{"a": 17, "b": 25}'
+"""The tool call's arguments in :func:`dev_adding_twice`'s script."""
+
+
+def context(rollout_id: str, attempt_id: str | None = None) -> RolloutContext:
+    """A training rollout's context with no task input and no resources (the attempt id is
+    ``at-<rollout_id>`` unless given)."""
+    return RolloutContext(
+        rollout_id=rollout_id,
+        attempt_id=attempt_id or f"at-{rollout_id}",
+        task=Task(input={}),
+        mode="train",
+        resources=vl.Resources(items={}),
+    )
+
+
+def fake_trainer(store: Store, run_dir: Path, llm: vl.LLM, **options: Any) -> vl.Trainer:
+    """One inline runner recording into ``store``, ``llm`` as ``main_llm``; ``options`` are
+    further :class:`voltrl.Trainer` arguments (or replace these)."""
+    settings: dict[str, Any] = {"n_runners": 1, "inline": True, "progress": False, **options}
+    return vl.Trainer(store=store, run_dir=run_dir, resources={"main_llm": llm}, **settings)
+
+
+async def dev_adding_twice(agent: Any, store: Store, run_dir: Path) -> vl.RunResult:
+    """Run ``agent`` on "What is 17 + 25?" twice at once in a runner process, against a backend
+    that calls the tool with :data:`ADD_ARGS` and then answers 42 (at temperature 0.7); checks
+    that both rollouts are rewarded and their two calls stored with token ids, as ``solver``."""
+    async with FakeBackend() as fb:
+        fb.script = tool_then_answer(ADD_ARGS, "42")
+        llm = vl.LLM(endpoint=fb.url, model="m", sampling_parameters={"temperature": 0.7})
+        trainer = fake_trainer(store, run_dir, llm, inline=False, max_concurrency=2)
+        rows = [{"question": "What is 17 + 25?", "answer": 42}] * 2
+        result = await trainer.dev_async(agent, rows)
+
+    assert result.rewards == [1.0, 1.0]
+    assert {r["body"]["temperature"] for r in fb.requests} == {0.7}
+    for rollout in result.rollouts:
+        calls = await store.get_llm_calls(rollout.rollout_id)
+        assert [c.response_token_ids for c in calls] == [
+            scripted_ids(ADD_ARGS),
+            scripted_ids("42"),
+        ]
+        assert {c.agent_name for c in calls} == {"solver"}
+        assert all(c.prompt_token_ids for c in calls)
+    return result
+
+
+SAMPLES = Path(__file__).resolve().parents[1] / "samples"
+
+
+def load_sample(sample: str, name: str) -> ModuleType:
+    """``samples/<sample>/<name>.py``, imported by path as ``<sample>_<name>`` (so two samples'
+    ``agent.py`` stay apart); the sample's directory goes on ``sys.path`` first, for the
+    siblings it imports by name."""
+    directory = SAMPLES / sample
+    if str(directory) not in sys.path:
+        sys.path.insert(0, str(directory))
+    spec = importlib.util.spec_from_file_location(f"{sample}_{name}", directory / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
