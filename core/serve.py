@@ -184,9 +184,12 @@ async def run_server(
     ``graceful_s`` seconds, then the gateway's pending writes finish and the store closes.
     """
     from voltrl.store import open_store
+    from voltrl.store.sql import SQLStore
 
     require_token_off_loopback(host, token)
     store = open_store(store_spec)
+    if isinstance(store, SQLStore):  # used from this loop only: concurrent writes commit together
+        store.group_commits()
     gw = (
         make_gateway(store, backends, token, gateway_options or {})
         if gateway and backends

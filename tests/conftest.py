@@ -15,7 +15,7 @@ from voltrl.store.client import HTTPStore
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
-STORE_KINDS = ["memory", "sqlite", "postgres", "http"]
+STORE_KINDS = ["memory", "sqlite", "sqlite-grouped", "postgres", "http"]
 
 HTTP_STORE_TOKEN = "test-token"
 
@@ -42,6 +42,12 @@ async def make_store(kind: str, tmp_path: Path) -> Store:
         from voltrl.store.sql import SQLStore
 
         return SQLStore(tmp_path / "store.sqlite")
+    if kind == "sqlite-grouped":  # what ``voltrl serve`` uses: concurrent writes commit together
+        from voltrl.store.sql import SQLStore
+
+        grouped = SQLStore(tmp_path / "store.sqlite")
+        grouped.group_commits()
+        return grouped
     if kind == "postgres":  # a fresh database on a real server (tests/pg.py), one per session
         from pg import new_database_url
 

@@ -148,7 +148,10 @@ def _db_call(
     async def call(self: SQLStore, *args: P.args, **kwargs: P.kwargs) -> R:
         executor = self._executor
         if executor is None:
-            return method(self, *args, **kwargs)
+            result = method(self, *args, **kwargs)
+            if self._group is not None:  # answer once what the method wrote is committed
+                await self._group_committed(self._group)
+            return result
         run, loop = functools.partial(method, self, *args, **kwargs), asyncio.get_running_loop()
         for i in range(DEADLOCK_RETRIES):
             try:
@@ -189,6 +192,9 @@ class SQLStore(LocalStore):
         self._executor: ThreadPoolExecutor | None = None
         self._listener: ChangeListener | None = None
         self._checkpointer: WalCheckpointer | None = None
+        self._grouping = False
+        self._group: asyncio.Future[None] | None = None  # the open group transaction's commit
+        self._notify_after_group = False
         try:
             self._ensure_schema()
         except BaseException:
@@ -204,6 +210,67 @@ class SQLStore(LocalStore):
 
     def __repr__(self) -> str:
         return f"SQLStore({self.location!r})"
+
+    def group_commits(self) -> None:
+        """Commit the writes of concurrent calls together (SQLite only; PostgreSQL ignores it).
+
+        Each write still runs in a transaction of its own (a savepoint: an error undoes only
+        that call's changes), but the savepoints of one turn of the event loop share one
+        ``COMMIT``, run at the start of the next turn, and every call answers only once that
+        commit is done: nothing is answered that is not committed, and a failed commit fails
+        every call in it. A rollout's pages (the tail of each table and index) are written to
+        the WAL once per group rather than once per call, which is most of a commit's cost.
+
+        For a store used from one event loop only, as ``voltrl serve`` uses its own.
+        """
+        if self._dialect is SQLITE:
+            self._grouping = True
+
+    def _notify(self) -> None:
+        """Wake waiters on this database; after the commit when a group is open."""
+        if self._group is not None:
+            self._notify_after_group = True
+        else:
+            self._changed.notify()
+
+    async def _group_committed(self, group: asyncio.Future[None]) -> None:
+        """Wait for ``group``'s commit. A call that is cancelled meanwhile still waits for it
+        (its changes are in the group): then it ends as if the cancellation came after it."""
+        try:
+            await asyncio.shield(group)
+        except asyncio.CancelledError:
+            if not group.done():
+                await group
+            group.result()
+
+    def _commit_group(self) -> None:
+        """Commit the open group transaction; its calls get the outcome."""
+        group, self._group = self._group, None
+        if group is None:
+            return
+        error: BaseException | None = None
+        with self._lock:
+            conn = self._conn
+            try:
+                if conn is None:
+                    raise StoreError(f"store {self.location} is closed")
+                conn.execute("COMMIT")
+            except self._dialect.error as e:
+                error = StoreError(f"{self._dialect.name} store {self.location}: {e}")
+            except StoreError as e:
+                error = e
+            if error is not None and conn is not None and self._dialect.in_transaction(conn):
+                conn.execute("ROLLBACK")
+        if error is not None:
+            group.set_exception(error)
+            group.exception()  # retrieved by each waiting call; no warning if none is left
+            return
+        if self._checkpointer is not None:
+            self._checkpointer.dirty = True
+        group.set_result(None)
+        if self._notify_after_group:
+            self._notify_after_group = False
+            self._changed.notify()
 
     # ---- connection and transactions ----------------------------------------------------
     def _open(self) -> Connection:
@@ -247,7 +314,12 @@ class SQLStore(LocalStore):
 
     @contextmanager
     def _write(self) -> Iterator[Connection]:
-        """One write transaction: committed on success, rolled back on any error."""
+        """One write transaction: committed on success, rolled back on any error (with
+        :meth:`group_commits`, a savepoint of the group transaction)."""
+        if self._grouping:
+            with self._grouped_write() as conn:
+                yield conn
+            return
         with self._lock:
             conn = self._connection()
             try:
@@ -259,6 +331,39 @@ class SQLStore(LocalStore):
             except BaseException as e:
                 if self._dialect.in_transaction(conn):
                     conn.execute("ROLLBACK")
+                if isinstance(e, self._dialect.error):
+                    raise StoreError(f"{self._dialect.name} store {self.location}: {e}") from e
+                raise
+
+    @contextmanager
+    def _grouped_write(self) -> Iterator[Connection]:
+        """A savepoint in the group transaction, which is opened (and its commit scheduled
+        for the next turn of the event loop) if none is open."""
+        with self._lock:
+            conn = self._connection()
+            try:
+                if self._group is None:
+                    loop = asyncio.get_running_loop()
+                    conn.execute(self._dialect.begin_write)
+                    self._group = loop.create_future()
+                    loop.call_soon(self._commit_group)
+                conn.execute("SAVEPOINT call")
+            except self._dialect.error as e:
+                raise StoreError(f"{self._dialect.name} store {self.location}: {e}") from e
+            try:
+                yield conn
+                conn.execute("RELEASE call")
+            except BaseException as e:
+                try:
+                    conn.execute("ROLLBACK TO call")
+                    conn.execute("RELEASE call")
+                except self._dialect.error:  # the whole transaction is gone: end the group
+                    if self._dialect.in_transaction(conn):
+                        conn.execute("ROLLBACK")
+                    group, self._group = self._group, None
+                    if group is not None:
+                        group.set_exception(StoreError(f"store {self.location}: {e}"))
+                        group.exception()
                 if isinstance(e, self._dialect.error):
                     raise StoreError(f"{self._dialect.name} store {self.location}: {e}") from e
                 raise
@@ -286,6 +391,7 @@ class SQLStore(LocalStore):
             )
 
     async def close(self) -> None:
+        self._commit_group()  # what calls wrote before the close is kept
         executor, self._executor = self._executor, None
         if executor is None:
             self._disconnect()
@@ -380,7 +486,7 @@ class SQLStore(LocalStore):
             conn.execute(
                 self._sql.insert_resources, (version, saved.created_at, saved.model_dump_json())
             )
-        self._changed.notify()
+        self._notify()
         return saved
 
     @_db_call
@@ -411,7 +517,7 @@ class SQLStore(LocalStore):
             first = self._bump(conn, "queue", len(rollouts)) - len(rollouts) + 1
             rows = [_rollout_row(r, first + i) for i, r in enumerate(rollouts)]
             conn.cursor().executemany(self._sql.insert_rollout, rows)
-        self._changed.notify()
+        self._notify()
         return rollouts
 
     @_db_call
@@ -477,7 +583,7 @@ class SQLStore(LocalStore):
             apply_result(r, a, result)
             self._update_attempt(conn, a)
             self._update_rollout(conn, r)
-        self._changed.notify()
+        self._notify()
         return r
 
     @_db_call
@@ -494,7 +600,7 @@ class SQLStore(LocalStore):
                 self._update_attempt(conn, a)
             r.status, r.finished_at, r.error = "cancelled", now(), "cancelled"
             self._update_rollout(conn, r)
-        self._changed.notify()
+        self._notify()
         return r
 
     @_db_call
@@ -510,7 +616,7 @@ class SQLStore(LocalStore):
         with self._write() as conn:
             n = self._expire_due(conn, t)
         if n:
-            self._changed.notify()
+            self._notify()
         return n
 
     # ---- records ------------------------------------------------------------------------
