@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import ipaddress
 import signal
 from collections.abc import AsyncIterator, Sequence
@@ -26,6 +25,7 @@ from voltrl.errors import VoltRLError
 from voltrl.gateway import Gateway
 from voltrl.store.base import Store
 from voltrl.store.client import API_PREFIX, ErrorDetail, ErrorResponse
+from voltrl.store.routing import bearer_matches
 
 HEALTH_PATH = f"{API_PREFIX}/health"
 """The one route that never needs a token."""
@@ -78,10 +78,7 @@ class BearerAuth:
             return True
         for name, value in scope["headers"]:
             if name == b"authorization":
-                scheme, _, given = value.partition(b" ")
-                return scheme.lower() == b"bearer" and hmac.compare_digest(
-                    given.strip(), self._expected
-                )
+                return bearer_matches(value, self._expected)
         return False
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -259,10 +259,15 @@ class StoreApp(FastAPI):
         await super().__call__(scope, receive, send)
 
 
+def bearer_matches(authorization: bytes, expected: bytes) -> bool:
+    """Whether an ``Authorization`` header value is ``Bearer <expected>`` (constant time)."""
+    scheme, _, given = authorization.partition(b" ")
+    return scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), expected)
+
+
 def _check_token(request: Request, expected: bytes) -> None:
     """Accept only ``Authorization: Bearer <token>``; 401 otherwise."""
-    scheme, _, given = request.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected):
+    if not bearer_matches(request.headers.get("authorization", "").encode(), expected):
         raise HTTPException(
             401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"}
         )
