@@ -14,7 +14,10 @@ import voltrl as vl
 from voltrl.algorithms.verl.version import SUPPORTED_VERL, VerlUnavailableError
 
 
-@pytest.mark.skipif(importlib.util.find_spec("verl") is not None, reason="verl is installed")
+@pytest.mark.skipif(
+    importlib.util.find_spec("verl") is not None,
+    reason="checks the error when verl is missing; tests_verl/ covers the installed case",
+)
 def test_vl_verl_names_the_extra_and_the_versions():
     with pytest.raises(VerlUnavailableError) as info:
         vl.VERL({"actor_rollout_ref": {"model": {"path": "m"}}})
