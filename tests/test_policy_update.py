@@ -477,6 +477,13 @@ def test_empty_prompt_is_a_clear_error() -> None:
         PolicyTrainer(tiny_model(), PolicyUpdateConfig()).step(batch)
 
 
+def test_update_has_no_temperature_of_its_own() -> None:
+    """PPO's old logprobs are the engine's raw temperature-1 ones: scoring the new policy at
+    another temperature would skew every ratio, so there is no such setting."""
+    with pytest.raises(ValueError, match=r"temperature\s+Extra inputs are not permitted"):
+        PolicyUpdateConfig(temperature=0.7)  # type: ignore[call-arg]
+
+
 # ---- LoRA -------------------------------------------------------------------------------------
 
 

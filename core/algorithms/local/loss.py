@@ -116,7 +116,6 @@ def token_logprobs(
     response_length: int,
     *,
     keep: Tensor | None = None,
-    temperature: float = 1.0,
     with_entropy: bool = True,
     entropy_grad: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
@@ -124,8 +123,8 @@ def token_logprobs(
     (a Hugging Face causal LM, plain or ``peft``-wrapped), and their entropies.
 
     ``input_ids`` is ``prompt + response`` (``(B, P + R)``, prompts left-padded, responses
-    right-padded, as in :class:`voltrl.trajectory.TrainingBatch`). With ``z`` the logits
-    (divided by ``temperature``) at the position before token ``y_t``::
+    right-padded, as in :class:`voltrl.trajectory.TrainingBatch`). With ``z`` the logits at
+    the position before token ``y_t`` (temperature 1, as the engine's recorded logprobs)::
 
         logp_t = z[y_t] - logsumexp(z)
         H_t    = logsumexp(z) - sum_v softmax(z)_v z_v        (entropy of pi(. | y_<t))
@@ -152,8 +151,6 @@ def token_logprobs(
         logits_to_keep=r if cols is None else cols + (fed - r),
     )
     logits = out.logits.float()
-    if temperature != 1.0:
-        logits = logits / temperature
     lse = torch.logsumexp(logits, dim=-1)
     targets = input_ids[:, -r:] if cols is None else input_ids[:, -r:][:, cols]
     logprobs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
