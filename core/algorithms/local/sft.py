@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from voltrl.algorithms.local.threads import use_threads
+
 Conversation = dict[str, Any]
 """``{"messages": [...], "tools": [...] (optional)}`` in OpenAI chat format."""
 
@@ -65,12 +67,16 @@ def supervised_warmup(
     lr: float = 3e-3,
     warmup_steps: int = 20,
     seed: int = 0,
+    threads: int | None = None,
     log: Callable[[int, float], None] | None = None,
 ) -> list[float]:
     """Train ``model`` on the assistant turns of ``conversations``; returns the loss per step.
 
-    AdamW with linear warm-up and cosine decay; batches are sampled with replacement.
+    AdamW with linear warm-up and cosine decay; batches are sampled with replacement. torch
+    runs ``threads`` intra-op threads (default: :func:`~.threads.decide_threads`'s, half the
+    usable CPUs), set for the calling thread.
     """
+    use_threads(threads)
     rng = random.Random(seed)
     data = [tokenize_conversation(tokenizer, c) for c in conversations]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0

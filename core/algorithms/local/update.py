@@ -65,6 +65,7 @@ from voltrl.algorithms.local.loss import (
     token_logprobs,
     weight_advantages,
 )
+from voltrl.algorithms.local.threads import decide_threads, use_threads
 from voltrl.trajectory import TrainingBatch
 from voltrl.types import Model
 
@@ -73,7 +74,12 @@ CHECKPOINT_PREFIX = "step_"
 
 class PolicyUpdateConfig(Model):
     """Settings of the policy update. Defaults are a plain GRPO step: one epoch, one
-    optimizer step per batch, PPO-clip against the sampling logprobs, no KL term."""
+    optimizer step per batch, PPO-clip against the sampling logprobs, no KL term.
+
+    There is no temperature setting: the engine records raw temperature-1 logprobs, which
+    are PPO's old logprobs, so the update scores at temperature 1 too (the sampling
+    temperature is ``LocalRL(sampling={"temperature": ...})`` and changes neither).
+    """
 
     # optimizer
     lr: float = Field(1e-5, gt=0)
@@ -87,7 +93,6 @@ class PolicyUpdateConfig(Model):
     kl_kind: KLKind = "low_var_kl"
     entropy_coef: float = 0.0
     loss_agg: LossAgg = "token-mean"
-    temperature: float = Field(1.0, gt=0)
     old_logprobs: Literal["rollout", "recompute"] = "rollout"
     # advantages
     norm_adv_by_std: bool = True
@@ -142,12 +147,21 @@ class PolicyTrainer:
 
     ``model`` is a Hugging Face causal LM on the device to train on. With ``use_lora`` it is
     wrapped by ``peft`` (only the adapters train) and the reference policy is the same model
-    with its adapters disabled: no second copy. Without LoRA and with ``kl_coef > 0``, the
-    reference is ``ref_model`` when given, else a frozen copy of ``model`` taken here.
+    with its adapters disabled: no second copy. peft adds its layers to ``model`` in place, so
+    take an inference copy before; :meth:`merged_state_dict` loads into that plain copy.
+    Without LoRA and with ``kl_coef > 0``, the reference is ``ref_model`` when given, else a
+    frozen copy of ``model`` taken here. :meth:`step` runs torch with ``threads`` intra-op
+    threads in whichever thread calls it (default: the count in effect where the trainer is
+    built, e.g. as LocalRL set it).
     """
 
     def __init__(
-        self, model: Any, config: PolicyUpdateConfig | None = None, *, ref_model: Any = None
+        self,
+        model: Any,
+        config: PolicyUpdateConfig | None = None,
+        *,
+        ref_model: Any = None,
+        threads: int | None = None,
     ) -> None:
         self.config = cfg = config or PolicyUpdateConfig()
         if cfg.use_lora:
@@ -178,6 +192,7 @@ class PolicyTrainer:
         self.device = next(model.parameters()).device
         self.generator = torch.Generator().manual_seed(cfg.seed)
         self.global_step = 0
+        self.threads = torch.get_num_threads() if threads is None else decide_threads(threads)
 
     # ---- the update ---------------------------------------------------------------------------
 
@@ -196,6 +211,7 @@ class PolicyTrainer:
         """
         if not len(batch):
             raise ValueError("the batch has no rows")
+        use_threads(self.threads)
         start = time.perf_counter()
         cfg = self.config
         data = self._prepare(batch)
@@ -341,7 +357,6 @@ class PolicyTrainer:
             data.position_ids[idx, first:end],
             width,
             keep=data.response_mask[idx, :width],
-            temperature=self.config.temperature,
             **kw,
         )
 
