@@ -9,8 +9,8 @@
 #   - PG_INSTALL=no: install nothing (the PostgreSQL store tests then fail and say why);
 #   - on Debian/Ubuntu: say what happens, then apt-get install postgresql (with sudo when not
 #     root). Debian has no package with only the server binaries: postgresql-NN also creates a
-#     "main" cluster and starts it as a system service. Each cluster is stopped again, and those
-#     the install created are set to start manually (start.conf), so none runs or starts at boot.
+#     "main" cluster and starts it as a system service. The clusters the install created are
+#     stopped again and set to start manually (start.conf), so none runs or starts at boot.
 set -eu
 
 PYTHON=${PYTHON:-python3}
@@ -58,8 +58,8 @@ for dir in /etc/postgresql/*/*/; do
     [ -f "${dir}postgresql.conf" ] || continue
     version=$(basename "$(dirname "$dir")")
     cluster=$(basename "$dir")
+    case "$before" in *"$dir"*) continue ;; esac  # a cluster you had: left alone
     $SUDO pg_ctlcluster "$version" "$cluster" stop 2>/dev/null || true
-    case "$before" in *"$dir"*) continue ;; esac
     echo manual | $SUDO tee "${dir}start.conf" >/dev/null
     echo "PostgreSQL cluster $version/$cluster stopped and set to start manually"
 done
