@@ -8,7 +8,9 @@ One run measures, with a closed-loop aiohttp load generator on loopback:
 
 at concurrency 1 and 16 (``--concurrency``), plus the highest calls/s over ``--max-levels``.
 It prints p50/p99 latency, calls/s, the latency the gateway adds and the ratios, then checks
-that the store holds exactly one LLMCall (with token ids) per successful gateway call.
+that the store holds exactly one LLMCall (with token ids) per successful gateway call, and
+prints the gateway process's CPU time per recorded call (steadier than calls/s on a busy
+machine).
 
     .venv/bin/python benchmarks/gateway_bench.py [--duration 4] [--json-out F]
 
@@ -68,9 +70,22 @@ def wait_http_ok(url: str, proc: subprocess.Popen[Any], timeout_s: float = 30.0)
 
 
 def spawn(argv: list[str]) -> subprocess.Popen[bytes]:
-    """A child in its own process group, so stop() takes its children with it."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    """A child in its own process group, so stop() takes its children with it. Its
+    ``PYTHONPATH`` is this checkout's root, then the caller's (which may name the ``voltrl``
+    to measure, such as another worktree's)."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
     return subprocess.Popen(argv, env=env, start_new_session=True, stdout=subprocess.PIPE)
+
+
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far."""
+    import psutil
+
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
 
 
 def stop(proc: subprocess.Popen[Any]) -> None:
@@ -247,6 +262,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     gateway = GatewayProcess(backend.url, n)
     result: dict[str, Any] = {"levels": {}, "max": {}}
     sent_through_gateway = 0
+    cpu_before = cpu_s(gateway.proc.pid)
     try:
         for c in levels:
             direct = await load([f"{backend.url}/chat/completions"] * c, args.duration, args.warmup)
@@ -257,6 +273,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             through = await load(gateway.urls(c), args.duration, args.warmup)
             sent_through_gateway += through["sent"] - through["errors"]
             result["max"][c] = through["calls_per_s"]
+        cpu = cpu_s(gateway.proc.pid) - cpu_before
         stats = gateway.stats()
         result["recorded"] = {
             "successful_gateway_calls": sent_through_gateway,
@@ -265,6 +282,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             "prompt_ids_len": stats["prompt_ids_len"],
             "response_ids_len": stats["response_ids_len"],
         }
+        result["gateway_cpu_us_per_call"] = round(cpu / max(stats["calls"], 1) * 1e6, 1)
     finally:
         stop(gateway.proc)
         stop(backend.proc)
@@ -296,6 +314,7 @@ def report(result: dict[str, Any]) -> None:
         f"gateway calls, {rec['with_token_ids']} with token ids "
         f"({rec['prompt_ids_len']} prompt / {rec['response_ids_len']} response ids each)"
     )
+    print(f"gateway process CPU: {result['gateway_cpu_us_per_call']} us per recorded call")
 
 
 def main() -> None:

@@ -24,7 +24,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import random
 import time
 import zlib
 from collections import OrderedDict
@@ -36,6 +35,7 @@ import aiohttp
 
 from voltrl.errors import NotFoundError
 from voltrl.gateway_records import _Call, _calls_from_response, _StreamAccumulator, _strip
+from voltrl.retry import RETRY_STATUSES, Backoff, Retry
 from voltrl.store.base import Store
 from voltrl.types import LLMCall
 
@@ -44,7 +44,6 @@ logger = logging.getLogger(__name__)
 ASGIReceive = Callable[[], Awaitable[dict[str, Any]]]
 ASGISend = Callable[[dict[str, Any]], Awaitable[None]]
 
-RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 _JSON = (b"content-type", b"application/json")
 _SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -91,7 +90,7 @@ class Gateway:
         max_body_bytes: larger requests are refused with 413.
         retries: extra tries after a backend 408/429/5xx, connection error or timeout.
         backoff_s, max_backoff_s: exponential backoff with jitter between tries (a backend's
-            ``Retry-After`` is honoured up to ``max_backoff_s``).
+            ``Retry-After`` is honoured up to ``max_backoff_s``; see :mod:`voltrl.retry`).
         timeout_s: longest a backend may stay silent while answering one try.
         connect_timeout_s: longest a connection to a backend may take.
         pause_wait_s: while paused, how long a new call waits for :meth:`resume` before it is
@@ -132,8 +131,7 @@ class Gateway:
         self.resources_version = resources_version
         self.trace_header = trace_header.lower()
         self.max_body_bytes = max_body_bytes
-        self.retries = retries
-        self.backoff_s, self.max_backoff_s = backoff_s, max_backoff_s
+        self.backoff = Backoff(retries, backoff_s, max_backoff_s)
         self.timeout_s, self.connect_timeout_s = timeout_s, connect_timeout_s
         self.pause_wait_s, self.pause_retry_after_s = pause_wait_s, pause_retry_after_s
         self.request_token_ids = request_token_ids
@@ -414,24 +412,25 @@ class Gateway:
             )
         return self._session
 
-    async def _backoff(self, attempt: int, retry_after: str | None) -> None:
-        delay = min(self.max_backoff_s, self.backoff_s * (2**attempt)) * random.uniform(0.5, 1.0)
-        if retry_after:
-            with contextlib.suppress(ValueError):
-                delay = max(delay, min(self.max_backoff_s, float(retry_after)))
-        await asyncio.sleep(delay)
-
     async def _send_upstream(
         self, rollout_id: str | None, path: str, payload: bytes | None, headers: dict[str, str]
     ) -> tuple[int, aiohttp.ClientResponse]:
-        """POST (or GET when ``payload`` is None) with retries. Returns the replica index and
-        an open 2xx response, or raises :class:`GatewayHTTPError` once retries are spent."""
+        """POST (or GET when ``payload`` is None) with retries (:attr:`backoff`), each retry
+        on another replica when there is one. Returns the replica index and an open 2xx
+        response, or raises :class:`GatewayHTTPError` once retries are spent."""
         session = self._client()
         idx = self._pick(rollout_id) if rollout_id is not None else 0
-        last_status, last_error, timed_out = 0, "", False
-        for attempt in range(self.retries + 1):
+        tries = self.backoff.retries + 1
+
+        def failed(status: int, problem: str, retry_after: str | None = None) -> Retry:
+            message = f"backend failed after {tries} tries; last error: {problem}"
+            return Retry(problem, GatewayHTTPError(status, message, type="api_error"), retry_after)
+
+        async def attempt(tried: int) -> tuple[int, aiohttp.ClientResponse] | Retry:
+            nonlocal idx
+            if tried and rollout_id is not None and len(self.backends) > 1:
+                idx = self._pick(rollout_id, avoid=idx)
             self._load[idx] += 1
-            resp, retry_after = None, None
             try:
                 if payload is None:
                     resp = await session.get(self.backends[idx] + path, headers=headers)
@@ -440,29 +439,22 @@ class Gateway:
                         self.backends[idx] + path, data=payload, headers=headers
                     )
             except (aiohttp.ClientError, TimeoutError, OSError) as e:
-                last_status, last_error = 0, f"{type(e).__name__}: {e}"
-                timed_out = isinstance(e, TimeoutError)
+                return failed(
+                    504 if isinstance(e, TimeoutError) else 502, f"{type(e).__name__}: {e}"
+                )
             finally:
                 self._load[idx] -= 1
-            if resp is not None:
-                if resp.status < 300:
-                    return idx, resp
-                text = (await resp.read()).decode("utf-8", "replace")
-                retry_after = resp.headers.get("retry-after")
-                resp.release()
-                if resp.status not in RETRY_STATUSES:
-                    raise _backend_error(resp.status, text)
-                last_status, last_error = resp.status, f"HTTP {resp.status}: {text[:500]}"
-            if attempt == self.retries:
-                break
-            await self._backoff(attempt, retry_after)
-            if rollout_id is not None and len(self.backends) > 1:
-                idx = self._pick(rollout_id, avoid=idx)
-        raise GatewayHTTPError(
-            last_status or (504 if timed_out else 502),
-            f"backend failed after {self.retries + 1} tries; last error: {last_error}",
-            type="api_error",
-        )
+            if resp.status < 300:
+                return idx, resp
+            text = (await resp.read()).decode("utf-8", "replace")
+            resp.release()
+            if resp.status not in RETRY_STATUSES:
+                raise _backend_error(resp.status, text)
+            problem = f"HTTP {resp.status}: {text[:500]}"
+            return failed(resp.status, problem, resp.headers.get("retry-after"))
+
+        method = "GET" if payload is None else "POST"
+        return await self.backoff.run(attempt, f"gateway {method} {path}", logger)
 
     def _upstream_headers(self, client_headers: dict[str, str]) -> dict[str, str]:
         out = {"content-type": "application/json"}

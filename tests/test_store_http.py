@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -20,6 +21,7 @@ from voltrl.errors import NotFoundError, StaleAttemptError, StoreError
 from voltrl.server import BackgroundServer, serve, serve_in_thread
 from voltrl.store.client import API_PREFIX, REQUEST_ID_HEADER, HTTPStore
 from voltrl.store.memory import InMemoryStore
+from voltrl.store.routing import BearerAuth
 from voltrl.store.server import store_app, store_router
 from voltrl.types import AttemptResult, Run, Task
 
@@ -378,14 +380,14 @@ async def test_store_router_mounts_next_to_other_routes(served: Served) -> None:
     async def models() -> dict[str, list[str]]:
         return {"data": []}
 
-    app.include_router(store_router(store, token=TOKEN, max_body_bytes=1024), prefix=API_PREFIX)
-    server, _ = served.server(store, app=app)
+    app.include_router(store_router(store, max_body_bytes=1024), prefix=API_PREFIX)
+    server, _ = served.server(store, app=BearerAuth(app, TOKEN))
     client = served.client(server.url)
     await client.enqueue(tasks(1))
     with pytest.raises(NotFoundError):
         await client.get_rollout("ro-missing")
     async with httpx.AsyncClient(base_url=server.url) as http:
-        assert (await http.get("/v1/models")).json() == {"data": []}
+        assert (await http.get("/v1/models", headers=AUTH)).json() == {"data": []}
         r = await http.get(f"{API_PREFIX}/runs")
         assert r.status_code == 401 and error_of(r)["type"] == "Unauthorized"
         r = await http.post(f"{API_PREFIX}/rollouts", json={"x": "y" * 2000}, headers=AUTH)
@@ -468,15 +470,19 @@ async def test_client_keeps_one_connection_alive_across_calls(served: Served) ->
     assert len(seen) == 15 and len(set(seen)) == 1
 
 
-def fail_first(app: Any, path_suffix: str, times: int, status: int) -> Any:
+def fail_first(
+    app: Any, path_suffix: str, times: int, status: int, retry_after: str | None = None
+) -> Any:
     """``app``, except that the first ``times`` requests to a path ending in ``path_suffix``
-    get ``status`` without reaching it (a proxy in front of a restarting server)."""
+    get ``status`` (with ``Retry-After`` when given) without reaching it (a proxy in front of
+    a restarting server)."""
     failed: list[str] = []
+    headers = [] if retry_after is None else [(b"retry-after", retry_after.encode())]
 
     async def wrapper(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"].endswith(path_suffix) and len(failed) < times:
             failed.append(scope["path"])
-            await send({"type": "http.response.start", "status": status, "headers": []})
+            await send({"type": "http.response.start", "status": status, "headers": headers})
             await send({"type": "http.response.body", "body": b"<html>try again</html>"})
             return
         await app(scope, receive, send)
@@ -498,6 +504,17 @@ async def test_5xx_answers_are_retried_and_the_write_applies_once(served: Served
     )
     with pytest.raises(StoreError, match="502 to POST /claims without a VoltRL error body"):
         await served.client(server.url, retries=2, backoff_s=0.001).claim("w")
+
+
+async def test_a_429_is_retried_no_sooner_than_its_retry_after(served: Served) -> None:
+    store = InMemoryStore()
+    app = fail_first(store_app(store, token=TOKEN), "/rollouts", 1, 429, retry_after="0.3")
+    server, _ = served.server(store, app=app)
+    client = served.client(server.url, backoff_s=0.001, max_backoff_s=1.0)
+    started = time.monotonic()
+    await client.enqueue(tasks(1))
+    assert time.monotonic() - started >= 0.3
+    assert len(await store.query_rollouts()) == 1
 
 
 async def test_a_success_answer_that_is_not_the_routes_body_raises(served: Served) -> None:

@@ -12,26 +12,26 @@ rewards, spans) in the one ``complete`` request, so a rollout costs three reques
 claim, complete. Connections are kept alive and reused (one pool per ``HTTPStore`` and event
 loop); bodies are serialised and parsed by pydantic's JSON code directly.
 
-Retries: every call is retried, with exponential backoff and jitter, on transport errors
-(connection refused or reset, timeouts) and on 500/502/503/504 responses. Reads are safe to
-repeat. Every write carries an ``X-Request-Id`` that stays the same across the retries of one
-call, and the server runs each request id once and answers repeats with the first answer (even
-while the first is still running, as a long-poll ``claim`` may be), so a retried ``claim`` never
-claims twice and a retried ``enqueue`` never queues twice. The server keeps those answers in
-memory for a while (``dedup_ttl_s``, ``dedup_max_bytes``): if it restarts, or forgets the answer,
-between applying a write and receiving its retry, the retry is applied again (for ``complete``
-that answers :class:`~voltrl.errors.StaleAttemptError`; a second ``claim`` leaves the first
-attempt to expire with its lease). A connection that was refused never reached the server, so
-retrying it is always safe. Any other failure (an error answer, a body that is not what the
-route returns) raises a :class:`~voltrl.errors.StoreError`: a call never answers "nothing" for
-a failure.
+Retries (:mod:`voltrl.retry`, as the gateway's): every call is retried, with exponential backoff
+and jitter, on transport errors (connection refused or reset, timeouts) and on 408, 429 and
+500/502/503/504 answers, waiting at least a ``Retry-After`` (up to ``max_backoff_s``). Reads
+are safe to repeat. Every write carries an ``X-Request-Id`` that stays the same across the
+retries of one call, and the server runs each request id once and answers repeats with the
+first answer (even while the first is still running, as a long-poll ``claim`` may be), so a
+retried ``claim`` never claims twice and a retried ``enqueue`` never queues twice. The server
+keeps those answers in memory for a while (``dedup_ttl_s``, ``dedup_max_bytes``): if it
+restarts, or forgets the answer, between applying a write and receiving its retry, the retry is
+applied again (for ``complete`` that answers :class:`~voltrl.errors.StaleAttemptError`; a
+second ``claim`` leaves the first attempt to expire with its lease). A connection that was
+refused never reached the server, so retrying it is always safe. Any other failure (an error
+answer, a body that is not what the route returns) raises a
+:class:`~voltrl.errors.StoreError`: a call never answers "nothing" for a failure.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -43,6 +43,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from voltrl.errors import NotFoundError, StaleAttemptError, StoreError
 from voltrl.resources import Resources
+from voltrl.retry import RETRY_STATUSES, Backoff, Retry
 from voltrl.store.base import DEFAULT_LEASE_S, Store
 from voltrl.types import (
     Attempt,
@@ -67,9 +68,6 @@ API_PREFIX = "/v1/store"
 REQUEST_ID_HEADER = "X-Request-Id"
 """Header naming one logical write; the server applies each request id at most once."""
 
-RETRY_STATUS = frozenset({500, 502, 503, 504})
-"""Response statuses that a call retries (the server or a proxy in front of it failed)."""
-
 T = TypeVar("T")
 
 
@@ -83,6 +81,7 @@ class EnqueueRequest(Model):
     resources_version: int | None = None
     max_attempts: int = 3
     timeout_s: float | None = None
+    retry_agent_errors: bool = True
 
 
 class ClaimRequest(Model):
@@ -255,9 +254,7 @@ class HTTPStore(Store):
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._timeout_s = timeout_s
         self._timeout = self._request_timeout(0.0)
-        self._retries = retries
-        self._backoff_s = backoff_s
-        self._max_backoff_s = max_backoff_s
+        self._backoff = Backoff(retries, backoff_s, max_backoff_s)
         self._long_poll_s = long_poll_s
         self._max_connections = max_connections
         self._keepalive_s = keepalive_s
@@ -290,10 +287,6 @@ class HTTPStore(Store):
             sock_connect=self._timeout_s, sock_read=self._timeout_s + wait_s
         )
 
-    def _backoff(self, attempt: int) -> float:
-        cap = min(self._max_backoff_s, self._backoff_s * 2**attempt)
-        return random.uniform(cap / 2, cap)
-
     async def _call(
         self,
         method: str,
@@ -313,40 +306,36 @@ class HTTPStore(Store):
         query = {k: str(v) for k, v in (params or {}).items() if v is not None} or None
         session = self._http()
         url = self._base + path
-        attempt = 0
-        while True:
-            last = attempt >= self._retries
+
+        async def attempt(tried: int) -> T | Retry:
             try:
                 async with session.request(
                     method, url, data=content, params=query, headers=headers, timeout=timeout
                 ) as response:
                     status, answer = response.status, await response.read()
+                    retry_after = response.headers.get("Retry-After") if status >= 300 else None
             except _RETRY_ERRORS as exc:
-                if last:
-                    raise StoreError(
-                        f"store server {self.url} unreachable: {type(exc).__name__}: {exc} "
-                        f"({method} {path}, {attempt + 1} tries)"
-                    ) from exc
                 problem = f"{type(exc).__name__}: {exc}"
-            else:
-                if 200 <= status < 300:
-                    try:
-                        return adapter.validate_json(answer)
-                    except ValidationError as exc:
-                        raise StoreError(
-                            f"store server {self.url} answered {method} {path} with a body "
-                            f"that is not what the route returns: {exc}"
-                        ) from exc
-                if last or status not in RETRY_STATUS:
-                    raise error_from_response(status, answer, f"{method} {path}")
-                problem = f"status {status}"
-            delay = self._backoff(attempt)
-            attempt += 1
-            logger.warning(
-                "store request %s %s failed (%s); retry %d/%d in %.2fs",
-                method, path, problem, attempt, self._retries, delay,
-            )  # fmt: skip
-            await asyncio.sleep(delay)
+                error = StoreError(
+                    f"store server {self.url} unreachable: {problem} "
+                    f"({method} {path}, {tried + 1} tries)"
+                )
+                error.__cause__ = exc
+                return Retry(problem, error)
+            if 200 <= status < 300:
+                try:
+                    return adapter.validate_json(answer)
+                except ValidationError as exc:
+                    raise StoreError(
+                        f"store server {self.url} answered {method} {path} with a body "
+                        f"that is not what the route returns: {exc}"
+                    ) from exc
+            error = error_from_response(status, answer, f"{method} {path}")
+            if status not in RETRY_STATUSES:
+                raise error
+            return Retry(f"status {status}", error, retry_after)
+
+        return await self._backoff.run(attempt, f"store request {method} {path}", logger)
 
     # ---- runs and resources -------------------------------------------------------------
     async def add_run(self, run: Run) -> Run:
@@ -371,6 +360,7 @@ class HTTPStore(Store):
         resources_version: int | None = None,
         max_attempts: int = 3,
         timeout_s: float | None = None,
+        retry_agent_errors: bool = True,
     ) -> list[Rollout]:
         body = EnqueueRequest(
             tasks=list(tasks),
@@ -379,6 +369,7 @@ class HTTPStore(Store):
             resources_version=resources_version,
             max_attempts=max_attempts,
             timeout_s=timeout_s,
+            retry_agent_errors=retry_agent_errors,
         )
         return await self._call("POST", "/rollouts", _ROLLOUTS, body=body, write=True)
 

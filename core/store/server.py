@@ -1,11 +1,13 @@
 """The store server: every :class:`~voltrl.store.base.Store` method as a typed REST endpoint.
 
 :func:`store_router` builds the routes (an ``APIRouter`` to include under ``/v1/store`` next to
-other routes, such as the gateway's, in one server); :func:`store_app` is a FastAPI app serving
-only them. :class:`~voltrl.store.client.HTTPStore` is the matching client.
+other routes in one server); :func:`store_app` is the app serving them (and, when given,
+another app such as the gateway on every other path). :class:`~voltrl.store.client.HTTPStore`
+is the matching client.
 
-Routes (under ``/v1/store``; every one but ``/health`` needs ``Authorization: Bearer <token>``
-when the server has a token):
+Routes (under ``/v1/store``; with a token, every one but ``/health`` needs
+``Authorization: Bearer <token>``, checked by :class:`~voltrl.store.routing.BearerAuth` around
+the whole app):
 
 ========  ==================================  ==========================================
 GET       /health                             liveness, no auth
@@ -59,9 +61,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from fastapi import APIRouter, FastAPI, Request, Response
+from fastapi import APIRouter, Request, Response
 from pydantic import TypeAdapter
 from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp
 
 from voltrl.resources import Resources
 from voltrl.store.base import Store
@@ -96,7 +99,7 @@ from voltrl.store.client import (
     WaitRequest,
 )
 from voltrl.store.otlp import OTLP_PATH, OTLP_REQUEST_BODY, export_traces
-from voltrl.store.routing import StoreApp, error_parts, http_exception, route_class
+from voltrl.store.routing import BearerAuth, StoreApp, error_parts, http_exception, route_class
 from voltrl.store.routing import error_response as error_response
 from voltrl.types import Attempt, AttemptResult, Claim, LLMCall, Reward, Rollout, Run, Span
 
@@ -269,22 +272,22 @@ _STALE = {409: {"model": ErrorResponse}}
 def store_router(
     store: Store,
     *,
-    token: str | None = None,
     max_wait_s: float = DEFAULT_MAX_WAIT_S,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     dedup_ttl_s: float = 300.0,
     dedup_max_bytes: int = DEFAULT_DEDUP_MAX_BYTES,
 ) -> APIRouter:
-    """The store routes (see the module docstring), to include under ``/v1/store``.
+    """The store routes (see the module docstring), to include under ``/v1/store``; an app
+    that includes them checks a token by wrapping itself in
+    :class:`~voltrl.store.routing.BearerAuth`.
 
-    ``token``: required as a bearer token on every route but ``/health`` (None: no auth).
     ``max_wait_s``: cap on how long a long-poll request is held. ``max_body_bytes``: larger
     request bodies get 413. ``dedup_ttl_s``, ``dedup_max_bytes``: how long, and up to how many
     bytes in all, the answers of writes are kept for retries with the same ``X-Request-Id``.
     """
     if max_wait_s <= 0 or max_body_bytes <= 0:
         raise ValueError("max_wait_s and max_body_bytes must be positive")
-    router = APIRouter(route_class=route_class(max_body_bytes, token), responses=_ERRORS)
+    router = APIRouter(route_class=route_class(max_body_bytes), responses=_ERRORS)
     replays = _Replays(dedup_ttl_s, dedup_max_bytes)
 
     def capped(wait_s: float | None) -> float:
@@ -314,6 +317,7 @@ def store_router(
                 resources_version=body.resources_version,
                 max_attempts=body.max_attempts,
                 timeout_s=body.timeout_s,
+                retry_agent_errors=body.retry_agent_errors,
             )
 
         return await replays.run(request, op, _ROLLOUTS)
@@ -447,40 +451,45 @@ def store_app(
     store: Store,
     *,
     token: str | None = None,
+    root: ASGIApp | None = None,
     max_wait_s: float = DEFAULT_MAX_WAIT_S,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     dedup_ttl_s: float = 300.0,
     dedup_max_bytes: int = DEFAULT_DEDUP_MAX_BYTES,
-) -> FastAPI:
-    """A FastAPI app serving ``store`` under ``/v1/store`` (options as :func:`store_router`),
-    and its OTLP trace route at ``/v1/traces`` too.
+) -> ASGIApp:
+    """The app serving ``store`` under ``/v1/store`` (options as :func:`store_router`), its
+    OTLP trace route at ``/v1/traces``, its OpenAPI spec at ``/openapi.json`` (docs at
+    ``/docs``) and, when given, ``root`` (such as the gateway) on every other path.
 
-    Unknown paths and methods also answer in the JSON error format.
+    With a ``token``, the whole app is wrapped in :class:`~voltrl.store.routing.BearerAuth`:
+    every route but ``/v1/store/health`` needs it. Without one, the app is a FastAPI app.
+    Unknown paths and methods, and anything unexpected in ``root``, also answer in the JSON
+    error format.
     """
     app = StoreApp(title="VoltRL store", version="1")
     router = store_router(
         store,
-        token=token,
         max_wait_s=max_wait_s,
         max_body_bytes=max_body_bytes,
         dedup_ttl_s=dedup_ttl_s,
         dedup_max_bytes=dedup_max_bytes,
     )
-    otlp = otlp_router(store, token=token, max_body_bytes=max_body_bytes)
+    otlp = otlp_router(store, max_body_bytes=max_body_bytes)
     app.include_router(router, prefix=API_PREFIX)
     app.include_router(otlp)
     app.add_exception_handler(HTTPException, http_exception)
+    app.add_exception_handler(Exception, http_exception)
+    if root is not None:
+        app.mount("/", root)
     app.index_routes(API_PREFIX, router)
     app.index_routes("", otlp)
-    return app
+    return BearerAuth(app, token) if token else app
 
 
-def otlp_router(
-    store: Store, *, token: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-) -> APIRouter:
+def otlp_router(store: Store, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> APIRouter:
     """Only the OTLP trace route, ``/v1/traces``, to include at an app's root (where
     OpenTelemetry SDKs send traces when given the server's URL as their OTLP endpoint)."""
-    router = APIRouter(route_class=route_class(max_body_bytes, token))
+    router = APIRouter(route_class=route_class(max_body_bytes))
     _add_otlp_route(router, store, max_body_bytes)
     return router
 
