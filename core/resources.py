@@ -6,12 +6,15 @@ records the version it ran with, so stale (off-policy) data is always identifiab
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 from urllib.parse import quote
 
 from pydantic import Field, PrivateAttr
 
-from voltrl.errors import UnknownResourceError
+from voltrl.errors import UnknownResourceError, VoltRLError
 from voltrl.types import Model, now
 
 
@@ -21,12 +24,19 @@ class LLM(Model):
     ``endpoint`` is a base URL as the OpenAI client takes it (``http://host:port/v1``). When
     ``gateway`` is true the endpoint is a VoltRL gateway, and :meth:`scoped` rewrites it so the
     calls of one rollout attempt are recorded against it; the agent's client needs no change.
+
+    ``api_key`` is a secret: it is never serialized (not into the store, not over HTTP, not in
+    a repr). The agent's copy is filled in by the runner (:meth:`Resources.with_keys`): the
+    run's token for a gateway endpoint, else the key the trainer handed its workers in memory,
+    else the environment variable named by ``api_key_env`` (how a remote ``voltrl runner``
+    gets a provider key).
     """
 
     kind: Literal["llm"] = "llm"
     endpoint: str
     model: str
-    api_key: str = "EMPTY"
+    api_key: str = Field("EMPTY", exclude=True, repr=False)
+    api_key_env: str | None = None
     sampling_parameters: dict[str, Any] = Field(default_factory=dict)
     gateway: bool = False
 
@@ -56,19 +66,47 @@ class LLM(Model):
 
 
 class PromptTemplate(Model):
-    """A prompt with ``{placeholders}`` (``engine='f-string'``) or Jinja2 syntax."""
+    """A prompt with ``{placeholders}`` (``engine='f-string'``) or Jinja2 syntax
+    (``engine='jinja'``; jinja2 is a dependency of voltrl, since any runner may render it)."""
 
     kind: Literal["prompt_template"] = "prompt_template"
     template: str
     engine: Literal["f-string", "jinja"] = "f-string"
 
     def format(self, **values: Any) -> str:
-        """Fill the template."""
+        """Fill the template. A jinja template renders in jinja2's sandbox
+        (``jinja2.sandbox.SandboxedEnvironment``): one that reaches for Python internals
+        (``__class__``, ``__mro__``, ``__subclasses__``, ``__globals__``...) raises
+        :class:`~voltrl.errors.PromptTemplateError` instead of rendering."""
         if self.engine == "jinja":
-            import jinja2
-
-            return jinja2.Template(self.template).render(**values)
+            return _render_jinja(self.template, values)
         return self.template.format(**values)
+
+
+def _render_jinja(template: str, values: dict[str, Any]) -> str:
+    """``template`` rendered in the sandbox, every unsafe attribute access an error."""
+    from voltrl.errors import PromptTemplateError
+
+    try:
+        from jinja2.exceptions import SecurityError
+        from jinja2.sandbox import SandboxedEnvironment
+    except ImportError:
+        raise PromptTemplateError(
+            "PromptTemplate(engine='jinja') needs jinja2, a dependency of voltrl missing from "
+            "this environment: pip install 'jinja2>=3.1'"
+        ) from None
+
+    class Sandbox(SandboxedEnvironment):
+        def unsafe_undefined(self, obj: Any, attribute: str) -> Any:
+            # jinja2 returns an undefined here, which renders `{{ x.__class__ }}` as ""
+            raise SecurityError(f"{type(obj).__name__}.{attribute}")
+
+    try:
+        return Sandbox().from_string(template).render(**values)
+    except SecurityError as exc:
+        raise PromptTemplateError(
+            f"the jinja template reaches for Python internals ({exc}), which the sandbox refuses"
+        ) from None
 
 
 Resource = Annotated[LLM | PromptTemplate, Field(discriminator="kind")]
@@ -108,3 +146,51 @@ class Resources(Model):
         scoped = self.model_copy(update={"items": items})
         scoped._rollout_id = rollout_id
         return scoped
+
+    def with_keys(self, keys: ApiKeys) -> Resources:
+        """A copy whose LLMs carry their API keys again (see :class:`ApiKeys`)."""
+        items = {k: keys.fill(k, v) if isinstance(v, LLM) else v for k, v in self.items.items()}
+        filled = self.model_copy(update={"items": items})
+        filled._rollout_id = self._rollout_id
+        return filled
+
+
+@dataclass(frozen=True)
+class ApiKeys:
+    """The secrets a runner puts back into the resources it reads from the store, which never
+    holds them: ``gateway`` (the run's token, the key of every gateway endpoint) and ``llms``
+    (provider keys of LLMs that are not behind a gateway, by resource name; handed to local
+    workers in memory)."""
+
+    gateway: str | None = None
+    llms: Mapping[str, str] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        return f"ApiKeys(gateway={'***' if self.gateway else None}, llms={sorted(self.llms)})"
+
+    def fill(self, name: str, llm: LLM) -> LLM:
+        """``llm`` (the resource ``name``) with its key: see :class:`LLM`."""
+        if llm.gateway:
+            key = self.gateway or "EMPTY"
+        elif name in self.llms:
+            key = self.llms[name]
+        elif llm.api_key_env:
+            if (key := os.environ.get(llm.api_key_env)) is None:  # type: ignore[assignment]
+                raise VoltRLError(
+                    f"LLM {name!r} reads its API key from ${llm.api_key_env}, which is not set "
+                    "on this runner"
+                )
+        else:
+            return llm
+        return llm.model_copy(update={"api_key": key})
+
+
+def llm_keys(resources: Resources | Mapping[str, Any]) -> dict[str, str]:
+    """The provider keys of the LLMs in ``resources`` that are not behind a gateway (what
+    :class:`ApiKeys` hands local workers), by resource name."""
+    items = resources.items if isinstance(resources, Resources) else resources
+    return {
+        name: item.api_key
+        for name, item in items.items()
+        if isinstance(item, LLM) and not item.gateway and item.api_key != "EMPTY"
+    }

@@ -14,21 +14,18 @@ import asyncio
 import contextlib
 import ipaddress
 import signal
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp
 
 from voltrl.errors import VoltRLError
 from voltrl.gateway import Gateway
+from voltrl.retry import GatewayRetry
 from voltrl.store.base import Store
-from voltrl.store.client import API_PREFIX, ErrorDetail, ErrorResponse
-from voltrl.store.routing import bearer_matches
-
-HEALTH_PATH = f"{API_PREFIX}/health"
-"""The one route that never needs a token."""
+from voltrl.store.client import API_PREFIX
+from voltrl.store.routing import BearerAuth
 
 DEFAULT_PORT = 8400
 """Port of ``voltrl serve`` and ``voltrl gateway`` unless ``--port`` says otherwise."""
@@ -53,47 +50,6 @@ def require_token_off_loopback(host: str, token: str | None) -> None:
         )
 
 
-class BearerAuth:
-    """ASGI middleware: every HTTP request but the health check needs ``Bearer <token>``.
-
-    Refusals are 401 with the store's JSON error body, whichever app is behind.
-    """
-
-    def __init__(self, app: ASGIApp, token: str, open_paths: Sequence[str] = (HEALTH_PATH,)):
-        if not token:
-            raise ValueError("BearerAuth needs a non-empty token")
-        self.app = app
-        self._expected = token.encode()
-        self._open = frozenset(open_paths)
-        self._refusal = (
-            ErrorResponse(
-                error=ErrorDetail(type="Unauthorized", message="missing or wrong bearer token")
-            )
-            .model_dump_json()
-            .encode()
-        )
-
-    def _allowed(self, scope: Scope) -> bool:
-        if scope["path"] in self._open:
-            return True
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                return bearer_matches(value, self._expected)
-        return False
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or self._allowed(scope):
-            await self.app(scope, receive, send)
-            return
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(self._refusal)).encode()),
-            (b"www-authenticate", b"Bearer"),
-        ]
-        await send({"type": "http.response.start", "status": 401, "headers": headers})
-        await send({"type": "http.response.body", "body": self._refusal})
-
-
 def server_app(
     store: Store,
     *,
@@ -104,25 +60,15 @@ def server_app(
     """The app of ``voltrl serve``: the store API under ``/v1/store`` (its OpenAPI spec at
     ``/openapi.json``, docs at ``/docs``) and, when given, the gateway on every other path.
 
-    With a ``token`` every route but ``/v1/store/health`` requires it. ``max_wait_s`` caps
-    long-poll requests (the store server's default when None).
+    With a ``token`` every route but ``/v1/store/health`` requires it (:class:`BearerAuth`
+    around the whole app). ``max_wait_s`` caps long-poll requests (the store server's default
+    when None). Anything unexpected, in the gateway too, answers 500 as JSON.
     """
     from voltrl.store.server import store_app
 
     options: dict[str, Any] = {} if max_wait_s is None else {"max_wait_s": max_wait_s}
-    app = store_app(store, **options)
-    app.title = "VoltRL store server"
-    app.add_exception_handler(Exception, _internal_error)
-    if gateway is not None:
-        app.mount("/", gateway.app)
-    return BearerAuth(app, token) if token else app
-
-
-async def _internal_error(request: Request, exc: Exception) -> Response:
-    """Anything unexpected, the gateway's included, answers 500 as JSON (logged here)."""
-    from voltrl.store.server import error_response
-
-    return error_response(exc)
+    root = None if gateway is None else gateway.app
+    return store_app(store, token=token, root=root, **options)
 
 
 async def _wait_for_signal() -> None:
@@ -153,14 +99,67 @@ async def _served(app: ASGIApp, host: str, port: int, graceful_s: float) -> Asyn
 
 
 def make_gateway(
-    store: Store, backends: Sequence[str], token: str | None, options: dict[str, Any]
+    store: Store,
+    backends: Sequence[str],
+    token: str | None,
+    options: dict[str, Any],
+    retry: GatewayRetry | None = None,
 ) -> Gateway:
     """A gateway recording into ``store`` for a server guarded by ``token`` (``options``:
     :class:`~voltrl.gateway.Gateway` arguments). With a token, clients send it as their API
     key, so it is never forwarded: backends get ``backend_api_key`` (default ``EMPTY``)."""
     if token and options.get("backend_api_key") is None:
         options = {**options, "backend_api_key": "EMPTY"}
-    return Gateway(store, backends, **options)
+    return Gateway(store, backends, **(retry or GatewayRetry()).model_dump(), **options)
+
+
+@dataclass(frozen=True)
+class ServedGateway:
+    """A gateway being served: the object (pause/resume) and the base URL agents use
+    (``http://host:port/v1``)."""
+
+    gateway: Gateway
+    url: str
+    stop: Callable[[], Awaitable[None]]
+
+
+async def start_gateway(
+    store: Store,
+    backends: Sequence[str],
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    token: str | None = None,
+    retry: GatewayRetry | None = None,
+    graceful_s: float = 2.0,
+    **options: Any,
+) -> ServedGateway:
+    """Serve a gateway in front of ``backends`` on the running loop: the one way every gateway
+    is served (the trainer's, LocalRL's, VERL's, ``voltrl gateway``).
+
+    It binds ``host`` (off loopback only with a ``token``, else :class:`VoltRLError`), checks
+    ``token`` on every request, and returns a URL other machines can use (a wildcard host is
+    replaced by this machine's name). ``options`` are :class:`~voltrl.gateway.Gateway`
+    arguments. ``stop`` stops the server and then the gateway (its pending writes finish).
+    """
+    from voltrl.server import reachable_url, serve
+
+    require_token_off_loopback(host, token)
+    gateway = make_gateway(store, backends, token, options, retry)
+    app: ASGIApp = BearerAuth(gateway.app, token, open_paths=()) if token else gateway.app
+    try:
+        url, stop_server = await serve(app, host, port, graceful_s=graceful_s)
+    except (OSError, RuntimeError) as exc:
+        await gateway.aclose()
+        raise VoltRLError(f"cannot serve a gateway on {host}:{port}: {exc}") from None
+
+    async def stop() -> None:
+        try:
+            await stop_server()
+        finally:
+            await gateway.aclose()
+
+    return ServedGateway(gateway, f"{reachable_url(url)}/v1", stop)
 
 
 async def run_server(
@@ -172,6 +171,7 @@ async def run_server(
     backends: Sequence[str] = (),
     gateway: bool = True,
     gateway_options: dict[str, Any] | None = None,
+    retry: GatewayRetry | None = None,
     graceful_s: float = 5.0,
 ) -> None:
     """``voltrl serve``: serve the store named by ``store_spec`` (and the gateway in front of
@@ -188,7 +188,7 @@ async def run_server(
     if isinstance(store, SQLStore):  # used from this loop only: concurrent writes commit together
         store.group_commits()
     gw = (
-        make_gateway(store, backends, token, gateway_options or {})
+        make_gateway(store, backends, token, gateway_options or {}, retry)
         if gateway and backends
         else None
     )
@@ -214,6 +214,7 @@ async def run_gateway(
     port: int = DEFAULT_PORT,
     token: str | None = None,
     gateway_options: dict[str, Any] | None = None,
+    retry: GatewayRetry | None = None,
     graceful_s: float = 5.0,
 ) -> None:
     """``voltrl gateway``: serve only the gateway, recording into the store server at
@@ -225,15 +226,26 @@ async def run_gateway(
         raise VoltRLError("the gateway needs at least one --backend URL")
     await _check_store_server(store_url, token)
     store = HTTPStore(store_url, token=token)
-    gw = make_gateway(store, backends, token, gateway_options or {})
     try:
-        app: ASGIApp = BearerAuth(gw.app, token, open_paths=()) if token else gw.app
-        async with _served(app, host, port, graceful_s) as url:
-            print(f"voltrl gateway: {url}/v1 -> {', '.join(gw.backends)}", flush=True)
+        served = await start_gateway(
+            store,
+            backends,
+            host=host,
+            port=port,
+            token=token,
+            retry=retry,
+            graceful_s=graceful_s,
+            **(gateway_options or {}),
+        )
+        try:
+            print(
+                f"voltrl gateway: {served.url} -> {', '.join(served.gateway.backends)}", flush=True
+            )
             print(f"recording into {store_url}", flush=True)
             await _wait_for_signal()
+        finally:
+            await served.stop()
     finally:
-        await gw.aclose()
         await store.close()
 
 

@@ -60,6 +60,15 @@ def _url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+def reachable_url(url: str) -> str:
+    """``url`` of a server bound to every address (``0.0.0.0``, ``::``) with this machine's
+    host name instead, so that other machines can use it; other URLs as they are."""
+    for wildcard in ("http://0.0.0.0:", "http://[::]:"):
+        if url.startswith(wildcard):
+            return f"http://{socket.gethostname()}:{url[len(wildcard) :]}"
+    return url
+
+
 HTTP_PARSER = "httptools" if importlib.util.find_spec("httptools") else "h11"
 """uvicorn's HTTP/1.1 parser: ``httptools`` (C, a core dependency) when importable, else
 ``h11`` (pure Python, about half of the server's CPU per request in the store benchmark)."""

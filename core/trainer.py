@@ -4,11 +4,13 @@
 
 1. validate the data (nothing is stored if a row is bad);
 2. open the run directory ``runs/<name>/`` and its store (SQLite there by default);
-3. serve the store over HTTP on loopback, with a fresh bearer token, for the workers (the
-   gateways in front of the LLMs check the same token: agents get it as their API key);
+3. serve the store over HTTP on ``host`` (loopback by default), with a fresh bearer token, for
+   the workers; every gateway of the run (:meth:`TrainContext.serve_gateway`) binds the same
+   host and checks the same token, which runners give agents as their API key;
 4. start ``n_runners`` worker processes (or in-process workers with ``inline=True``); with
-   ``n_runners=0`` start none, print the ``voltrl runner`` command that serves this run from
-   any machine, and wait for such remote runners;
+   ``n_runners=0`` start none, write the token to ``<run dir>/runner.token`` (owner-only),
+   print the ``voltrl runner`` command that serves this run from any machine (it reads the
+   token from that file: the token itself is never printed), and wait for such runners;
 5. run the algorithm, which publishes resources and enqueues rollouts through
    :class:`TrainContext`;
 6. stop everything and return a :class:`RunResult`.
@@ -20,22 +22,33 @@ import asyncio
 import contextlib
 import os
 import secrets
+import signal
 import sys
+import threading
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from voltrl.agent import FunctionAgent, LitAgent, rollout
 from voltrl.algorithms.base import Algorithm
+from voltrl.context import TrainContext
 from voltrl.dataset import Dataset, load_tasks
-from voltrl.errors import VoltRLError
+from voltrl.failures import FailureReport
 from voltrl.metrics import MetricsLog, RewardStats, format_stats_table, summarize
-from voltrl.resources import LLM, Resource, Resources
+from voltrl.resources import LLM, ApiKeys, Resource, Resources, llm_keys
 from voltrl.runner import RunnerConfig, WorkerPool, run_worker
 from voltrl.store.base import Store
-from voltrl.types import Rollout, RolloutMode, Run, Task
+from voltrl.types import Rollout, Run, RunStatus, Task
+
+if TYPE_CHECKING:
+    from voltrl.retry import GatewayRetry
+
+
+RUN_FILES = ("store.sqlite", "metrics.jsonl")
+"""Files whose presence means a run directory holds a run (other files, such as the data a
+script wrote there first, do not)."""
 
 
 @dataclass
@@ -55,72 +68,6 @@ class RunResult:
         return [r.reward for r in self.rollouts]
 
 
-@dataclass
-class TrainContext:
-    """What an algorithm works with: the store, the run, and helpers to use them."""
-
-    store: Store
-    run: Run
-    run_dir: Path
-    metrics: MetricsLog
-    max_attempts: int
-    rollout_timeout_s: float | None
-    progress: bool = True
-    workers_alive: Callable[[], bool] = lambda: True
-    resources_version: int | None = None
-    remote_runners: bool = False
-    """Whether the rollouts are run by remote runners (the progress bar says it waits)."""
-
-    async def publish(self, resources: Resources | Mapping[str, Resource]) -> Resources:
-        """Save a new resources version; rollouts enqueued from now on run with it."""
-        if not isinstance(resources, Resources):
-            resources = Resources(items=dict(resources))
-        saved = await self.store.add_resources(resources)
-        self.resources_version = saved.version
-        return saved
-
-    async def enqueue(self, tasks: Sequence[Task], mode: RolloutMode) -> list[Rollout]:
-        """Queue one rollout per task with the latest resources."""
-        return await self.store.enqueue(
-            tasks,
-            mode=mode,
-            run_id=self.run.run_id,
-            resources_version=self.resources_version,
-            max_attempts=self.max_attempts,
-            timeout_s=self.rollout_timeout_s,
-        )
-
-    async def wait(self, rollouts: Sequence[Rollout], desc: str = "rollouts") -> list[Rollout]:
-        """Wait for rollouts to finish (with a progress bar); returns them in order."""
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
-
-        ids = [r.rollout_id for r in rollouts]
-        columns = ("{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-        with Progress(*columns, disable=not self.progress, transient=False) as bar:
-            waiting = f"{desc} (waiting for remote runners)"
-            task = bar.add_task(waiting if self.remote_runners else desc, total=len(ids))
-            while True:
-                done = await self.store.wait_for_rollouts(ids, timeout_s=1.0)
-                bar.update(task, completed=len(done), description=waiting if not done else desc)
-                if len(done) == len(ids):
-                    return done
-                if not self.workers_alive():
-                    raise VoltRLError(
-                        f"every worker has died ({len(done)}/{len(ids)} rollouts finished); "
-                        "see the worker logs above"
-                    )
-
-    async def run_rollouts(
-        self, tasks: Sequence[Task], mode: RolloutMode, desc: str | None = None
-    ) -> list[Rollout]:
-        """Enqueue one rollout per task and wait for all of them."""
-        return await self.wait(await self.enqueue(tasks, mode), desc=desc or mode)
-
-    def log(self, step: int, **metrics: Any) -> dict[str, Any]:
-        """Append metrics for a step to the run's metrics log."""
-        return self.metrics.log(step, **metrics)
-
-
 class Trainer:
     """Runs an agent with an algorithm: ``fit`` trains, ``dev`` only runs.
 
@@ -136,6 +83,16 @@ class Trainer:
         run_dir: parent directory of run directories. name: this run's name.
         max_concurrency: rollouts in flight per worker.
         max_attempts: tries per rollout before it fails.
+        retry_agent_errors: whether an attempt failed by the agent's own code (it raised, or
+            returned no valid result) is retried up to ``max_attempts``, as lost workers,
+            expired leases and timeouts always are. None (default): yes in ``fit``, not in
+            ``dev``, where such an error would only repeat.
+        stop_at_failure_rate: the run stops with :class:`~voltrl.errors.TooManyFailuresError`
+            once this share of its finished rollouts has failed, checked each time a batch
+            (a training step, a validation, the ``dev`` round) has finished: 1.0 (default)
+            when every rollout so far failed, e.g. a first step whose rollouts all failed;
+            0.5 when half did; None never. Either way each distinct error is printed when it
+            first occurs, and counted in a summary at the end of the run.
         rollout_timeout_s: per-rollout timeout (the work is cancelled).
         lease_s: how long a worker's claim lives without heartbeats.
         inline: run the workers as tasks in this process (easy debugging) instead of processes.
@@ -146,9 +103,13 @@ class Trainer:
         request_token_ids: have those gateways ask backends for token ids and logprobs
             (vLLM's ``return_token_ids``); turn off for hosted APIs that reject the field.
         host, port: where the store server for the runners listens (``port=0``: a free
-            port); any host but loopback is reachable from other machines.
+            port); any host but loopback is reachable from other machines. The run's gateways
+            (the algorithm's too) bind the same host, on ports of their own.
         token: the bearer token of the store server and the gateways (default:
-            ``$VOLTRL_TOKEN``, else a fresh random one).
+            ``$VOLTRL_TOKEN``, else a fresh random one). It is never written to the store or
+            printed.
+        gateway_retry: how the gateways retry backend calls (:class:`~voltrl.serve.
+            GatewayRetry`); an algorithm's own setting wins for its gateway.
     """
 
     def __init__(
@@ -162,6 +123,8 @@ class Trainer:
         name: str | None = None,
         max_concurrency: int = 4,
         max_attempts: int = 3,
+        retry_agent_errors: bool | None = None,
+        stop_at_failure_rate: float | None = 1.0,
         rollout_timeout_s: float | None = None,
         lease_s: float = 30.0,
         inline: bool = False,
@@ -171,11 +134,15 @@ class Trainer:
         host: str = "127.0.0.1",
         port: int = 0,
         token: str | None = None,
+        gateway_retry: GatewayRetry | Mapping[str, Any] | None = None,
     ) -> None:
         from voltrl.algorithms.baseline import Baseline
+        from voltrl.retry import GatewayRetry
 
         if n_runners < 0:
             raise ValueError("n_runners must be >= 0")
+        if stop_at_failure_rate is not None and not 0.0 < stop_at_failure_rate <= 1.0:
+            raise ValueError("stop_at_failure_rate must be in (0, 1], or None never to stop")
         self.algorithm = algorithm or Baseline()
         self.n_runners = n_runners
         self.store = store
@@ -189,6 +156,8 @@ class Trainer:
             grace_s=2.0,  # the trainer stops its workers once nobody waits for their results
         )
         self.max_attempts = max_attempts
+        self.retry_agent_errors = retry_agent_errors
+        self.stop_at_failure_rate = stop_at_failure_rate
         self.rollout_timeout_s = rollout_timeout_s
         self.inline = inline
         self.progress = progress
@@ -196,6 +165,10 @@ class Trainer:
         self.request_token_ids = request_token_ids
         self.host, self.port = host, port
         self.token = token
+        self._pool: WorkerPool | None = None
+        self.gateway_retry = (
+            GatewayRetry.model_validate(gateway_retry) if gateway_retry is not None else None
+        )
 
     # ---- public API ---------------------------------------------------------------------
     def fit(
@@ -204,12 +177,55 @@ class Trainer:
         train_dataset: Dataset,
         val_dataset: Dataset = None,
     ) -> RunResult:
-        """Train ``agent`` on ``train_dataset`` (validating on ``val_dataset``)."""
-        return asyncio.run(self.fit_async(agent, train_dataset, val_dataset))
+        """Train ``agent`` on ``train_dataset`` (validating on ``val_dataset``).
+
+        Ctrl-C stops the run within seconds: it stops claiming, cancels the rollouts in
+        flight, lets the algorithm checkpoint (LocalRL does), marks the run ``interrupted``
+        and raises ``KeyboardInterrupt``; a second Ctrl-C exits at once (status 130)."""
+        return asyncio.run(self._interruptible(self.fit_async(agent, train_dataset, val_dataset)))
 
     def dev(self, agent: LitAgent | Callable[..., Any], dataset: Dataset) -> RunResult:
-        """Run ``agent`` once per task against the current resources, with no training."""
-        return asyncio.run(self.dev_async(agent, dataset))
+        """Run ``agent`` once per task against the current resources, with no training
+        (Ctrl-C as in :meth:`fit`)."""
+        return asyncio.run(self._interruptible(self.dev_async(agent, dataset)))
+
+    async def _interruptible(self, main: Awaitable[RunResult]) -> RunResult:
+        """Await ``main`` with Ctrl-C handled: the first SIGINT cancels it (the session then
+        winds down cleanly and marks the run interrupted) and ends in ``KeyboardInterrupt``;
+        a second one kills the workers and exits the process at once."""
+        task = asyncio.current_task()
+        assert task is not None
+        loop = asyncio.get_running_loop()
+        presses = 0
+
+        def on_sigint() -> None:
+            nonlocal presses
+            presses += 1
+            if presses == 1:
+                print(
+                    "\nCtrl-C: stopping the run (Ctrl-C again to exit at once)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                task.cancel()
+                return
+            print("exiting now", file=sys.stderr, flush=True)
+            if self._pool is not None:
+                self._pool.kill()
+            os._exit(130)
+
+        handled = threading.current_thread() is threading.main_thread()
+        if handled:
+            loop.add_signal_handler(signal.SIGINT, on_sigint)
+        try:
+            return await main
+        except asyncio.CancelledError:
+            if presses:
+                raise KeyboardInterrupt from None
+            raise
+        finally:
+            if handled:
+                loop.remove_signal_handler(signal.SIGINT)
 
     async def fit_async(
         self,
@@ -220,7 +236,9 @@ class Trainer:
         """:meth:`fit` for callers already inside an event loop."""
         train = load_tasks(train_dataset, split="train")
         val = load_tasks(val_dataset, split="val") if val_dataset is not None else None
-        async with self._session("fit", _as_agent(agent)) as ctx:
+        agent = _as_agent(agent)
+        async with self._session("fit", agent) as ctx, self._reporting_failures(ctx):
+            self.write_config(ctx.run_dir, agent, (train_dataset, train), (val_dataset, val))
             await self.algorithm.setup(ctx)
             try:
                 await self.algorithm.train(ctx, train, val)
@@ -231,7 +249,7 @@ class Trainer:
     async def dev_async(self, agent: LitAgent | Callable[..., Any], dataset: Dataset) -> RunResult:
         """:meth:`dev` for callers already inside an event loop."""
         tasks = load_tasks(dataset, split="dev")
-        async with self._session("dev", _as_agent(agent)) as ctx:
+        async with self._session("dev", _as_agent(agent)) as ctx, self._reporting_failures(ctx):
             await self.algorithm.setup(ctx)
             try:
                 rollouts = await ctx.run_rollouts(tasks, mode="dev")
@@ -240,7 +258,96 @@ class Trainer:
                 await self.algorithm.teardown(ctx)
             return await self._result(ctx)
 
+    def write_config(
+        self,
+        run_dir: Path,
+        agent: LitAgent,
+        train: tuple[Dataset, list[Task]],
+        val: tuple[Dataset, list[Task] | None],
+    ) -> Path | None:
+        """Write ``run_dir/train.yaml``, the ``voltrl train`` config that runs this ``fit``
+        again (datasets given as objects are written beside it as JSONL), when the algorithm
+        is one ``voltrl train`` builds (LocalRL, Baseline). Returns its path."""
+        import json
+
+        import yaml
+
+        if self.algorithm.name not in ("local_rl", "baseline"):
+            return None
+
+        def data_file(source: Dataset, tasks: list[Task], split: str) -> str:
+            if isinstance(source, str | Path):
+                return str(Path(source).resolve())
+            path = run_dir / f"{split}.jsonl"
+            path.write_text("".join(json.dumps(t.input) + "\n" for t in tasks))
+            return str(path.resolve())
+
+        data = {"train": data_file(*train, "train")}
+        if val[1] is not None:
+            data["val"] = data_file(val[0], val[1], "val")
+        algorithm = {"name": self.algorithm.name, **_jsonable(self.algorithm.config())}
+        notes = []
+        if self.algorithm.name == "local_rl" and not isinstance(self.algorithm.model, str | Path):
+            algorithm["model"] = None
+            notes.append("# This run was given a model object: set algorithm.model to its path.")
+        if _agent_spec(agent) == "MODULE:AGENT":
+            notes.append("# The agent is not importable by name: set agent to MODULE:AGENT.")
+        config = {
+            "agent": _agent_spec(agent),
+            "data": data,
+            "algorithm": algorithm,
+            "trainer": self._config(run_dir),
+        }
+        path = run_dir / "train.yaml"
+        header = "# Runs this training again: voltrl train " + str(path) + "\n"
+        path.write_text(header + "".join(n + "\n" for n in notes) + yaml.safe_dump(config))
+        return path
+
+    def _config(self, run_dir: Path) -> dict[str, Any]:
+        """This trainer's arguments as ``voltrl train``'s ``trainer:`` section (the token is
+        left out: it is a secret; API keys never serialize)."""
+        config: dict[str, Any] = {
+            "n_runners": self.n_runners,
+            "run_dir": str(run_dir.parent.resolve()),
+            "name": run_dir.name,
+            "max_concurrency": self.runner_config.max_concurrency,
+            "max_attempts": self.max_attempts,
+            "retry_agent_errors": self.retry_agent_errors,
+            "stop_at_failure_rate": self.stop_at_failure_rate,
+            "rollout_timeout_s": self.rollout_timeout_s,
+            "lease_s": self.runner_config.lease_s,
+            "record_calls": self.record_calls,
+            "request_token_ids": self.request_token_ids,
+            "host": self.host,
+            "port": self.port,
+        }
+        if isinstance(self.store, str | Path):
+            config["store"] = str(self.store)
+        if self.gateway_retry is not None:
+            config["gateway_retry"] = self.gateway_retry.model_dump()
+        if self.resources is not None:
+            items = (
+                self.resources.items if isinstance(self.resources, Resources) else self.resources
+            )
+            config["resources"] = {
+                name: item.model_dump(exclude={"kind"})
+                for name, item in items.items()
+                if isinstance(item, LLM)
+            }
+        return config
+
     # ---- wiring -------------------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def _reporting_failures(self, ctx: TrainContext) -> AsyncIterator[None]:
+        """Give ``ctx`` this trainer's failure settings; print the failure summary when the
+        run ends, stopped by its failures or not."""
+        ctx.retry_agent_errors = self.retry_agent_errors
+        ctx.failures = FailureReport(self.stop_at_failure_rate)
+        try:
+            yield
+        finally:
+            ctx.failures.print_summary()
+
     async def _open_store(self, run_dir: Path) -> tuple[Store, bool]:
         from voltrl.store import open_store
 
@@ -249,26 +356,60 @@ class Trainer:
         spec = self.store if self.store is not None else run_dir / "store.sqlite"
         return open_store(spec), True
 
+    def _run_name(self, kind: str, resume: bool) -> str:
+        """This run's name: the one asked for, unless its directory holds another run and
+        this one does not resume it (then ``NAME-2``, ``NAME-3``..., said on the console)."""
+        if self.name is None:
+            return f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+        taken = any((self.run_dir / self.name / f).exists() for f in RUN_FILES)
+        if resume or not taken:
+            return self.name
+        n = 2
+        while (self.run_dir / f"{self.name}-{n}").exists():
+            n += 1
+        name = f"{self.name}-{n}"
+        print(
+            f"run {self.name!r} exists in {self.run_dir}; this run is {name!r} "
+            "(to continue that run instead, resume it: e.g. LocalRL(resume=True))",
+            flush=True,
+        )
+        return name
+
+    async def _open_run(self, store: Store, name: str, kind: str, resume: bool) -> Run:
+        """The run record: the latest run of this name when resuming (``running`` again),
+        else a new one."""
+        config = _jsonable(self.algorithm.config())
+        if resume:
+            previous = [r for r in await store.list_runs() if r.name == name and r.kind == kind]
+            if previous:
+                update = {"status": "running", "finished_at": None, "error": None}
+                return await store.add_run(previous[-1].model_copy(update=update))
+        algorithm = self.algorithm.name
+        return await store.add_run(Run(name=name, kind=kind, algorithm=algorithm, config=config))  # type: ignore[arg-type]
+
     @contextlib.asynccontextmanager
     async def _session(self, kind: str, agent: LitAgent) -> AsyncIterator[TrainContext]:
-        name = self.name or f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+        resume = kind == "fit" and self.algorithm.resume
+        name = self._run_name(kind, resume)
         run_dir = self.run_dir / name
         run_dir.mkdir(parents=True, exist_ok=True)
         store, owned = await self._open_store(run_dir)
-        run = await store.add_run(
-            Run(
-                name=name,
-                kind=kind,
-                algorithm=self.algorithm.name,  # type: ignore[arg-type]
-                config=_jsonable(self.algorithm.config()),
-            )
-        )
-        metrics = MetricsLog(run_dir / "metrics.jsonl")
+        try:
+            run = await self._open_run(store, name, kind, resume)
+        except BaseException:
+            await _close_if(store, owned)
+            raise
+        metrics = MetricsLog(run_dir / "metrics.jsonl", run_id=run.run_id)
         async with contextlib.AsyncExitStack() as stack:
             stack.push_async_callback(_close_if, store, owned)
             stack.callback(metrics.close)
             token = self.token or os.environ.get("VOLTRL_TOKEN") or secrets.token_urlsafe(24)
-            alive = await self._start_workers(stack, store, agent, token)
+            keys = (
+                llm_keys(self.resources)
+                if self.resources is not None and not self.record_calls
+                else {}
+            )
+            alive, token = await self._start_workers(stack, store, agent, token, run_dir, keys)
             ctx = TrainContext(
                 store=store,
                 run=run,
@@ -279,27 +420,38 @@ class Trainer:
                 progress=self.progress,
                 workers_alive=alive,
                 remote_runners=self.n_runners == 0,
+                host=self.host,
+                token=token,
+                gateway_retry=self.gateway_retry,
             )
-            if self.resources is not None:
-                resources = self.resources
-                if self.record_calls:
-                    resources = await self._behind_gateways(stack, ctx, resources, token)
-                await ctx.publish(resources)
-            yield ctx
+            stack.push_async_callback(ctx.cleanup.aclose)
+            status: RunStatus = "failed"
+            error: str | None = None
+            try:
+                if self.resources is not None:
+                    resources = self.resources
+                    if self.record_calls:
+                        resources = await self._behind_gateways(ctx, resources)
+                    await ctx.publish(resources)
+                yield ctx
+                status = "finished"
+            except (asyncio.CancelledError, KeyboardInterrupt):
+                status = "interrupted"
+                await _cancel_unfinished(ctx)
+                raise
+            except BaseException as exc:
+                error = f"{type(exc).__name__}: {exc}"
+                raise
+            finally:
+                update = {"status": status, "error": error, "finished_at": time.time()}
+                ctx.run = await store.add_run(ctx.run.model_copy(update=update))
 
     async def _behind_gateways(
-        self,
-        stack: contextlib.AsyncExitStack,
-        ctx: TrainContext,
-        resources: Resources | Mapping[str, Resource],
-        token: str,
+        self, ctx: TrainContext, resources: Resources | Mapping[str, Resource]
     ) -> dict[str, Resource]:
-        """The resources with each LLM endpoint served through a recording gateway that
-        checks ``token`` (the agents' API key now); the LLM's own key goes to its backend."""
-        from voltrl.gateway import Gateway
-        from voltrl.serve import BearerAuth
-        from voltrl.server import serve
-
+        """The resources with each LLM endpoint served through a recording gateway of the
+        run (agents get the run's token as their key); the LLM's own key goes, in memory
+        only, to its backend."""
         items = dict(resources.items if isinstance(resources, Resources) else resources)
         urls: dict[tuple[str, str], str] = {}
         for name, item in items.items():
@@ -307,32 +459,37 @@ class Trainer:
                 continue
             backend = (item.endpoint, item.api_key)
             if backend not in urls:
-                gateway = Gateway(
-                    ctx.store,
+                served = await ctx.serve_gateway(
                     [item.endpoint],
-                    resources_version=lambda: ctx.resources_version,
-                    request_token_ids=self.request_token_ids,
                     backend_api_key=item.api_key,
+                    request_token_ids=self.request_token_ids,
                 )
-                stack.push_async_callback(gateway.aclose)
-                url, stop = await serve(BearerAuth(gateway.app, token, ()), self.host, 0)
-                url = reachable_url(url)
-                stack.push_async_callback(stop)
-                urls[backend] = f"{url}/v1"
-            update = {"endpoint": urls[backend], "gateway": True, "api_key": token}
-            items[name] = item.model_copy(update=update)
+                urls[backend] = served.url
+            items[name] = item.model_copy(update={"endpoint": urls[backend], "gateway": True})
         return items
 
     async def _start_workers(
-        self, stack: contextlib.AsyncExitStack, store: Store, agent: LitAgent, token: str
-    ) -> Callable[[], bool]:
-        """Start the workers; returns a check that some can still run rollouts."""
+        self,
+        stack: contextlib.AsyncExitStack,
+        store: Store,
+        agent: LitAgent,
+        token: str,
+        run_dir: Path,
+        keys: dict[str, str],
+    ) -> tuple[Callable[[], bool], str | None]:
+        """Start the workers; returns a check that some can still run rollouts, and the
+        token they hold (the one the run's gateways check)."""
         if self.inline and self.n_runners > 0:
             stop = asyncio.Event()
             tasks = [
                 asyncio.create_task(
                     run_worker(
-                        store, agent, worker_id=f"inline-{i}", config=self.runner_config, stop=stop
+                        store,
+                        agent,
+                        worker_id=f"inline-{i}",
+                        config=self.runner_config,
+                        stop=stop,
+                        keys=ApiKeys(gateway=token, llms=keys),
                     )
                 )
                 for i in range(self.n_runners)
@@ -343,24 +500,43 @@ class Trainer:
                 await asyncio.gather(*tasks, return_exceptions=True)
 
             stack.push_async_callback(stop_inline)
-            return lambda: not all(t.done() for t in tasks)
+            return (lambda: not all(t.done() for t in tasks)), token
 
-        url, token = await self._serve_store(stack, store, token)
+        url, runner_token = await self._serve_store(stack, store, token)
         if self.n_runners == 0:
+            token_file = None
+            if runner_token:
+                token_file = run_dir / "runner.token"
+                _write_secret(token_file, runner_token)
             print(f"store server: {url}; waiting for remote runners, started with:", flush=True)
-            print(f"  {self.runner_command(url, token, agent)}", flush=True)
-            return lambda: True
-        pool = WorkerPool(agent, url, n=self.n_runners, token=token, config=self.runner_config)
+            print(f"  {self.runner_command(url, token_file, agent)}", flush=True)
+            if keys:
+                print(
+                    f"  (LLMs {sorted(keys)} carry API keys the store never holds: remote runners"
+                    " read them from the variables named by LLM(api_key_env=...))",
+                    flush=True,
+                )
+            return (lambda: True), runner_token
+        pool = WorkerPool(
+            agent,
+            url,
+            n=self.n_runners,
+            token=runner_token,
+            config=self.runner_config,
+            llm_keys=keys,
+        )
         pool.start()
+        self._pool = pool
         stack.push_async_callback(asyncio.to_thread, pool.stop)
-        return lambda: bool(pool.processes)
+        return (lambda: bool(pool.processes)), runner_token
 
-    def runner_command(self, url: str, token: str | None, agent: LitAgent) -> str:
+    def runner_command(self, url: str, token_file: Path | None, agent: LitAgent) -> str:
         """The ``voltrl runner`` command line that runs ``agent`` for this trainer's store
-        server at ``url`` (``--workers N``: as many worker processes as wanted)."""
+        server at ``url`` (``--workers N``: as many worker processes as wanted). The token is
+        read from ``token_file`` (or ``$VOLTRL_TOKEN``): it never appears in the command."""
         config = self.runner_config
         parts = ["voltrl runner", f"--store {url}"]
-        parts += [f"--token {token}"] if token else []
+        parts += [f"--token-file {token_file}"] if token_file else []
         parts += [f"--agent {_agent_spec(agent)}", "--workers N"]
         parts += [f"--max-concurrency {config.max_concurrency}", f"--lease {config.lease_s:g}"]
         return " ".join(parts)
@@ -375,7 +551,7 @@ class Trainer:
         if isinstance(store, HTTPStore):  # a store server already exists: use it directly
             return store.url, store.token
         from voltrl.serve import server_app
-        from voltrl.server import serve
+        from voltrl.server import reachable_url, serve
 
         url, stop_server = await serve(server_app(store, token=token), self.host, self.port)
         url = reachable_url(url)
@@ -411,27 +587,38 @@ def _as_agent(agent: LitAgent | Callable[..., Any]) -> LitAgent:
     raise TypeError(f"expected a LitAgent or a function, got {type(agent).__name__}")
 
 
-def reachable_url(url: str) -> str:
-    """``url`` of a server bound to every address (``0.0.0.0``, ``::``) with this machine's
-    host name instead, so that other machines can use it; other URLs as they are."""
-    import socket
-
-    for wildcard in ("http://0.0.0.0:", "http://[::]:"):
-        if url.startswith(wildcard):
-            return f"http://{socket.gethostname()}:{url[len(wildcard) :]}"
-    return url
+def _write_secret(path: Path, secret: str) -> None:
+    """Write ``secret`` to ``path``, readable by its owner only."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secret + "\n")
+    os.chmod(path, 0o600)
 
 
 def _agent_spec(agent: LitAgent) -> str:
-    """``MODULE:NAME`` (or ``FILE.py:NAME``) that imports ``agent`` in ``voltrl runner``."""
+    """``MODULE:NAME`` that imports ``agent`` in ``voltrl runner`` and ``voltrl train``, or
+    ``FILE.py:NAME`` for a script or a top-level module (found from any directory)."""
     target: Any = agent.fn if isinstance(agent, FunctionAgent) else type(agent)
     module, name = getattr(target, "__module__", None), getattr(target, "__qualname__", "")
     if not module or "<" in name:
         return "MODULE:AGENT"
-    if module == "__main__":
-        path = getattr(sys.modules["__main__"], "__file__", None)
-        return f"{path}:{name}" if path else "MODULE:AGENT"
+    if "." not in module:
+        path = getattr(sys.modules.get(module), "__file__", None)
+        if path and path.endswith(".py"):
+            return f"{Path(path).resolve()}:{name}"
+        if module == "__main__":
+            return "MODULE:AGENT"
     return f"{module}:{name}"
+
+
+async def _cancel_unfinished(ctx: TrainContext) -> None:
+    """Cancel the run's queued and running rollouts (their workers stop them at the next
+    heartbeat, and their results are rejected): an interrupted run leaves none behind."""
+    unfinished = await ctx.store.query_rollouts(run_id=ctx.run.run_id, status=["queued", "running"])
+    for r in unfinished:
+        await ctx.store.cancel(r.rollout_id)
+    if unfinished:
+        print(f"cancelled {len(unfinished)} unfinished rollouts", flush=True)
 
 
 async def _close_if(store: Store, owned: bool) -> None:

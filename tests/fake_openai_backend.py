@@ -137,7 +137,9 @@ class FakeBackend:
         await self.stop()
 
     # ---- answers ----------------------------------------------------------------------
-    async def answer(self, method: str, path: str, body: bytes, conn: _Conn) -> None:
+    async def answer(
+        self, method: str, path: str, body: bytes, conn: _Conn, authorization: str = ""
+    ) -> None:
         path = path.split("?", 1)[0]
         if path in ("/health", "/v1/models"):
             data = {"object": "list", "data": [{"id": MODEL, "object": "model"}]}
@@ -148,7 +150,7 @@ class FakeBackend:
             return
         req = json.loads(body)
         if self.record_requests:
-            self.requests.append({"path": path, "body": req})
+            self.requests.append({"path": path, "body": req, "authorization": authorization})
         self.arrived.set()
         if self.hold is not None:
             await self.hold.wait()
@@ -354,7 +356,7 @@ class _Conn(asyncio.Protocol):
         self.server = server
         self.buf = b""
         self.transport: asyncio.Transport | None = None
-        self.queue: asyncio.Queue[tuple[str, str, bytes, bool]] = asyncio.Queue()
+        self.queue: asyncio.Queue[tuple[str, str, bytes, bool, str]] = asyncio.Queue()
         self.keep_alive = True
         self.task: asyncio.Task[None] | None = None
 
@@ -376,24 +378,26 @@ class _Conn(asyncio.Protocol):
                 return
             lines = self.buf[:end].decode("latin-1").split("\r\n")
             method, path, _ = lines[0].split(" ", 2)
-            length, keep = 0, True
+            length, keep, auth = 0, True, ""
             for ln in lines[1:]:
                 k, _, v = ln.partition(":")
                 k = k.strip().lower()
                 if k == "content-length":
                     length = int(v)
+                elif k == "authorization":
+                    auth = v.strip()
                 elif k == "connection" and v.strip().lower() == "close":
                     keep = False
             if len(self.buf) < end + 4 + length:
                 return
             body = self.buf[end + 4 : end + 4 + length]
             self.buf = self.buf[end + 4 + length :]
-            self.queue.put_nowait((method, path, body, keep))
+            self.queue.put_nowait((method, path, body, keep, auth))
 
     async def _serve(self) -> None:
         while True:
-            method, path, body, self.keep_alive = await self.queue.get()
-            await self.server.answer(method, path, body, self)
+            method, path, body, self.keep_alive, auth = await self.queue.get()
+            await self.server.answer(method, path, body, self, auth)
             if not self.keep_alive and self.transport is not None:
                 self.transport.close()
                 return

@@ -5,6 +5,7 @@ sample's module imported by path."""
 from __future__ import annotations
 
 import importlib.util
+import socket
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -19,6 +20,13 @@ from voltrl.types import Task
 
 ADD_ARGS = '{"a": 17, "b": 25}'
 """The tool call's arguments in :func:`dev_adding_twice`'s script."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on ``host`` now."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
 
 
 def context(rollout_id: str, attempt_id: str | None = None) -> RolloutContext:

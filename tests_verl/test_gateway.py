@@ -1,14 +1,16 @@
 """The gateway VERL puts in front of verl's rollout replicas: given their ``host:port``
 addresses (what verl's ``LLMServerManager.get_addresses`` returns), it learns the served
 model name from ``/v1/models``, records every call with its token ids, keeps a rollout on one
-replica and drains on pause. vLLM is not installed here, so two LocalRL engine servers (the
-same OpenAI-compatible surface with vLLM's ``return_token_ids``; tests_vllm checks it against
-vLLM itself) stand in for the replicas."""
+replica, drains on pause, checks the run's token, and is refused off loopback without one.
+vLLM is not installed here, so two LocalRL engine servers (the same OpenAI-compatible surface
+with vLLM's ``return_token_ids``; tests_vllm checks it against vLLM itself) stand in for the
+replicas."""
 
 from __future__ import annotations
 
 import asyncio
 
+import openai
 import pytest
 from openai import AsyncOpenAI
 
@@ -20,7 +22,10 @@ SERVED = "/tmp/verl/local_copy_of_model"  # vLLM serves verl's local copy under 
 
 @vl.rollout
 async def two_calls(task: dict, llm: vl.LLM) -> float:
-    client = AsyncOpenAI(base_url=llm.endpoint, api_key="unused", max_retries=0)
+    client = AsyncOpenAI(base_url=llm.endpoint, api_key=llm.api_key, max_retries=0)
+    stranger = AsyncOpenAI(base_url=llm.endpoint, api_key="not-the-token", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):  # the gateway checks the run's token
+        await stranger.models.list()
     for turn in range(2):
         await client.chat.completions.create(
             model=llm.model,
@@ -70,6 +75,32 @@ class GatewayProbe(Algorithm):
                 await asyncio.to_thread(engine.close)
 
 
+class ExposedWithoutToken(Algorithm):
+    """VERL asked to bind its gateway to every address in a run that has no token."""
+
+    name = "exposed_probe"
+
+    async def train(self, ctx, train, val):
+        algo = vl.VERL(
+            {"actor_rollout_ref": {"model": {"path": "Qwen/unused"}}},
+            overrides=["voltrl.gateway_host=0.0.0.0"],
+        )
+        ctx.token = None  # e.g. a store server given as an URL without a token
+        with pytest.raises(vl.VoltRLError, match="pass --token or set VOLTRL_TOKEN"):
+            await algo.setup(ctx)  # refused before Ray or verl start
+        with pytest.raises(vl.VoltRLError, match="exposes the server"):  # the one serving path
+            await ctx.serve_gateway(["http://127.0.0.1:9/v1"], host=algo.voltrl.gateway_host)
+        self.refused = True
+
+
+def test_gateway_off_loopback_without_a_token_is_refused(tmp_path):
+    probe = ExposedWithoutToken()
+    vl.Trainer(probe, store="memory", inline=True, progress=False, run_dir=tmp_path).fit(
+        two_calls, [{"q": "x"}]
+    )
+    assert probe.refused
+
+
 @pytest.mark.timeout(600)
 def test_gateway_fronts_replica_addresses(tmp_path):
     probe = GatewayProbe()
@@ -89,3 +120,18 @@ def test_gateway_fronts_replica_addresses(tmp_path):
         backends |= {c.backend for c in calls}
     assert len(backends) == 2  # both replicas served rollouts
     assert seen["paused"]
+
+
+def test_gateway_retry_and_host_come_from_the_voltrl_section():
+    from voltrl.retry import GatewayRetry
+
+    algo = vl.VERL(
+        {
+            "actor_rollout_ref": {"model": {"path": "Qwen/unused"}},
+            "voltrl": {"gateway_retry": {"retries": 7, "backoff_s": 0.1}},
+        },
+        overrides=["voltrl.gateway_host=127.0.0.2"],
+    )
+    assert algo.voltrl.gateway_retry == GatewayRetry(retries=7, backoff_s=0.1)
+    assert algo.voltrl.gateway_host == "127.0.0.2"
+    assert vl.VERL({"actor_rollout_ref": {"model": {"path": "m"}}}).voltrl.gateway_host is None

@@ -53,7 +53,10 @@ class InMemoryStore(LocalStore):
         return sorted((r.model_copy() for r in self._runs.values()), key=lambda r: r.created_at)
 
     async def add_resources(self, resources: Resources) -> Resources:
-        saved = resources.model_copy(update={"version": len(self._resources) + 1}, deep=True)
+        # Stored as every store stores them: serialized, so secrets (API keys) are left out.
+        saved = Resources.model_validate(
+            {**resources.model_dump(), "version": len(self._resources) + 1}
+        )
         self._resources.append(saved)
         self._changed.notify()
         return saved.model_copy(deep=True)
@@ -77,6 +80,7 @@ class InMemoryStore(LocalStore):
         resources_version: int | None = None,
         max_attempts: int = 3,
         timeout_s: float | None = None,
+        retry_agent_errors: bool = True,
     ) -> list[Rollout]:
         out = []
         for task in tasks:
@@ -86,6 +90,7 @@ class InMemoryStore(LocalStore):
                 run_id=run_id,
                 resources_version=resources_version,
                 max_attempts=max_attempts,
+                retry_agent_errors=retry_agent_errors,
                 timeout_s=timeout_s,
             )
             self._rollouts[r.rollout_id] = r

@@ -85,7 +85,6 @@ class VERL(Algorithm):
             **(val_sampling or {}),
         }
         self.history: list[dict[str, Any]] = []
-        self._stops: list[Any] = []
         self._gateway: Any = None
         self._trainer: Any = None
         self._started_ray = False
@@ -129,11 +128,15 @@ class VERL(Algorithm):
     async def setup(self, ctx: TrainContext) -> None:
         """Nothing starts before ``train``: verl builds its workers around the dataset. VERL
         only trains; ``Trainer.dev`` is for an endpoint you serve (``resources=...``)."""
+        from voltrl.serve import require_token_off_loopback
+
         if ctx.run.kind != "fit":
             raise VoltRLError(
                 "VERL only trains (Trainer.fit); to run an agent without training, use "
                 "Trainer(resources={'main_llm': vl.LLM(endpoint=..., model=...)}).dev(...)"
             )
+        # Refuse an exposed gateway now, not after Ray and verl's workers have started.
+        require_token_off_loopback(self.voltrl.gateway_host or ctx.host, ctx.token)
 
     async def train(self, ctx: TrainContext, train: list[Task], val: list[Task] | None) -> None:
         """Run verl's trainer on ``train`` (validating on ``val``) with VoltRL's rollouts."""
@@ -196,29 +199,33 @@ class VERL(Algorithm):
         await asyncio.to_thread(self._trainer.fit, manager)
 
     async def _serve_gateway(self, ctx: TrainContext, addresses: list[str]) -> LLM:
-        """A gateway in front of verl's vLLM replicas (``host:port`` addresses of their
-        OpenAI-compatible servers); returns the ``LLM`` agents get. vLLM serves the model
-        under verl's local copy's path, so the name is read from ``/v1/models``."""
-        import httpx
-
-        from voltrl.gateway import Gateway
-        from voltrl.server import serve
+        """A gateway of the run (:meth:`TrainContext.serve_gateway`: its token, a reachable
+        URL) in front of verl's vLLM replicas (``host:port`` addresses of their
+        OpenAI-compatible servers), bound to ``voltrl.gateway_host`` (default: the trainer's
+        host); returns the ``LLM`` agents get. vLLM serves the model under verl's local copy's
+        path, so the name is read from ``/v1/models``."""
+        import aiohttp
 
         if not addresses:
             raise RuntimeError("verl started no rollout replicas (actor_rollout_ref.rollout)")
         backends = [a if a.startswith("http") else f"http://{a}" for a in addresses]
         backends = [f"{b.rstrip('/')}/v1" for b in backends]
-        async with httpx.AsyncClient(timeout=60.0) as client:
-            response = await client.get(f"{backends[0]}/models")
+        timeout = aiohttp.ClientTimeout(total=60.0)
+        async with (
+            aiohttp.ClientSession(timeout=timeout) as client,
+            client.get(f"{backends[0]}/models") as response,
+        ):
             response.raise_for_status()
-            served = response.json()["data"][0]["id"]
-        self._gateway = Gateway(
-            ctx.store, backends, model=served, resources_version=lambda: ctx.resources_version
+            served = (await response.json())["data"][0]["id"]
+        gateway = await ctx.serve_gateway(
+            backends,
+            model=served,
+            retry=self.voltrl.gateway_retry,
+            host=self.voltrl.gateway_host,
         )
-        url, stop = await serve(self._gateway.app, self.voltrl.gateway_host, 0)
-        self._stops.append(stop)
+        self._gateway = gateway.gateway
         return LLM(
-            endpoint=f"{url}/v1",
+            endpoint=gateway.url,
             model=self.voltrl.served_model_name or served,
             gateway=True,
             sampling_parameters=self.sampling,
@@ -244,12 +251,8 @@ class VERL(Algorithm):
         self._tq = True
 
     async def teardown(self, ctx: TrainContext) -> None:
-        """Stop the gateway, close TransferQueue, and shut Ray down if we started it."""
-        for stop in reversed(self._stops):
-            await stop()
-        self._stops.clear()
-        if self._gateway is not None:
-            await self._gateway.aclose()
+        """Close TransferQueue and shut Ray down if we started it (the run stops the
+        gateway)."""
         if self._tq:
             import transfer_queue as tq
 

@@ -30,6 +30,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from voltrl.algorithms.verl.version import require_verl
+from voltrl.retry import GatewayRetry
 from voltrl.trajectory import TrajectoryConfig
 from voltrl.types import Model
 
@@ -55,8 +56,12 @@ class VoltrlSection(Model):
             it all to verl's padding rows.
         ray_address: the Ray cluster to join (``"auto"``, ``"ray://host:10001"``); ``None``
             joins a running local cluster or starts one.
-        gateway_host: the address the gateway in front of the vLLM replicas binds to; runners
-            on other machines need a reachable one (then the store server needs a token).
+        gateway_host: the address the gateway in front of the vLLM replicas binds to (default:
+            the trainer's ``host``); runners on other machines need a reachable one. Off
+            loopback the run needs a token (the trainer's, which it always has unless the store
+            is a server without one): the gateway checks it and is refused without one.
+        gateway_retry: how that gateway retries replica calls (:class:`~voltrl.serve.
+            GatewayRetry` fields; default: the trainer's).
         served_model_name: the model name agents see in their ``LLM`` (default: the name the
             vLLM replicas serve; the gateway always sends that one to them).
         max_wait_s: longest one GRPO group may take before its rollouts count as failed.
@@ -66,7 +71,8 @@ class VoltrlSection(Model):
     rollout_weighting: bool = False
     rounding: Literal["drop_zero_variance", "pad"] = "drop_zero_variance"
     ray_address: str | None = None
-    gateway_host: str = "127.0.0.1"
+    gateway_host: str | None = None
+    gateway_retry: GatewayRetry | None = None
     served_model_name: str | None = None
     max_wait_s: float | None = Field(None, gt=0)
 

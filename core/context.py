@@ -1,0 +1,140 @@
+"""What an algorithm works with during a run: :class:`TrainContext` (the store, the run, and
+helpers to publish resources, queue rollouts, wait for them, serve gateways and log metrics)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from voltrl.errors import VoltRLError
+from voltrl.failures import FailureReport
+from voltrl.metrics import MetricsLog
+from voltrl.resources import Resource, Resources
+from voltrl.store.base import Store
+from voltrl.types import Rollout, RolloutMode, Run, Task
+
+if TYPE_CHECKING:
+    from voltrl.retry import GatewayRetry
+    from voltrl.serve import ServedGateway
+
+
+@dataclass
+class TrainContext:
+    """What an algorithm works with: the store, the run, and helpers to use them."""
+
+    store: Store
+    run: Run
+    run_dir: Path
+    metrics: MetricsLog
+    max_attempts: int
+    rollout_timeout_s: float | None
+    progress: bool = True
+    workers_alive: Callable[[], bool] = lambda: True
+    resources_version: int | None = None
+    remote_runners: bool = False
+    """Whether the rollouts are run by remote runners (the progress bar says it waits)."""
+    host: str = "127.0.0.1"
+    """Where this run's servers bind (the trainer's ``host``)."""
+    token: str | None = None
+    """The run's bearer token: the store server and every gateway check it."""
+    gateway_retry: GatewayRetry | None = None
+    """The trainer's gateway retry settings (None: the defaults)."""
+    retry_agent_errors: bool | None = None
+    """Whether an agent's own error (it raised, or returned no valid result) is retried up
+    to ``max_attempts`` like an infrastructure failure; None: yes, except in ``dev``."""
+    failures: FailureReport = field(default_factory=FailureReport)
+    """The run's failures: printed as they first occur, checked against the run's limit."""
+    cleanup: contextlib.AsyncExitStack = field(default_factory=contextlib.AsyncExitStack)
+    """Run when the session ends, after the algorithm's teardown (stops the gateways)."""
+
+    async def serve_gateway(
+        self,
+        backends: Sequence[str],
+        *,
+        model: str | None = None,
+        backend_api_key: str | None = None,
+        request_token_ids: bool = True,
+        retry: GatewayRetry | None = None,
+        host: str | None = None,
+    ) -> ServedGateway:
+        """Serve a gateway recording this run's calls in front of ``backends`` (OpenAI base
+        URLs), the one way algorithms and the trainer serve one: it binds ``host`` (default:
+        the run's), checks the run's token (refused off loopback without one), records each
+        call's resources version, and stops when the run ends. ``retry`` overrides the
+        trainer's retry settings. Publish an ``LLM(endpoint=served.url, gateway=True)``:
+        runners give it the token as its API key."""
+        from voltrl.serve import start_gateway
+
+        served = await start_gateway(
+            self.store,
+            backends,
+            host=host or self.host,
+            token=self.token,
+            retry=retry or self.gateway_retry,
+            model=model,
+            backend_api_key=backend_api_key,
+            request_token_ids=request_token_ids,
+            resources_version=lambda: self.resources_version,
+        )
+        self.cleanup.push_async_callback(served.stop)
+        return served
+
+    async def publish(self, resources: Resources | Mapping[str, Resource]) -> Resources:
+        """Save a new resources version; rollouts enqueued from now on run with it."""
+        if not isinstance(resources, Resources):
+            resources = Resources(items=dict(resources))
+        saved = await self.store.add_resources(resources)
+        self.resources_version = saved.version
+        return saved
+
+    async def enqueue(self, tasks: Sequence[Task], mode: RolloutMode) -> list[Rollout]:
+        """Queue one rollout per task with the latest resources (see
+        :attr:`retry_agent_errors`)."""
+        retry = self.retry_agent_errors if self.retry_agent_errors is not None else mode != "dev"
+        return await self.store.enqueue(
+            tasks,
+            mode=mode,
+            run_id=self.run.run_id,
+            resources_version=self.resources_version,
+            max_attempts=self.max_attempts,
+            timeout_s=self.rollout_timeout_s,
+            retry_agent_errors=retry,
+        )
+
+    async def wait(self, rollouts: Sequence[Rollout], desc: str = "rollouts") -> list[Rollout]:
+        """Wait for rollouts to finish (with a progress bar); returns them in order. Each
+        distinct error is printed as it first occurs (see :attr:`failures`), and once all
+        have finished, :class:`~voltrl.errors.TooManyFailuresError` stops the run if the
+        run's failures reached its limit."""
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+        ids = [r.rollout_id for r in rollouts]
+        columns = ("{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*columns, disable=not self.progress, transient=False) as bar:
+            waiting = f"{desc} (waiting for remote runners)"
+            task = bar.add_task(waiting if self.remote_runners else desc, total=len(ids))
+            while True:
+                done = await self.store.wait_for_rollouts(ids, timeout_s=1.0)
+                bar.update(task, completed=len(done), description=waiting if not done else desc)
+                await self.failures.observe(self.store, done, bar.console)
+                if len(done) == len(ids):
+                    self.failures.check()
+                    return done
+                if not self.workers_alive():
+                    raise VoltRLError(
+                        f"every worker has died ({len(done)}/{len(ids)} rollouts finished); "
+                        "see the worker logs above"
+                    )
+
+    async def run_rollouts(
+        self, tasks: Sequence[Task], mode: RolloutMode, desc: str | None = None
+    ) -> list[Rollout]:
+        """Enqueue one rollout per task and wait for all of them."""
+        return await self.wait(await self.enqueue(tasks, mode), desc=desc or mode)
+
+    def log(self, step: int, **metrics: Any) -> dict[str, Any]:
+        """Append metrics for a step to the run's metrics log."""
+        return self.metrics.log(step, **metrics)

@@ -1,0 +1,57 @@
+"""Agents that ``voltrl runner`` processes load by path in the serving and secrets tests."""
+
+from __future__ import annotations
+
+import openai
+from openai import AsyncOpenAI
+
+import voltrl as vl
+
+
+@vl.rollout
+async def calls_with_and_without_the_key(task: dict, llm: vl.LLM) -> float:
+    """One call with the key the runner gave the agent, one with a wrong key; reward 1 when
+    the first is answered, the second refused with 401, and the endpoint is the expected
+    host's (``task["host"]``)."""
+    client = AsyncOpenAI(base_url=llm.endpoint, api_key=llm.api_key, max_retries=0)
+    reply = await client.chat.completions.create(
+        model=llm.model,
+        messages=[{"role": "user", "content": task["question"]}],
+        **llm.sampling_parameters,
+    )
+    stranger = AsyncOpenAI(base_url=llm.endpoint, api_key="not-the-token", max_retries=0)
+    try:
+        await stranger.chat.completions.create(
+            model=llm.model, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+        )
+        refused = False
+    except openai.AuthenticationError:
+        refused = True
+    on_host = llm.endpoint.startswith(f"http://{task['host']}:")
+    return float(bool(reply.choices) and refused and on_host)
+
+
+@vl.rollout
+async def calls_once(task: dict, llm: vl.LLM) -> float:
+    """One call with the key the agent was given (no client retries); reward 1 if answered."""
+    client = AsyncOpenAI(base_url=llm.endpoint, api_key=llm.api_key, max_retries=0)
+    reply = await client.chat.completions.create(
+        model=llm.model, messages=[{"role": "user", "content": "hello"}]
+    )
+    return float(bool(reply.choices))
+
+
+@vl.rollout
+async def calls_then_waits(task: dict, llm: vl.LLM) -> float:
+    """One call, then a note in ``task["started_dir"]`` and a long wait: a rollout that is in
+    flight when the test presses Ctrl-C."""
+    import asyncio
+    from pathlib import Path
+
+    client = AsyncOpenAI(base_url=llm.endpoint, api_key=llm.api_key, max_retries=0)
+    await client.chat.completions.create(
+        model=llm.model, messages=[{"role": "user", "content": "hello"}], max_tokens=2
+    )
+    (Path(task["started_dir"]) / f"{task['i']}.started").touch()
+    await asyncio.sleep(600)
+    return 1.0

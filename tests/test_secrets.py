@@ -1,0 +1,149 @@
+"""Secrets stay secret: a provider API key given in an ``LLM`` is never written to the store,
+served by the store server, printed or shown in a repr; agents still get the keys they need
+(the backend's through the gateway, or the key itself without one), and the run's token
+reaches remote runners through a file, never the printed command."""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+from pathlib import Path
+
+import aiohttp
+import pytest
+from fake_openai_backend import FakeBackend
+
+import voltrl as vl
+from voltrl.resources import ApiKeys
+from voltrl.serve import server_app
+from voltrl.server import serve
+from voltrl.store.sql import SQLStore
+
+SECRET = "sk-secret-" + "5e1f" * 8
+
+
+def files_containing(root: Path, secret: str) -> list[Path]:
+    return [p for p in root.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
+
+
+async def served_answers(store_path: Path) -> str:
+    """Every store route that returns data, asked of a server on ``store_path``."""
+    store = SQLStore(store_path)
+    url, stop = await serve(server_app(store, token="t"))
+    headers = {"Authorization": "Bearer t"}
+    bodies = []
+    try:
+        async with aiohttp.ClientSession(headers=headers) as http:
+            for path in ("/v1/store/resources", "/v1/store/resources?version=1", "/v1/store/runs"):
+                async with http.get(f"{url}{path}") as response:
+                    assert response.status == 200
+                    bodies.append(await response.text())
+            for rollout in await store.query_rollouts():
+                for what in ("", "/llm_calls", "/attempts", "/spans"):
+                    async with http.get(f"{url}/v1/store/rollouts/{rollout.rollout_id}{what}") as r:
+                        bodies.append(await r.text())
+    finally:
+        await stop()
+        await store.close()
+    return "\n".join(bodies)
+
+
+@pytest.mark.parametrize("record_calls", [True, False], ids=["behind-gateway", "direct"])
+async def test_a_provider_key_is_never_stored_served_or_printed(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], record_calls: bool
+) -> None:
+    from serving_agents import calls_once
+
+    async with FakeBackend() as backend:
+        llm = vl.LLM(endpoint=backend.url, model="m", api_key=SECRET)
+        trainer = vl.Trainer(
+            resources={"main_llm": llm},
+            record_calls=record_calls,
+            run_dir=tmp_path,
+            name="run",
+            n_runners=1,  # a spawned worker process: keys travel in memory, not via the store
+        )
+        result = await trainer.dev_async(calls_once, [{"q": 1}, {"q": 2}])
+
+    assert result.rewards == [1.0, 1.0]
+    # The backend got the key every time: from the gateway, or from the agent itself.
+    assert [r["authorization"] for r in backend.requests] == [f"Bearer {SECRET}"] * 2
+    assert files_containing(tmp_path, SECRET) == []
+    served = await served_answers(tmp_path / "run" / "store.sqlite")
+    assert '"main_llm"' in served and SECRET not in served
+    out = capfd.readouterr()
+    assert SECRET not in out.out + out.err
+    assert SECRET not in repr(llm) and SECRET not in llm.model_dump_json()
+
+
+def test_keys_are_put_back_by_the_runner_only() -> None:
+    stored = vl.Resources.model_validate_json(
+        vl.Resources(
+            items={
+                "gw": vl.LLM(endpoint="http://g/v1", model="m", gateway=True, api_key="tok"),
+                "hosted": vl.LLM(endpoint="http://h/v1", model="m", api_key=SECRET),
+                "by_env": vl.LLM(endpoint="http://e/v1", model="m", api_key_env="MY_TEST_KEY"),
+            }
+        ).model_dump_json()
+    )
+    assert {llm.api_key for llm in stored.of_kind(vl.LLM).values()} == {"EMPTY"}
+    os.environ["MY_TEST_KEY"] = "from-env"
+    try:
+        filled = stored.with_keys(ApiKeys(gateway="run-token", llms={"hosted": SECRET}))
+    finally:
+        del os.environ["MY_TEST_KEY"]
+    keys = {name: llm.api_key for name, llm in filled.of_kind(vl.LLM).items()}
+    assert keys == {"gw": "run-token", "hosted": SECRET, "by_env": "from-env"}
+    assert "run-token" not in repr(ApiKeys(gateway="run-token"))
+    with pytest.raises(vl.VoltRLError, match=r"\$MY_TEST_KEY, which is not set"):
+        stored.with_keys(ApiKeys())
+
+
+def test_a_runner_reads_its_token_from_a_file_or_the_environment(tmp_path: Path) -> None:
+    from voltrl.cli import _token, build_parser
+
+    token_file = tmp_path / "token"
+    token_file.write_text("file-token\n")
+    parse = build_parser().parse_args
+    base = ["runner", "--store", "http://127.0.0.1:1", "--agent", "m:a"]
+    assert _token(parse([*base, "--token-file", str(token_file)])) == "file-token"
+    os.environ["VOLTRL_TOKEN"] = "env-token"
+    try:
+        assert _token(parse(base)) == "env-token"
+    finally:
+        del os.environ["VOLTRL_TOKEN"]
+    (tmp_path / "empty").write_text("")
+    with pytest.raises(vl.VoltRLError, match="is empty"):
+        _token(parse([*base, "--token-file", str(tmp_path / "empty")]))
+
+
+def test_the_printed_runner_command_names_a_token_file(tmp_path: Path) -> None:
+    """``n_runners=0``: the command to start remote runners reads the token from an
+    owner-only file; the token itself is not printed (this runs a real trainer to the point
+    where it waits, then checks what it printed)."""
+    import subprocess
+
+    script = f"""
+import asyncio, voltrl as vl
+def agent(task, resources):
+    return 1.0
+async def main():
+    trainer = vl.Trainer(
+        n_runners=0, run_dir={str(tmp_path)!r}, name="remote", token="tok-{"9" * 20}"
+    )
+    try:
+        await asyncio.wait_for(trainer.dev_async(agent, [{{"q": 1}}]), 3)
+    except TimeoutError:
+        pass
+asyncio.run(main())
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    token_file = tmp_path / "remote" / "runner.token"
+    assert f"--token-file {token_file}" in out.stdout, out.stdout + out.stderr
+    assert "9" * 20 not in out.stdout + out.stderr
+    assert token_file.read_text().strip() == "tok-" + "9" * 20
+    assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
+    assert files_containing(tmp_path / "remote", "9" * 20) == [token_file]
