@@ -9,14 +9,16 @@ and, if it takes a third parameter, the :class:`~voltrl.tracing.RolloutContext`.
 - a list of :class:`~voltrl.types.Transition` (or a :class:`~voltrl.types.Trajectory`):
   explicit training data, used instead of the recorded LLM calls.
 
-Sync rollouts run in a thread of their own, async ones on the worker's event loop.
+Sync rollouts run in a thread of their own, async ones on the worker's event loop. A sync
+rollout that is timed out or cancelled leaves its thread running, abandoned (see
+:func:`run_in_thread`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
-import ctypes
 import inspect
 import numbers
 import threading
@@ -90,8 +92,14 @@ async def _maybe_await(value: Any) -> Any:
     return await value if inspect.isawaitable(value) else value
 
 
-async def run_rollout(agent: LitAgent, ctx: RolloutContext) -> Any:
-    """Run one rollout of ``agent`` with hooks, sync methods in a cancellable thread."""
+async def run_rollout(
+    agent: LitAgent,
+    ctx: RolloutContext,
+    *,
+    on_abandon: Callable[[threading.Thread], None] | None = None,
+) -> Any:
+    """Run one rollout of ``agent`` with hooks, sync methods in a thread of their own
+    (``on_abandon``: see :func:`run_in_thread`)."""
     method = "training_rollout" if ctx.mode == "train" else "validation_rollout"
     task = ctx.task.input
     await _maybe_await(agent.on_rollout_start(task, ctx.resources, ctx))
@@ -99,45 +107,50 @@ async def run_rollout(agent: LitAgent, ctx: RolloutContext) -> Any:
     if _is_async(agent, method):
         result = await _maybe_await(_call_flexibly(fn, task, ctx.resources, ctx))
     else:
-        result = await run_in_thread(_call_flexibly, fn, task, ctx.resources, ctx)
+        args = (_call_flexibly, fn, task, ctx.resources, ctx)
+        result = await run_in_thread(*args, on_abandon=on_abandon)
     await _maybe_await(agent.on_rollout_end(task, result, ctx))
     return result
 
 
-class RolloutCancelled(BaseException):
-    """Raised inside a sync rollout's thread when its rollout is cancelled or times out."""
-
-
-async def run_in_thread(fn: Callable[..., Any], *args: Any) -> Any:
+async def run_in_thread(
+    fn: Callable[..., Any],
+    *args: Any,
+    on_abandon: Callable[[threading.Thread], None] | None = None,
+) -> Any:
     """Run ``fn(*args)`` in a new daemon thread with the caller's context.
 
-    If the awaiting task is cancelled (timeout, lost lease), :class:`RolloutCancelled` is
-    raised inside the thread at its next Python instruction, so the work really stops; a
-    thread blocked in a C call stops when that call returns.
+    If the awaiting task is cancelled (timeout, lost lease, shutdown), the cancellation takes
+    effect at once and the thread is abandoned: nothing is raised inside it, since an
+    exception at an arbitrary instruction could break whatever library it is in (a lock left
+    held, half-written state). It runs on until its code returns; what it then returns or
+    raises is dropped, and rewards or spans it emits are rejected (its rollout has finished).
+    ``on_abandon`` is told about each thread abandoned while still running.
     """
     loop = asyncio.get_running_loop()
     fut: asyncio.Future[Any] = loop.create_future()
     ctx = contextvars.copy_context()
 
+    def settle(value: Any, exc: BaseException | None) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
+            loop.call_soon_threadsafe(_settle, fut, value, exc)
+
     def target() -> None:
         try:
             value = ctx.run(fn, *args)
         except BaseException as exc:
-            if not loop.is_closed():
-                loop.call_soon_threadsafe(_settle, fut, None, exc)
+            settle(None, exc)
         else:
-            if not loop.is_closed():
-                loop.call_soon_threadsafe(_settle, fut, value, None)
+            settle(value, None)
 
     thread = threading.Thread(target=target, name="voltrl-rollout", daemon=True)
     thread.start()
     try:
         return await asyncio.shield(fut)
     except asyncio.CancelledError:
-        if thread.ident is not None and thread.is_alive():
-            ctypes.pythonapi.PyThreadState_SetAsyncExc(
-                ctypes.c_ulong(thread.ident), ctypes.py_object(RolloutCancelled)
-            )
+        fut.cancel()  # what the thread ends with is dropped (and never logged as unretrieved)
+        if thread.is_alive() and on_abandon is not None:
+            on_abandon(thread)
         raise
 
 

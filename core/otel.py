@@ -4,8 +4,13 @@ AutoGen, Microsoft Agent Framework and many libraries emit OpenTelemetry spans. 
 :class:`RolloutSpanProcessor` on the tracer provider they use turns each finished span into a
 :class:`~voltrl.types.Span` of the rollout that was running when the span *started*, and adds it
 to that rollout's buffer (:meth:`RolloutContext.add_span`): it reaches the store with the
-attempt's result, like every other span, so a superseded attempt never writes. Spans started
-outside any rollout are not recorded (counted in ``dropped``).
+attempt's result, like every other span, so a superseded attempt never writes.
+
+The rollout is found from context only: the span's OpenTelemetry parent, when that parent is
+an open span of a rollout (so a span started in any thread under an explicit parent context
+follows it), else the rollout of the context variables where the span starts. Spans started
+outside any rollout, and spans that end after their rollout finished, are not recorded
+(counted in ``dropped``).
 
 Needs ``opentelemetry-sdk`` (in the framework extras)::
 
@@ -71,7 +76,8 @@ class RolloutSpanProcessor(SpanProcessor):
     """Routes every span to the rollout that was current when it started.
 
     The owner is looked up at start (the span may end in a callback where the context is
-    gone) and kept until the span ends; ``dropped`` counts spans that belonged to no rollout.
+    gone) and kept until the span ends; ``dropped`` counts spans that belonged to no rollout
+    or ended after their rollout finished.
     """
 
     def __init__(self) -> None:
@@ -81,7 +87,7 @@ class RolloutSpanProcessor(SpanProcessor):
 
     def on_start(self, span: Any, parent_context: otel_context.Context | None = None) -> None:
         """Remember the rollout this span belongs to and tag the span with it."""
-        ctx = find_rollout()
+        ctx = self._owner(parent_context)
         if ctx is None:
             return
         span.set_attribute("voltrl.rollout_id", ctx.rollout_id)
@@ -89,14 +95,23 @@ class RolloutSpanProcessor(SpanProcessor):
         with self._lock:
             self._owners[span.get_span_context().span_id] = ctx
 
+    def _owner(self, parent_context: otel_context.Context | None) -> RolloutContext | None:
+        """The rollout of the span's open parent, else of the context; None if finished."""
+        parent = trace.get_current_span(parent_context).get_span_context()
+        with self._lock:
+            ctx = self._owners.get(parent.span_id) if parent.is_valid else None
+        ctx = ctx or find_rollout()
+        return ctx if ctx is not None and not ctx.finished else None
+
     def on_end(self, span: ReadableSpan) -> None:
-        """Add the finished span to its rollout's buffer."""
+        """Add the finished span to its rollout's buffer (unless that rollout finished)."""
         with self._lock:
             ctx = self._owners.pop(span.get_span_context().span_id, None)
-            if ctx is None:
+        if ctx is None or not ctx.add_span_if_running(
+            to_span(span, ctx.rollout_id, ctx.attempt_id)
+        ):
+            with self._lock:
                 self.dropped += 1
-                return
-        ctx.add_span(to_span(span, ctx.rollout_id, ctx.attempt_id))
 
     def shutdown(self) -> None:
         """Forget spans that never ended."""

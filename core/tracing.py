@@ -1,38 +1,46 @@
 """Rewards, events and spans from anywhere inside a rollout.
 
 The runner activates a :class:`RolloutContext` around each rollout. ``emit_reward`` finds it
-through a context variable, so it works in the agent's code, in asyncio tasks it creates, and
-in threads started by ``asyncio.to_thread`` / ``loop.run_in_executor`` with a copied context.
-A bare ``threading.Thread`` does not inherit context variables in Python 3.11; there the
-process's only active rollout is used, and if several are active the call raises
-:class:`~voltrl.errors.NoActiveRolloutError` telling you to start the thread with
-``contextvars.copy_context().run``.
+through a context variable, and only there: it works in the agent's code, in asyncio tasks it
+creates, and in threads that carry the rollout's context (``asyncio.to_thread``,
+``loop.run_in_executor`` on a runner worker's loop, whose default executor copies the context
+like :class:`ContextThreadPoolExecutor`, or a thread started as
+``threading.Thread(target=contextvars.copy_context().run, args=(fn, ...))``). A bare
+``threading.Thread`` does not inherit context variables, and no rollout is guessed for it:
+the call raises :class:`~voltrl.errors.NoActiveRolloutError`, which says how to pass the
+context on.
 
 What is emitted is buffered on the context and reported with the attempt's result in one
-store write, so a reward from an attempt that lost its lease is never applied.
+store write, so a reward from an attempt that lost its lease is never applied. Once its
+rollout has finished (returned, raised, timed out or been cancelled), a context takes nothing
+more: a thread that outlives its rollout and emits a reward gets
+:class:`~voltrl.errors.NoActiveRolloutError`, so the reward is neither lost silently nor
+credited to another rollout.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
 import math
 import numbers
 import threading
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from voltrl.errors import InvalidRewardError, NoActiveRolloutError
 from voltrl.resources import Resources
 from voltrl.types import Reward, RolloutMode, Span, Task, new_id, now
 
+_T = TypeVar("_T")
+
 _current: contextvars.ContextVar[RolloutContext | None] = contextvars.ContextVar(
     "voltrl_rollout", default=None
 )
-_active: dict[str, RolloutContext] = {}
-_active_lock = threading.Lock()
 
 
 @dataclass
@@ -49,12 +57,25 @@ class RolloutContext:
     rewards: list[Reward] = field(default_factory=list)
     spans: list[Span] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _finished: bool = field(default=False, repr=False)
+
+    @property
+    def finished(self) -> bool:
+        """Whether the rollout has finished; a finished context takes no rewards or spans."""
+        return self._finished
+
+    def finish(self) -> None:
+        """Close the context (:func:`activate` does it when its block ends): from now on
+        rewards and spans sent to it raise :class:`~voltrl.errors.NoActiveRolloutError`."""
+        with self._lock:
+            self._finished = True
 
     def emit_reward(
         self, value: Any, *, name: str = "reward", metadata: dict[str, Any] | None = None
     ) -> Reward:
         """Record a reward now. The last one emitted is the rollout's reward unless the
-        agent returns one; earlier ones are per-step rewards for credit assignment."""
+        agent returns one; earlier ones are per-step rewards for credit assignment. Raises
+        :class:`~voltrl.errors.NoActiveRolloutError` once the rollout has finished."""
         reward = Reward(
             rollout_id=self.rollout_id,
             attempt_id=self.attempt_id,
@@ -64,14 +85,34 @@ class RolloutContext:
             metadata=metadata or {},
         )
         with self._lock:
+            if self._finished:
+                raise self._finished_error("reward")
             self.rewards.append(reward)
         return reward
 
     def add_span(self, span: Span) -> Span:
-        """Record a finished span of this rollout."""
-        with self._lock:
-            self.spans.append(span)
+        """Record a finished span of this rollout. Raises
+        :class:`~voltrl.errors.NoActiveRolloutError` once the rollout has finished."""
+        if not self.add_span_if_running(span):
+            raise self._finished_error("span")
         return span
+
+    def add_span_if_running(self, span: Span) -> bool:
+        """Record ``span`` unless the rollout has finished; returns whether it was recorded.
+        For framework hooks, which must not raise into the framework (they count drops)."""
+        with self._lock:
+            if self._finished:
+                return False
+            self.spans.append(span)
+        return True
+
+    def _finished_error(self, what: str) -> NoActiveRolloutError:
+        return NoActiveRolloutError(
+            f"rollout {self.rollout_id} (attempt {self.attempt_id}) has finished, so this "
+            f"{what} is rejected: it comes from code that outlived the rollout (a thread still "
+            "running after the rollout returned, timed out or was cancelled); wait for your "
+            "threads before the rollout returns"
+        )
 
     @contextlib.contextmanager
     def span(self, name: str, **attributes: Any) -> Iterator[Span]:
@@ -118,43 +159,57 @@ def check_reward(value: Any, rollout_id: str | None = None) -> float:
 
 @contextlib.contextmanager
 def activate(ctx: RolloutContext) -> Iterator[RolloutContext]:
-    """Make ``ctx`` the current rollout for this block (the runner does this)."""
+    """Make ``ctx`` the current rollout for this block (the runner does this); when the
+    block ends the rollout has finished and ``ctx`` takes nothing more
+    (:meth:`RolloutContext.finish`), even from threads that still hold a copy of it."""
     token = _current.set(ctx)
-    with _active_lock:
-        _active[ctx.attempt_id] = ctx
     try:
         yield ctx
     finally:
+        ctx.finish()
         _current.reset(token)
-        with _active_lock:
-            _active.pop(ctx.attempt_id, None)
 
 
 def find_rollout() -> RolloutContext | None:
-    """The rollout being run here, or None: the context's own rollout, else the only rollout
-    running in this process (a bare thread), else None when there are none or several."""
+    """The rollout this code runs for, from its context only, or None: outside a rollout,
+    in a thread that was not given the rollout's context, or once that rollout finished."""
     ctx = _current.get()
-    if ctx is not None:
-        return ctx
-    with _active_lock:
-        active = list(_active.values())
-    return active[0] if len(active) == 1 else None
+    return ctx if ctx is not None and not ctx.finished else None
 
 
 def current_rollout() -> RolloutContext:
-    """The rollout being run here; raises :class:`NoActiveRolloutError` outside one."""
-    ctx = find_rollout()
-    if ctx is not None:
-        return ctx
-    with _active_lock:
-        active = list(_active.values())
-    if not active:
-        raise NoActiveRolloutError("emit_reward/emit_event called outside any rollout")
-    raise NoActiveRolloutError(
-        f"{len(active)} rollouts are running in this process and this thread does not say "
-        "which one it belongs to; start the thread with contextvars.copy_context().run(...) "
-        "or use asyncio.to_thread, which copies the context"
-    )
+    """The rollout this code runs for (see :func:`find_rollout`); raises
+    :class:`NoActiveRolloutError` saying how to pass the context on, or that the rollout
+    has finished, when there is none."""
+    ctx = _current.get()
+    if ctx is None:
+        raise NoActiveRolloutError(
+            "no rollout in this context: emit_reward, emit_event and span work inside a "
+            "rollout, in asyncio tasks it creates and in threads given its context. Run "
+            "threads with asyncio.to_thread(fn, ...), which copies the context, or start them "
+            "as threading.Thread(target=contextvars.copy_context().run, args=(fn, ...)); a "
+            "bare threading.Thread or a thread pool's worker does not know its rollout"
+        )
+    if ctx.finished:
+        raise ctx._finished_error("call")
+    return ctx
+
+
+class ContextThreadPoolExecutor(ThreadPoolExecutor):
+    """A thread pool that runs each call in a copy of the caller's context, as
+    ``asyncio.to_thread`` does. Runner workers make it their event loop's default executor,
+    so ``loop.run_in_executor(None, fn)`` (how AutoGen runs sync tools) keeps the rollout."""
+
+    def submit(self, fn: Callable[..., _T], /, *args: Any, **kwargs: Any) -> Future[_T]:
+        """Schedule ``fn(*args, **kwargs)`` in a copy of the current context."""
+        return super().submit(contextvars.copy_context().run, fn, *args, **kwargs)
+
+
+def copy_context_into_executor(loop: asyncio.AbstractEventLoop) -> None:
+    """Make ``loop``'s default executor a :class:`ContextThreadPoolExecutor` unless it is one
+    already. Calls already queued on the executor it replaces still run."""
+    if not isinstance(getattr(loop, "_default_executor", None), ContextThreadPoolExecutor):
+        loop.set_default_executor(ContextThreadPoolExecutor(thread_name_prefix="voltrl-executor"))
 
 
 def emit_reward(
@@ -189,7 +244,7 @@ def span(name: str, **attributes: Any) -> contextlib.AbstractContextManager[Span
 
 def rollout_headers(agent_name: str | None = None) -> dict[str, str]:
     """The gateway's header form for the current rollout (``x-rollout-id``, ``x-attempt-id``
-    and, when given, ``x-agent-name``); empty outside a rollout.
+    and, when given, ``x-agent-name``); empty where :func:`find_rollout` finds none.
 
     Clients created once and shared by concurrent rollouts send these on each request, so
     the gateway records every call against the rollout that made it.

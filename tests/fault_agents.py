@@ -10,12 +10,15 @@ Task fields steer them:
   and returns 1.0.
 - ``CallsLLM``: one chat completion through the ``main_llm`` resource (a gateway), inside a
   span; returns 1.0.
+- ``SyncSleeper``: a sync agent that records its process id (an event ``pid``), sleeps
+  ``sleep`` seconds in ``time.sleep`` and returns 1.0.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -82,4 +85,13 @@ class CallsLLM(vl.LitAgent):
         finally:
             await client.close()
         await asyncio.sleep(task.get("sleep", 0.0))
+        return 1.0
+
+
+class SyncSleeper(vl.LitAgent):
+    """Records its process id, then sleeps (uninterruptibly) in its thread."""
+
+    def rollout(self, task: dict[str, Any], resources: vl.Resources) -> float:
+        vl.emit_event("pid", pid=os.getpid())
+        time.sleep(task.get("sleep", 0.0))
         return 1.0

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 from helpers import context
+from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Status, StatusCode
 
@@ -71,3 +73,23 @@ def test_install_adds_one_processor_per_provider() -> None:
     with activate(ctx), p.get_tracer("t").start_as_current_span("once"):
         pass
     assert [s.name for s in ctx.spans] == ["once"]
+
+
+def test_a_span_started_in_a_bare_thread_under_a_rollouts_span_joins_that_rollout() -> None:
+    tracer = provider()[0].get_tracer("test")
+    ctx = context("r")
+    with activate(ctx), tracer.start_as_current_span("agent") as root:
+        parent = trace.set_span_in_context(root)  # the OpenTelemetry context, passed by hand
+        thread = threading.Thread(target=lambda: tracer.start_span("tool", context=parent).end())
+        thread.start()
+        thread.join()
+    assert sorted(s.name for s in ctx.spans) == ["agent", "tool"]
+
+
+def test_a_span_that_ends_after_its_rollout_finished_is_dropped() -> None:
+    p, processor = provider()
+    ctx = context("r")
+    with activate(ctx):
+        late = p.get_tracer("test").start_span("late")
+    late.end()
+    assert ctx.spans == [] and processor.dropped == 1

@@ -32,43 +32,60 @@ async def test_emit_reward_works_from_tasks_and_to_thread():
     assert all(r.rollout_id == "ro-a" and r.attempt_id == "at-ro-a" for r in c.rewards)
 
 
-def test_emit_reward_from_a_bare_thread_uses_the_only_active_rollout():
-    c = ctx("ro-b")
-    with activate(c):
-        t = threading.Thread(target=vl.emit_reward, args=(0.5,))
-        t.start()
-        t.join()
-    assert [r.value for r in c.rewards] == [0.5]
-
-
-def test_emit_reward_from_a_bare_thread_is_ambiguous_with_two_rollouts():
-    a, b = ctx("ro-1"), ctx("ro-2")
-    errors: list[BaseException] = []
+def run_in_thread(target, *args):
+    """Run ``target(*args)`` in a new thread; what it raised (a NoActiveRolloutError), or None."""
+    errors: list[vl.NoActiveRolloutError] = []
 
     def work():
         try:
-            vl.emit_reward(1.0)
-        except BaseException as e:
+            target(*args)
+        except vl.NoActiveRolloutError as e:
             errors.append(e)
 
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    return errors[0] if errors else None
+
+
+def test_a_bare_thread_gets_no_rollout_even_when_only_one_runs():
+    c = ctx("ro-b")
+    headers: list[dict[str, str]] = []
+    with activate(c):
+        error = run_in_thread(vl.emit_reward, 0.5)
+        run_in_thread(lambda: headers.append(vl.rollout_headers()))
+    assert c.rewards == [] and headers == [{}]
+    assert isinstance(error, vl.NoActiveRolloutError)
+    assert "asyncio.to_thread" in str(error) and "copy_context().run" in str(error)
+
+
+def test_a_thread_started_with_a_copy_of_its_rollouts_context_rewards_that_rollout():
+    a, b = ctx("ro-1"), ctx("ro-2")
     ctx_a, ctx_b = contextvars.Context(), contextvars.Context()
     cm_a, cm_b = activate(a), activate(b)
-    ctx_a.run(cm_a.__enter__)  # two rollouts active in this process,
-    ctx_b.run(cm_b.__enter__)  # neither of them in this thread's context
+    ctx_a.run(cm_a.__enter__)  # two rollouts running in this process
+    ctx_b.run(cm_b.__enter__)
     try:
-        t = threading.Thread(target=work)
-        t.start()
-        t.join()
-        assert isinstance(errors[0], vl.NoActiveRolloutError)
-        assert "copy_context" in str(errors[0])
-        # started with a copy of its rollout's context, the thread knows which one it is
-        t = threading.Thread(target=ctx_a.copy().run, args=(vl.emit_reward, 2.0))
-        t.start()
-        t.join()
-        assert [r.value for r in a.rewards] == [2.0]
+        assert run_in_thread(ctx_a.copy().run, vl.emit_reward, 2.0) is None
     finally:
         ctx_a.run(cm_a.__exit__, None, None, None)
         ctx_b.run(cm_b.__exit__, None, None, None)
+    assert [r.value for r in a.rewards] == [2.0] and b.rewards == []
+
+
+def test_a_thread_that_outlives_its_rollout_cannot_emit_into_it():
+    c = ctx("ro-late")
+    with activate(c):
+        leftover = contextvars.copy_context()  # what a thread started in the rollout holds
+    for late in (
+        lambda: vl.emit_reward(1.0),
+        lambda: vl.emit_event("late"),
+        lambda: vl.span("late").__enter__(),
+    ):
+        error = run_in_thread(leftover.run, late)
+        assert "rollout ro-late (attempt at-ro-late) has finished" in str(error)
+    assert leftover.run(vl.find_rollout) is None and leftover.run(vl.rollout_headers) == {}
+    assert (c.rewards, c.spans) == ([], [])
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), "1", None])

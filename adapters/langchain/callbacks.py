@@ -5,7 +5,9 @@ chat models, tools, retrievers) as a :class:`~voltrl.types.Span` of the rollout 
 when the run started, with parent/child links taken from LangChain's run ids. Runs LangChain
 marks hidden (LangGraph's internal plumbing) are skipped; their children hang on the nearest
 recorded ancestor. Tool spans carry the tool's input and output and end ``error`` when the tool
-failed. Spans reach the store with the attempt's result, like every span of a rollout.
+failed. Spans reach the store with the attempt's result, like every span of a rollout. The
+rollout is found from context only (a child run's is its parent's, else the context
+variables'); runs that end after their rollout finished are not recorded.
 
 One handler serves any number of concurrent rollouts. :func:`instrument` attaches it to every
 LangChain run in the process (:func:`~voltrl.adapters.langchain.chat_model` calls it); to attach
@@ -98,7 +100,7 @@ class VoltRLCallbackHandler(BaseCallbackHandler):
         with self._lock:
             parent = self._open.get(parent_run_id) if parent_run_id else None
         ctx = parent.ctx if parent is not None else find_rollout()
-        if ctx is None:
+        if ctx is None or ctx.finished:
             return
         parent_id = None
         if parent is not None:
@@ -147,7 +149,7 @@ class VoltRLCallbackHandler(BaseCallbackHandler):
                     "stacktrace": "".join(traceback.format_exception(error)),
                 }
             )
-        run.ctx.add_span(span)
+        run.ctx.add_span_if_running(span)
 
     def _event(self, run_id: UUID, name: str, **attributes: Any) -> None:
         with self._lock:

@@ -6,8 +6,10 @@ makes :class:`VoltRLTracingProcessor` the SDK's only processor, so nothing leave
 each span (agent, turn, generation, function/tool call with its input, output and error,
 handoff, guardrail, custom, MCP tool listing) and each trace becomes a
 :class:`~voltrl.types.Span` of the rollout that was running when it *started*, buffered on the
-rollout like every other span. Spans started outside any rollout are not recorded (counted in
-``dropped``).
+rollout like every other span. The rollout is found from context only: the rollout of the
+trace a span belongs to, else the rollout of the context variables where the span or trace
+starts. Spans started outside any rollout, and spans that end after their rollout finished,
+are not recorded (counted in ``dropped``).
 """
 
 from __future__ import annotations
@@ -137,7 +139,7 @@ class VoltRLTracingProcessor(TracingProcessor):
         ctx, started = owner
         exported = trace.export() or {}
         attrs = {f"openai_agents.{k}": v for k, v in exported.items() if v is not None}
-        ctx.add_span(
+        recorded = ctx.add_span_if_running(
             Span(
                 rollout_id=ctx.rollout_id,
                 attempt_id=ctx.attempt_id,
@@ -150,22 +152,26 @@ class VoltRLTracingProcessor(TracingProcessor):
                 status="ok",
             )
         )
+        if not recorded:
+            with self._lock:
+                self.dropped += 1
 
     def on_span_start(self, span: SDKSpan[Any]) -> None:
-        """Remember the rollout this span belongs to."""
-        ctx = find_rollout()
-        if ctx is not None:
+        """Remember the rollout this span belongs to: its trace's, else the context's."""
+        with self._lock:
+            owner = self._traces.get(span.trace_id)
+        ctx = owner[0] if owner is not None else find_rollout()
+        if ctx is not None and not ctx.finished:
             with self._lock:
                 self._owners[span.span_id] = ctx
 
     def on_span_end(self, span: SDKSpan[Any]) -> None:
-        """Add the finished span to its rollout's buffer."""
+        """Add the finished span to its rollout's buffer (unless that rollout finished)."""
         with self._lock:
             ctx = self._owners.pop(span.span_id, None)
-            if ctx is None:
+        if ctx is None or not ctx.add_span_if_running(to_span(span, ctx)):
+            with self._lock:
                 self.dropped += 1
-                return
-        ctx.add_span(to_span(span, ctx))
 
     def shutdown(self) -> None:
         """Forget spans and traces that never ended."""
