@@ -8,6 +8,18 @@ the store over HTTP, and restarts one that dies; the dead worker's leases expire
 store hands its rollouts out again. :func:`run_runner` is ``voltrl runner``: a pool for a
 store server anywhere, until SIGTERM.
 
+Async rollouts run on the worker's loop, whose default executor copies the caller's context
+(``loop.run_in_executor`` keeps the rollout); each sync rollout runs in a thread of its own.
+A thread cannot be stopped safely from outside (an exception injected into it could fire
+inside any library's critical section), so a sync rollout past its timeout, or cancelled, is
+failed at once and its thread *abandoned*: it runs on untouched, its result is dropped and
+whatever it emits is rejected. Abandoned threads that never return pile up, so a worker
+process holding more than ``max_abandoned_threads`` of them still running retires: it claims
+nothing more, finishes its other rollouts and exits with :data:`RECYCLE_EXIT_CODE`, and its
+:class:`WorkerPool` starts a fresh process in its place (not counted as a crash). An inline
+worker (``Trainer(inline=True)``) shares the trainer's process and cannot retire: it logs a
+warning instead.
+
 A stopped worker claims nothing more, gives rollouts in flight ``grace_s`` to finish, and
 releases the rest: they are reported failed with a "released" error, so the store queues them
 again at once (the released attempt counts towards the rollout's ``max_attempts``).
@@ -17,23 +29,29 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import multiprocessing
 import os
+import queue
 import signal
+import subprocess
 import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from voltrl.agent import LitAgent, normalize_result, run_rollout
 from voltrl.errors import StaleAttemptError, StoreError
-from voltrl.resources import Resources
+from voltrl.resources import ApiKeys, Resources
 from voltrl.store.base import Store
-from voltrl.tracing import RolloutContext, activate
+from voltrl.tracing import RolloutContext, activate, copy_context_into_executor
 from voltrl.types import AttemptResult, Claim
 
 log = logging.getLogger("voltrl.runner")
+
+#: Exit status of a worker process that retires to shed abandoned threads; its pool starts
+#: a fresh one in its place (a planned restart, not a crash).
+RECYCLE_EXIT_CODE = 75
 
 
 @dataclass(frozen=True)
@@ -53,6 +71,10 @@ class RunnerConfig:
     grace_s: float = 30.0
     """On stop, how long rollouts in flight may run on before they are released (handed
     back to the store, which queues them again at once)."""
+    max_abandoned_threads: int = 8
+    """How many threads of timed-out or cancelled sync rollouts a worker may hold while they
+    run on (abandoned, never interrupted); past it a worker process is replaced by a fresh
+    one, and an inline worker, which cannot be, logs a warning."""
 
     @property
     def heartbeat_interval(self) -> float:
@@ -68,39 +90,59 @@ async def run_worker(
     config: RunnerConfig = RunnerConfig(),
     stop: asyncio.Event | None = None,
     max_rollouts: int | None = None,
+    keys: ApiKeys | None = None,
+    recycle: asyncio.Event | None = None,
 ) -> int:
     """Claim and run rollouts until ``stop`` is set (or ``max_rollouts`` were started).
+
+    ``keys`` are the API keys put back into the resources read from the store, which never
+    holds them (default: the store's token as the key of gateway endpoints).
 
     On stop it claims nothing more; rollouts in flight get ``config.grace_s`` seconds to
     finish, then the rest are cancelled and released (reported as failed with a "released"
     error, so the store queues them again at once instead of waiting for their leases).
-    Returns how many rollouts it ran.
+
+    ``recycle`` is given by a worker process, which can be replaced: once the worker holds
+    more than ``config.max_abandoned_threads`` abandoned threads still running, it sets
+    ``recycle``, claims nothing more, waits for its other rollouts and returns. Without it
+    (inline workers) a warning is logged instead. Returns how many rollouts it ran.
+
+    The loop's default executor becomes a :class:`~voltrl.tracing.ContextThreadPoolExecutor`,
+    so ``loop.run_in_executor(None, ...)`` in a rollout keeps its rollout.
     """
     stop = stop or asyncio.Event()
+    copy_context_into_executor(asyncio.get_running_loop())
+    abandoned = _AbandonedThreads(worker_id, config.max_abandoned_threads, recycle)
+    halts = [event for event in (stop, recycle) if event is not None]
     active: dict[str, asyncio.Task[None]] = {}
     stale: set[str] = set()
-    resources_cache: dict[int | None, Resources] = {}
+    keys = keys or ApiKeys(gateway=getattr(store, "token", None))
+    resources_cache = _ResourcesCache(store, keys)
     slots = asyncio.Semaphore(config.max_concurrency)
     heartbeats = asyncio.create_task(_heartbeat_loop(store, active, stale, config, worker_id))
     started = 0
     try:
-        while not stop.is_set() and (max_rollouts is None or started < max_rollouts):
+        while max_rollouts is None or started < max_rollouts:
             await slots.acquire()
-            claim = await _claim_or_stop(store, worker_id, config, stop)
+            if any(event.is_set() for event in halts):  # checked once a slot is free
+                break
+            claim = await _claim_or_stop(store, worker_id, config, *halts)
             if claim is None:
                 slots.release()
                 continue
             started += 1
             aid = claim.attempt.attempt_id
             task = asyncio.create_task(
-                _execute(store, agent, claim, resources_cache, config, stale)
+                _execute(store, agent, claim, resources_cache, config, stale, abandoned.add)
             )
             active[aid] = task
             task.add_done_callback(
                 lambda _t, aid=aid: (active.pop(aid, None), stale.discard(aid), slots.release())
             )
         if active:
-            await asyncio.wait(list(active.values()), timeout=config.grace_s)
+            recycling = abandoned.recycling and not stop.is_set()
+            grace_s = None if recycling else config.grace_s  # recycling: let them finish
+            await asyncio.wait(list(active.values()), timeout=grace_s)
     finally:
         for task in list(active.values()):
             task.cancel()
@@ -112,17 +154,18 @@ async def run_worker(
 
 
 async def _claim_or_stop(
-    store: Store, worker_id: str, config: RunnerConfig, stop: asyncio.Event
+    store: Store, worker_id: str, config: RunnerConfig, *stops: asyncio.Event
 ) -> Claim | None:
-    """Long-poll for a claim, giving up as soon as ``stop`` is set."""
+    """Long-poll for a claim, giving up as soon as one of ``stops`` is set."""
     claim_task = asyncio.create_task(
         store.claim(worker_id, lease_s=config.lease_s, wait_s=config.claim_wait_s)
     )
-    stop_task = asyncio.create_task(stop.wait())
+    stop_tasks = {asyncio.create_task(stop.wait()) for stop in stops}
     try:
-        await asyncio.wait({claim_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({claim_task, *stop_tasks}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        stop_task.cancel()
+        for stop_task in stop_tasks:
+            stop_task.cancel()
     if not claim_task.done():
         claim_task.cancel()
         await asyncio.gather(claim_task, return_exceptions=True)
@@ -159,30 +202,70 @@ async def _heartbeat_loop(
                 task.cancel()
 
 
-async def _resources_for(
-    store: Store, cache: dict[int | None, Resources], version: int | None
-) -> Resources:
-    if version is not None and version in cache:
-        return cache[version]
-    resources = await store.get_resources(version) or Resources(items={})
-    if version is not None:
-        cache[version] = resources
-    return resources
+class _AbandonedThreads:
+    """A worker's threads of sync rollouts that ended (timed out, cancelled) while the
+    thread ran on, and what happens when more than ``limit`` of them are still running:
+    ``recycle`` is set (a worker process, which the pool replaces), else a warning."""
+
+    def __init__(self, worker_id: str, limit: int, recycle: asyncio.Event | None) -> None:
+        self._worker_id, self._limit, self._recycle = worker_id, limit, recycle
+        self._threads: list[threading.Thread] = []
+
+    @property
+    def recycling(self) -> bool:
+        """Whether the worker is to be replaced by a fresh process."""
+        return self._recycle is not None and self._recycle.is_set()
+
+    def add(self, thread: threading.Thread) -> None:
+        """Count ``thread``, abandoned by its rollout, and forget those that have ended."""
+        self._threads = [t for t in self._threads if t.is_alive()] + [thread]
+        if len(self._threads) <= self._limit:
+            return
+        if self._recycle is not None:
+            self._recycle.set()
+            return
+        log.warning(
+            "worker %s: %d threads of timed-out or cancelled sync rollouts are still running "
+            "(max_abandoned_threads=%d); an inline worker cannot be replaced by a fresh "
+            "process, so they stay until their code returns",
+            self._worker_id,
+            len(self._threads),
+            self._limit,
+        )
+
+
+class _ResourcesCache:
+    """Resources versions read from the store, with their API keys put back."""
+
+    def __init__(self, store: Store, keys: ApiKeys) -> None:
+        self._store, self._keys = store, keys
+        self._versions: dict[int, Resources] = {}
+
+    async def get(self, version: int | None) -> Resources:
+        if version is not None and version in self._versions:
+            return self._versions[version]
+        stored = await self._store.get_resources(version) or Resources(items={})
+        resources = stored.with_keys(self._keys)
+        if version is not None:
+            self._versions[version] = resources
+        return resources
 
 
 async def _execute(
     store: Store,
     agent: LitAgent,
     claim: Claim,
-    resources_cache: dict[int | None, Resources],
+    resources_cache: _ResourcesCache,
     config: RunnerConfig,
     stale: set[str],
+    on_abandon: Callable[[threading.Thread], None],
 ) -> None:
-    """Run one claimed attempt and report its result (unless it became stale)."""
+    """Run one claimed attempt and report its result (unless it became stale);
+    ``on_abandon`` gets the thread of a sync rollout left running past its end."""
     rollout, attempt = claim.rollout, claim.attempt
     timeout = rollout.timeout_s if rollout.timeout_s is not None else config.default_timeout_s
     try:
-        resources = await _resources_for(store, resources_cache, rollout.resources_version)
+        resources = await resources_cache.get(rollout.resources_version)
     except Exception:
         await _report(store, attempt.attempt_id, _failed())
         return
@@ -197,14 +280,14 @@ async def _execute(
     with activate(ctx):
         try:
             async with asyncio.timeout(timeout) as deadline:
-                value = await run_rollout(agent, ctx)
+                value = await run_rollout(agent, ctx, on_abandon=on_abandon)
             reward, transitions = normalize_result(value, rollout.rollout_id)
             result = AttemptResult(status="succeeded", reward=reward, transitions=transitions)
         except TimeoutError:
             result = (
                 AttemptResult(status="timeout", error=f"rollout timed out after {timeout} s")
                 if deadline.expired()
-                else _failed()
+                else _failed(agent_error=True)
             )
         except asyncio.CancelledError:
             if attempt.attempt_id not in stale:  # worker shutting down: hand the rollout back
@@ -214,7 +297,7 @@ async def _execute(
                 )
             raise
         except Exception:
-            result = _failed()
+            result = _failed(agent_error=True)
     result.rewards, result.spans = list(ctx.rewards), list(ctx.spans)
     await _report(store, attempt.attempt_id, result, patience_s=config.lease_s)
 
@@ -244,29 +327,50 @@ async def _report(
             return
 
 
-def _failed() -> AttemptResult:
+def _failed(*, agent_error: bool = False) -> AttemptResult:
+    """The failed result of the exception being handled; ``agent_error``: the agent's own code
+    raised it or returned something that is not a result (see ``Rollout.retry_agent_errors``)."""
     exc = sys.exc_info()[1]
     return AttemptResult(
         status="failed",
         error=f"{type(exc).__name__}: {exc}",
         traceback=traceback.format_exc(),
+        agent_error=agent_error,
     )
 
 
 # ---- processes ---------------------------------------------------------------------------
 
 
-def _worker_process_main(
+_WORKER_MAIN = "from voltrl.runner import worker_main; worker_main()"
+"""What a worker process runs (``python -c``): it reads its settings from standard input, so
+it never imports the script that started it (no ``if __name__ == "__main__"`` guard needed)
+and secrets never appear on a command line."""
+
+
+def worker_main() -> None:
+    """Entry point of a worker process started by :class:`WorkerPool`: its settings arrive
+    pickled on standard input (store URL, token, the agent pickled by value with cloudpickle
+    when it lives in a script, worker id, config, ``sys.path``, API keys). It runs until
+    SIGTERM or the death of the process that started it (each stops it gracefully). SIGINT is
+    ignored: a Ctrl-C in the terminal reaches the whole process group, and the process that
+    started the workers (trainer or ``voltrl runner``) decides how they stop."""
+    import pickle
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    settings = pickle.loads(sys.stdin.buffer.read())
+    sys.path[:0] = [p for p in settings.pop("sys_path") if p not in sys.path]
+    _run_worker_process(**settings)
+
+
+def _run_worker_process(
     store_url: str,
     token: str | None,
     agent_blob: bytes,
     worker_id: str,
     config: RunnerConfig,
-    sys_path: list[str],
+    llm_keys: dict[str, str],
 ) -> None:
-    """Entry point of a worker process: connect to the store server and run until SIGTERM,
-    SIGINT, or the death of the process that started it (each stops it gracefully)."""
-    sys.path[:0] = [p for p in sys_path if p not in sys.path]
     logging.basicConfig(
         level=logging.WARNING, format=f"%(asctime)s [{worker_id}] %(levelname)s %(message)s"
     )
@@ -287,20 +391,40 @@ def _worker_process_main(
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, stop.set)
-        loop.add_signal_handler(signal.SIGINT, stop.set)
         orphaned = asyncio.create_task(watch_parent(stop))
         store = HTTPStore(store_url, token=token)
+        recycle = asyncio.Event()
         try:
-            await run_worker(store, agent, worker_id=worker_id, config=config, stop=stop)
+            keys = ApiKeys(gateway=token, llms=llm_keys)
+            await run_worker(
+                store,
+                agent,
+                worker_id=worker_id,
+                config=config,
+                stop=stop,
+                keys=keys,
+                recycle=recycle,
+            )
         finally:
             orphaned.cancel()
             await store.close()
+        if recycle.is_set():
+            # Exit at once: a normal shutdown would wait on threads that may never return.
+            os._exit(RECYCLE_EXIT_CODE)
 
     asyncio.run(main())
 
 
 class WorkerPool:
-    """``n`` worker processes on this machine, restarted when one dies unexpectedly."""
+    """``n`` worker processes on this machine, restarted when one dies unexpectedly (up to
+    ``max_restarts`` times in all) or retires to shed abandoned threads (``recycled`` counts
+    those planned restarts, which have no limit).
+
+    Each is a plain ``python`` process (:func:`worker_main`), not a multiprocessing child, so
+    it never re-imports the user's script. ``llm_keys`` (provider API keys by resource name,
+    see :class:`~voltrl.resources.ApiKeys`) and ``token`` (the store's and the gateways') reach
+    it through its standard input.
+    """
 
     def __init__(
         self,
@@ -312,27 +436,43 @@ class WorkerPool:
         config: RunnerConfig = RunnerConfig(),
         max_restarts: int = 10,
         name: str = "worker",
+        llm_keys: Mapping[str, str] | None = None,
     ) -> None:
         import cloudpickle
 
         self._blob = cloudpickle.dumps(agent)
+        self._llm_keys = dict(llm_keys or {})
         self._url, self._token, self._config = store_url, token, config
         self._n, self._name, self._max_restarts = n, name, max_restarts
-        self._ctx = multiprocessing.get_context("spawn")
-        self.processes: dict[str, multiprocessing.process.BaseProcess] = {}
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self._exits: queue.Queue[tuple[str, subprocess.Popen[bytes]]] = queue.Queue()
         self.restarts = 0
+        self.recycled = 0
         self._stopping = False
         self._supervisor: threading.Thread | None = None
 
     def _spawn(self, worker_id: str) -> None:
-        proc = self._ctx.Process(
-            target=_worker_process_main,
-            args=(self._url, self._token, self._blob, worker_id, self._config, list(sys.path)),
-            name=f"voltrl-{worker_id}",
-            daemon=True,
-        )
-        proc.start()
+        import pickle
+
+        settings = {
+            "store_url": self._url,
+            "token": self._token,
+            "agent_blob": self._blob,
+            "worker_id": worker_id,
+            "config": self._config,
+            "sys_path": list(sys.path),
+            "llm_keys": self._llm_keys,
+        }
+        proc = subprocess.Popen([sys.executable, "-c", _WORKER_MAIN], stdin=subprocess.PIPE)
+        assert proc.stdin is not None
+        with proc.stdin:
+            proc.stdin.write(pickle.dumps(settings))
         self.processes[worker_id] = proc
+        threading.Thread(
+            target=lambda: (proc.wait(), self._exits.put((worker_id, proc))),
+            name=f"voltrl-{worker_id}-exit",
+            daemon=True,
+        ).start()
 
     def start(self) -> None:
         """Start the processes and a thread that restarts any that die."""
@@ -342,29 +482,38 @@ class WorkerPool:
         self._supervisor.start()
 
     def _supervise(self) -> None:
-        from multiprocessing.connection import wait
-
-        while not self._stopping:
-            by_sentinel = {p.sentinel: wid for wid, p in self.processes.items()}
-            for sentinel in wait(list(by_sentinel), timeout=1.0):
-                if self._stopping:
-                    return
-                wid = by_sentinel[sentinel]
-                code = self.processes[wid].exitcode
-                if self.restarts >= self._max_restarts:
-                    log.error("worker %s died (exit %s); restart limit reached", wid, code)
-                    self.processes.pop(wid)
-                    continue
+        while not self._stopping and self.processes:
+            try:
+                wid, proc = self._exits.get(timeout=1.0)
+            except queue.Empty:
+                continue
+            if self._stopping:
+                return
+            if self.processes.get(wid) is not proc:
+                continue  # an exit already handled
+            code = proc.returncode
+            if code == RECYCLE_EXIT_CODE:
+                self.recycled += 1
+                log.warning(
+                    "worker %s retired: more than %d threads of timed-out or cancelled sync "
+                    "rollouts were still running in it (max_abandoned_threads); starting "
+                    "a fresh process",
+                    wid,
+                    self._config.max_abandoned_threads,
+                )
+                self._spawn(wid)
+            elif self.restarts >= self._max_restarts:
+                log.error("worker %s died (exit %s); restart limit reached", wid, code)
+                self.processes.pop(wid)
+            else:
                 self.restarts += 1
                 log.warning("worker %s died (exit %s); restarting it", wid, code)
                 self._spawn(wid)
-            if not self.processes:
-                return
 
     @property
     def alive(self) -> int:
         """How many worker processes are running."""
-        return sum(p.is_alive() for p in self.processes.values())
+        return sum(p.poll() is None for p in self.processes.values())
 
     def stop(self, grace_s: float | None = None) -> None:
         """SIGTERM every worker (they finish or release in-flight rollouts, see
@@ -374,16 +523,25 @@ class WorkerPool:
         if grace_s is None:
             grace_s = self._config.grace_s + 10.0
         for proc in self.processes.values():
-            if proc.is_alive():
+            if proc.poll() is None:
                 proc.terminate()
         deadline = time.monotonic() + grace_s
         for proc in self.processes.values():
-            proc.join(max(0.0, deadline - time.monotonic()))
-            if proc.is_alive():
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
                 proc.kill()
-                proc.join(5)
+                proc.wait(5)
         if self._supervisor is not None:
             self._supervisor.join(2)
+
+    def kill(self) -> None:
+        """SIGKILL every worker now (their leases expire and the store retries their
+        rollouts)."""
+        self._stopping = True
+        for proc in self.processes.values():
+            if proc.poll() is None:
+                proc.kill()
 
 
 def run_runner(

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
+import logging
 import threading
 import time
+
+import pytest
 
 import voltrl as vl
 from voltrl.runner import RunnerConfig, run_worker
@@ -61,6 +66,24 @@ async def test_agent_errors_fail_their_attempt_with_traceback_and_the_worker_goe
     assert "InvalidRewardError" in nan.error
 
 
+async def test_agent_errors_are_reported_as_the_agents_own_and_timeouts_are_not():
+    class Slow(vl.LitAgent):
+        async def rollout(self, task, resources):
+            await asyncio.sleep(3600)
+
+    store = InMemoryStore()
+    rollouts = await store.enqueue(tasks(3), max_attempts=3, retry_agent_errors=False)
+    done = await run_until_done(store, Flaky(), rollouts)
+    assert [r.status for r in done] == ["failed", "failed", "failed"]
+    for r in done:  # raised, returned junk, returned NaN: each failed once, not retried
+        [attempt] = await store.get_attempts(r.rollout_id)
+        assert attempt.status == "failed"
+    [slow] = await store.enqueue(tasks(1), max_attempts=2, timeout_s=0.1, retry_agent_errors=False)
+    [slow] = await run_until_done(store, Slow(), [slow])
+    attempts = await store.get_attempts(slow.rollout_id)
+    assert [a.status for a in attempts] == ["timeout", "timeout"]  # still retried
+
+
 async def test_async_rollout_past_its_timeout_is_cancelled():
     cancelled = asyncio.Event()
 
@@ -81,23 +104,57 @@ async def test_async_rollout_past_its_timeout_is_cancelled():
     assert a.status == "timeout"
 
 
-async def test_sync_rollout_past_its_timeout_is_interrupted_in_its_thread():
-    stopped = threading.Event()
+@pytest.mark.parametrize("stuck_in", ["time.sleep", "a lock another thread holds"])
+async def test_a_stuck_sync_rollout_times_out_at_once_without_wedging_the_worker(stuck_in):
+    held = threading.Lock()
+    held.acquire()  # held by the test until its end
 
-    class Spins(vl.LitAgent):
+    class Stuck(vl.LitAgent):
         def rollout(self, task, resources):
+            if task["stuck"] and stuck_in == "time.sleep":
+                time.sleep(3600)
+            elif task["stuck"]:
+                held.acquire()
+            return 1.0
+
+    store = InMemoryStore()
+    [stuck] = await store.enqueue([Task(input={"stuck": True})], max_attempts=1, timeout_s=0.2)
+    later = await store.enqueue([Task(input={"stuck": False})] * 3)
+    config = RunnerConfig(max_concurrency=1, lease_s=2.0, claim_wait_s=0.2)
+    try:
+        done = await run_until_done(store, Stuck(), [stuck, *later], config=config)
+    finally:
+        held.release()
+    assert [r.status for r in done] == ["failed", "succeeded", "succeeded", "succeeded"]
+    assert "timed out after 0.2 s" in done[0].error
+    [attempt] = await store.get_attempts(stuck.rollout_id)
+    assert attempt.status == "timeout"
+
+
+async def test_an_abandoned_sync_rollout_that_resumes_is_rejected_and_its_result_dropped():
+    resume = threading.Event()
+    late: list[BaseException] = []
+
+    class Resumes(vl.LitAgent):
+        def rollout(self, task, resources):
+            resume.wait(30)
             try:
-                while True:  # pure-Python busy work: interrupted at the next instruction
-                    time.sleep(0.01)
-            except BaseException:
-                stopped.set()
-                raise
+                vl.emit_reward(5.0)  # its rollout has timed out meanwhile
+            except vl.NoActiveRolloutError as e:
+                late.append(e)
+            return 5.0
 
     store = InMemoryStore()
     rollouts = await store.enqueue(tasks(1), max_attempts=1, timeout_s=0.2)
-    [r] = await run_until_done(store, Spins(), rollouts)
-    assert r.status == "failed" and "timed out" in r.error
-    assert await asyncio.to_thread(stopped.wait, 5)
+    [r] = await run_until_done(store, Resumes(), rollouts)
+    resume.set()
+    async with asyncio.timeout(30):
+        while not late:
+            await asyncio.sleep(0.01)
+    assert f"rollout {r.rollout_id} (attempt" in str(late[0]) and "has finished" in str(late[0])
+    r = await store.get_rollout(r.rollout_id)
+    assert (r.status, r.reward) == ("failed", None)
+    assert await store.get_rewards(r.rollout_id) == []
 
 
 async def test_a_worker_runs_up_to_max_concurrency_async_rollouts_at_once():
@@ -182,6 +239,63 @@ async def test_rewards_and_spans_are_reported_with_the_attempt():
     assert span.name == "tool:calc" and span.attempt_id == r.final_attempt_id
 
 
+@pytest.mark.parametrize("thread", ["bare", "with a copy of the rollout's context"])
+async def test_a_reward_from_a_thread_that_outlives_its_rollout_never_reaches_the_next(thread):
+    """With one rollout at a time, rollout A leaves a thread behind that emits a reward while
+    rollout B runs: the thread gets the error; B's rewards are its own."""
+    b_running, emitted = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def late_reward():
+        b_running.wait(30)
+        try:
+            vl.emit_reward(9.0)
+        except vl.NoActiveRolloutError as e:
+            errors.append(e)
+        finally:
+            emitted.set()
+
+    class LeavesAThread(vl.LitAgent):
+        async def rollout(self, task, resources):
+            if task["i"] == 0:  # rollout A
+                target = late_reward
+                if thread != "bare":
+                    target = functools.partial(contextvars.copy_context().run, late_reward)
+                threading.Thread(target=target, daemon=True).start()
+                return 1.0
+            vl.emit_reward(0.5)  # rollout B
+            b_running.set()
+            await asyncio.to_thread(emitted.wait, 30)
+            return None
+
+    store = InMemoryStore()
+    rollouts = await store.enqueue(tasks(2))
+    config = RunnerConfig(max_concurrency=1, lease_s=2.0, claim_wait_s=0.2)
+    a, b = await run_until_done(store, LeavesAThread(), rollouts, config=config)
+    assert (a.status, a.reward, b.status, b.reward) == ("succeeded", 1.0, "succeeded", 0.5)
+    assert [r.value for r in await store.get_rewards(b.rollout_id)] == [0.5]
+    assert 9.0 not in [r.value for r in await store.get_rewards(a.rollout_id)]
+    [error] = errors
+    expected = "asyncio.to_thread" if thread == "bare" else f"rollout {a.rollout_id} (attempt"
+    assert isinstance(error, vl.NoActiveRolloutError) and expected in str(error)
+
+
+async def test_run_in_executor_inside_a_rollout_keeps_its_rollout():
+    """AutoGen runs sync tools with ``loop.run_in_executor(None, ...)``, which copies no
+    context by itself; the worker's default executor does."""
+
+    class UsesTheExecutor(vl.LitAgent):
+        async def rollout(self, task, resources):
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, vl.emit_reward, float(task["i"]))
+            return None
+
+    store = InMemoryStore()
+    rollouts = await store.enqueue(tasks(4))
+    done = await run_until_done(store, UsesTheExecutor(), rollouts)
+    assert [r.reward for r in done] == [0.0, 1.0, 2.0, 3.0]
+
+
 async def test_rollouts_receive_resources_scoped_to_their_attempt():
     seen = []
 
@@ -248,7 +362,9 @@ def test_trainer_with_no_runners_waits_for_a_remote_voltrl_runner(tmp_path, caps
     result, proc = asyncio.run(main())
     try:
         assert command[0].startswith(f"voltrl runner --store http://127.0.0.1:{port} ")
-        assert "--token remote-token --agent fault_agents:Trivial" in command[0]
+        agents = Path(__file__).with_name("fault_agents.py")
+        assert "--token-file " in command[0] and f"--agent {agents}:Trivial" in command[0]
+        assert "remote-token" not in command[0]  # the token is read from a file, never shown
         assert [r.status for r in result.rollouts] == ["succeeded"] * 6
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -259,7 +375,7 @@ def test_trainer_with_no_runners_waits_for_a_remote_voltrl_runner(tmp_path, caps
 def test_urls_of_servers_on_every_address_name_this_machine():
     import socket
 
-    from voltrl.trainer import reachable_url
+    from voltrl.server import reachable_url
 
     host = socket.gethostname()
     assert reachable_url("http://0.0.0.0:8400") == f"http://{host}:8400"
@@ -293,3 +409,98 @@ async def test_a_stopped_worker_finishes_within_its_grace_period_and_releases_th
     [released] = await store.get_attempts(slow.rollout_id)
     assert released.status == "failed"
     assert released.error == "released: worker w stopped before the rollout finished"
+
+
+async def test_an_inline_worker_past_the_abandoned_thread_limit_warns_and_goes_on(caplog):
+    class Sleeps(vl.LitAgent):
+        def rollout(self, task, resources):
+            time.sleep(task["sleep"])
+            return 1.0
+
+    store = InMemoryStore()
+    stuck = await store.enqueue([Task(input={"sleep": 3600})] * 2, max_attempts=1, timeout_s=0.2)
+    later = await store.enqueue([Task(input={"sleep": 0})] * 2)
+    config = RunnerConfig(max_concurrency=1, lease_s=2.0, claim_wait_s=0.2, max_abandoned_threads=1)
+    with caplog.at_level(logging.WARNING, logger="voltrl.runner"):
+        done = await run_until_done(store, Sleeps(), [*stuck, *later], config=config)
+    assert [r.status for r in done] == ["failed", "failed", "succeeded", "succeeded"]
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert "worker w0: 2 threads of timed-out or cancelled sync rollouts" in warning
+    assert "cannot be replaced" in warning
+
+
+async def test_a_worker_process_past_the_abandoned_thread_limit_is_replaced_and_rollouts_go_on(
+    caplog,
+):
+    from fault_agents import SyncSleeper
+
+    from voltrl.runner import WorkerPool
+    from voltrl.server import serve_in_thread
+    from voltrl.store.client import HTTPStore
+    from voltrl.store.server import store_app
+
+    server = serve_in_thread(store_app(InMemoryStore(), token="t"))
+    store = HTTPStore(server.url, "t")
+    config = RunnerConfig(max_concurrency=1, lease_s=5.0, claim_wait_s=0.2, max_abandoned_threads=0)
+    pool = WorkerPool(SyncSleeper(), server.url, n=1, token="t", config=config, max_restarts=0)
+    try:
+        [stuck] = await store.enqueue([Task(input={"sleep": 3600})], max_attempts=1, timeout_s=0.5)
+        later = await store.enqueue([Task(input={"sleep": 0})] * 3)
+        with caplog.at_level(logging.WARNING, logger="voltrl.runner"):
+            pool.start()
+            ids = [r.rollout_id for r in (stuck, *later)]
+            done = await store.wait_for_rollouts(ids, timeout_s=120)
+        assert [r.status for r in done] == ["failed", "succeeded", "succeeded", "succeeded"]
+        assert "timed out" in done[0].error
+        assert (pool.recycled, pool.restarts, pool.alive) == (1, 0, 1)
+        pids = [[s.attributes["pid"] for s in await store.get_spans(r.rollout_id)] for r in done]
+        assert pids[0] != pids[1] == pids[2] == pids[3]  # the later ones ran in a fresh process
+        [line] = [r.getMessage() for r in caplog.records]
+        assert line.startswith("worker worker-0 retired: more than 0 threads")
+    finally:
+        await asyncio.to_thread(pool.stop)
+        await store.close()
+        await asyncio.to_thread(server.stop)
+
+
+@pytest.mark.timeout(300)
+def test_the_readme_quick_start_runs_as_a_script_without_a_main_guard(tmp_path):
+    """The README's first snippet, pasted into a file as it is (no ``__main__`` guard): its
+    worker process does not re-import the script, so it runs once and leaves one run."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from helpers import free_port
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    snippet = re.search(r"## Quick start\n\n```python\n(.*?)```", readme, re.S).group(1)
+    assert "__main__" not in snippet and "http://127.0.0.1:8000/v1" in snippet
+    port = free_port()
+    script = tmp_path / "quick_start.py"
+    script.write_text(snippet.replace("127.0.0.1:8000", f"127.0.0.1:{port}"))
+    tests = Path(__file__).resolve().parent
+    backend = subprocess.Popen(
+        [sys.executable, str(tests / "fake_openai_backend.py"), "--port", str(port)]
+    )
+    try:
+        import urllib.request
+
+        deadline = time.monotonic() + 60
+        while True:  # until the fake backend answers
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=1).read()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the fake backend did not start"
+                time.sleep(0.2)
+        out = subprocess.run(
+            [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=240
+        )
+    finally:
+        backend.terminate()
+        backend.wait(30)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "bootstrapping" not in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert len(list((tmp_path / "runs").iterdir())) == 1
