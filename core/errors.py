@@ -56,7 +56,13 @@ class StaleAttemptError(StoreError):
 
 
 class NoActiveRolloutError(VoltRLError):
-    """``emit_reward`` and friends were called outside any rollout."""
+    """``emit_reward`` and friends were called where no rollout is: outside any, in a thread
+    not given its rollout's context, or after that rollout finished."""
+
+
+class TooManyFailuresError(VoltRLError):
+    """A run stopped because too many of its rollouts failed (``Trainer(stop_at_failure_rate=
+    ...)``). Each distinct error was printed as it first occurred, then a summary."""
 
 
 class AgentLoadError(VoltRLError):
@@ -65,3 +71,8 @@ class AgentLoadError(VoltRLError):
 
 class EndpointUnreachableError(VoltRLError):
     """An OpenAI-compatible endpoint did not answer."""
+
+
+class PromptTemplateError(VoltRLError, ValueError):
+    """A prompt template could not be rendered: jinja2 is missing, or a jinja template reaches
+    for Python internals, which the sandbox refuses."""

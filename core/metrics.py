@@ -52,10 +52,12 @@ def summarize(rollouts: Iterable[Rollout]) -> RewardStats:
 
 
 class MetricsLog:
-    """Appends one JSON object per line to ``metrics.jsonl``; keeps the records in memory."""
+    """Appends one JSON object per line to ``metrics.jsonl``; keeps the records in memory.
+    Each line carries ``run_id`` when one is given (a resumed run appends to its own file)."""
 
-    def __init__(self, path: Path | None) -> None:
+    def __init__(self, path: Path | None, run_id: str | None = None) -> None:
         self.path = path
+        self.run_id = run_id
         self.records: list[dict[str, Any]] = []
         self._file: TextIO | None = None
         if path is not None:
@@ -64,12 +66,21 @@ class MetricsLog:
 
     def log(self, step: int, **metrics: Any) -> dict[str, Any]:
         """Record metrics for a step (flushed at once, so a crash loses nothing logged)."""
-        record = {"step": step, "time": time.time(), **metrics}
+        ids = {"run_id": self.run_id} if self.run_id else {}
+        record = {**ids, "step": step, "time": time.time(), **metrics}
         self.records.append(record)
         if self._file is not None:
             self._file.write(json.dumps(record, default=str) + "\n")
             self._file.flush()
         return record
+
+    def history(self) -> list[dict[str, Any]]:
+        """This run's records: from the file, where a resumed run's earlier sessions are too
+        (lines of other runs are skipped), else the ones logged here."""
+        if self.path is None or not self.path.exists():
+            return list(self.records)
+        lines = (json.loads(line) for line in self.path.read_text().splitlines() if line)
+        return [r for r in lines if self.run_id is None or r.get("run_id") == self.run_id]
 
     def close(self) -> None:
         """Close the file."""

@@ -49,8 +49,15 @@ class Task(Model):
     metadata: dict[str, Any] = Field(default_factory=dict)
 
 
+RunStatus = Literal["running", "finished", "interrupted", "failed"]
+
+
 class Run(Model):
-    """A trainer session (``fit`` or ``dev``) that rollouts belong to."""
+    """A trainer session (``fit`` or ``dev``) that rollouts belong to.
+
+    ``status`` is ``running`` until the session ends: ``finished``, ``interrupted`` (Ctrl-C;
+    a resumed run is ``running`` again) or ``failed`` (``error`` says why, setup failures
+    included). ``add_run`` with the same ``run_id`` updates the record."""
 
     run_id: str = Field(default_factory=lambda: new_id("run"))
     name: str
@@ -58,6 +65,9 @@ class Run(Model):
     algorithm: str = ""
     created_at: float = Field(default_factory=now)
     config: dict[str, Any] = Field(default_factory=dict)
+    status: RunStatus = "running"
+    finished_at: float | None = None
+    error: str | None = None
 
 
 class Rollout(Model):
@@ -70,6 +80,9 @@ class Rollout(Model):
     status: RolloutStatus = "queued"
     resources_version: int | None = None
     max_attempts: int = 3
+    retry_agent_errors: bool = True
+    """Whether an attempt failed by the agent's own code (``AttemptResult.agent_error``) is
+    retried like any other failure; False ends the rollout at the first such failure."""
     timeout_s: float | None = None
     attempt_count: int = 0
     created_at: float = Field(default_factory=now)
@@ -221,6 +234,10 @@ class AttemptResult(Model):
     reward: float | None = None
     error: str | None = None
     traceback: str | None = None
+    agent_error: bool = False
+    """True when the agent's own code failed the attempt (it raised, or returned something
+    that is not a result): deterministic, unlike a lost worker, an expired lease or a
+    timeout, so a rollout enqueued with ``retry_agent_errors=False`` is not retried."""
     rewards: list[Reward] = Field(default_factory=list)
     spans: list[Span] = Field(default_factory=list)
     transitions: list[Transition] | None = None

@@ -120,3 +120,81 @@ def test_local_rl_needs_a_tokenizer_with_a_model_object(tmp_path: Path):
     trainer = vl.Trainer(algo, n_runners=1, inline=True, run_dir=tmp_path, progress=False)
     with pytest.raises(ValueError, match="tokenizer"):
         trainer.fit(two_turn_agent, ROWS)
+
+
+@vl.rollout
+async def reply_then_fail(task: dict, llm: vl.LLM) -> float:
+    """Calls the model, then fails on its reply, as an agent parsing it badly would."""
+    client = AsyncOpenAI(base_url=llm.endpoint, api_key=llm.api_key, max_retries=0)
+    messages = [{"role": "user", "content": f"Say {task['letter']}."}]
+    reply = await client.chat.completions.create(
+        model=llm.model, messages=messages, **llm.sampling_parameters
+    )
+    raise ValueError(f"cannot parse {reply.choices[0].message.content!r}")
+
+
+@vl.rollout
+async def same_reward(task: dict, llm: vl.LLM) -> float:
+    """Calls the model and rewards every reply alike: no group has any advantage."""
+    client = AsyncOpenAI(base_url=llm.endpoint, api_key=llm.api_key, max_retries=0)
+    messages = [{"role": "user", "content": f"Say {task['letter']}."}]
+    await client.chat.completions.create(
+        model=llm.model, messages=messages, **llm.sampling_parameters
+    )
+    return 1.0
+
+
+def published_versions(path: Path) -> int:
+    async def latest() -> int:
+        store = SQLStore(path)
+        try:
+            return (await store.get_resources()).version
+        finally:
+            await store.close()
+
+    return asyncio.run(latest())
+
+
+def test_a_first_step_whose_rollouts_all_fail_stops_the_run_before_any_update(tmp_path: Path):
+    algo = make_algorithm(steps=2, val_every=0, checkpoint_every=0)
+    trainer = vl.Trainer(algo, n_runners=1, inline=True, run_dir=tmp_path, name="f", progress=False)
+    with pytest.raises(vl.TooManyFailuresError, match="all 4 rollouts failed"):
+        trainer.fit(reply_then_fail, ROWS)
+    assert published_versions(tmp_path / "f" / "store.sqlite") == 1  # no update was served
+
+
+def test_a_step_whose_rollouts_all_failed_is_not_trained_on(tmp_path: Path, capsys):
+    filled = TrajectoryConfig(mode="trajectory", failed_rollouts="fill")  # rows all the same
+    algo = make_algorithm(steps=2, val_every=0, checkpoint_every=0, trajectory=filled)
+    trainer = vl.Trainer(
+        algo, n_runners=1, inline=True, run_dir=tmp_path, name="s", stop_at_failure_rate=None
+    )
+    result = trainer.fit(reply_then_fail, ROWS)
+    assert not [m for m in result.metrics if "update/loss" in m]
+    assert published_versions(tmp_path / "s" / "store.sqlite") == 1
+    out = capsys.readouterr().out
+    assert out.count("every rollout failed: not trained") == 2
+
+
+def test_steps_whose_groups_all_share_a_reward_say_nothing_was_trained(tmp_path: Path, capsys):
+    algo = make_algorithm(steps=2, val_every=0, checkpoint_every=0)
+    trainer = vl.Trainer(algo, n_runners=1, inline=True, run_dir=tmp_path, name="z")
+    trainer.fit(same_reward, ROWS)
+    out = capsys.readouterr().out
+    assert out.count("trained 0 tokens with non-zero advantage") == 2
+    assert out.count("every group had the same reward") == 1  # warned once
+
+
+def test_validation_sampling_inherits_the_training_sampling_unless_overridden():
+    tok = build_tiny_tokenizer()
+    algo = vl.LocalRL(
+        build_tiny_model(tok), tokenizer=tok, sampling={"max_tokens": 6, "top_p": 0.9}
+    )
+    assert algo.val_sampling == {"temperature": 0.0, "max_tokens": 6, "top_p": 0.9}
+    algo = vl.LocalRL(
+        build_tiny_model(tok),
+        tokenizer=tok,
+        sampling={"max_tokens": 6},
+        val_sampling={"max_tokens": 9},
+    )
+    assert algo.val_sampling == {"temperature": 0.0, "max_tokens": 9}

@@ -83,10 +83,12 @@ def test_local_rl_with_lora_serves_merged_weights_checkpoints_resumes_and_saves(
 
     # the same run resumed: step 3 samples from the adapters checkpointed at step 2, which
     # final/ holds merged
+    before = {r.rollout_id for r in result.rollouts}
     resumed, result = fit(tmp_path, steps=3, resume=True)
     assert updates(result) == [3]
     assert (run / "checkpoints" / "step_00000003").is_dir()
-    train = [r for r in result.rollouts if r.mode == "train"]
+    assert before < {r.rollout_id for r in result.rollouts}  # the result is the whole run's
+    train = [r for r in result.rollouts if r.mode == "train" and r.rollout_id not in before]
     calls = asyncio.run(calls_of(run / "store.sqlite", train))
     assert len(calls) == 8
     for call in calls:

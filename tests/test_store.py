@@ -177,6 +177,29 @@ async def test_failed_attempt_is_retried_until_max_attempts(store: Store) -> Non
     assert [a.status for a in attempts] == ["failed", "timeout", "failed"]
 
 
+async def test_agent_error_fails_at_once_only_a_rollout_enqueued_without_its_retries(
+    store: Store,
+) -> None:
+    [strict] = await store.enqueue(tasks(1), max_attempts=3, retry_agent_errors=False)
+    [lenient] = await store.enqueue(tasks(1), max_attempts=3)
+    assert not strict.retry_agent_errors and lenient.retry_agent_errors
+    agent_failure = AttemptResult(status="failed", error="ValueError: bad", agent_error=True)
+    released = AttemptResult(status="failed", error="released: worker w stopped")
+
+    c = await claim(store)  # an infrastructure failure is retried all the same
+    assert c.rollout.rollout_id == strict.rollout_id and not c.rollout.retry_agent_errors
+    assert (await store.complete(c.attempt.attempt_id, released)).status == "queued"
+    c = await claim(store)
+    assert c.rollout.rollout_id == lenient.rollout_id
+    assert (await store.complete(c.attempt.attempt_id, agent_failure)).status == "queued"
+    c = await claim(store)
+    assert c.rollout.rollout_id == strict.rollout_id
+    done = await store.complete(c.attempt.attempt_id, agent_failure)
+    assert done.status == "failed" and done.attempt_count == 2
+    assert done.error == "ValueError: bad" and done.finished_at is not None
+    assert (await store.get_rollout(strict.rollout_id)).status == "failed"
+
+
 async def test_late_complete_after_lease_expiry_is_rejected_and_applies_nothing(
     store: Store,
 ) -> None:

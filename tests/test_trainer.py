@@ -140,6 +140,67 @@ def test_bad_results_and_unknown_resources_fail_their_rollout_with_a_clear_error
     assert by_kind["ok"].status == "succeeded"
 
 
+def parse_answer(task):
+    raise ValueError(f"no answer in {task['kind']!r}")
+
+
+@vl.rollout
+def sometimes_failing(task, resources):
+    if task["kind"] == "junk":
+        return {"reward": 1}
+    if task["kind"] == "ok":
+        return 1.0
+    return parse_answer(task)
+
+
+def test_first_occurrence_of_each_error_is_printed_with_the_agents_frames_and_summarized(
+    tmp_path, capsys
+):
+    rows = [{"kind": "raise"}, {"kind": "junk"}, {"kind": "raise"}, {"kind": "ok"}]
+    trainer = vl.Trainer(n_runners=1, inline=True, run_dir=tmp_path, name="e", progress=False)
+    result = trainer.dev(sometimes_failing, rows)
+    assert result.stats.failed == 3
+    out = capsys.readouterr().out
+    first, summary = out.split("failures:")
+    assert first.count("ValueError: no answer in 'raise'") == 1  # its first occurrence only
+    assert "InvalidRolloutResultError" in first
+    assert f'{__file__}", line' in first and "in parse_answer" in first  # the agent's frames
+    assert "runner.py" not in first and "asyncio" not in first  # not voltrl's or asyncio's
+    assert 'task dev-1 {"kind": "junk"}' in first  # which task failed
+    assert 'task dev-0 {"kind": "raise"}' in first or 'task dev-2 {"kind": "raise"}' in first
+    raised = [r for r in result.rollouts if r.task.input["kind"] == "raise"]
+    assert "3 of 4 rollouts failed" in summary
+    assert "2x ValueError: no answer in 'raise'" in summary
+    assert any(r.rollout_id in summary for r in raised)  # an example rollout
+    assert "1x InvalidRolloutResultError" in summary
+
+
+def test_dev_does_not_retry_agent_errors(tmp_path):
+    trainer = vl.Trainer(n_runners=1, inline=True, run_dir=tmp_path, max_attempts=3, progress=False)
+    result = trainer.dev(sometimes_failing, [{"kind": "raise"}, {"kind": "ok"}])
+    assert [r.attempt_count for r in result.rollouts] == [1, 1]
+    assert [r.retry_agent_errors for r in result.rollouts] == [False, False]
+
+
+def test_a_run_whose_rollouts_all_fail_stops_with_a_typed_error_after_the_summary(tmp_path, capsys):
+    trainer = vl.Trainer(n_runners=1, inline=True, run_dir=tmp_path, name="f", progress=False)
+    with pytest.raises(vl.TooManyFailuresError, match="all 2 rollouts failed"):
+        trainer.fit(sometimes_failing, [{"kind": "raise"}] * 2, val_dataset=[{"kind": "ok"}])
+    out = capsys.readouterr().out
+    assert "ValueError: no answer in 'raise'" in out and "failures:" in out
+
+
+def test_the_failure_limit_is_a_rate_and_none_turns_it_off(tmp_path):
+    rows = [{"kind": "raise"}, {"kind": "ok"}]
+    strict = vl.Trainer(inline=True, run_dir=tmp_path, stop_at_failure_rate=0.5, progress=False)
+    with pytest.raises(vl.TooManyFailuresError, match="1 of 2 rollouts failed"):
+        strict.dev(sometimes_failing, rows)
+    never = vl.Trainer(inline=True, run_dir=tmp_path, stop_at_failure_rate=None, progress=False)
+    assert never.dev(sometimes_failing, [{"kind": "raise"}]).stats.failed == 1
+    with pytest.raises(ValueError, match="stop_at_failure_rate"):
+        vl.Trainer(stop_at_failure_rate=0.0)
+
+
 def test_fit_runs_workers_as_processes(tmp_path: Path):
     trainer = vl.Trainer(n_runners=2, run_dir=tmp_path, name="p", progress=False)
     result = trainer.dev(Adder(), ROWS)

@@ -20,6 +20,9 @@ class Algorithm:
     """Base class of algorithms. Subclasses implement :meth:`train`."""
 
     name: str = "algorithm"
+    resume: bool = False
+    """Whether ``fit`` continues the run of the same name (its directory, store record,
+    metrics and checkpoints) instead of starting a new run under a fresh name."""
 
     async def setup(self, ctx: TrainContext) -> None:
         """Prepare serving and publish initial resources (the trainer's own are published

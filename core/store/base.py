@@ -10,7 +10,9 @@ Semantics every implementation keeps (the tests in ``tests/test_store.py`` run a
 - ``complete`` applies an attempt's whole report (status, reward, rewards, spans,
   transitions) at once, only if that attempt still owns its running rollout; otherwise it
   raises :class:`~voltrl.errors.StaleAttemptError` and changes nothing.
-- A failed (or timed-out) attempt is retried like an expired one, up to ``max_attempts``.
+- A failed (or timed-out) attempt is retried like an expired one, up to ``max_attempts``,
+  except one failed by the agent's own code (``AttemptResult.agent_error``) of a rollout
+  enqueued with ``retry_agent_errors=False``: that rollout fails at once.
 - Waiting (``claim(wait_s=...)``, ``wait_for_rollouts``) wakes on changes; it never sleeps
   on a fixed interval.
 """
@@ -74,8 +76,11 @@ class Store(abc.ABC):
         resources_version: int | None = None,
         max_attempts: int = 3,
         timeout_s: float | None = None,
+        retry_agent_errors: bool = True,
     ) -> list[Rollout]:
-        """Queue one rollout per task, in order."""
+        """Queue one rollout per task, in order. ``retry_agent_errors=False``: an attempt
+        failed by the agent's own code (``AttemptResult.agent_error``) fails the rollout at
+        once; other failures are still retried up to ``max_attempts``."""
 
     @abc.abstractmethod
     async def claim(

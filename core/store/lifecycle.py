@@ -13,12 +13,17 @@ from voltrl.types import Attempt, AttemptResult, Rollout, RolloutStatus, now
 RETRYABLE_ATTEMPT = frozenset({"failed", "timeout", "expired"})
 
 
-def after_attempt(rollout: Rollout, attempt_status: str) -> RolloutStatus:
-    """The rollout's status once its current attempt ends with ``attempt_status``."""
+def after_attempt(
+    rollout: Rollout, attempt_status: str, agent_error: bool = False
+) -> RolloutStatus:
+    """The rollout's status once its current attempt ends with ``attempt_status``
+    (``agent_error``: the agent's own code failed it, retried only if the rollout says so)."""
     if attempt_status == "succeeded":
         return "succeeded"
     if attempt_status == "cancelled":
         return "cancelled"
+    if agent_error and not rollout.retry_agent_errors:
+        return "failed"
     if attempt_status in RETRYABLE_ATTEMPT and rollout.attempt_count < rollout.max_attempts:
         return "queued"
     return "failed"
@@ -40,7 +45,7 @@ def apply_result(rollout: Rollout, attempt: Attempt, result: AttemptResult) -> N
     attempt.error = result.error
     attempt.traceback = result.traceback
     attempt.transitions = result.transitions
-    rollout.status = after_attempt(rollout, result.status)
+    rollout.status = after_attempt(rollout, result.status, result.agent_error)
     rollout.error = result.error
     if rollout.status == "succeeded":
         rollout.reward = attempt.reward

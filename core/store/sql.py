@@ -507,9 +507,11 @@ class SQLStore(LocalStore):
         resources_version: int | None = None,
         max_attempts: int = 3,
         timeout_s: float | None = None,
+        retry_agent_errors: bool = True,
     ) -> list[Rollout]:
         settings = {"mode": mode, "run_id": run_id, "resources_version": resources_version}
         settings |= {"max_attempts": max_attempts, "timeout_s": timeout_s}
+        settings |= {"retry_agent_errors": retry_agent_errors}
         rollouts = [Rollout(task=task, **settings) for task in tasks]
         if not rollouts:
             return []

@@ -12,8 +12,14 @@ Each step reads top to bottom:
 5. the gateway pauses (in-flight calls finish), the engine loads the new weights, and a new
    resources version is published, so every later rollout records which policy sampled it.
 
-Checkpoints go to ``<run dir>/checkpoints``; with ``resume=True`` a run with the same name
-continues from its latest one. The final model is saved to ``<run dir>/final``.
+With ``PolicyUpdateConfig(use_lora=True)`` only LoRA adapters train; the engine serves a plain
+copy of the model with the adapters merged in (at start and after every update).
+
+Checkpoints go to ``<run dir>/checkpoints`` (with LoRA: the adapters and the optimizer); with
+``resume=True`` a run with the same name continues from its latest one. The final model is
+saved to ``<run dir>/final``, which ``AutoModelForCausalLM.from_pretrained`` loads (with LoRA,
+the merged model); with LoRA the adapter alone goes to ``<run dir>/final/adapter``, which
+``PeftModel.from_pretrained(base_model, ...)`` loads onto the model training started from.
 """
 
 from __future__ import annotations
@@ -21,13 +27,15 @@ from __future__ import annotations
 import asyncio
 import copy
 import random
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from voltrl.algorithms.base import Algorithm
-from voltrl.metrics import summarize
+from voltrl.errors import VoltRLError
+from voltrl.metrics import RewardStats, summarize
 from voltrl.resources import LLM
 from voltrl.trajectory import TrajectoryConfig, collate, trajectories_from_store
 from voltrl.types import Rollout, Task
@@ -36,21 +44,28 @@ if TYPE_CHECKING:
     from voltrl.algorithms.local.engine import Engine
     from voltrl.algorithms.local.update import PolicyTrainer, PolicyUpdateConfig
     from voltrl.gateway import Gateway
+    from voltrl.retry import GatewayRetry
     from voltrl.trainer import TrainContext
+
+
+LOCAL_EXTRA = ("torch", "transformers", "tokenizers", "peft")
+"""What the ``[local]`` extra installs for LocalRL."""
 
 
 class LocalRL(Algorithm):
     """Train a Hugging Face causal LM with RL on this machine.
 
     Args:
-        model: a model path or hub name (as ``from_pretrained`` takes it), or a loaded
-            ``PreTrainedModel`` (then pass ``tokenizer``).
+        model: a model path or hub name (as ``from_pretrained`` takes it), ``"tiny"`` (the
+            built-in tiny model and tokenizer: random weights, to try the loop, not to learn),
+            or a loaded ``PreTrainedModel`` (then pass ``tokenizer``).
         tokenizer: the tokenizer, when ``model`` is an object.
         steps: policy updates to run. tasks_per_step, group_size: each step runs
             ``tasks_per_step`` tasks ``group_size`` times each (advantages are normalised
             within a task's group).
         sampling: sampling parameters of training rollouts (``temperature``, ``max_tokens``...).
-        val_sampling: sampling parameters of validation rollouts (default greedy).
+        val_sampling: sampling parameters of validation rollouts: ``sampling``'s, greedy
+            (``temperature`` 0), with these on top.
         val_every: validate every this many steps (and before the first and after the last).
         update: the policy update's settings (learning rate, clip, KL, LoRA, micro-batches).
         trajectory: how calls become training rows (transition or trajectory mode, credit).
@@ -58,7 +73,11 @@ class LocalRL(Algorithm):
         checkpoint_every: save a checkpoint every this many steps (0: only at the end).
         resume: continue from the latest checkpoint in the run directory, if there is one.
         device: where to train and serve (default: CUDA if available, else CPU).
+        threads: torch intra-op threads (default: ``$OMP_NUM_THREADS``, else half the usable
+            CPUs, so that a busy core does not stall every kernel; see ``threads.py``).
         seed: task order and sampling seed.
+        max_batch_size: sequences the engine decodes together.
+        gateway_retry: how the gateway retries engine calls (default: the trainer's).
     """
 
     name = "local_rl"
@@ -80,10 +99,20 @@ class LocalRL(Algorithm):
         checkpoint_every: int = 0,
         resume: bool = False,
         device: str | None = None,
+        threads: int | None = None,
         seed: int = 0,
         max_batch_size: int = 64,
+        gateway_retry: GatewayRetry | dict[str, Any] | None = None,
     ) -> None:
-        from voltrl.algorithms.local.update import PolicyUpdateConfig
+        try:
+            from voltrl.algorithms.local.threads import decide_threads
+            from voltrl.algorithms.local.update import PolicyUpdateConfig
+        except ModuleNotFoundError as exc:
+            if exc.name not in LOCAL_EXTRA:
+                raise
+            raise VoltRLError(
+                f"LocalRL needs {exc.name}, which is not installed: pip install 'voltrl[local]'"
+            ) from None
 
         if steps < 0 or tasks_per_step < 1 or group_size < 1:
             raise ValueError("steps >= 0, tasks_per_step >= 1 and group_size >= 1 are required")
@@ -93,7 +122,7 @@ class LocalRL(Algorithm):
         self.tasks_per_step = tasks_per_step
         self.group_size = group_size
         self.sampling = {"temperature": 1.0, **(sampling or {})}
-        self.val_sampling = {"temperature": 0.0, **(val_sampling or {})}
+        self.val_sampling = {**self.sampling, "temperature": 0.0, **(val_sampling or {})}
         self.val_every = val_every
         self.update = update or PolicyUpdateConfig(seed=seed)
         self.trajectory = trajectory or TrajectoryConfig()
@@ -101,9 +130,18 @@ class LocalRL(Algorithm):
         self.checkpoint_every = checkpoint_every
         self.resume = resume
         self.device = device
+        self.threads = decide_threads(threads)
         self.seed = seed
         self.max_batch_size = max_batch_size
+        from voltrl.retry import GatewayRetry
+
+        self.gateway_retry = (
+            GatewayRetry.model_validate(gateway_retry) if gateway_retry is not None else None
+        )
         self.history: list[dict[str, Any]] = []
+        self._warned_same_reward = False
+        self._policy_lock = threading.Lock()
+        self._steps_done = 0
         self._engine: Engine | None = None
         self._gateway: Gateway | None = None
         self._policy: PolicyTrainer | None = None
@@ -111,9 +149,11 @@ class LocalRL(Algorithm):
         self._stops: list[Any] = []
 
     def config(self) -> dict[str, object]:
-        """The settings recorded with the run."""
+        """The settings recorded with the run: every argument but ``tokenizer``, as
+        ``voltrl train``'s ``algorithm:`` section takes them (a model object is recorded by
+        its class name, which no config can load)."""
         return {
-            "model": self.model
+            "model": str(self.model)
             if isinstance(self.model, str | Path)
             else type(self.model).__name__,
             "steps": self.steps,
@@ -121,41 +161,39 @@ class LocalRL(Algorithm):
             "group_size": self.group_size,
             "sampling": self.sampling,
             "val_sampling": self.val_sampling,
+            "val_every": self.val_every,
             "update": self.update.model_dump(),
-            "trajectory": self.trajectory.model_dump(),
+            "trajectory": self.trajectory.model_dump(exclude={"retokenizer"}),
+            "served_name": self.served_name,
+            "checkpoint_every": self.checkpoint_every,
+            "resume": self.resume,
+            "device": self.device,
+            "threads": self.threads,
             "seed": self.seed,
+            "max_batch_size": self.max_batch_size,
+            "gateway_retry": self.gateway_retry and self.gateway_retry.model_dump(),
         }
 
     # ---- setup: model, engine, gateway, resources ---------------------------------------
     def _load(self) -> tuple[Any, Any]:
-        import torch
+        from voltrl.algorithms.local.tiny import load_model
 
-        device = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
-        if isinstance(self.model, str | Path):
-            from transformers import AutoModelForCausalLM, AutoTokenizer
-
-            model = AutoModelForCausalLM.from_pretrained(str(self.model), dtype=torch.float32)
-            tokenizer = self.tokenizer or AutoTokenizer.from_pretrained(str(self.model))
-        else:
-            if self.tokenizer is None:
-                raise ValueError("pass tokenizer= with a model object")
-            model, tokenizer = self.model, self.tokenizer
-        return model.to(device), tokenizer
+        return load_model(self.model, self.tokenizer, device=self.device, seed=self.seed)
 
     async def setup(self, ctx: TrainContext) -> None:
         """Load the model, start the engine and a gateway in front of it, publish the LLM."""
         from voltrl.algorithms.local.engine import Engine
         from voltrl.algorithms.local.server import serve_engine
+        from voltrl.algorithms.local.threads import use_threads
         from voltrl.algorithms.local.update import PolicyTrainer, latest_checkpoint
-        from voltrl.gateway import Gateway
-        from voltrl.server import serve
 
+        use_threads(self.threads, report=ctx.progress)
         model, tokenizer = await asyncio.to_thread(self._load)
+        served = copy.deepcopy(model)  # a plain copy: with LoRA, peft wraps ``model`` in place
         self._policy = PolicyTrainer(model, self.update)
         self._start_step = 0
         if self.resume and (ckpt := latest_checkpoint(ctx.run_dir / "checkpoints")) is not None:
             self._start_step = self._policy.load_checkpoint(ckpt)
-        served = copy.deepcopy(model)
         served.load_state_dict(self._policy.merged_state_dict())
         self._engine = Engine(served, tokenizer, max_batch_size=self.max_batch_size, seed=self.seed)
         self.tokenizer = tokenizer
@@ -163,16 +201,12 @@ class LocalRL(Algorithm):
             self._engine, model_name=self.served_name, logprobs_mode="raw"
         )
         self._stops.append(stop_engine)
-        self._gateway = Gateway(
-            ctx.store,
-            [f"{engine_url}/v1"],
-            model=self.served_name,
-            resources_version=lambda: ctx.resources_version,
+        served_gateway = await ctx.serve_gateway(
+            [f"{engine_url}/v1"], model=self.served_name, retry=self.gateway_retry
         )
-        gateway_url, stop_gateway = await serve(self._gateway.app)
-        self._stops.append(stop_gateway)
+        self._gateway = served_gateway.gateway
         self._llm = LLM(
-            endpoint=f"{gateway_url}/v1",
+            endpoint=served_gateway.url,
             model=self.served_name,
             gateway=True,
             sampling_parameters=self.sampling,
@@ -180,12 +214,10 @@ class LocalRL(Algorithm):
         await ctx.publish({"main_llm": self._llm})
 
     async def teardown(self, ctx: TrainContext) -> None:
-        """Stop the gateway and the engine."""
+        """Stop the engine (the run stops its gateway)."""
         for stop in reversed(self._stops):
             await stop()
         self._stops.clear()
-        if self._gateway is not None:
-            await self._gateway.aclose()
         if self._engine is not None:
             await asyncio.to_thread(self._engine.close)
 
@@ -204,23 +236,46 @@ class LocalRL(Algorithm):
         stream = self._task_stream(train)
         for _ in range(self._start_step * self.tasks_per_step):
             next(stream)  # a resumed run continues the same task order
-        if val and self.val_every:
-            await self.validate(ctx, val, self._start_step)
-        for step in range(self._start_step, self.steps):
-            chosen = [next(stream) for _ in range(self.tasks_per_step)]
-            record = await self.train_step(
-                ctx, [t for t in chosen for _ in range(self.group_size)], step
-            )
-            self.history.append(record)
-            if self.checkpoint_every and (step + 1) % self.checkpoint_every == 0:
-                await asyncio.to_thread(
-                    self._policy.save_checkpoint, ctx.run_dir / "checkpoints", step + 1
+        self._steps_done = self._start_step
+        try:
+            if val and self.val_every:
+                await self.validate(ctx, val, self._start_step)
+            for step in range(self._start_step, self.steps):
+                chosen = [next(stream) for _ in range(self.tasks_per_step)]
+                record = await self.train_step(
+                    ctx, [t for t in chosen for _ in range(self.group_size)], step
                 )
-            if val and self.val_every and (step + 1) % self.val_every == 0:
-                await self.validate(ctx, val, step + 1)
-        if val and self.val_every and self.steps % self.val_every:
-            await self.validate(ctx, val, self.steps)
-        await asyncio.to_thread(self._save_final, ctx.run_dir / "final")
+                self._steps_done = step + 1
+                self.history.append(record)
+                if self.checkpoint_every and (step + 1) % self.checkpoint_every == 0:
+                    await asyncio.to_thread(self._checkpoint, ctx.run_dir / "checkpoints")
+                if val and self.val_every and (step + 1) % self.val_every == 0:
+                    await self.validate(ctx, val, step + 1)
+            if val and self.val_every and self.steps % self.val_every:
+                await self.validate(ctx, val, self.steps)
+            await asyncio.to_thread(self._save_final, ctx.run_dir / "final")
+        except asyncio.CancelledError:  # Ctrl-C: keep what was learned, resume continues
+            path = await asyncio.to_thread(self._checkpoint, ctx.run_dir / "checkpoints")
+            print(f"interrupted: checkpoint of step {self._steps_done} in {path}", flush=True)
+            raise
+        finally:
+            from voltrl.plots import reward_curve
+
+            reward_curve(ctx.metrics.history(), ctx.run_dir / "reward_curve.png", ctx.run.name)
+
+    def _update(self, batch: Any, step: int) -> dict[str, Any]:
+        """The policy update of ``step`` (on a worker thread; a checkpoint waits for it)."""
+        assert self._policy is not None
+        with self._policy_lock:
+            metrics = self._policy.step(batch)
+            self._steps_done = step + 1
+            return metrics
+
+    def _checkpoint(self, directory: Path) -> Path:
+        """Save a checkpoint of the steps done, once no update is running."""
+        assert self._policy is not None
+        with self._policy_lock:
+            return self._policy.save_checkpoint(directory, self._steps_done)
 
     async def train_step(self, ctx: TrainContext, tasks: list[Task], step: int) -> dict[str, Any]:
         """Roll out, build the batch, update the policy, serve the new weights."""
@@ -230,15 +285,15 @@ class LocalRL(Algorithm):
         t1 = time.perf_counter()
         trajectories = await trajectories_from_store(ctx.store, rollouts, self.trajectory)
         batch = collate(trajectories, self.trajectory)
+        stats = summarize(rollouts)
         metrics: dict[str, Any] = {}
-        if len(batch):
-            metrics = await asyncio.to_thread(self._policy.step, batch)
+        if len(batch) and stats.succeeded:  # rows of failed rollouts alone teach nothing
+            metrics = await asyncio.to_thread(self._update, batch, step)
             weights = await asyncio.to_thread(self._policy.merged_state_dict)
             async with self._gateway.paused():
                 await self._engine.aupdate_weights(weights)
                 await ctx.publish({"main_llm": self._llm})
         t2 = time.perf_counter()
-        stats = summarize(rollouts)
         record = ctx.log(
             step + 1,
             **stats.flat("train/"),
@@ -249,16 +304,40 @@ class LocalRL(Algorithm):
             resources_version=ctx.resources_version,
         )
         if ctx.progress:
+            print(self._step_line(step, stats, metrics, t1 - t0, t2 - t1), flush=True)
+        if metrics and not metrics["adv_tokens"] and not self._warned_same_reward:
+            self._warned_same_reward = True
             print(
-                f"step {step + 1}/{self.steps}  reward {stats.reward_mean or 0:.3f}"
-                f"  loss {metrics.get('loss', float('nan')):.4f}"
-                f"  entropy {metrics.get('entropy', float('nan')):.3f}"
-                f"  trained {metrics.get('tokens', 0):.0f} tok"
-                f" ({metrics.get('tokens_per_s', 0):.0f}/s)"
-                f"  rollouts {t1 - t0:.1f}s  update {t2 - t1:.1f}s",
+                f"warning: in step {step + 1} every group had the same reward, so no token has"
+                " a non-zero advantage and the rewards trained nothing. GRPO learns from reward"
+                " differences within a task's group: make rewards vary, or raise group_size or"
+                " the sampling temperature (this warning is shown once)",
                 flush=True,
             )
         return record
+
+    def _step_line(
+        self,
+        step: int,
+        stats: RewardStats,
+        metrics: dict[str, Any],
+        rollout_s: float,
+        update_s: float,
+    ) -> str:
+        """The console line of a training step."""
+        head = f"step {step + 1}/{self.steps}  reward {stats.reward_mean or 0:.3f}"
+        times = f"  rollouts {rollout_s:.1f}s  update {update_s:.1f}s"
+        if not stats.succeeded:
+            return f"{head}  every rollout failed: not trained{times}"
+        if not metrics:
+            return f"{head}  no trainable rows: not trained{times}"
+        trained = (
+            f"trained {metrics['adv_tokens']:.0f} tok ({metrics['tokens_per_s']:.0f}/s)"
+            if metrics["adv_tokens"]
+            else "trained 0 tokens with non-zero advantage"
+        )
+        loss = f"  loss {metrics['loss']:.4f}  entropy {metrics['entropy']:.3f}"
+        return f"{head}{loss}  {trained}{times}"
 
     async def validate(self, ctx: TrainContext, tasks: list[Task], step: int) -> list[Rollout]:
         """Run every validation task once with ``val_sampling``; logs ``val/*`` metrics."""
@@ -276,7 +355,12 @@ class LocalRL(Algorithm):
         return rollouts
 
     def _save_final(self, directory: Path) -> None:
-        assert self._engine is not None
+        """Save the served model (LoRA merged in) and the tokenizer to ``directory``, which
+        ``from_pretrained`` loads; with LoRA also the adapter alone to ``directory/adapter``,
+        which ``PeftModel.from_pretrained(base_model, ...)`` loads."""
+        assert self._engine is not None and self._policy is not None
         self._engine.model.save_pretrained(directory)
         if self.tokenizer is not None:
             self.tokenizer.save_pretrained(directory)
+        if self.update.use_lora:
+            self._policy.model.save_pretrained(directory / "adapter")

@@ -205,6 +205,8 @@ class PolicyTrainer:
         ``grad_norm`` (before clipping, mean over optimizer steps), ``optimizer_steps``,
         ``skipped_steps`` (non-finite gradient norm), ``reward_mean``, ``zero_adv_frac``
         (rows with advantage 0), ``rows``, ``tokens`` (trained tokens, all epochs),
+        ``adv_tokens`` (those with a non-zero advantage: 0 when every group's rewards were
+        equal, so the policy gradient is zero),
         ``tokens_forward`` (tokens fed to the model for training, padding included),
         ``padding_frac``, ``tokens_per_s`` (trained tokens per second), ``seconds``,
         ``lr`` and ``step`` (updates done so far, this one included).
@@ -245,6 +247,7 @@ class PolicyTrainer:
             "zero_adv_frac": float((data.advantages == 0).float().mean()),
             "rows": float(len(batch)),
             "tokens": sums.get("tokens", 0.0),
+            "adv_tokens": sums.get("adv_tokens", 0.0),
             "tokens_forward": sums.get("tokens_forward", 0.0),
             "padding_frac": sums.get("padding", 0.0) / max(sums.get("tokens_forward", 0.0), 1.0),
             "tokens_per_s": sums.get("tokens", 0.0) / seconds,
@@ -395,6 +398,7 @@ class PolicyTrainer:
             if data.response_ends[i] > 0 and (needs_all or bool(data.advantages[i] != 0))
         ]
         sums = {"tokens": float(mask.sum()), "tokens_forward": 0.0, "padding": 0.0}
+        sums["adv_tokens"] = float(mask[data.advantages[rows] != 0].sum())
         for idx, first, width in self._micro_batches(data, run):
             m = data.response_mask[idx, :width]
             logprobs, entropy = self._forward(

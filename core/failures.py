@@ -1,0 +1,213 @@
+"""Rollout failures made visible on the trainer's console.
+
+:class:`FailureReport` looks at each rollout as it finishes (``TrainContext.wait`` hands them
+over) and reads the failed attempts from the store. The first occurrence of each distinct
+error is printed at once: the rollout and task, the error, and the frames of the agent's own
+code (frames of VoltRL, the standard library and installed packages are hidden; the raising
+frame is always kept). Errors are the same when they have the same type and raising line, or,
+without a traceback (timeouts, expired leases), the same message up to numbers and ids.
+
+The report also decides when a run has failed too often: :meth:`FailureReport.check` raises
+:class:`~voltrl.errors.TooManyFailuresError` once the failed share of the rollouts finished so
+far reaches ``stop_at_rate``. At the end of the run, :meth:`FailureReport.print_summary` counts
+each distinct error, with one example rollout.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import sysconfig
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.text import Text
+
+from voltrl.errors import TooManyFailuresError
+from voltrl.store.base import Store
+from voltrl.types import Attempt, Rollout
+
+FAILED_ATTEMPT = frozenset({"failed", "timeout", "expired"})
+_FRAME = re.compile(r'^  File "(?P<path>[^"]+)", line (?P<line>\d+)')
+_WITH_DIGITS = re.compile(r"[\w.-]*\d[\w.-]*")
+
+
+def _hidden_roots() -> tuple[Path, ...]:
+    """Directories whose frames are not the agent's own: VoltRL's packages, the standard
+    library and installed packages."""
+    roots = [Path(__file__).resolve().parent]
+    spec = importlib.util.find_spec("voltrl.adapters")
+    roots += [Path(p).resolve() for p in (spec.submodule_search_locations or [])] if spec else []
+    for name in ("stdlib", "platstdlib", "purelib", "platlib"):
+        if path := sysconfig.get_path(name):
+            roots.append(Path(path).resolve())
+    return tuple(roots)
+
+
+HIDDEN_ROOTS = _hidden_roots()
+
+
+def _hidden(path: str) -> bool:
+    """Whether a frame's file is not the agent's own (by its path, on a remote runner too)."""
+    if path.startswith("<frozen ") or "/site-packages/" in path or "/dist-packages/" in path:
+        return True
+    resolved = Path(path).resolve()
+    return any(resolved.is_relative_to(root) for root in HIDDEN_ROOTS)
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One traceback frame as ``traceback`` formats it: the ``File ...`` line and its code."""
+
+    path: str
+    line: int
+    text: str
+
+
+def traceback_frames(traceback: str) -> list[Frame]:
+    """The frames of the last exception in a formatted traceback (the one that was raised,
+    after any it was chained to), outermost first."""
+    lines = traceback.rstrip("\n").split("\n")
+    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (")]
+    frames: list[Frame] = []
+    for line in lines[starts[-1] + 1 :] if starts else []:
+        if match := _FRAME.match(line):
+            frames.append(Frame(match["path"], int(match["line"]), line))
+        elif line.startswith("    ") and frames:
+            frames[-1] = Frame(frames[-1].path, frames[-1].line, f"{frames[-1].text}\n{line}")
+        elif not line.startswith(" "):
+            break
+    return frames
+
+
+def agent_frames(frames: Sequence[Frame]) -> list[Frame]:
+    """The frames of the agent's own code, and always the last (raising) one."""
+    return [f for i, f in enumerate(frames) if i == len(frames) - 1 or not _hidden(f.path)]
+
+
+def error_key(attempt: Attempt) -> str:
+    """What makes two failures the same error: type and raising line, or the message with
+    every word holding a digit (ids, numbers) blanked when there is no traceback."""
+    error = attempt.error or attempt.status
+    frames = traceback_frames(attempt.traceback or "")
+    if frames:
+        return f"{error.split(':', 1)[0]} at {frames[-1].path}:{frames[-1].line}"
+    return _WITH_DIGITS.sub("#", error)
+
+
+@dataclass
+class _Error:
+    """One distinct error: its first occurrence and how many attempts it failed."""
+
+    first: Attempt
+    count: int = 0
+
+
+class FailureReport:
+    """The failures of one run: printed as they first occur, summarised at the end, and
+    checked against the run's limit.
+
+    Args:
+        stop_at_rate: the share of finished rollouts (succeeded or failed) that, once failed,
+            stops the run: 1.0 when every rollout so far failed, 0.5 when half did; None
+            never stops.
+        console: where to print (default: a console on stdout).
+    """
+
+    def __init__(self, stop_at_rate: float | None = 1.0, console: Console | None = None) -> None:
+        self.stop_at_rate = stop_at_rate
+        self.console = console or Console()
+        self.finished = 0
+        self.failed = 0
+        self._seen: set[str] = set()
+        self._errors: dict[str, _Error] = {}
+
+    async def observe(
+        self, store: Store, rollouts: Sequence[Rollout], console: Console | None = None
+    ) -> None:
+        """Count the rollouts not seen before and print the first occurrence of each error
+        their attempts failed with (on ``console``, e.g. a progress bar's)."""
+        for rollout in rollouts:
+            if rollout.rollout_id in self._seen or not rollout.finished:
+                continue
+            self._seen.add(rollout.rollout_id)
+            if rollout.status != "cancelled":
+                self.finished += 1
+                self.failed += rollout.status == "failed"
+            if rollout.status == "failed" or rollout.attempt_count > 1:
+                for attempt in await store.get_attempts(rollout.rollout_id):
+                    if attempt.status in FAILED_ATTEMPT:
+                        self._count(rollout, attempt, console or self.console)
+
+    def _count(self, rollout: Rollout, attempt: Attempt, console: Console) -> None:
+        error = self._errors.setdefault(error_key(attempt), _Error(attempt))
+        error.count += 1
+        if error.count == 1:
+            console.print(_first_occurrence(rollout, attempt), soft_wrap=True, highlight=False)
+
+    def check(self) -> None:
+        """Raise :class:`~voltrl.errors.TooManyFailuresError` when the failed share of the
+        finished rollouts has reached ``stop_at_rate``."""
+        if self.stop_at_rate is None or not self.failed:
+            return
+        if self.failed / self.finished < self.stop_at_rate:
+            return
+        share = (
+            f"all {self.finished} rollouts failed"
+            if self.failed == self.finished
+            else f"{self.failed} of {self.finished} rollouts failed"
+        )
+        first = next(iter(self._errors.values()), None)
+        cause = f"; the first error: {first.first.error}" if first else ""
+        raise TooManyFailuresError(
+            f"the run stopped: {share}, reaching stop_at_failure_rate={self.stop_at_rate}"
+            f"{cause} (each distinct error is printed above with its traceback)"
+        )
+
+    def print_summary(self) -> None:
+        """Print each distinct error with its count and an example rollout (nothing when no
+        attempt failed)."""
+        if not self._errors:
+            return
+        attempts = sum(e.count for e in self._errors.values())
+        text = Text(
+            f"failures: {self.failed} of {self.finished} rollouts failed"
+            f" ({attempts} failed attempts, by error:)",
+            style="bold",
+        )
+        for error in sorted(self._errors.values(), key=lambda e: -e.count):
+            text.append(f"\n  {error.count}x {_first_line(error.first.error)}")
+            text.append(f"  (e.g. rollout {error.first.rollout_id})", style="dim")
+        self.console.print(text, soft_wrap=True, highlight=False)
+
+
+def _first_line(error: str | None) -> str:
+    return (error or "failed").split("\n", 1)[0]
+
+
+def _first_occurrence(rollout: Rollout, attempt: Attempt) -> Text:
+    """The error of ``attempt`` with the agent's frames, as printed the first time."""
+    task = json.dumps(rollout.task.input, default=str)
+    task = task if len(task) <= 80 else task[:77] + "..."
+    text = Text("rollout error: ", style="bold red")
+    text.append(attempt.error or attempt.status, style="red")
+    text.append(
+        f"\n  rollout {rollout.rollout_id} (attempt {attempt.index}), task"
+        f" {rollout.task.task_id} {task}",
+        style="dim",
+    )
+    frames = traceback_frames(attempt.traceback or "")
+    shown = agent_frames(frames)
+    for frame in shown:
+        text.append(f"\n{frame.text}")
+    if len(shown) < len(frames):
+        text.append(
+            f"\n  ({len(frames) - len(shown)} frames of voltrl, the standard library and "
+            f"installed packages hidden; the store keeps the full traceback, attempt "
+            f"{attempt.attempt_id})",
+            style="dim",
+        )
+    return text

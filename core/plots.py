@@ -1,0 +1,39 @@
+"""The reward curve every LocalRL run leaves in its directory (``reward_curve.png``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+
+def reward_curve(history: Sequence[dict[str, Any]], path: Path, title: str) -> Path | None:
+    """Plot the training reward per step and the validation reward (``train/reward_mean``,
+    ``val/reward_mean`` in metrics records) into ``path``; None when there is nothing to plot
+    or matplotlib (the ``[local]`` extra) is missing."""
+
+    def points(key: str) -> list[tuple[int, float]]:
+        return [(h["step"], h[key]) for h in history if h.get(key) is not None]
+
+    train, val = points("train/reward_mean"), points("val/reward_mean")
+    if not train and not val:
+        return None
+    try:
+        import matplotlib
+    except ImportError:
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    if train:
+        ax.plot(*zip(*train, strict=True), label="training reward (sampled)", alpha=0.6)
+    if val:
+        ax.plot(*zip(*val, strict=True), "o-", label="validation reward", linewidth=2)
+    ax.set(xlabel="policy update", ylabel="mean reward", title=title)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,54 @@
+"""The failure report's pieces: which traceback frames are the agent's, which errors are one."""
+
+from __future__ import annotations
+
+import json
+import traceback
+
+from voltrl.failures import agent_frames, error_key, traceback_frames
+from voltrl.types import Attempt
+
+
+def formatted_chained_error() -> str:
+    try:
+        try:
+            {}["key"]
+        except KeyError:
+            json.loads("{")  # raises inside the standard library, chained to the KeyError
+    except ValueError:
+        return traceback.format_exc()
+    raise AssertionError("expected an error")
+
+
+def test_agent_frames_are_the_users_of_the_last_exception_and_the_raising_frame():
+    frames = traceback_frames(formatted_chained_error())
+    assert frames[-1].path.endswith("decoder.py")  # the JSONDecodeError's, not the KeyError's
+    shown = agent_frames(frames)
+    assert [f.path for f in shown] == [__file__, frames[-1].path]
+    assert 'json.loads("{")' in shown[0].text
+
+
+def attempt(error: str, traceback: str | None = None) -> Attempt:
+    return Attempt(
+        rollout_id="ro-1",
+        index=1,
+        worker_id="w",
+        lease_expires_at=0.0,
+        error=error,
+        traceback=traceback,
+        status="failed",
+    )
+
+
+def test_errors_are_one_by_type_and_raising_line_or_by_message_up_to_numbers_and_ids():
+    tb = formatted_chained_error()
+    assert error_key(attempt("JSONDecodeError: a", tb)) == error_key(
+        attempt("JSONDecodeError: b", tb)
+    )
+    assert error_key(attempt("rollout timed out after 5.0 s")) == error_key(
+        attempt("rollout timed out after 7.5 s")
+    )
+    assert error_key(attempt("lease expired (worker w-0 stopped heartbeating)")) == error_key(
+        attempt("lease expired (worker w-1 stopped heartbeating)")
+    )
+    assert error_key(attempt("rollout timed out after 5.0 s")) != error_key(attempt("released"))

@@ -1,0 +1,176 @@
+"""Ctrl-C, as a terminal sends it (SIGINT to the whole process group), during ``voltrl dev``
+and a LocalRL ``voltrl train``: the run stops within seconds, its rollouts in flight are
+cancelled (not failed), LocalRL checkpoints, the run is marked ``interrupted``, the command
+exits 130; a second Ctrl-C exits at once; ``resume`` continues an interrupted run."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from helpers import free_port
+
+from voltrl.store.sql import SQLStore
+
+TESTS = Path(__file__).resolve().parent
+AGENTS = TESTS / "serving_agents.py"
+
+
+def voltrl(*args: str, cwd: Path) -> subprocess.Popen[str]:
+    """``voltrl ARGS`` in a process group of its own, as a shell starts a foreground job."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "voltrl.cli", *args],
+        cwd=cwd,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def until(check, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def ctrl_c(proc: subprocess.Popen[str]) -> None:
+    os.killpg(proc.pid, signal.SIGINT)
+
+
+def stored(path: Path):
+    async def read():
+        store = SQLStore(path)
+        try:
+            return await store.list_runs(), await store.query_rollouts()
+        finally:
+            await store.close()
+
+    return asyncio.run(read())
+
+
+@pytest.fixture
+def backend():
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, str(TESTS / "fake_openai_backend.py"), "--port", str(port)]
+    )
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        import urllib.request
+
+        until(lambda: _answers(f"{url}/models", urllib.request), 30, "the fake backend")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def _answers(url: str, request) -> bool:
+    try:
+        request.urlopen(url, timeout=1).read()
+        return True
+    except OSError:
+        return False
+
+
+def dev_command(tmp_path: Path, url: str) -> list[str]:
+    tasks = tmp_path / "tasks.jsonl"
+    started = tmp_path / "started"
+    started.mkdir()
+    tasks.write_text("".join(f'{{"i": {i}, "started_dir": "{started}"}}\n' for i in range(4)))
+    return [
+        "dev",
+        f"{AGENTS}:calls_then_waits",
+        *("--data", str(tasks), "--llm-endpoint", url, "--model", "m"),
+        *("--n-runners", "1", "--max-concurrency", "4", "--name", "dev-run"),
+    ]
+
+
+@pytest.mark.timeout(300)
+def test_ctrl_c_stops_voltrl_dev_within_seconds_and_marks_the_run_interrupted(
+    tmp_path: Path, backend: str
+) -> None:
+    proc = voltrl(*dev_command(tmp_path, backend), cwd=tmp_path)
+    until(lambda: len(list((tmp_path / "started").iterdir())) == 4, 120, "4 rollouts to start")
+    ctrl_c(proc)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out
+    assert "Ctrl-C: stopping the run" in out and "Traceback" not in out
+    runs, rollouts = stored(tmp_path / "runs" / "dev-run" / "store.sqlite")
+    assert [r.status for r in runs] == ["interrupted"], out
+    assert sorted(r.status for r in rollouts) == ["cancelled"] * 4  # not failed, not left running
+
+
+@pytest.mark.timeout(300)
+def test_a_second_ctrl_c_exits_at_once(tmp_path: Path, backend: str) -> None:
+    proc = voltrl(*dev_command(tmp_path, backend), cwd=tmp_path)
+    until(lambda: len(list((tmp_path / "started").iterdir())) == 4, 120, "4 rollouts to start")
+    ctrl_c(proc)
+    time.sleep(0.2)
+    ctrl_c(proc)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 130, out
+    assert "exiting now" in out
+
+
+@pytest.mark.timeout(600)
+def test_ctrl_c_during_local_rl_training_checkpoints_and_resume_continues(tmp_path: Path) -> None:
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(f'{{"question": "q{i}"}}\n' for i in range(4)))
+    config = {
+        "agent": f"{AGENTS}:calls_once",
+        "data": {"train": str(tasks)},
+        "algorithm": {
+            "name": "local_rl",
+            "model": "tiny",
+            "steps": 1000,
+            "tasks_per_step": 2,
+            "group_size": 2,
+            "sampling": {"temperature": 1.0, "max_tokens": 4},
+            "update": {"lr": 1e-3, "micro_batch_size": 4, "entropy_coef": 0.01},
+        },
+        "trainer": {"name": "train-run", "run_dir": str(tmp_path / "runs")},
+    }
+    path = tmp_path / "train.yaml"
+    path.write_text(yaml.safe_dump(config))
+    run_dir = tmp_path / "runs" / "train-run"
+    proc = voltrl("train", str(path), cwd=tmp_path)
+    metrics = run_dir / "metrics.jsonl"
+    until(lambda: metrics.exists() and metrics.read_text().count("\n") >= 2, 300, "two steps")
+    ctrl_c(proc)
+    out, _ = proc.communicate(timeout=90)
+    assert proc.returncode == 130, out
+    assert "interrupted: checkpoint of step" in out
+    runs, _ = stored(run_dir / "store.sqlite")
+    assert [r.status for r in runs] == ["interrupted"], out
+    checkpoints = sorted((run_dir / "checkpoints").glob("step_*"))
+    assert checkpoints, out
+    done = int(checkpoints[-1].name.removeprefix("step_"))
+    assert done >= 2
+    assert (run_dir / "reward_curve.png").exists() and (run_dir / "train.yaml").exists()
+
+    config["algorithm"].update(steps=done + 1, resume=True)
+    path.write_text(yaml.safe_dump(config))
+    resumed = subprocess.run(
+        [sys.executable, "-m", "voltrl.cli", "train", str(path)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    runs, _ = stored(run_dir / "store.sqlite")
+    assert [r.status for r in runs] == ["finished"]  # the same run, continued
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert records[-1]["step"] == done + 1
+    assert {r["run_id"] for r in records} == {runs[0].run_id}
