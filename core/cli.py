@@ -1,14 +1,18 @@
 """The ``voltrl`` command line.
 
     voltrl dev MODULE:AGENT --data FILE --llm-endpoint URL --model NAME
+               [--max-tokens N] [--temperature T] [--top-p P]
     voltrl train CONFIG.yaml
     voltrl runs [--store PATH | --run-dir DIR]
-    voltrl serve [--store SPEC] [--host H] [--port N] [--token T] [--backend URL ...]
-    voltrl gateway --store URL --backend URL [--token T] [--host H] [--port N]
-    voltrl runner --store URL --agent MODULE:AGENT [--token T] [--workers N]
+    voltrl serve [--store SPEC] [--host H] [--port N] [--token-file F] [--backend URL ...]
+    voltrl gateway --store URL --backend URL [--token-file F] [--host H] [--port N]
+    voltrl runner --store URL --agent MODULE:AGENT [--token-file F] [--workers N]
+    voltrl model serve PATH|tiny [--host H] [--port N] [--served-name NAME] [--token-file F]
 
 Errors a user can fix (a bad module path, a missing data file, an unreachable endpoint) print
-one line on stderr and exit with status 2; no traceback.
+one line on stderr and exit with status 2; no traceback. A run stopped by its failures
+(:class:`~voltrl.errors.TooManyFailuresError`, after each distinct error was printed) says so
+in one line too and exits with status 1, as ``dev`` does when some rollouts failed.
 """
 
 from __future__ import annotations
@@ -23,7 +27,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from voltrl.errors import AgentLoadError, EndpointUnreachableError, VoltRLError
+from voltrl.errors import (
+    AgentLoadError,
+    EndpointUnreachableError,
+    TooManyFailuresError,
+    VoltRLError,
+)
 
 
 def load_agent(spec: str) -> Any:
@@ -74,12 +83,21 @@ def load_agent(spec: str) -> Any:
 
 def check_endpoint(endpoint: str, api_key: str, timeout_s: float = 5.0) -> None:
     """Raise :class:`EndpointUnreachableError` unless something answers at ``endpoint``."""
-    import httpx
+    import aiohttp
 
-    url = endpoint.rstrip("/") + "/models"
+    async def get_models() -> None:
+        timeout = aiohttp.ClientTimeout(total=timeout_s)
+        async with (
+            aiohttp.ClientSession(timeout=timeout) as session,
+            session.get(
+                endpoint.rstrip("/") + "/models", headers={"Authorization": f"Bearer {api_key}"}
+            ) as response,
+        ):
+            await response.read()
+
     try:
-        httpx.get(url, headers={"Authorization": f"Bearer {api_key}"}, timeout=timeout_s)
-    except httpx.HTTPError as exc:
+        asyncio.run(get_models())
+    except (aiohttp.ClientError, TimeoutError) as exc:
         raise EndpointUnreachableError(
             f"no OpenAI-compatible endpoint answers at {endpoint} ({type(exc).__name__}: {exc})"
         ) from None
@@ -94,7 +112,17 @@ def _cmd_dev(args: argparse.Namespace) -> int:
     load_tasks(args.data)  # fail on bad data before starting anything
     if not args.skip_endpoint_check:
         check_endpoint(args.llm_endpoint, args.api_key)
-    llm = LLM(endpoint=args.llm_endpoint, model=args.model, api_key=args.api_key)
+    sampling = {
+        "max_tokens": args.max_tokens,
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+    }
+    llm = LLM(
+        endpoint=args.llm_endpoint,
+        model=args.model,
+        api_key=args.api_key,
+        sampling_parameters={k: v for k, v in sampling.items() if v is not None},
+    )
     trainer = Trainer(
         request_token_ids=not args.no_token_ids,
         n_runners=args.n_runners,
@@ -185,6 +213,8 @@ def _store_paths(args: argparse.Namespace) -> list[Path]:
 
 
 def _cmd_runs(args: argparse.Namespace) -> int:
+    import time
+
     from rich.console import Console
     from rich.table import Table
 
@@ -197,8 +227,9 @@ def _cmd_runs(args: argparse.Namespace) -> int:
             store = SQLStore(path)
             try:
                 for run in await store.list_runs():
-                    rollouts = await store.query_rollouts(run_id=run.run_id)
-                    rows.append((path, run, summarize(rollouts)))
+                    if _run_shown(run, args):
+                        rollouts = await store.query_rollouts(run_id=run.run_id)
+                        rows.append((path, run, summarize(rollouts)))
             finally:
                 await store.close()
         return rows
@@ -208,29 +239,59 @@ def _cmd_runs(args: argparse.Namespace) -> int:
         print(f"no runs found in {args.store or args.run_dir}")
         return 0
     table = Table(title="runs")
-    for col in ("name", "kind", "algorithm", "started", "rollouts", "ok", "failed", "reward"):
-        table.add_column(col)
-    import time
-
-    for _path, run, s in rows:
-        reward = "-" if s.reward_mean is None else f"{s.reward_mean:.3f} ± {s.reward_std:.3f}"
-        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.created_at))
-        table.add_row(
-            run.name,
-            run.kind,
-            run.algorithm,
-            started,
-            str(s.rollouts),
-            str(s.succeeded),
-            str(s.failed),
-            reward,
-        )
-    Console().print(table)
+    # A long name folds onto more lines rather than being cut short; --wide never wraps.
+    table.add_column("name", overflow="fold", min_width=min(20, max(len(r[1].name) for r in rows)))
+    columns = ["status", "kind", "started", "rollouts", "reward"]
+    for col in columns + (["algorithm", "run id", "store", "error"] if args.wide else []):
+        table.add_column(col, overflow="fold")
+    for path, run, s in rows:
+        reward = "-" if s.reward_mean is None else f"{s.reward_mean:.3f}"
+        if args.wide and s.reward_std is not None:
+            reward += f" ± {s.reward_std:.3f}"
+        started = time.strftime("%m-%d %H:%M", time.localtime(run.created_at))
+        rollouts = f"{s.rollouts}" + (f" ({s.failed} failed)" if s.failed else "")
+        cells = [run.name, run.status, run.kind, started, rollouts, reward]
+        if args.wide:
+            cells += [run.algorithm, run.run_id, str(path), run.error or ""]
+        table.add_row(*cells)
+    Console(width=100_000 if args.wide else None).print(table)
     return 0
 
 
+def _run_shown(run: Any, args: argparse.Namespace) -> bool:
+    """Whether ``voltrl runs``' filters keep ``run``."""
+    return (
+        (not args.status or run.status in args.status)
+        and (not args.kind or run.kind == args.kind)
+        and (not args.name or args.name in run.name)
+    )
+
+
 def _token(args: argparse.Namespace) -> str | None:
-    return args.token or os.environ.get("VOLTRL_TOKEN") or None
+    """The bearer token: ``--token``, else the first line of ``--token-file``, else
+    ``$VOLTRL_TOKEN``."""
+    if args.token:
+        return args.token
+    if args.token_file:
+        try:
+            token = Path(args.token_file).read_text().strip()
+        except OSError as exc:
+            raise VoltRLError(f"cannot read --token-file: {exc}") from None
+        if not token:
+            raise VoltRLError(f"--token-file {args.token_file} is empty")
+        return token
+    return os.environ.get("VOLTRL_TOKEN") or None
+
+
+def _add_token_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--token-file", default=None, help="file holding the bearer token (or set $VOLTRL_TOKEN)"
+    )
+    parser.add_argument(
+        "--token",
+        default=None,
+        help="bearer token (visible to other users in ps: prefer the above)",
+    )
 
 
 def _gateway_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -239,6 +300,23 @@ def _gateway_options(args: argparse.Namespace) -> dict[str, Any]:
         "backend_api_key": args.backend_api_key,
         "request_token_ids": not args.no_token_ids,
     }
+
+
+def _gateway_retry(args: argparse.Namespace) -> Any:
+    from pydantic import ValidationError
+
+    from voltrl.retry import GatewayRetry
+
+    try:
+        return GatewayRetry(
+            retries=args.retries,
+            backoff_s=args.backoff,
+            max_backoff_s=args.max_backoff,
+            timeout_s=args.backend_timeout,
+            connect_timeout_s=args.connect_timeout,
+        )
+    except ValidationError as exc:
+        raise VoltRLError(f"bad retry settings: {exc}") from None
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -253,6 +331,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         backends=args.backend,
         gateway=not args.no_gateway,
         gateway_options=_gateway_options(args),
+        retry=_gateway_retry(args),
     )
     run(coro)  # on uvloop when installed
     return 0
@@ -269,6 +348,7 @@ def _cmd_gateway(args: argparse.Namespace) -> int:
         port=args.port,
         token=_token(args),
         gateway_options=_gateway_options(args),
+        retry=_gateway_retry(args),
     )
     run(coro)  # on uvloop when installed
     return 0
@@ -296,16 +376,107 @@ def _cmd_runner(args: argparse.Namespace) -> int:
     )
 
 
+MODEL_PORT = 8000
+"""Port of ``voltrl model serve`` unless ``--port`` says otherwise."""
+
+
+def _cmd_model_serve(args: argparse.Namespace) -> int:
+    from voltrl.serve import require_token_off_loopback
+    from voltrl.server import run
+
+    token = _token(args)
+    require_token_off_loopback(args.host, token)
+    if args.max_batch_size < 1:
+        raise VoltRLError("--max-batch-size must be at least 1")
+    try:
+        from voltrl.algorithms.local.engine import Engine
+        from voltrl.algorithms.local.threads import use_threads
+        from voltrl.algorithms.local.tiny import TINY, load_model
+    except ModuleNotFoundError as exc:
+        raise VoltRLError(
+            f"voltrl model serve needs {exc.name}: pip install 'voltrl[local]'"
+        ) from None
+    path = Path(args.model)
+    if args.model != TINY and not (path / "config.json").is_file():
+        problem = "is not a Hugging Face model directory" if path.exists() else "does not exist"
+        raise VoltRLError(f"model {args.model} {problem}: give a model directory or 'tiny'")
+    try:
+        threads = use_threads(args.threads, report=True)
+    except ValueError as exc:
+        raise VoltRLError(f"--threads: {exc}") from None
+    model, tokenizer = load_model(args.model)
+    name = args.served_name or (TINY if args.model == TINY else path.resolve().name)
+    engine = Engine(model, tokenizer, max_batch_size=args.max_batch_size, threads=threads)
+    try:
+        run(_serve_model(engine, args.host, args.port, name, token, tiny=args.model == TINY))
+    finally:
+        engine.close()
+    return 0
+
+
+async def _serve_model(
+    engine: Any, host: str, port: int, name: str, token: str | None, *, tiny: bool
+) -> None:
+    """Serve ``engine`` as ``name``, print how to use it, and stop on SIGTERM or SIGINT."""
+    from voltrl.algorithms.local.server import serve_engine
+    from voltrl.serve import _wait_for_signal
+    from voltrl.server import reachable_url
+
+    try:
+        url, stop = await serve_engine(engine, host, port, model_name=name, token=token)
+    except (OSError, RuntimeError) as exc:
+        raise VoltRLError(f"cannot listen on {host}:{port}: {exc}") from None
+    endpoint = f"{reachable_url(url)}/v1"
+    auth, key = ("bearer token", ' --api-key "$VOLTRL_TOKEN"') if token else ("none", "")
+    try:
+        print(f"voltrl model serve: model {name} at {endpoint} (OpenAI-compatible; auth: {auth})")
+        if tiny:
+            print("the tiny model has random weights: rewards stay ~0 (it proves the plumbing)")
+        print("run an agent against it (here the quick-start sample, from a clone of the repo):")
+        print(
+            "  voltrl dev samples/quickstart/agent.py:agent --data samples/quickstart/tasks.jsonl"
+            f" --llm-endpoint {endpoint} --model {name}{key}"
+        )
+        print("Ctrl-C stops it", flush=True)
+        await _wait_for_signal()
+    finally:
+        await stop()
+
+
 def _add_serving_args(parser: argparse.ArgumentParser) -> None:
     from voltrl.serve import DEFAULT_PORT
 
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="0 picks a free port")
-    parser.add_argument("--token", default=None, help="bearer token (default: $VOLTRL_TOKEN)")
+    _add_token_args(parser)
     parser.add_argument("--model", default=None, help="gateway: force this model name")
     parser.add_argument("--backend-api-key", default=None, help="gateway: key for the backends")
     parser.add_argument(
         "--no-token-ids", action="store_true", help="gateway: do not ask backends for token ids"
+    )
+    from voltrl.retry import GatewayRetry
+
+    retry = GatewayRetry()
+    parser.add_argument(
+        "--retries", type=int, default=retry.retries, help="gateway: extra tries per call"
+    )
+    parser.add_argument(
+        "--backoff", type=float, default=retry.backoff_s, help="gateway: first backoff, s"
+    )
+    parser.add_argument(
+        "--max-backoff", type=float, default=retry.max_backoff_s, help="gateway: longest backoff"
+    )
+    parser.add_argument(
+        "--backend-timeout",
+        type=float,
+        default=retry.timeout_s,
+        help="gateway: longest a backend may stay silent in one try, s",
+    )
+    parser.add_argument(
+        "--connect-timeout",
+        type=float,
+        default=retry.connect_timeout_s,
+        help="gateway: longest a backend connection may take, s",
     )
 
 
@@ -322,6 +493,12 @@ def build_parser() -> argparse.ArgumentParser:
     dev.add_argument("--llm-endpoint", required=True, help="OpenAI-compatible base URL (…/v1)")
     dev.add_argument("--model", required=True, help="model name to request")
     dev.add_argument("--api-key", default="EMPTY")
+    sampling = dev.add_argument_group(
+        "sampling", "the LLM's sampling_parameters (agents pass them to their calls)"
+    )
+    sampling.add_argument("--max-tokens", type=int, default=None)
+    sampling.add_argument("--temperature", type=float, default=None)
+    sampling.add_argument("--top-p", type=float, default=None)
     dev.add_argument("--n-runners", type=int, default=1)
     dev.add_argument("--max-concurrency", type=int, default=4)
     dev.add_argument("--timeout", type=float, default=None, help="per-rollout timeout, seconds")
@@ -344,6 +521,17 @@ def build_parser() -> argparse.ArgumentParser:
     runs = sub.add_parser("runs", help="list runs and their reward statistics")
     runs.add_argument("--store", default=None, help="a store.sqlite file")
     runs.add_argument("--run-dir", default="runs", help="directory of run directories")
+    runs.add_argument(
+        "--status",
+        action="append",
+        choices=["running", "finished", "interrupted", "failed"],
+        help="only runs with this status (repeatable)",
+    )
+    runs.add_argument("--kind", choices=["fit", "dev"], help="only fit or only dev runs")
+    runs.add_argument("--name", default=None, help="only runs whose name contains this")
+    runs.add_argument(
+        "--wide", action="store_true", help="also the run id, store path and error; no wrapping"
+    )
     runs.set_defaults(func=_cmd_runs)
 
     serve = sub.add_parser("serve", help="serve a store (and a gateway) over HTTP")
@@ -367,7 +555,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     runner = sub.add_parser("runner", help="run rollouts for a store server, on any machine")
     runner.add_argument("--store", required=True, help="store server URL (http://HOST:PORT)")
-    runner.add_argument("--token", default=None, help="bearer token (default: $VOLTRL_TOKEN)")
+    _add_token_args(runner)
     runner.add_argument("--agent", required=True, help="MODULE:AGENT or path/to/file.py:AGENT")
     runner.add_argument("--workers", type=int, default=1, help="worker processes")
     runner.add_argument("--max-concurrency", type=int, default=4, help="rollouts per worker")
@@ -378,6 +566,36 @@ def build_parser() -> argparse.ArgumentParser:
     runner.add_argument("--timeout", type=float, default=None, help="default rollout timeout, s")
     runner.add_argument("--name", default=None, help="worker id prefix (default: host-pid)")
     runner.set_defaults(func=_cmd_runner)
+
+    model = sub.add_parser("model", help="models to try agents against")
+    model_sub = model.add_subparsers(dest="model_command", required=True)
+    model_serve = model_sub.add_parser(
+        "serve",
+        help="serve a local model directory or the built-in tiny model, OpenAI-compatible",
+    )
+    model_serve.add_argument(
+        "model",
+        metavar="PATH|tiny",
+        help="a local Hugging Face model directory, or tiny (built in, random weights)",
+    )
+    model_serve.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (default loopback)"
+    )
+    model_serve.add_argument("--port", type=int, default=MODEL_PORT, help="0 picks a free port")
+    model_serve.add_argument(
+        "--served-name", default=None, help="model name (default: tiny, or the directory name)"
+    )
+    model_serve.add_argument(
+        "--max-batch-size", type=int, default=64, help="sequences decoded together"
+    )
+    model_serve.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads (default: $OMP_NUM_THREADS, else half the usable CPUs)",
+    )
+    _add_token_args(model_serve)
+    model_serve.set_defaults(func=_cmd_model_serve)
     return parser
 
 
@@ -389,8 +607,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except VoltRLError as exc:
         message = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
         print(f"voltrl: error: {message}", file=sys.stderr)
-        return 2
+        return 1 if isinstance(exc, TooManyFailuresError) else 2
     except KeyboardInterrupt:
+        print("voltrl: interrupted", file=sys.stderr)
         return 130
 
 

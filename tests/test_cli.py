@@ -93,6 +93,62 @@ def test_dev_runs_an_agent_file_against_an_endpoint_and_runs_lists_it(tmp_path, 
     assert "smoke" in runs.stdout and "dev" in runs.stdout
 
 
+def test_dev_sampling_flags_reach_the_agents_llm(tmp_path, backend):
+    out = voltrl(
+        "dev",
+        f"{SAMPLE / 'agent.py'}:agent",
+        "--data",
+        str(SAMPLE / "tasks.jsonl"),
+        "--llm-endpoint",
+        backend,
+        "--model",
+        "fake-model",
+        "--max-tokens",
+        "7",
+        "--temperature",
+        "0.3",
+        "--top-p",
+        "0.9",
+        "--name",
+        "sampled",
+        "--run-dir",
+        str(tmp_path / "runs"),
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    calls = asyncio.run(recorded_calls(tmp_path / "runs" / "sampled" / "store.sqlite"))
+    assert calls and all(c.request["max_tokens"] == 7 for c in calls)
+    assert all(c.request["temperature"] == 0.3 and c.request["top_p"] == 0.9 for c in calls)
+
+
+def test_dev_whose_rollouts_all_fail_prints_the_error_and_exits_1_with_one_line(tmp_path):
+    (tmp_path / "broken.py").write_text(
+        "import voltrl as vl\n\n\n"
+        "@vl.rollout\n"
+        "def agent(task, resources):\n"
+        "    return {'not': 'a reward'}[task['key']]\n"
+    )
+    (tmp_path / "tasks.jsonl").write_text('{"key": "a"}\n{"key": "b"}\n')
+    out = voltrl(
+        "dev",
+        "broken.py:agent",
+        "--data",
+        "tasks.jsonl",
+        "--llm-endpoint",
+        "http://127.0.0.1:9/v1",
+        "--model",
+        "m",
+        "--skip-endpoint-check",
+        "--inline",
+        cwd=tmp_path,
+    )
+    assert out.returncode == 1
+    [line] = out.stderr.strip().splitlines()
+    assert line.startswith("voltrl: error: the run stopped: all 2 rollouts failed")
+    assert "KeyError: 'a'" in out.stdout and 'broken.py", line 6, in agent' in out.stdout
+    assert "failures: 2 of 2 rollouts failed" in out.stdout
+
+
 def test_dev_with_a_bad_module_path_says_so(tmp_path):
     for spec, message in [
         ("no_such_module:agent", "cannot import module 'no_such_module'"),

@@ -50,6 +50,7 @@ from voltrl.algorithms.local.sampling import (
     find_stop,
     sample,
 )
+from voltrl.algorithms.local.threads import decide_threads, use_threads
 
 __all__ = [
     "MAX_TOP_LOGPROBS",
@@ -122,6 +123,8 @@ class Engine:
         max_model_len: context length (prompt + generated); defaults to the model's
             ``max_position_embeddings``.
         seed: seeds the sampling of requests that give no seed of their own.
+        threads: torch intra-op threads of the engine thread (default: the count in effect
+            in the thread that builds the engine, e.g. as LocalRL set it).
     """
 
     def __init__(
@@ -133,11 +136,13 @@ class Engine:
         max_prefill_tokens: int = 8192,
         max_model_len: int | None = None,
         seed: int | None = None,
+        threads: int | None = None,
     ) -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
         self.max_batch_size = max_batch_size
+        self.threads = torch.get_num_threads() if threads is None else decide_threads(threads)
         self.max_prefill_tokens = max_prefill_tokens
         self.max_model_len = max_model_len or int(
             getattr(model.config, "max_position_embeddings", 0) or 4096
@@ -318,6 +323,7 @@ class Engine:
 
     # ---- the engine thread ----------------------------------------------------------------
     def _run(self) -> None:
+        use_threads(self.threads)
         new: list[_Request] = []
         try:
             while True:

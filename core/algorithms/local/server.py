@@ -12,6 +12,9 @@ Any ``model`` name is accepted (the gateway forces its own); ``/v1/models`` repo
 name. Unsupported or malformed parameters get a 400 with an OpenAI-shaped error. There is no
 guided decoding: ``tool_choice`` ``"required"`` or a named function is treated as ``"auto"``
 (the model's output is parsed for calls); ``"none"`` turns parsing off.
+
+A request whose client disconnects, streaming or not, is aborted: its sequences leave the
+engine's batch at the next step.
 """
 
 from __future__ import annotations
@@ -21,12 +24,13 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, Literal
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from jinja2 import TemplateError
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from voltrl.algorithms.local.engine import (
     MAX_TOP_LOGPROBS,
@@ -256,8 +260,7 @@ class _Server:
         tools = bool(body.get("tools")) and body.get("tool_choice") != "none"
         want_ids, want_lps = bool(body.get("return_token_ids")), bool(body.get("logprobs"))
         if body.get("stream"):
-            events = self.chat_stream(body, prompt, params, tools, want_ids, want_lps)
-            return StreamingResponse(events, media_type="text/event-stream")
+            return _EventStream(self.chat_stream(body, prompt, params, tools, want_ids, want_lps))
         out = await self.engine.generate(prompt, params)
         choices = []
         for c in out.choices:
@@ -298,7 +301,7 @@ class _Server:
         tools: bool,
         want_ids: bool,
         want_lps: bool,
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes, None]:
         head = self.head("chatcmpl", "chat.completion.chunk")
         opts = body.get("stream_options")
         want_usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
@@ -354,8 +357,7 @@ class _Server:
             self.check(prompt, params)
         want_ids, want_lps = bool(body.get("return_token_ids")), body.get("logprobs") is not None
         if body.get("stream"):
-            events = self.completions_stream(body, prompts, params, want_ids, want_lps)
-            return StreamingResponse(events, media_type="text/event-stream")
+            return _EventStream(self.completions_stream(body, prompts, params, want_ids, want_lps))
         outs = await asyncio.gather(*(self.engine.generate(p, params) for p in prompts))
         choices = []
         for k, out in enumerate(outs):
@@ -383,7 +385,7 @@ class _Server:
         params: SamplingParams,
         want_ids: bool,
         want_lps: bool,
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes, None]:
         head = self.head("cmpl", "text_completion")
         opts = body.get("stream_options")
         want_usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
@@ -499,6 +501,38 @@ def _sse(obj: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
 
+class _EventStream(StreamingResponse):
+    """Server-sent events from an async generator that is closed however the response ends (a
+    client disconnect included), so that the engine drops its sequences at once."""
+
+    def __init__(self, events: AsyncGenerator[bytes, None]) -> None:
+        super().__init__(events, media_type="text/event-stream")
+        self.events = events
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async with contextlib.aclosing(self.events):
+            await super().__call__(scope, receive, send)
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[Any]) -> Any:
+    """What ``work`` returns, unless the client disconnects first: then ``work`` is cancelled
+    (its sequences leave the engine's batch) and the answer is a 499 nobody reads."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        done, _ = await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        task.cancel()  # a no-op once it is done
+    return task.result() if task in done else Response(status_code=499)
+
+
+async def _disconnected(request: Request) -> None:
+    """Return when the client disconnects (call it once the body has been read)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 def _error_body(message: str, kind: str, code: int, param: str | None = None) -> dict[str, Any]:
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
@@ -530,7 +564,7 @@ def create_app(
                 _error_body("the body must be a JSON object", "invalid_request_error", 400), 400
             )
         try:
-            return await fn(body)
+            return await _unless_disconnected(request, fn(body))
         except BadRequest as e:
             return JSONResponse(_error_body(e.message, "invalid_request_error", 400, e.param), 400)
         except EngineError as e:
@@ -564,13 +598,19 @@ async def serve_engine(
     model_name: str = "voltrl-local",
     logprobs_mode: LogprobsMode = "raw",
     log_level: str = "warning",
+    token: str | None = None,
 ) -> tuple[str, Callable[[], Awaitable[None]]]:
     """Serve ``engine`` on the running event loop (``port=0``: a free port).
 
-    Returns the server's base URL (the OpenAI base URL is that plus ``/v1``) and an async
-    ``stop``; see :func:`voltrl.server.serve`.
+    With a ``token`` every route but ``/health`` requires ``Authorization: Bearer <token>``
+    (clients pass it as their API key). Returns the server's base URL (the OpenAI base URL is
+    that plus ``/v1``) and an async ``stop``; see :func:`voltrl.server.serve`.
     """
-    app = create_app(engine, model_name=model_name, logprobs_mode=logprobs_mode)
+    app: ASGIApp = create_app(engine, model_name=model_name, logprobs_mode=logprobs_mode)
+    if token:
+        from voltrl.store.routing import BearerAuth
+
+        app = BearerAuth(app, token, open_paths=("/health",))
     return await serve(app, host, port, log_level=log_level)
 
 

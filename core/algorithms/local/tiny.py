@@ -4,6 +4,9 @@ The tokenizer is a committed fixture (``assets/tiny-tokenizer``, made by
 ``scripts/make_tiny_tokenizer.py``): a 768-token byte-level BPE with ChatML special tokens,
 Hermes tool-call tokens and a Qwen2.5-style chat template that renders ``tools``. The model is a
 randomly initialised ``Qwen2ForCausalLM`` sized for it, deterministic for a given seed.
+
+:func:`load_model` turns a ``model`` argument into a model and tokenizer: the name
+:data:`TINY` picks these, a path or hub name goes to ``from_pretrained``.
 """
 
 from __future__ import annotations
@@ -11,7 +14,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+from voltrl.errors import VoltRLError
 
 TINY_TOKENIZER_DIR = Path(__file__).resolve().parent / "assets" / "tiny-tokenizer"
 """Where the committed tiny tokenizer fixture lives (``from_pretrained`` loads it)."""
@@ -69,6 +80,14 @@ def build_tiny_model(
     return model.to(dtype).eval()
 
 
+def build_tiny(
+    *, seed: int = 0, hidden: int = 128, layers: int = 2
+) -> tuple[Qwen2ForCausalLM, PreTrainedTokenizerFast]:
+    """The built-in tiny model (random weights) and its tokenizer: what :data:`TINY` names."""
+    tokenizer = build_tiny_tokenizer()
+    return build_tiny_model(tokenizer, hidden=hidden, layers=layers, seed=seed), tokenizer
+
+
 def tiny_or_named(
     model: str | None, *, seed: int = 0, hidden: int = 128, layers: int = 2
 ) -> dict[str, object]:
@@ -76,6 +95,46 @@ def tiny_or_named(
     takes it (a path or hub name), or when it is empty the tiny model and tokenizer."""
     if model:
         return {"model": model}
-    tokenizer = build_tiny_tokenizer()
-    tiny = build_tiny_model(tokenizer, hidden=hidden, layers=layers, seed=seed)
+    tiny, tokenizer = build_tiny(seed=seed, hidden=hidden, layers=layers)
     return {"model": tiny, "tokenizer": tokenizer}
+
+
+TINY = "tiny"
+"""The model name that picks the built-in tiny model and tokenizer: ``LocalRL("tiny")``,
+``model: tiny`` in ``voltrl train``'s YAML, ``voltrl model serve tiny``. Its weights are
+random, so an agent's rewards stay near 0: it proves the plumbing, not learning."""
+
+
+def load_model(
+    model: str | Path | PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    *,
+    device: str | None = None,
+    seed: int = 0,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The model and tokenizer that a ``model`` argument names, on ``device`` (default: CUDA
+    if available, else CPU). The one place that decides it, for LocalRL and
+    ``voltrl model serve``:
+
+    - :data:`TINY`: the built-in tiny model (``seed`` picks its weights) and tokenizer;
+    - a path or hub name: ``from_pretrained`` in float32, and its tokenizer unless given;
+    - a loaded model: as it is, with ``tokenizer`` (required).
+
+    Raises :class:`~voltrl.errors.VoltRLError` when ``from_pretrained`` cannot load it.
+    """
+    if tokenizer is None and not isinstance(model, str | Path):
+        raise ValueError("pass tokenizer= with a model object")
+    if model == TINY:
+        model, tiny_tokenizer = build_tiny(seed=seed)
+        tokenizer = tokenizer or tiny_tokenizer
+    elif isinstance(model, str | Path):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        try:
+            loaded = AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.float32)
+            tokenizer = tokenizer or AutoTokenizer.from_pretrained(str(model))
+        except (OSError, ValueError) as exc:
+            raise VoltRLError(f"cannot load a model from {model}: {exc}") from None
+        model = loaded
+    assert tokenizer is not None
+    return model.to(device or ("cuda" if torch.cuda.is_available() else "cpu")), tokenizer
