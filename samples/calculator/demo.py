@@ -7,7 +7,8 @@
 2. Write the tasks and a ``voltrl train`` YAML config into the run directory.
 3. Train with LocalRL through the real store (SQLite in ``runs/<name>/``), gateway, runner
    processes and inference engine, validating on held-out tasks before, during and after.
-4. Print held-out accuracy before and after, and save ``reward_curve.png`` in the run dir.
+4. Print held-out accuracy before and after; LocalRL leaves ``reward_curve.png`` in the run
+   directory (a re-run of a seed gets a directory of its own: ``calculator-seed0-2``...).
 
     python samples/calculator/demo.py --seeds 0 1 2
 """
@@ -54,6 +55,8 @@ def warm_model(seed: int, cache: Path) -> Path:
     started = time.time()
 
     def log(step: int, loss: float) -> None:
+        if step == 0:  # supervised_warmup has set the count (threads=... to choose it)
+            print(f"warm-up: {torch.get_num_threads()} torch intra-op thread(s)", flush=True)
         if step % 200 == 0 or step == WARMUP["steps"] - 1:
             print(
                 f"warm-up step {step:5d}/{WARMUP['steps']}  loss {loss:.3f}  "
@@ -130,28 +133,6 @@ def write_run_files(run_dir: Path, seed: int, model_path: Path, steps: int) -> P
     return path
 
 
-def plot(history: list[dict[str, Any]], path: Path, title: str) -> None:
-    """Training reward per step and held-out accuracy, in one PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    train = [(h["step"], h["train/reward_mean"]) for h in history if "train/reward_mean" in h]
-    val = [(h["step"], h["val/reward_mean"]) for h in history if "val/reward_mean" in h]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    if train:
-        ax.plot(*zip(*train, strict=True), label="training reward (sampled)", alpha=0.6)
-    if val:
-        ax.plot(*zip(*val, strict=True), "o-", label="held-out accuracy", linewidth=2)
-    ax.set(xlabel="policy update", ylabel="reward / accuracy", ylim=(-0.02, 1.02), title=title)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
 def run_seed(seed: int, out: Path, steps: int) -> dict[str, Any]:
     """Warm up, train and evaluate one seed; returns its before/after numbers."""
     from voltrl.cli import build_from_config
@@ -163,16 +144,14 @@ def run_seed(seed: int, out: Path, steps: int) -> dict[str, Any]:
     config = yaml.safe_load(write_run_files(run_dir, seed, model_path, steps).read_text())
     trainer, agent, train, val = build_from_config(config)
     started = time.time()
-    trainer.fit(agent, train, val)
-    history = trainer.algorithm.history
-    val_points = [h for h in history if "val/reward_mean" in h]
-    plot(history, run_dir / "reward_curve.png", f"calculator agent, LocalRL, seed {seed}")
+    result = trainer.fit(agent, train, val)  # a re-run gets its own directory, said on the console
+    val_points = [h for h in trainer.algorithm.history if "val/reward_mean" in h]
     return {
         "seed": seed,
         "before": val_points[0]["val/reward_mean"],
         "after": val_points[-1]["val/reward_mean"],
         "minutes": (time.time() - started) / 60,
-        "run_dir": str(run_dir),
+        "run_dir": str(result.run_dir),  # LocalRL left reward_curve.png there
     }
 
 
