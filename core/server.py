@@ -15,10 +15,11 @@ the server accepts requests:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import socket
 import threading
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -27,7 +28,14 @@ from starlette.types import ASGIApp
 
 
 class _Server(uvicorn.Server):
-    """A uvicorn server that calls ``on_started`` once it accepts requests."""
+    """A uvicorn server that calls ``on_started`` once it accepts requests and leaves signals
+    alone: the process that runs it decides what SIGINT and SIGTERM do (the trainer's Ctrl-C
+    handling, ``voltrl serve``'s clean stop). uvicorn's own handling would stop this server on
+    the first Ctrl-C, under a training run still using it, and raise the signal again later."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
 
     def __init__(self, config: uvicorn.Config, on_started: Callable[[], None]) -> None:
         super().__init__(config)

@@ -438,6 +438,8 @@ class Trainer:
             except (asyncio.CancelledError, KeyboardInterrupt):
                 status = "interrupted"
                 await _cancel_unfinished(ctx)
+                resume = " (resume=True continues it)" if kind == "fit" else ""
+                print(f"run {name!r} interrupted{resume}: {run_dir}", flush=True)
                 raise
             except BaseException as exc:
                 error = f"{type(exc).__name__}: {exc}"
