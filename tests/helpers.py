@@ -5,7 +5,9 @@ sample's module imported by path."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import socket
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -20,6 +22,19 @@ from voltrl.types import Task
 
 ADD_ARGS = '{"a": 17, "b": 25}'
 """The tool call's arguments in :func:`dev_adding_twice`'s script."""
+
+
+def voltrl(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``voltrl ARGS`` run to its end in ``cwd``, output captured, without colour and 200
+    columns wide."""
+    return subprocess.run(
+        [sys.executable, "-m", "voltrl.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "NO_COLOR": "1", "COLUMNS": "200"},
+    )
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 import pytest
 import torch
+from helpers import voltrl
 from openai import OpenAI
 
 import voltrl as vl
@@ -80,17 +81,6 @@ def tiny_server() -> Iterator[Served]:
     served = Served("tiny", "--port", "0", "--threads", "1")
     yield served
     served.stop()
-
-
-def voltrl(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "voltrl.cli", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "NO_COLOR": "1", "COLUMNS": "200"},
-    )
 
 
 def test_model_serve_tiny_answers_an_openai_client_with_token_ids(tiny_server: Served) -> None:
