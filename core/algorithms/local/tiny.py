@@ -1,7 +1,7 @@
 """Tiny tokenizer and model built without a hub: for tests, benchmarks and the offline demo.
 
 The tokenizer is a committed fixture (``assets/tiny-tokenizer``, made by
-``scripts/make_tiny_tokenizer.py``): a 768-token byte-level BPE with ChatML special tokens,
+``scripts/make_tiny_tokenizer.py``): a 434-token byte-level BPE with ChatML special tokens,
 Hermes tool-call tokens and a Qwen2.5-style chat template that renders ``tools``. The model is a
 randomly initialised ``Qwen2ForCausalLM`` sized for it, deterministic for a given seed.
 
