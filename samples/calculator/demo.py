@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
 
     table = Table(title="held-out accuracy of the calculator agent (192 tasks, sampled)")
     for col in ("seed", "after warm-up", "after LocalRL", "change", "train minutes", "run"):
-        table.add_column(col)
+        table.add_column(col, overflow="fold")
     for r in results:
         table.add_row(
             str(r["seed"]),
