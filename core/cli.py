@@ -81,11 +81,15 @@ def load_agent(spec: str) -> Any:
     raise AgentLoadError(f"{spec} is a {type(obj).__name__}, not a LitAgent or a function")
 
 
-def check_endpoint(endpoint: str, api_key: str, timeout_s: float = 5.0) -> None:
-    """Raise :class:`EndpointUnreachableError` unless something answers at ``endpoint``."""
+def check_endpoint(
+    endpoint: str, api_key: str, model: str | None = None, timeout_s: float = 5.0
+) -> None:
+    """Raise :class:`EndpointUnreachableError` unless something answers at ``endpoint``, and
+    :class:`VoltRLError` when its ``/models`` lists models but not ``model``. An endpoint
+    without a usable model list (no ``/models``, an answer that is not one) passes."""
     import aiohttp
 
-    async def get_models() -> None:
+    async def get_models() -> tuple[int, bytes]:
         timeout = aiohttp.ClientTimeout(total=timeout_s)
         async with (
             aiohttp.ClientSession(timeout=timeout) as session,
@@ -93,14 +97,35 @@ def check_endpoint(endpoint: str, api_key: str, timeout_s: float = 5.0) -> None:
                 endpoint.rstrip("/") + "/models", headers={"Authorization": f"Bearer {api_key}"}
             ) as response,
         ):
-            await response.read()
+            return response.status, await response.read()
+
+    def served_models(body: bytes) -> list[str]:
+        """The model ids of an OpenAI ``/models`` answer; empty when it is not one."""
+        import json
+
+        try:
+            data = json.loads(body).get("data")
+        except (ValueError, AttributeError):
+            return []
+        if not isinstance(data, list):
+            return []
+        return [m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
 
     try:
-        asyncio.run(get_models())
+        status, body = asyncio.run(get_models())
     except (aiohttp.ClientError, TimeoutError) as exc:
         raise EndpointUnreachableError(
             f"no OpenAI-compatible endpoint answers at {endpoint} ({type(exc).__name__}: {exc})"
         ) from None
+    served = served_models(body) if status == 200 else []
+    if model is not None and served and model not in served:
+        shown = ", ".join(served[:10]) + (
+            f" and {len(served) - 10} more" if len(served) > 10 else ""
+        )
+        raise VoltRLError(
+            f"model {model!r} is not served at {endpoint}; it serves {shown}"
+            " (pass one of them to --model)"
+        )
 
 
 def _cmd_dev(args: argparse.Namespace) -> int:
@@ -111,7 +136,7 @@ def _cmd_dev(args: argparse.Namespace) -> int:
     agent = load_agent(args.agent)
     load_tasks(args.data)  # fail on bad data before starting anything
     if not args.skip_endpoint_check:
-        check_endpoint(args.llm_endpoint, args.api_key)
+        check_endpoint(args.llm_endpoint, args.api_key, args.model)
     sampling = {
         "max_tokens": args.max_tokens,
         "temperature": args.temperature,
@@ -506,7 +531,11 @@ def build_parser() -> argparse.ArgumentParser:
     dev.add_argument("--run-dir", default="runs")
     dev.add_argument("--name", default=None)
     dev.add_argument("--inline", action="store_true", help="run workers in this process")
-    dev.add_argument("--skip-endpoint-check", action="store_true")
+    dev.add_argument(
+        "--skip-endpoint-check",
+        action="store_true",
+        help="do not check that the endpoint answers and serves --model",
+    )
     dev.add_argument(
         "--no-token-ids",
         action="store_true",

@@ -31,6 +31,11 @@ from voltrl.store.base import Store
 from voltrl.types import Attempt, Rollout
 
 FAILED_ATTEMPT = frozenset({"failed", "timeout", "expired"})
+TIMEOUT_ADVICE = (
+    "the rollout ran past its time limit and was cancelled (a timeout is retried, up to"
+    " max_attempts); give rollouts more time with `voltrl dev --timeout SECONDS` or"
+    " Trainer(rollout_timeout_s=...)"
+)
 _FRAME = re.compile(r'^  File "(?P<path>[^"]+)", line (?P<line>\d+)')
 _WITH_DIGITS = re.compile(r"[\w.-]*\d[\w.-]*")
 
@@ -199,6 +204,8 @@ def _first_occurrence(rollout: Rollout, attempt: Attempt) -> Text:
         f" {rollout.task.task_id} {task}",
         style="dim",
     )
+    if attempt.status == "timeout":
+        text.append(f"\n  {TIMEOUT_ADVICE}", style="yellow")
     frames = traceback_frames(attempt.traceback or "")
     shown = agent_frames(frames)
     for frame in shown:

@@ -249,7 +249,10 @@ class Gateway:
             return
         kind = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}.get(endpoint)
         if kind is None:
-            raise GatewayHTTPError(404, f"no route {path!r}", type="not_found_error")
+            message = f"no route {path!r}"
+            if endpoint.startswith("/v1/"):
+                message += _UNSERVED_API_ADVICE
+            raise GatewayHTTPError(404, message, type="not_found_error")
         if method != "POST":
             raise GatewayHTTPError(405, f"{method} is not allowed on {endpoint}")
         if rollout_id is None:
@@ -607,6 +610,14 @@ class Gateway:
 def _log_write_failure(task: asyncio.Task[Any]) -> None:
     if not task.cancelled() and task.exception() is not None:
         logger.error("gateway: LLM calls could not be recorded", exc_info=task.exception())
+
+
+_UNSERVED_API_ADVICE = (
+    ": the VoltRL gateway serves /v1/chat/completions and /v1/completions only (not the "
+    "Responses API). With the OpenAI Agents SDK use voltrl.adapters.openai_agents.model(llm), "
+    "a chat-completions model, or call "
+    'agents.set_default_openai_api("chat_completions") before running the agent.'
+)
 
 
 # ---- small helpers ----------------------------------------------------------------------

@@ -58,7 +58,7 @@ def server_app(
     max_wait_s: float | None = None,
 ) -> ASGIApp:
     """The app of ``voltrl serve``: the store API under ``/v1/store`` (its OpenAPI spec at
-    ``/openapi.json``, docs at ``/docs``) and, when given, the gateway on every other path.
+    ``/openapi.json``) and, when given, the gateway on every other path.
 
     With a ``token`` every route but ``/v1/store/health`` requires it (:class:`BearerAuth`
     around the whole app). ``max_wait_s`` caps long-poll requests (the store server's default
@@ -180,10 +180,15 @@ async def run_server(
     Prints the URLs once the server accepts requests. On the signal, requests in flight get
     ``graceful_s`` seconds, then the gateway's pending writes finish and the store closes.
     """
+    from voltrl.server import check_bindable
     from voltrl.store import open_store
     from voltrl.store.sql import SQLStore
 
     require_token_off_loopback(host, token)
+    try:  # a port in use fails here, before the store (a new SQLite file) is created
+        check_bindable(host, port)
+    except OSError as exc:
+        raise VoltRLError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     store = open_store(store_spec)
     if isinstance(store, SQLStore):  # used from this loop only: concurrent writes commit together
         store.group_commits()
@@ -198,7 +203,8 @@ async def run_server(
             print(f"voltrl store: {url}{API_PREFIX} ({_describe(store_spec)})", flush=True)
             if gw is not None:
                 print(f"voltrl gateway: {url}/v1 -> {', '.join(gw.backends)}", flush=True)
-            print(f"API docs: {url}/docs; auth: {'bearer token' if token else 'none'}", flush=True)
+            auth = "bearer token" if token else "none"
+            print(f"OpenAPI spec: {url}/openapi.json; auth: {auth}", flush=True)
             await _wait_for_signal()
     finally:
         if gw is not None:

@@ -64,6 +64,11 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def check_bindable(host: str, port: int) -> None:
+    """Raise ``OSError`` if ``host:port`` cannot be bound now (e.g. the port is in use)."""
+    _bind(host, port).close()
+
+
 def _url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 

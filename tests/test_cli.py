@@ -4,28 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
+from helpers import voltrl
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "samples" / "quickstart"
-
-
-def voltrl(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "voltrl.cli", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "NO_COLOR": "1", "COLUMNS": "200"},
-    )
 
 
 def free_port() -> int:
@@ -277,3 +267,45 @@ def test_runner_errors_are_one_line_each(tmp_path):
             out = voltrl("runner", *args, cwd=tmp_path)
             assert out.returncode == 2 and message in out.stderr, (args, out.stderr)
             assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
+
+
+def test_dev_with_a_model_the_endpoint_does_not_serve_says_which_it_serves(tmp_path, backend):
+    out = voltrl(
+        "dev",
+        f"{SAMPLE / 'agent.py'}:agent",
+        "--data",
+        str(SAMPLE / "tasks.jsonl"),
+        "--llm-endpoint",
+        backend,
+        "--model",
+        "gpt-4o",
+        cwd=tmp_path,
+    )
+    assert out.returncode == 2, out.stderr
+    assert "'gpt-4o' is not served" in out.stderr and "it serves fake-model" in out.stderr
+    assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    ("status", "body"), [(404, b'{"error": "no such route"}'), (200, b"<html>models</html>")]
+)
+def test_endpoint_check_passes_an_endpoint_without_a_model_list(status: int, body: bytes):
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from voltrl.cli import check_endpoint
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    with ThreadingHTTPServer(("127.0.0.1", 0), Handler) as server:
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        try:
+            check_endpoint(f"http://127.0.0.1:{server.server_port}/v1", "key", "gpt-4o")
+        finally:
+            server.shutdown()

@@ -269,3 +269,31 @@ async def test_the_trainers_gateways_check_its_token(tmp_path):
         result = await trainer.dev_async(agent, [{"q": 1}])
     assert result.stats.succeeded == 1
     assert seen == [(TOKEN, 200), ("wrong", 401)]
+
+
+def test_serve_on_a_port_in_use_says_so_without_creating_the_store_file(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        out = subprocess.run(
+            [sys.executable, "-m", "voltrl.cli", "serve", "--store", "X.sqlite", "--port", port],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=tmp_path,
+        )
+    assert out.returncode == 2 and "Address already in use" in out.stderr, out.stderr
+    assert out.stderr.count("\n") == 1
+    assert not (tmp_path / "X.sqlite").exists()
+
+
+def test_serve_prints_the_openapi_spec_and_serves_no_cdn_docs_page(tmp_path):
+    server, url = start("serve", "--store", "memory", "--no-gateway")
+    try:
+        assert server.stdout is not None
+        assert server.stdout.readline().startswith(f"OpenAPI spec: {url}/openapi.json;")
+        assert httpx.get(f"{url}/openapi.json", timeout=10).status_code == 200
+        assert httpx.get(f"{url}/docs", timeout=10).status_code == 404
+    finally:
+        stop(server)

@@ -9,7 +9,7 @@ go through FastAPI's dependency machinery, which costs more than the store's own
   endpoint's path, query and body parameters from its signature (bound once; a body is parsed
   by pydantic's JSON parser in one pass), and answers every error as JSON;
 - :class:`StoreApp` (what ``store_app`` builds) sends a request for one of those routes
-  straight to it, past FastAPI's middleware stack and router; other paths (the OpenAPI docs,
+  straight to it, past FastAPI's middleware stack and router; other paths (the OpenAPI spec,
   unknown ones) go through FastAPI.
 
 Why not plain FastAPI (measured 2026-11-23 with ``benchmarks/run_peer_store.py``: ``voltrl
@@ -236,7 +236,7 @@ class StoreApp(FastAPI):
 
     The routes check the body size and answer errors themselves, so FastAPI's middleware
     stack and router, which cost more per request than the store's own work, are skipped for
-    them; anything else (OpenAPI docs, unknown paths) goes through FastAPI.
+    them; anything else (the OpenAPI spec, unknown paths) goes through FastAPI.
     """
 
     def index_routes(self, prefix: str, router: APIRouter) -> None:

@@ -458,15 +458,16 @@ def store_app(
     dedup_max_bytes: int = DEFAULT_DEDUP_MAX_BYTES,
 ) -> ASGIApp:
     """The app serving ``store`` under ``/v1/store`` (options as :func:`store_router`), its
-    OTLP trace route at ``/v1/traces``, its OpenAPI spec at ``/openapi.json`` (docs at
-    ``/docs``) and, when given, ``root`` (such as the gateway) on every other path.
+    OTLP trace route at ``/v1/traces``, its OpenAPI spec at ``/openapi.json`` and, when given,
+    ``root`` (such as the gateway) on every other path. There is no docs page: FastAPI's loads
+    Swagger UI from a CDN, blank offline; any OpenAPI viewer reads the spec.
 
     With a ``token``, the whole app is wrapped in :class:`~voltrl.store.routing.BearerAuth`:
     every route but ``/v1/store/health`` needs it. Without one, the app is a FastAPI app.
     Unknown paths and methods, and anything unexpected in ``root``, also answer in the JSON
     error format.
     """
-    app = StoreApp(title="VoltRL store", version="1")
+    app = StoreApp(title="VoltRL store", version="1", docs_url=None, redoc_url=None)
     router = store_router(
         store,
         max_wait_s=max_wait_s,

@@ -1,0 +1,34 @@
+"""The wheel: built without setuptools warnings, with the local engine's tokenizer assets."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_wheel_builds_without_warnings_and_ships_the_tiny_tokenizer(tmp_path: Path) -> None:
+    source = tmp_path / "src"  # a copy, so the build leaves no build/ in the checkout
+    skip = shutil.ignore_patterns("__pycache__")
+    for tree in ("core", "adapters"):
+        shutil.copytree(ROOT / tree, source / tree, ignore=skip)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    pip_wheel = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation"]
+    out = subprocess.run(
+        [*pip_wheel, "-w", str(tmp_path / "wheel"), str(source)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    log = out.stdout + out.stderr
+    assert out.returncode == 0, log
+    assert "warning" not in log.lower(), log
+    (wheel,) = (tmp_path / "wheel").glob("*.whl")
+    assets = "voltrl/algorithms/local/assets/tiny-tokenizer/"
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {assets + "tokenizer.json", assets + "tokenizer_config.json"} <= names
