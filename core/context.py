@@ -38,7 +38,7 @@ class TrainContext:
     """Whether the rollouts are run by remote runners (the progress bar says it waits)."""
     host: str = "127.0.0.1"
     """Where this run's servers bind (the trainer's ``host``)."""
-    token: str | None = None
+    token: str | None = field(default=None, repr=False)
     """The run's bearer token: the store server and every gateway check it."""
     gateway_retry: GatewayRetry | None = None
     """The trainer's gateway retry settings (None: the defaults)."""

@@ -41,7 +41,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from voltrl.agent import LitAgent, normalize_result, run_rollout
-from voltrl.errors import StaleAttemptError, StoreError
+from voltrl.errors import AgentLoadError, StaleAttemptError, StoreError
 from voltrl.resources import ApiKeys, Resources
 from voltrl.store.base import Store
 from voltrl.tracing import RolloutContext, activate, copy_context_into_executor
@@ -52,6 +52,9 @@ log = logging.getLogger("voltrl.runner")
 #: Exit status of a worker process that retires to shed abandoned threads; its pool starts
 #: a fresh one in its place (a planned restart, not a crash).
 RECYCLE_EXIT_CODE = 75
+AGENT_LOAD_EXIT_CODE = 78
+"""A worker process that could not load the agent exits with this; the pool does not restart
+it (a new process would fail the same way)."""
 
 
 @dataclass(frozen=True)
@@ -287,7 +290,7 @@ async def _execute(
             result = (
                 AttemptResult(status="timeout", error=f"rollout timed out after {timeout} s")
                 if deadline.expired()
-                else _failed(agent_error=True)
+                else _failed(agent_error=False)  # the agent's own client timed out
             )
         except asyncio.CancelledError:
             if attempt.attempt_id not in stale:  # worker shutting down: hand the rollout back
@@ -296,8 +299,8 @@ async def _execute(
                     store, attempt.attempt_id, AttemptResult(status="failed", error=error)
                 )
             raise
-        except Exception:
-            result = _failed(agent_error=True)
+        except Exception as exc:
+            result = _failed(agent_error=not _is_infrastructure(exc))
     result.rewards, result.spans = list(ctx.rewards), list(ctx.spans)
     await _report(store, attempt.attempt_id, result, patience_s=config.lease_s)
 
@@ -325,6 +328,24 @@ async def _report(
         except Exception:
             log.exception("could not report attempt %s", attempt_id)
             return
+
+
+_INFRASTRUCTURE_ERRORS = frozenset(
+    {"APIConnectionError", "APITimeoutError", "InternalServerError", "RateLimitError"}
+)
+"""The ``openai`` client's errors that say the model server, not the agent, failed."""
+
+
+def _is_infrastructure(exc: BaseException) -> bool:
+    """Whether ``exc`` (raised out of the agent) is a failure of the network or the model
+    server (a connection error, a timeout, a 5xx or 429 from an OpenAI client) rather than
+    of the agent's code: such attempts are retried even where agent errors are not."""
+    if isinstance(exc, ConnectionError | TimeoutError):
+        return True
+    return any(
+        cls.__name__ in _INFRASTRUCTURE_ERRORS and cls.__module__.startswith("openai")
+        for cls in type(exc).__mro__
+    )
 
 
 def _failed(*, agent_error: bool = False) -> AttemptResult:
@@ -378,7 +399,16 @@ def _run_worker_process(
 
     from voltrl.store.client import HTTPStore
 
-    agent = cloudpickle.loads(agent_blob)
+    try:
+        agent = cloudpickle.loads(agent_blob)
+    except Exception as exc:
+        print(
+            f"voltrl worker {worker_id}: cannot load the agent: {type(exc).__name__}: {exc} "
+            "(is its module importable here: the same directory or PYTHONPATH?)",
+            file=sys.stderr,
+            flush=True,
+        )
+        sys.exit(AGENT_LOAD_EXIT_CODE)
     parent = os.getppid()
 
     async def watch_parent(stop: asyncio.Event) -> None:
@@ -415,6 +445,33 @@ def _run_worker_process(
     asyncio.run(main())
 
 
+def _pickled(agent: LitAgent) -> bytes:
+    """``agent`` pickled for worker processes (by value when it lives in a script, so they
+    never import the script), or an :class:`AgentLoadError` naming what cannot be sent."""
+    import cloudpickle
+
+    try:
+        return cloudpickle.dumps(agent)
+    except Exception as exc:
+        target = getattr(agent, "fn", type(agent))
+        names = getattr(getattr(target, "__code__", None), "co_names", ())
+        globals_ = getattr(target, "__globals__", {})
+        culprits = []
+        for name in names:
+            try:
+                cloudpickle.dumps(globals_[name])
+            except KeyError:
+                continue
+            except Exception:
+                culprits.append(name)
+        what = f"it uses {', '.join(culprits)}, which" if culprits else "something it uses"
+        raise AgentLoadError(
+            f"the agent cannot be sent to its worker processes: {what} cannot be pickled "
+            f"({type(exc).__name__}: {exc}). Create such objects inside the rollout (or "
+            "lazily, on first use), or run the workers in this process with inline=True"
+        ) from None
+
+
 class WorkerPool:
     """``n`` worker processes on this machine, restarted when one dies unexpectedly (up to
     ``max_restarts`` times in all) or retires to shed abandoned threads (``recycled`` counts
@@ -438,9 +495,8 @@ class WorkerPool:
         name: str = "worker",
         llm_keys: Mapping[str, str] | None = None,
     ) -> None:
-        import cloudpickle
 
-        self._blob = cloudpickle.dumps(agent)
+        self._blob = _pickled(agent)
         self._llm_keys = dict(llm_keys or {})
         self._url, self._token, self._config = store_url, token, config
         self._n, self._name, self._max_restarts = n, name, max_restarts
@@ -454,6 +510,8 @@ class WorkerPool:
     def _spawn(self, worker_id: str) -> None:
         import pickle
 
+        if self._stopping:  # a crash handled while the pool stops: no new process
+            return
         settings = {
             "store_url": self._url,
             "token": self._token,
@@ -492,7 +550,10 @@ class WorkerPool:
             if self.processes.get(wid) is not proc:
                 continue  # an exit already handled
             code = proc.returncode
-            if code == RECYCLE_EXIT_CODE:
+            if code == AGENT_LOAD_EXIT_CODE:  # said on its stderr; another try fails the same
+                log.error("worker %s could not load the agent; not restarting it", wid)
+                self.processes.pop(wid)
+            elif code == RECYCLE_EXIT_CODE:
                 self.recycled += 1
                 log.warning(
                     "worker %s retired: more than %d threads of timed-out or cancelled sync "

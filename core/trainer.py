@@ -108,7 +108,7 @@ class Trainer:
         token: the bearer token of the store server and the gateways (default:
             ``$VOLTRL_TOKEN``, else a fresh random one). It is never written to the store or
             printed.
-        gateway_retry: how the gateways retry backend calls (:class:`~voltrl.serve.
+        gateway_retry: how the gateways retry backend calls (:class:`~voltrl.retry.
             GatewayRetry`); an algorithm's own setting wins for its gateway.
     """
 
@@ -239,8 +239,8 @@ class Trainer:
         agent = _as_agent(agent)
         async with self._session("fit", agent) as ctx, self._reporting_failures(ctx):
             self.write_config(ctx.run_dir, agent, (train_dataset, train), (val_dataset, val))
-            await self.algorithm.setup(ctx)
             try:
+                await self.algorithm.setup(ctx)
                 await self.algorithm.train(ctx, train, val)
             finally:
                 await self.algorithm.teardown(ctx)
@@ -250,8 +250,8 @@ class Trainer:
         """:meth:`dev` for callers already inside an event loop."""
         tasks = load_tasks(dataset, split="dev")
         async with self._session("dev", _as_agent(agent)) as ctx, self._reporting_failures(ctx):
-            await self.algorithm.setup(ctx)
             try:
+                await self.algorithm.setup(ctx)
                 rollouts = await ctx.run_rollouts(tasks, mode="dev")
                 ctx.log(0, **summarize(rollouts).flat("dev/"))
             finally:
@@ -321,8 +321,8 @@ class Trainer:
             "host": self.host,
             "port": self.port,
         }
-        if isinstance(self.store, str | Path):
-            config["store"] = str(self.store)
+        if isinstance(self.store, str | Path):  # without a password: the YAML is no secret
+            config["store"] = _without_password(str(self.store))
         if self.gateway_retry is not None:
             config["gateway_retry"] = self.gateway_retry.model_dump()
         if self.resources is not None:
@@ -400,53 +400,67 @@ class Trainer:
             await _close_if(store, owned)
             raise
         metrics = MetricsLog(run_dir / "metrics.jsonl", run_id=run.run_id)
-        async with contextlib.AsyncExitStack() as stack:
-            stack.push_async_callback(_close_if, store, owned)
-            stack.callback(metrics.close)
-            token = self.token or os.environ.get("VOLTRL_TOKEN") or secrets.token_urlsafe(24)
-            keys = (
-                llm_keys(self.resources)
-                if self.resources is not None and not self.record_calls
-                else {}
-            )
-            alive, token = await self._start_workers(stack, store, agent, token, run_dir, keys)
-            ctx = TrainContext(
-                store=store,
-                run=run,
-                run_dir=run_dir,
-                metrics=metrics,
-                max_attempts=self.max_attempts,
-                rollout_timeout_s=self.rollout_timeout_s,
-                progress=self.progress,
-                workers_alive=alive,
-                remote_runners=self.n_runners == 0,
-                host=self.host,
-                token=token,
-                gateway_retry=self.gateway_retry,
-            )
-            stack.push_async_callback(ctx.cleanup.aclose)
-            status: RunStatus = "failed"
-            error: str | None = None
-            try:
-                if self.resources is not None:
-                    resources = self.resources
-                    if self.record_calls:
-                        resources = await self._behind_gateways(ctx, resources)
-                    await ctx.publish(resources)
-                yield ctx
+        status: RunStatus = "failed"
+        error: str | None = None
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                stack.callback(metrics.close)
+                yield await self._start(stack, store, run, run_dir, metrics, agent)
                 status = "finished"
-            except (asyncio.CancelledError, KeyboardInterrupt):
-                status = "interrupted"
-                await _cancel_unfinished(ctx)
-                resume = " (resume=True continues it)" if kind == "fit" else ""
-                print(f"run {name!r} interrupted{resume}: {run_dir}", flush=True)
-                raise
-            except BaseException as exc:
-                error = f"{type(exc).__name__}: {exc}"
-                raise
-            finally:
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            status = "interrupted"
+            resume = " (resume=True continues it)" if kind == "fit" else ""
+            print(f"run {name!r} interrupted{resume}: {run_dir}", flush=True)
+            raise
+        except BaseException as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            raise
+        finally:
+            try:
+                if status != "finished":  # an ended run leaves no rollouts for runners to claim
+                    await _cancel_unfinished(store, run)
                 update = {"status": status, "error": error, "finished_at": time.time()}
-                ctx.run = await store.add_run(ctx.run.model_copy(update=update))
+                await store.add_run(run.model_copy(update=update))
+            finally:
+                await _close_if(store, owned)
+
+    async def _start(
+        self,
+        stack: contextlib.AsyncExitStack,
+        store: Store,
+        run: Run,
+        run_dir: Path,
+        metrics: MetricsLog,
+        agent: LitAgent,
+    ) -> TrainContext:
+        """Serve the store, start the workers, front the LLMs with gateways and publish them;
+        returns the run's context (``stack`` stops it all)."""
+        token = self.token or os.environ.get("VOLTRL_TOKEN") or secrets.token_urlsafe(24)
+        keys = (
+            llm_keys(self.resources) if self.resources is not None and not self.record_calls else {}
+        )
+        alive, token = await self._start_workers(stack, store, agent, token, run_dir, keys)
+        ctx = TrainContext(
+            store=store,
+            run=run,
+            run_dir=run_dir,
+            metrics=metrics,
+            max_attempts=self.max_attempts,
+            rollout_timeout_s=self.rollout_timeout_s,
+            progress=self.progress,
+            workers_alive=alive,
+            remote_runners=self.n_runners == 0,
+            host=self.host,
+            token=token,
+            gateway_retry=self.gateway_retry,
+        )
+        stack.push_async_callback(ctx.cleanup.aclose)
+        if self.resources is not None:
+            resources = self.resources
+            if self.record_calls:
+                resources = await self._behind_gateways(ctx, resources)
+            await ctx.publish(resources)
+        return ctx
 
     async def _behind_gateways(
         self, ctx: TrainContext, resources: Resources | Mapping[str, Resource]
@@ -459,11 +473,12 @@ class Trainer:
         for name, item in items.items():
             if not isinstance(item, LLM) or item.gateway:
                 continue
-            backend = (item.endpoint, item.api_key)
+            key = ApiKeys().fill(name, item).api_key  # the key given, or from api_key_env
+            backend = (item.endpoint, key)
             if backend not in urls:
                 served = await ctx.serve_gateway(
                     [item.endpoint],
-                    backend_api_key=item.api_key,
+                    backend_api_key=key,
                     request_token_ids=self.request_token_ids,
                 )
                 urls[backend] = served.url
@@ -507,9 +522,10 @@ class Trainer:
         url, runner_token = await self._serve_store(stack, store, token)
         if self.n_runners == 0:
             token_file = None
-            if runner_token:
+            if runner_token:  # removed when the run ends: the token dies with it
                 token_file = run_dir / "runner.token"
                 _write_secret(token_file, runner_token)
+                stack.callback(token_file.unlink, missing_ok=True)
             print(f"store server: {url}; waiting for remote runners, started with:", flush=True)
             print(f"  {self.runner_command(url, token_file, agent)}", flush=True)
             if keys:
@@ -589,6 +605,15 @@ def _as_agent(agent: LitAgent | Callable[..., Any]) -> LitAgent:
     raise TypeError(f"expected a LitAgent or a function, got {type(agent).__name__}")
 
 
+def _without_password(spec: str) -> str:
+    """A store spec with a database URL's password left out (``user@host``)."""
+    scheme, sep, rest = spec.partition("://")
+    userinfo, at, host = rest.rpartition("@")
+    if not (sep and at and ":" in userinfo):
+        return spec
+    return f"{scheme}://{userinfo.split(':', 1)[0]}@{host}"
+
+
 def _write_secret(path: Path, secret: str) -> None:
     """Write ``secret`` to ``path``, readable by its owner only."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -613,12 +638,13 @@ def _agent_spec(agent: LitAgent) -> str:
     return f"{module}:{name}"
 
 
-async def _cancel_unfinished(ctx: TrainContext) -> None:
+async def _cancel_unfinished(store: Store, run: Run) -> None:
     """Cancel the run's queued and running rollouts (their workers stop them at the next
-    heartbeat, and their results are rejected): an interrupted run leaves none behind."""
-    unfinished = await ctx.store.query_rollouts(run_id=ctx.run.run_id, status=["queued", "running"])
+    heartbeat, and their results are rejected): a run that did not finish leaves none behind
+    for runners to claim."""
+    unfinished = await store.query_rollouts(run_id=run.run_id, status=["queued", "running"])
     for r in unfinished:
-        await ctx.store.cancel(r.rollout_id)
+        await store.cancel(r.rollout_id)
     if unfinished:
         print(f"cancelled {len(unfinished)} unfinished rollouts", flush=True)
 

@@ -68,6 +68,7 @@ def test_local_rl_gateway_follows_the_trainer_host_and_token_for_remote_runners(
     while not token_file.exists() and thread.is_alive() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert token_file.exists(), done
+    token = token_file.read_text().strip()  # read now: the file goes when the run ends
     command = [
         *("--store", f"http://{HOST}:{port}", "--token-file", str(token_file)),
         *("--agent", f"{AGENTS}:calls_with_and_without_the_key", "--lease", "10"),
@@ -83,7 +84,7 @@ def test_local_rl_gateway_follows_the_trainer_host_and_token_for_remote_runners(
     assert result.by_mode["train"].rollouts == 4
     assert result.rewards == [1.0] * 4  # answered with the token, 401 without, on HOST
     printed = capfd.readouterr().out
-    token = token_file.read_text().strip()
+    assert not token_file.exists()
     assert f"--store http://{HOST}:{port} --token-file {token_file}" in printed
     assert token not in printed
 

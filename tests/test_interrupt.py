@@ -91,7 +91,7 @@ def dev_command(tmp_path: Path, url: str) -> list[str]:
     return [
         "dev",
         f"{AGENTS}:calls_then_waits",
-        *("--data", str(tasks), "--llm-endpoint", url, "--model", "m"),
+        *("--data", str(tasks), "--llm-endpoint", url, "--model", "fake-model"),
         *("--n-runners", "1", "--max-concurrency", "4", "--name", "dev-run"),
     ]
 

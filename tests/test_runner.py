@@ -504,3 +504,98 @@ def test_the_readme_quick_start_runs_as_a_script_without_a_main_guard(tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     assert "bootstrapping" not in out.stderr and "Traceback" not in out.stderr, out.stderr
     assert len(list((tmp_path / "runs").iterdir())) == 1
+
+
+def _run_script(tmp_path, text: str):
+    import subprocess
+    import sys
+
+    script = tmp_path / "script.py"
+    script.write_text(text)
+    return subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=240
+    )
+
+
+@pytest.mark.timeout(300)
+def test_an_agent_using_a_global_that_cannot_be_pickled_gets_one_clear_error(tmp_path):
+    out = _run_script(
+        tmp_path,
+        """
+import threading
+import voltrl as vl
+
+lock = threading.Lock()
+
+def agent(task, resources):
+    with lock:
+        return 1.0
+
+try:
+    vl.Trainer(run_dir="runs", name="locked", progress=False).dev(agent, [{"q": 1}])
+except vl.AgentLoadError as exc:
+    print("AgentLoadError:", exc)
+""",
+    )
+    assert out.returncode == 0, out.stderr
+    assert "it uses lock, which cannot be pickled" in out.stdout, out.stdout + out.stderr
+    assert "Traceback" not in out.stderr
+    from voltrl.store.sql import SQLStore
+
+    store = SQLStore(tmp_path / "runs" / "locked" / "store.sqlite")
+    [run] = asyncio.run(store.list_runs())
+    asyncio.run(store.close())
+    assert run.status == "failed" and "AgentLoadError" in run.error  # a failed start, recorded
+
+
+@pytest.mark.timeout(300)
+def test_a_worker_that_cannot_load_the_agent_says_so_once_and_is_not_restarted(tmp_path):
+    (tmp_path / "gone.py").write_text(
+        "import voltrl as vl\n\nclass Agent(vl.LitAgent):\n"
+        "    def rollout(self, task, resources):\n        return 1.0\n"
+    )
+    out = _run_script(
+        tmp_path,
+        """
+import os, shutil, sys
+sys.path.insert(0, os.getcwd())
+import voltrl as vl
+from gone import Agent
+
+agent = Agent()
+os.remove("gone.py")  # the workers cannot import it any more
+shutil.rmtree("__pycache__", ignore_errors=True)
+sys.path.remove(os.getcwd())
+try:
+    vl.Trainer(run_dir="runs", name="gone", n_runners=2, progress=False).dev(agent, [{"q": 1}])
+except vl.VoltRLError as exc:
+    print("VoltRLError:", exc)
+""",
+    )
+    assert "VoltRLError: every worker has died" in out.stdout, out.stdout + out.stderr
+    assert out.stderr.count("cannot load the agent: ModuleNotFoundError") == 2  # once a worker
+    assert "restarting it" not in out.stderr.replace("not restarting it", "")
+
+
+def test_connection_errors_and_server_failures_are_not_the_agents_own():
+    import httpx
+    import openai
+
+    from voltrl.runner import _is_infrastructure
+
+    request = httpx.Request("POST", "http://model/v1/chat/completions")
+
+    def status(cls, code):
+        return cls("x", response=httpx.Response(code, request=request), body=None)
+
+    infrastructure = [
+        openai.APIConnectionError(request=request),
+        openai.APITimeoutError(request=request),
+        status(openai.InternalServerError, 503),
+        status(openai.RateLimitError, 429),
+        ConnectionResetError(),
+        TimeoutError(),
+    ]
+    agents_own = [status(openai.BadRequestError, 400), KeyError("answer"), ValueError("parse")]
+    assert [_is_infrastructure(e) for e in infrastructure] == [True] * 6
+    assert [_is_infrastructure(e) for e in agents_own] == [False] * 3

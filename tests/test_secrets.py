@@ -6,7 +6,6 @@ reaches remote runners through a file, never the printed command."""
 from __future__ import annotations
 
 import os
-import stat
 import sys
 from pathlib import Path
 
@@ -120,30 +119,57 @@ def test_a_runner_reads_its_token_from_a_file_or_the_environment(tmp_path: Path)
 
 def test_the_printed_runner_command_names_a_token_file(tmp_path: Path) -> None:
     """``n_runners=0``: the command to start remote runners reads the token from an
-    owner-only file; the token itself is not printed (this runs a real trainer to the point
-    where it waits, then checks what it printed)."""
+    owner-only file, which lives as long as the run; the token itself is not printed (a real
+    trainer runs to the point where it waits; the test looks while it waits)."""
     import subprocess
 
+    token_file = tmp_path / "remote" / "runner.token"
     script = f"""
-import asyncio, voltrl as vl
+import asyncio, os, stat, voltrl as vl
 def agent(task, resources):
     return 1.0
 async def main():
     trainer = vl.Trainer(
         n_runners=0, run_dir={str(tmp_path)!r}, name="remote", token="tok-{"9" * 20}"
     )
-    try:
-        await asyncio.wait_for(trainer.dev_async(agent, [{{"q": 1}}]), 3)
-    except TimeoutError:
-        pass
+    run = asyncio.ensure_future(trainer.dev_async(agent, [{{"q": 1}}]))
+    while not os.path.exists({str(token_file)!r}):
+        await asyncio.sleep(0.1)
+    print("mode", oct(stat.S_IMODE(os.stat({str(token_file)!r}).st_mode)), flush=True)
+    print("token matches", open({str(token_file)!r}).read().strip() == "tok-" + "9" * 20)
+    run.cancel()
+    await asyncio.gather(run, return_exceptions=True)
 asyncio.run(main())
 """
     out = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
     )
-    token_file = tmp_path / "remote" / "runner.token"
     assert f"--token-file {token_file}" in out.stdout, out.stdout + out.stderr
+    assert "mode 0o600" in out.stdout and "token matches True" in out.stdout
     assert "9" * 20 not in out.stdout + out.stderr
-    assert token_file.read_text().strip() == "tok-" + "9" * 20
-    assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
-    assert files_containing(tmp_path / "remote", "9" * 20) == [token_file]
+    assert not token_file.exists()  # gone with the run
+    assert files_containing(tmp_path / "remote", "9" * 20) == []
+
+
+async def test_a_key_from_api_key_env_reaches_the_backend_through_the_gateway(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from serving_agents import calls_once
+
+    monkeypatch.setenv("MY_PROVIDER_KEY", SECRET)
+    async with FakeBackend() as backend:
+        llm = vl.LLM(endpoint=backend.url, model="m", api_key_env="MY_PROVIDER_KEY")
+        trainer = vl.Trainer(resources={"main_llm": llm}, run_dir=tmp_path, inline=True)
+        result = await trainer.dev_async(calls_once, [{"q": 1}])
+    assert result.rewards == [1.0]
+    assert [r["authorization"] for r in backend.requests] == [f"Bearer {SECRET}"]
+    assert files_containing(tmp_path, SECRET) == []
+
+
+def test_a_database_password_stays_out_of_train_yaml() -> None:
+    from voltrl.trainer import _without_password
+
+    dsn = "postgresql://voltrl:hunter2@db.example:5432/runs"
+    assert _without_password(dsn) == "postgresql://voltrl@db.example:5432/runs"
+    assert _without_password("runs/store.sqlite") == "runs/store.sqlite"
+    assert _without_password("postgresql://voltrl@db/runs") == "postgresql://voltrl@db/runs"

@@ -122,3 +122,13 @@ def test_threads_come_from_the_yaml_config(tmp_path: Path):
     }
     trainer, *_ = build_from_config(config)
     assert trainer.algorithm.threads == 1
+
+
+def test_a_container_cpu_quota_bounds_the_usable_cpus(tmp_path):
+    from voltrl.algorithms.local.threads import cgroup_cpu_quota
+
+    cpu_max = tmp_path / "cpu.max"
+    for text, expected in [("200000 100000\n", 2), ("50000 100000\n", 1), ("max 100000\n", None)]:
+        cpu_max.write_text(text)
+        assert cgroup_cpu_quota(cpu_max) == expected
+    assert cgroup_cpu_quota(tmp_path / "missing") is None

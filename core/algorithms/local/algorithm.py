@@ -259,9 +259,17 @@ class LocalRL(Algorithm):
             print(f"interrupted: checkpoint of step {self._steps_done} in {path}", flush=True)
             raise
         finally:
-            from voltrl.plots import reward_curve
+            self._draw_curve(ctx)
 
+    def _draw_curve(self, ctx: TrainContext) -> None:
+        """``reward_curve.png`` in the run directory; a failure to draw is only reported (it
+        must not hide why the run ended)."""
+        from voltrl.plots import reward_curve
+
+        try:
             reward_curve(ctx.metrics.history(), ctx.run_dir / "reward_curve.png", ctx.run.name)
+        except Exception as exc:
+            print(f"warning: reward_curve.png not drawn: {type(exc).__name__}: {exc}", flush=True)
 
     def _update(self, batch: Any, step: int) -> dict[str, Any]:
         """The policy update of ``step`` (on a worker thread; a checkpoint waits for it)."""

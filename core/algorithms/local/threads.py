@@ -14,16 +14,29 @@ torch on a thread of its own (the engine, the policy update) applies it there ag
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 THREADS_ENV = "OMP_NUM_THREADS"
 """An environment variable that, when set to a positive integer, replaces the default."""
 
 
 def usable_cpus() -> int:
-    """The CPUs this process may run on (its affinity mask where the OS has one)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
+    """The CPUs this process may run on: its affinity mask where the OS has one, lowered to
+    a container's CPU quota (cgroup v2 ``cpu.max``) where there is one."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    cpus = len(affinity(0)) if affinity else (os.cpu_count() or 1)
+    quota = cgroup_cpu_quota()
+    return max(1, min(cpus, quota)) if quota is not None else cpus
+
+
+def cgroup_cpu_quota(path: Path = Path("/sys/fs/cgroup/cpu.max")) -> int | None:
+    """The CPUs a cgroup v2 quota allows (``"200000 100000"`` is 2), rounded down but at
+    least 1; None without a quota (``"max ..."``) or without the file."""
+    try:
+        quota, period = path.read_text().split()[:2]
+        return max(1, int(quota) // int(period))
+    except (OSError, ValueError):
+        return None
 
 
 def decide_threads(threads: int | None = None) -> int:

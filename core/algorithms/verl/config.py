@@ -60,7 +60,7 @@ class VoltrlSection(Model):
             the trainer's ``host``); runners on other machines need a reachable one. Off
             loopback the run needs a token (the trainer's, which it always has unless the store
             is a server without one): the gateway checks it and is refused without one.
-        gateway_retry: how that gateway retries replica calls (:class:`~voltrl.serve.
+        gateway_retry: how that gateway retries replica calls (:class:`~voltrl.retry.
             GatewayRetry` fields; default: the trainer's).
         served_model_name: the model name agents see in their ``LLM`` (default: the name the
             vLLM replicas serve; the gateway always sends that one to them).
