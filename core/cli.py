@@ -380,7 +380,8 @@ def _cmd_gateway(args: argparse.Namespace) -> int:
 
 
 def _cmd_runner(args: argparse.Namespace) -> int:
-    from voltrl.runner import RunnerConfig, run_runner
+    from voltrl.runner import RunnerConfig
+    from voltrl.workers import run_runner
 
     if not args.store.startswith(("http://", "https://")):
         raise VoltRLError(

@@ -120,6 +120,8 @@ class TrainContext:
                 done = await self.store.wait_for_rollouts(ids, timeout_s=1.0)
                 bar.update(task, completed=len(done), description=waiting if not done else desc)
                 await self.failures.observe(self.store, done, bar.console)
+                if len(done) < len(ids):
+                    await self.failures.observe_retries(self.store, self.run.run_id, bar.console)
                 if len(done) == len(ids):
                     self.failures.check()
                     return done

@@ -88,9 +88,15 @@ def traceback_frames(traceback: str) -> list[Frame]:
     return frames
 
 
-def agent_frames(frames: Sequence[Frame]) -> list[Frame]:
-    """The frames of the agent's own code, and always the last (raising) one."""
-    return [f for i, f in enumerate(frames) if i == len(frames) - 1 or not _hidden(f.path)]
+def agent_frames(frames: Sequence[Frame], package: str | None = None) -> list[Frame]:
+    """The frames of the agent's own code, and always the last (raising) one. ``package`` is
+    the agent's top-level package, whose frames are shown even where it is installed."""
+    own = (f"/{package}/", f"/{package}.py") if package else ()
+
+    def shown(i: int, frame: Frame) -> bool:
+        return i == len(frames) - 1 or any(p in frame.path for p in own) or not _hidden(frame.path)
+
+    return [f for i, f in enumerate(frames) if shown(i, f)]
 
 
 def error_key(attempt: Attempt) -> str:
@@ -120,14 +126,23 @@ class FailureReport:
             stops the run: 1.0 when every rollout so far failed, 0.5 when half did; None
             never stops.
         console: where to print (default: a console on stdout).
+        agent_package: the agent's top-level package: its frames are the agent's own even
+            where it is installed among the site packages.
     """
 
-    def __init__(self, stop_at_rate: float | None = 1.0, console: Console | None = None) -> None:
+    def __init__(
+        self,
+        stop_at_rate: float | None = 1.0,
+        console: Console | None = None,
+        agent_package: str | None = None,
+    ) -> None:
         self.stop_at_rate = stop_at_rate
+        self.agent_package = agent_package
         self.console = console or Console()
         self.finished = 0
         self.failed = 0
         self._seen: set[str] = set()
+        self._counted: set[str] = set()
         self._errors: dict[str, _Error] = {}
 
     async def observe(
@@ -147,11 +162,28 @@ class FailureReport:
                     if attempt.status in FAILED_ATTEMPT:
                         self._count(rollout, attempt, console or self.console)
 
+    async def observe_retries(
+        self, store: Store, run_id: str, console: Console | None = None
+    ) -> None:
+        """Print the first occurrence of errors of the run's rollouts that are being tried
+        again (their earlier attempts failed), without waiting for their last attempt."""
+        unfinished = await store.query_rollouts(run_id=run_id, status=["queued", "running"])
+        for rollout in unfinished:
+            tried = rollout.attempt_count - (rollout.status == "running")
+            if tried >= 1:
+                for attempt in await store.get_attempts(rollout.rollout_id):
+                    if attempt.status in FAILED_ATTEMPT:
+                        self._count(rollout, attempt, console or self.console)
+
     def _count(self, rollout: Rollout, attempt: Attempt, console: Console) -> None:
+        if attempt.attempt_id in self._counted:
+            return
+        self._counted.add(attempt.attempt_id)
         error = self._errors.setdefault(error_key(attempt), _Error(attempt))
         error.count += 1
         if error.count == 1:
-            console.print(_first_occurrence(rollout, attempt), soft_wrap=True, highlight=False)
+            text = _first_occurrence(rollout, attempt, self.agent_package)
+            console.print(text, soft_wrap=True, highlight=False)
 
     def check(self) -> None:
         """Raise :class:`~voltrl.errors.TooManyFailuresError` when the failed share of the
@@ -193,7 +225,7 @@ def _first_line(error: str | None) -> str:
     return (error or "failed").split("\n", 1)[0]
 
 
-def _first_occurrence(rollout: Rollout, attempt: Attempt) -> Text:
+def _first_occurrence(rollout: Rollout, attempt: Attempt, package: str | None) -> Text:
     """The error of ``attempt`` with the agent's frames, as printed the first time."""
     task = json.dumps(rollout.task.input, default=str)
     task = task if len(task) <= 80 else task[:77] + "..."
@@ -207,7 +239,7 @@ def _first_occurrence(rollout: Rollout, attempt: Attempt) -> Text:
     if attempt.status == "timeout":
         text.append(f"\n  {TIMEOUT_ADVICE}", style="yellow")
     frames = traceback_frames(attempt.traceback or "")
-    shown = agent_frames(frames)
+    shown = agent_frames(frames, package)
     for frame in shown:
         text.append(f"\n{frame.text}")
     if len(shown) < len(frames):

@@ -3,10 +3,9 @@
 One worker is an asyncio loop (:func:`run_worker`) that keeps up to ``max_concurrency``
 rollouts in flight. Each rollout gets a :class:`~voltrl.tracing.RolloutContext`, its timeout
 is enforced by cancelling the work, and whatever the agent does (raise, hang, return junk)
-ends that attempt only. A :class:`WorkerPool` runs workers as separate processes talking to
-the store over HTTP, and restarts one that dies; the dead worker's leases expire and the
-store hands its rollouts out again. :func:`run_runner` is ``voltrl runner``: a pool for a
-store server anywhere, until SIGTERM.
+ends that attempt only. :class:`~voltrl.workers.WorkerPool` runs workers as separate
+processes talking to the store over HTTP, and restarts one that dies; the dead worker's leases
+expire and the store hands its rollouts out again (``voltrl runner`` is such a pool).
 
 Async rollouts run on the worker's loop, whose default executor copies the caller's context
 (``loop.run_in_executor`` keeps the rollout); each sync rollout runs in a thread of its own.
@@ -16,9 +15,9 @@ failed at once and its thread *abandoned*: it runs on untouched, its result is d
 whatever it emits is rejected. Abandoned threads that never return pile up, so a worker
 process holding more than ``max_abandoned_threads`` of them still running retires: it claims
 nothing more, finishes its other rollouts and exits with :data:`RECYCLE_EXIT_CODE`, and its
-:class:`WorkerPool` starts a fresh process in its place (not counted as a crash). An inline
-worker (``Trainer(inline=True)``) shares the trainer's process and cannot retire: it logs a
-warning instead.
+:class:`~voltrl.workers.WorkerPool` starts a fresh process in its place (not counted as a
+crash). An inline worker (``Trainer(inline=True)``) shares the trainer's process and cannot
+retire: it logs a warning instead.
 
 A stopped worker claims nothing more, gives rollouts in flight ``grace_s`` to finish, and
 releases the rest: they are reported failed with a "released" error, so the store queues them
@@ -29,19 +28,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import queue
-import signal
-import subprocess
 import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from voltrl.agent import LitAgent, normalize_result, run_rollout
-from voltrl.errors import AgentLoadError, StaleAttemptError, StoreError
+from voltrl.errors import StaleAttemptError, StoreError
 from voltrl.resources import ApiKeys, Resources
 from voltrl.store.base import Store
 from voltrl.tracing import RolloutContext, activate, copy_context_into_executor
@@ -52,9 +47,6 @@ log = logging.getLogger("voltrl.runner")
 #: Exit status of a worker process that retires to shed abandoned threads; its pool starts
 #: a fresh one in its place (a planned restart, not a crash).
 RECYCLE_EXIT_CODE = 75
-AGENT_LOAD_EXIT_CODE = 78
-"""A worker process that could not load the agent exits with this; the pool does not restart
-it (a new process would fail the same way)."""
 
 
 @dataclass(frozen=True)
@@ -358,304 +350,3 @@ def _failed(*, agent_error: bool = False) -> AttemptResult:
         traceback=traceback.format_exc(),
         agent_error=agent_error,
     )
-
-
-# ---- processes ---------------------------------------------------------------------------
-
-
-_WORKER_MAIN = "from voltrl.runner import worker_main; worker_main()"
-"""What a worker process runs (``python -c``): it reads its settings from standard input, so
-it never imports the script that started it (no ``if __name__ == "__main__"`` guard needed)
-and secrets never appear on a command line."""
-
-
-def worker_main() -> None:
-    """Entry point of a worker process started by :class:`WorkerPool`: its settings arrive
-    pickled on standard input (store URL, token, the agent pickled by value with cloudpickle
-    when it lives in a script, worker id, config, ``sys.path``, API keys). It runs until
-    SIGTERM or the death of the process that started it (each stops it gracefully). SIGINT is
-    ignored: a Ctrl-C in the terminal reaches the whole process group, and the process that
-    started the workers (trainer or ``voltrl runner``) decides how they stop."""
-    import pickle
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    settings = pickle.loads(sys.stdin.buffer.read())
-    sys.path[:0] = [p for p in settings.pop("sys_path") if p not in sys.path]
-    _run_worker_process(**settings)
-
-
-def _run_worker_process(
-    store_url: str,
-    token: str | None,
-    agent_blob: bytes,
-    worker_id: str,
-    config: RunnerConfig,
-    llm_keys: dict[str, str],
-) -> None:
-    logging.basicConfig(
-        level=logging.WARNING, format=f"%(asctime)s [{worker_id}] %(levelname)s %(message)s"
-    )
-    import cloudpickle
-
-    from voltrl.store.client import HTTPStore
-
-    try:
-        agent = cloudpickle.loads(agent_blob)
-    except Exception as exc:
-        print(
-            f"voltrl worker {worker_id}: cannot load the agent: {type(exc).__name__}: {exc} "
-            "(is its module importable here: the same directory or PYTHONPATH?)",
-            file=sys.stderr,
-            flush=True,
-        )
-        sys.exit(AGENT_LOAD_EXIT_CODE)
-    parent = os.getppid()
-
-    async def watch_parent(stop: asyncio.Event) -> None:
-        while os.getppid() == parent:
-            await asyncio.sleep(1.0)
-        log.warning("worker %s: the process that started it is gone; stopping", worker_id)
-        stop.set()
-
-    async def main() -> None:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        loop.add_signal_handler(signal.SIGTERM, stop.set)
-        orphaned = asyncio.create_task(watch_parent(stop))
-        store = HTTPStore(store_url, token=token)
-        recycle = asyncio.Event()
-        try:
-            keys = ApiKeys(gateway=token, llms=llm_keys)
-            await run_worker(
-                store,
-                agent,
-                worker_id=worker_id,
-                config=config,
-                stop=stop,
-                keys=keys,
-                recycle=recycle,
-            )
-        finally:
-            orphaned.cancel()
-            await store.close()
-        if recycle.is_set():
-            # Exit at once: a normal shutdown would wait on threads that may never return.
-            os._exit(RECYCLE_EXIT_CODE)
-
-    asyncio.run(main())
-
-
-def _pickled(agent: LitAgent) -> bytes:
-    """``agent`` pickled for worker processes (by value when it lives in a script, so they
-    never import the script), or an :class:`AgentLoadError` naming what cannot be sent."""
-    import cloudpickle
-
-    try:
-        return cloudpickle.dumps(agent)
-    except Exception as exc:
-        target = getattr(agent, "fn", type(agent))
-        names = getattr(getattr(target, "__code__", None), "co_names", ())
-        globals_ = getattr(target, "__globals__", {})
-        culprits = []
-        for name in names:
-            try:
-                cloudpickle.dumps(globals_[name])
-            except KeyError:
-                continue
-            except Exception:
-                culprits.append(name)
-        what = f"it uses {', '.join(culprits)}, which" if culprits else "something it uses"
-        raise AgentLoadError(
-            f"the agent cannot be sent to its worker processes: {what} cannot be pickled "
-            f"({type(exc).__name__}: {exc}). Create such objects inside the rollout (or "
-            "lazily, on first use), or run the workers in this process with inline=True"
-        ) from None
-
-
-class WorkerPool:
-    """``n`` worker processes on this machine, restarted when one dies unexpectedly (up to
-    ``max_restarts`` times in all) or retires to shed abandoned threads (``recycled`` counts
-    those planned restarts, which have no limit).
-
-    Each is a plain ``python`` process (:func:`worker_main`), not a multiprocessing child, so
-    it never re-imports the user's script. ``llm_keys`` (provider API keys by resource name,
-    see :class:`~voltrl.resources.ApiKeys`) and ``token`` (the store's and the gateways') reach
-    it through its standard input.
-    """
-
-    def __init__(
-        self,
-        agent: LitAgent,
-        store_url: str,
-        *,
-        n: int,
-        token: str | None = None,
-        config: RunnerConfig = RunnerConfig(),
-        max_restarts: int = 10,
-        name: str = "worker",
-        llm_keys: Mapping[str, str] | None = None,
-    ) -> None:
-
-        self._blob = _pickled(agent)
-        self._llm_keys = dict(llm_keys or {})
-        self._url, self._token, self._config = store_url, token, config
-        self._n, self._name, self._max_restarts = n, name, max_restarts
-        self.processes: dict[str, subprocess.Popen[bytes]] = {}
-        self._exits: queue.Queue[tuple[str, subprocess.Popen[bytes]]] = queue.Queue()
-        self.restarts = 0
-        self.recycled = 0
-        self._stopping = False
-        self._supervisor: threading.Thread | None = None
-
-    def _spawn(self, worker_id: str) -> None:
-        import pickle
-
-        if self._stopping:  # a crash handled while the pool stops: no new process
-            return
-        settings = {
-            "store_url": self._url,
-            "token": self._token,
-            "agent_blob": self._blob,
-            "worker_id": worker_id,
-            "config": self._config,
-            "sys_path": list(sys.path),
-            "llm_keys": self._llm_keys,
-        }
-        proc = subprocess.Popen([sys.executable, "-c", _WORKER_MAIN], stdin=subprocess.PIPE)
-        assert proc.stdin is not None
-        with proc.stdin:
-            proc.stdin.write(pickle.dumps(settings))
-        self.processes[worker_id] = proc
-        threading.Thread(
-            target=lambda: (proc.wait(), self._exits.put((worker_id, proc))),
-            name=f"voltrl-{worker_id}-exit",
-            daemon=True,
-        ).start()
-
-    def start(self) -> None:
-        """Start the processes and a thread that restarts any that die."""
-        for i in range(self._n):
-            self._spawn(f"{self._name}-{i}")
-        self._supervisor = threading.Thread(target=self._supervise, daemon=True)
-        self._supervisor.start()
-
-    def _supervise(self) -> None:
-        while not self._stopping and self.processes:
-            try:
-                wid, proc = self._exits.get(timeout=1.0)
-            except queue.Empty:
-                continue
-            if self._stopping:
-                return
-            if self.processes.get(wid) is not proc:
-                continue  # an exit already handled
-            code = proc.returncode
-            if code == AGENT_LOAD_EXIT_CODE:  # said on its stderr; another try fails the same
-                log.error("worker %s could not load the agent; not restarting it", wid)
-                self.processes.pop(wid)
-            elif code == RECYCLE_EXIT_CODE:
-                self.recycled += 1
-                log.warning(
-                    "worker %s retired: more than %d threads of timed-out or cancelled sync "
-                    "rollouts were still running in it (max_abandoned_threads); starting "
-                    "a fresh process",
-                    wid,
-                    self._config.max_abandoned_threads,
-                )
-                self._spawn(wid)
-            elif self.restarts >= self._max_restarts:
-                log.error("worker %s died (exit %s); restart limit reached", wid, code)
-                self.processes.pop(wid)
-            else:
-                self.restarts += 1
-                log.warning("worker %s died (exit %s); restarting it", wid, code)
-                self._spawn(wid)
-
-    @property
-    def alive(self) -> int:
-        """How many worker processes are running."""
-        return sum(p.poll() is None for p in self.processes.values())
-
-    def stop(self, grace_s: float | None = None) -> None:
-        """SIGTERM every worker (they finish or release in-flight rollouts, see
-        :func:`run_worker`), then kill the ones still running after ``grace_s`` (default: the
-        config's ``grace_s`` plus 10 s to report)."""
-        self._stopping = True
-        if grace_s is None:
-            grace_s = self._config.grace_s + 10.0
-        for proc in self.processes.values():
-            if proc.poll() is None:
-                proc.terminate()
-        deadline = time.monotonic() + grace_s
-        for proc in self.processes.values():
-            try:
-                proc.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
-        if self._supervisor is not None:
-            self._supervisor.join(2)
-
-    def kill(self) -> None:
-        """SIGKILL every worker now (their leases expire and the store retries their
-        rollouts)."""
-        self._stopping = True
-        for proc in self.processes.values():
-            if proc.poll() is None:
-                proc.kill()
-
-
-def run_runner(
-    agent: LitAgent,
-    store_url: str,
-    *,
-    token: str | None = None,
-    workers: int = 1,
-    config: RunnerConfig = RunnerConfig(),
-    name: str | None = None,
-) -> int:
-    """``voltrl runner``: ``workers`` worker processes on this machine running ``agent`` for
-    the store server at ``store_url``, until SIGTERM or SIGINT.
-
-    Checks first that the store answers (a clear :class:`~voltrl.errors.StoreError` if it is
-    unreachable or refuses the token). On the signal, workers stop claiming and rollouts in
-    flight get ``config.grace_s`` seconds before they are released. Returns the exit status:
-    0 after a signal, 1 if every worker died for good.
-    """
-    import socket
-
-    from voltrl.store.client import HTTPStore
-
-    async def check() -> None:
-        store = HTTPStore(store_url, token=token, retries=0)
-        try:
-            await store.get_resources()
-        finally:
-            await store.close()
-
-    asyncio.run(check())
-    if workers < 1:
-        raise ValueError("workers must be >= 1")
-    name = name or f"{socket.gethostname()}-{os.getpid()}"
-    pool = WorkerPool(agent, store_url, n=workers, token=token, config=config, name=name)
-    stop = threading.Event()
-    handlers = {
-        sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)
-    }
-    pool.start()
-    print(
-        f"voltrl runner {name}: {workers} worker(s) x {config.max_concurrency} rollouts "
-        f"against {store_url}",
-        flush=True,
-    )
-    try:
-        while not stop.wait(0.5):
-            if not pool.processes:
-                log.error("every worker died; giving up")
-                return 1
-    finally:
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
-        pool.stop()
-    print(f"voltrl runner {name}: stopped", flush=True)
-    return 0

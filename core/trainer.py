@@ -38,9 +38,10 @@ from voltrl.dataset import Dataset, load_tasks
 from voltrl.failures import FailureReport
 from voltrl.metrics import MetricsLog, RewardStats, format_stats_table, summarize
 from voltrl.resources import LLM, ApiKeys, Resource, Resources, llm_keys
-from voltrl.runner import RunnerConfig, WorkerPool, run_worker
+from voltrl.runner import RunnerConfig, run_worker
 from voltrl.store.base import Store
 from voltrl.types import Rollout, Run, RunStatus, Task
+from voltrl.workers import WorkerPool
 
 if TYPE_CHECKING:
     from voltrl.retry import GatewayRetry
@@ -237,7 +238,7 @@ class Trainer:
         train = load_tasks(train_dataset, split="train")
         val = load_tasks(val_dataset, split="val") if val_dataset is not None else None
         agent = _as_agent(agent)
-        async with self._session("fit", agent) as ctx, self._reporting_failures(ctx):
+        async with self._session("fit", agent) as ctx, self._reporting_failures(ctx, agent):
             self.write_config(ctx.run_dir, agent, (train_dataset, train), (val_dataset, val))
             try:
                 await self.algorithm.setup(ctx)
@@ -249,7 +250,8 @@ class Trainer:
     async def dev_async(self, agent: LitAgent | Callable[..., Any], dataset: Dataset) -> RunResult:
         """:meth:`dev` for callers already inside an event loop."""
         tasks = load_tasks(dataset, split="dev")
-        async with self._session("dev", _as_agent(agent)) as ctx, self._reporting_failures(ctx):
+        agent = _as_agent(agent)
+        async with self._session("dev", agent) as ctx, self._reporting_failures(ctx, agent):
             try:
                 await self.algorithm.setup(ctx)
                 rollouts = await ctx.run_rollouts(tasks, mode="dev")
@@ -338,11 +340,16 @@ class Trainer:
 
     # ---- wiring -------------------------------------------------------------------------
     @contextlib.asynccontextmanager
-    async def _reporting_failures(self, ctx: TrainContext) -> AsyncIterator[None]:
+    async def _reporting_failures(self, ctx: TrainContext, agent: LitAgent) -> AsyncIterator[None]:
         """Give ``ctx`` this trainer's failure settings; print the failure summary when the
         run ends, stopped by its failures or not."""
         ctx.retry_agent_errors = self.retry_agent_errors
-        ctx.failures = FailureReport(self.stop_at_failure_rate)
+        target: Any = agent.fn if isinstance(agent, FunctionAgent) else type(agent)
+        package = getattr(target, "__module__", "").partition(".")[0]
+        ctx.failures = FailureReport(
+            self.stop_at_failure_rate,
+            agent_package=package if package not in ("", "__main__", "voltrl") else None,
+        )
         try:
             yield
         finally:

@@ -52,3 +52,17 @@ def test_errors_are_one_by_type_and_raising_line_or_by_message_up_to_numbers_and
         attempt("lease expired (worker w-1 stopped heartbeating)")
     )
     assert error_key(attempt("rollout timed out after 5.0 s")) != error_key(attempt("released"))
+
+
+def test_an_installed_agent_packages_frames_are_its_own():
+    from voltrl.failures import Frame
+
+    site = "/usr/lib/python3/site-packages"
+    frames = [
+        Frame(f"{site}/voltrl/agent.py", 10, "voltrl"),
+        Frame(f"{site}/my_agents/solver.py", 20, "the agent"),
+        Frame(f"{site}/httpx/_client.py", 30, "httpx"),
+        Frame(f"{site}/json/decoder.py", 40, "raising"),
+    ]
+    assert [f.text for f in agent_frames(frames)] == ["raising"]
+    assert [f.text for f in agent_frames(frames, "my_agents")] == ["the agent", "raising"]

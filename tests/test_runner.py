@@ -434,10 +434,10 @@ async def test_a_worker_process_past_the_abandoned_thread_limit_is_replaced_and_
 ):
     from fault_agents import SyncSleeper
 
-    from voltrl.runner import WorkerPool
     from voltrl.server import serve_in_thread
     from voltrl.store.client import HTTPStore
     from voltrl.store.server import store_app
+    from voltrl.workers import WorkerPool
 
     server = serve_in_thread(store_app(InMemoryStore(), token="t"))
     store = HTTPStore(server.url, "t")

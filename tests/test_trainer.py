@@ -266,3 +266,28 @@ def test_a_worker_killed_mid_rollout_is_replaced_and_the_task_completes_exactly_
 
     first, second = asyncio.run(attempts())
     assert first.status == "expired" and second.status == "succeeded"
+
+
+async def test_an_error_is_printed_while_its_rollout_is_still_being_retried(tmp_path, capsys):
+    """``fit`` retries an agent error; its first occurrence is printed while the next attempt
+    runs, not only after the rollout's last attempt."""
+    import asyncio
+
+    printed: list[str] = []
+    attempts = 0
+
+    async def agent(task, resources):
+        nonlocal attempts
+        attempts += 1
+        if attempts == 1:
+            raise ValueError("the first try fails")
+        for _ in range(400):  # the second try waits to see the first one's error printed
+            printed.append(capsys.readouterr().out)
+            if "the first try fails" in "".join(printed):
+                return 1.0
+            await asyncio.sleep(0.05)
+        return 0.0
+
+    trainer = vl.Trainer(store="memory", run_dir=tmp_path, inline=True, progress=False)
+    result = await trainer.fit_async(agent, [{"q": 1}])
+    assert result.rewards == [1.0] and attempts == 2
