@@ -389,6 +389,12 @@ class Trainer:
         if resume:
             previous = [r for r in await store.list_runs() if r.name == name and r.kind == kind]
             if previous:
+                if previous[-1].status == "running":
+                    print(
+                        f"run {name!r} is marked running: resuming it (make sure no other "
+                        "process still trains it; a process that was killed leaves it so)",
+                        flush=True,
+                    )
                 update = {"status": "running", "finished_at": None, "error": None}
                 return await store.add_run(previous[-1].model_copy(update=update))
         algorithm = self.algorithm.name
