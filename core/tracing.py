@@ -200,6 +200,9 @@ class ContextThreadPoolExecutor(ThreadPoolExecutor):
     ``asyncio.to_thread`` does. Runner workers make it their event loop's default executor,
     so ``loop.run_in_executor(None, fn)`` (how AutoGen runs sync tools) keeps the rollout."""
 
+    replaced: ThreadPoolExecutor | None = None
+    """The loop's executor before this one (kept so that its threads live on)."""
+
     def submit(self, fn: Callable[..., _T], /, *args: Any, **kwargs: Any) -> Future[_T]:
         """Schedule ``fn(*args, **kwargs)`` in a copy of the current context."""
         return super().submit(contextvars.copy_context().run, fn, *args, **kwargs)
@@ -207,9 +210,16 @@ class ContextThreadPoolExecutor(ThreadPoolExecutor):
 
 def copy_context_into_executor(loop: asyncio.AbstractEventLoop) -> None:
     """Make ``loop``'s default executor a :class:`ContextThreadPoolExecutor` unless it is one
-    already. Calls already queued on the executor it replaces still run."""
-    if not isinstance(getattr(loop, "_default_executor", None), ContextThreadPoolExecutor):
-        loop.set_default_executor(ContextThreadPoolExecutor(thread_name_prefix="voltrl-executor"))
+    already. The executor it replaces is kept alive by the new one: an executor that is
+    garbage-collected ends its threads, and a child process started from one of them with a
+    parent-death signal (Ray's, when ``ray.init`` ran in ``asyncio.to_thread``) would die
+    with it."""
+    previous = getattr(loop, "_default_executor", None)
+    if isinstance(previous, ContextThreadPoolExecutor):
+        return
+    executor = ContextThreadPoolExecutor(thread_name_prefix="voltrl-executor")
+    executor.replaced = previous
+    loop.set_default_executor(executor)
 
 
 def emit_reward(

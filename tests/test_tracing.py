@@ -108,3 +108,35 @@ def test_span_records_timing_status_and_errors():
     assert (ok.name, ok.status, ok.attributes) == ("tool:add", "ok", {"a": 1})
     assert err.status == "error" and "ZeroDivisionError" in err.events[0]["message"]
     assert ev.attributes == {"step": 3} and ev.start_time == ev.end_time
+
+
+async def test_replacing_the_loops_executor_keeps_its_threads_and_their_children_alive():
+    """A child started from an executor thread with a parent-death signal (as Ray starts its
+    processes when ``ray.init`` runs in ``asyncio.to_thread``) outlives the executor being
+    replaced by a runner worker's context-copying one."""
+    import ctypes
+    import gc
+    import signal
+    import subprocess
+    import sys
+
+    from voltrl.tracing import copy_context_into_executor
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    pr_set_pdeathsig = 1
+
+    def start_child() -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(60)"],
+            preexec_fn=lambda: libc.prctl(pr_set_pdeathsig, signal.SIGKILL),
+        )
+
+    child = await asyncio.to_thread(start_child)
+    try:
+        copy_context_into_executor(asyncio.get_running_loop())
+        gc.collect()
+        await asyncio.sleep(1.0)  # a thread that ended would have taken the child with it
+        assert child.poll() is None
+    finally:
+        child.kill()
+        child.wait()
