@@ -434,16 +434,34 @@ def _cmd_model_serve(args: argparse.Namespace) -> int:
     name = args.served_name or (TINY if args.model == TINY else path.resolve().name)
     engine = Engine(model, tokenizer, max_batch_size=args.max_batch_size, threads=threads)
     try:
-        run(_serve_model(engine, args.host, args.port, name, token, tiny=args.model == TINY))
+        key = _token_hint(args) if token else None
+        run(_serve_model(engine, args.host, args.port, name, token, key, tiny=args.model == TINY))
     finally:
         engine.close()
     return 0
 
 
+def _token_hint(args: argparse.Namespace) -> str:
+    """How a printed command passes the token it was given, without showing it."""
+    if args.token:
+        return '"$TOKEN" (the --token you gave)'
+    if args.token_file:
+        return f'"$(cat {args.token_file})"'
+    return '"$VOLTRL_TOKEN"'
+
+
 async def _serve_model(
-    engine: Any, host: str, port: int, name: str, token: str | None, *, tiny: bool
+    engine: Any,
+    host: str,
+    port: int,
+    name: str,
+    token: str | None,
+    key_hint: str | None,
+    *,
+    tiny: bool,
 ) -> None:
-    """Serve ``engine`` as ``name``, print how to use it, and stop on SIGTERM or SIGINT."""
+    """Serve ``engine`` as ``name``, print how to use it (``key_hint``: how the printed
+    command passes the token), and stop on SIGTERM or SIGINT."""
     from voltrl.algorithms.local.server import serve_engine
     from voltrl.serve import _wait_for_signal
     from voltrl.server import reachable_url
@@ -453,7 +471,7 @@ async def _serve_model(
     except (OSError, RuntimeError) as exc:
         raise VoltRLError(f"cannot listen on {host}:{port}: {exc}") from None
     endpoint = f"{reachable_url(url)}/v1"
-    auth, key = ("bearer token", ' --api-key "$VOLTRL_TOKEN"') if token else ("none", "")
+    auth, key = ("bearer token", f" --api-key {key_hint}") if token else ("none", "")
     try:
         print(f"voltrl model serve: model {name} at {endpoint} (OpenAI-compatible; auth: {auth})")
         if tiny:

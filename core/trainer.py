@@ -432,8 +432,9 @@ class Trainer:
             try:
                 if status != "finished":  # an ended run leaves no rollouts for runners to claim
                     await _cancel_unfinished(store, run)
-                update = {"status": status, "error": error, "finished_at": time.time()}
-                await store.add_run(run.model_copy(update=update))
+                # in place: the RunResult already returned holds this Run too
+                run.status, run.error, run.finished_at = status, error, time.time()
+                await store.add_run(run)
             finally:
                 await _close_if(store, owned)
 

@@ -277,3 +277,14 @@ def test_a_client_hanging_up_frees_its_batch_slot(
     short = {**body, "max_tokens": 4, "stream": False}
     resp = httpx.post(f"{server.url}{path}", json=short, timeout=30)  # the slot is free
     assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 4
+
+
+def test_the_printed_dev_line_passes_the_token_the_way_it_was_given():
+    from voltrl.cli import _token_hint, build_parser
+
+    parse = build_parser().parse_args
+    assert _token_hint(parse(["model", "serve", "tiny", "--token-file", "t.txt"])) == (
+        '"$(cat t.txt)"'
+    )
+    assert _token_hint(parse(["model", "serve", "tiny"])) == '"$VOLTRL_TOKEN"'
+    assert "9" * 12 not in _token_hint(parse(["model", "serve", "tiny", "--token", "9" * 12]))

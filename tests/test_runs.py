@@ -63,6 +63,7 @@ async def test_a_taken_name_gets_a_new_one_and_metrics_lines_carry_the_run_id(
             calls_once, [{"q": 1}]
         )
     assert (first.run.name, second.run.name) == ("exp", "exp-2")
+    assert first.run.status == second.run.status == "finished"  # the result's run is final
     assert second.run_dir == tmp_path / "exp-2" and first.run.run_id != second.run.run_id
     assert "run 'exp' exists" in capsys.readouterr().out
     for result in (first, second):
