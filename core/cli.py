@@ -463,7 +463,7 @@ async def _serve_model(
     """Serve ``engine`` as ``name``, print how to use it (``key_hint``: how the printed
     command passes the token), and stop on SIGTERM or SIGINT."""
     from voltrl.algorithms.local.server import serve_engine
-    from voltrl.serve import _wait_for_signal
+    from voltrl.serve import wait_for_signal
     from voltrl.server import reachable_url
 
     try:
@@ -482,7 +482,7 @@ async def _serve_model(
             f" --llm-endpoint {endpoint} --model {name}{key}"
         )
         print("Ctrl-C stops it", flush=True)
-        await _wait_for_signal()
+        await wait_for_signal()
     finally:
         await stop()
 

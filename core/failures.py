@@ -143,6 +143,7 @@ class FailureReport:
         self.failed = 0
         self._seen: set[str] = set()
         self._counted: set[str] = set()
+        self._tried: dict[str, int] = {}
         self._errors: dict[str, _Error] = {}
 
     async def observe(
@@ -170,7 +171,8 @@ class FailureReport:
         unfinished = await store.query_rollouts(run_id=run_id, status=["queued", "running"])
         for rollout in unfinished:
             tried = rollout.attempt_count - (rollout.status == "running")
-            if tried >= 1:
+            if tried >= 1 and self._tried.get(rollout.rollout_id) != tried:
+                self._tried[rollout.rollout_id] = tried  # read its attempts once per new end
                 for attempt in await store.get_attempts(rollout.rollout_id):
                     if attempt.status in FAILED_ATTEMPT:
                         self._count(rollout, attempt, console or self.console)

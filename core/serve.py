@@ -71,7 +71,7 @@ def server_app(
     return store_app(store, token=token, root=root, **options)
 
 
-async def _wait_for_signal() -> None:
+async def wait_for_signal() -> None:
     """Return on SIGTERM or SIGINT."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -205,7 +205,7 @@ async def run_server(
                 print(f"voltrl gateway: {url}/v1 -> {', '.join(gw.backends)}", flush=True)
             auth = "bearer token" if token else "none"
             print(f"OpenAPI spec: {url}/openapi.json; auth: {auth}", flush=True)
-            await _wait_for_signal()
+            await wait_for_signal()
     finally:
         if gw is not None:
             await gw.aclose()
@@ -248,7 +248,7 @@ async def run_gateway(
                 f"voltrl gateway: {served.url} -> {', '.join(served.gateway.backends)}", flush=True
             )
             print(f"recording into {store_url}", flush=True)
-            await _wait_for_signal()
+            await wait_for_signal()
         finally:
             await served.stop()
     finally:

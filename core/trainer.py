@@ -292,10 +292,11 @@ class Trainer:
         if self.algorithm.name == "local_rl" and not isinstance(self.algorithm.model, str | Path):
             algorithm["model"] = None
             notes.append("# This run was given a model object: set algorithm.model to its path.")
-        if _agent_spec(agent) == "MODULE:AGENT":
+        spec = _agent_spec(agent)
+        if spec == "MODULE:AGENT":
             notes.append("# The agent is not importable by name: set agent to MODULE:AGENT.")
         config = {
-            "agent": _agent_spec(agent),
+            "agent": spec,
             "data": data,
             "algorithm": algorithm,
             "trainer": self._config(run_dir),

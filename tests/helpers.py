@@ -37,6 +37,19 @@ def voltrl(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedP
     )
 
 
+async def recorded_calls(path: Path) -> list[Any]:
+    """Every LLM call in the SQLite store at ``path``, rollout by rollout."""
+    from voltrl.store.sql import SQLStore
+
+    store = SQLStore(path)
+    try:
+        return [
+            c for r in await store.query_rollouts() for c in await store.get_llm_calls(r.rollout_id)
+        ]
+    finally:
+        await store.close()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that is free on ``host`` now."""
     with socket.socket() as sock:

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import voltrl
+from helpers import recorded_calls, voltrl
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "samples" / "quickstart"
@@ -42,18 +42,6 @@ def backend():
     yield f"http://127.0.0.1:{port}/v1"
     proc.terminate()
     proc.wait(10)
-
-
-async def recorded_calls(path: Path) -> list:
-    from voltrl.store.sql import SQLStore
-
-    store = SQLStore(path)
-    try:
-        return [
-            c for r in await store.query_rollouts() for c in await store.get_llm_calls(r.rollout_id)
-        ]
-    finally:
-        await store.close()
 
 
 def test_dev_runs_an_agent_file_against_an_endpoint_and_runs_lists_it(tmp_path, backend):

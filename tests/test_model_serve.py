@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 import torch
-from helpers import voltrl
+from helpers import recorded_calls, voltrl
 from openai import OpenAI
 
 import voltrl as vl
@@ -113,18 +113,6 @@ def test_model_serve_prints_a_dev_line_that_runs_an_agent_end_to_end(
     calls = asyncio.run(recorded_calls(tmp_path / "tiny" / "store.sqlite"))
     assert len(calls) == len((SAMPLE / "tasks.jsonl").read_text().splitlines())
     assert all(c.has_token_ids and c.model == "tiny" for c in calls)
-
-
-async def recorded_calls(path: Path) -> list[Any]:
-    from voltrl.store.sql import SQLStore
-
-    store = SQLStore(path)
-    try:
-        return [
-            c for r in await store.query_rollouts() for c in await store.get_llm_calls(r.rollout_id)
-        ]
-    finally:
-        await store.close()
 
 
 def test_model_serve_of_a_directory_with_a_token_guards_it_and_stops_on_sigint_with_0(
