@@ -49,6 +49,9 @@ class TrainContext:
     """The run's failures: printed as they first occur, checked against the run's limit."""
     cleanup: contextlib.AsyncExitStack = field(default_factory=contextlib.AsyncExitStack)
     """Run when the session ends, after the algorithm's teardown (stops the gateways)."""
+    trainer_resources: dict[str, Resource] = field(default_factory=dict)
+    """The resources given to the trainer (its LLMs behind the run's gateways): every version
+    published carries them, next to the algorithm's own, e.g. an untrained role's LLM."""
 
     async def serve_gateway(
         self,
@@ -83,10 +86,18 @@ class TrainContext:
         return served
 
     async def publish(self, resources: Resources | Mapping[str, Resource]) -> Resources:
-        """Save a new resources version; rollouts enqueued from now on run with it."""
-        if not isinstance(resources, Resources):
-            resources = Resources(items=dict(resources))
-        saved = await self.store.add_resources(resources)
+        """Save a new resources version: ``resources`` plus the trainer's own
+        (:attr:`trainer_resources`); rollouts enqueued from now on run with it. A name that is
+        both the algorithm's and the trainer's raises :class:`VoltRLError`: which of the two
+        an agent should get would be a guess."""
+        items = dict(resources.items if isinstance(resources, Resources) else resources)
+        if clash := sorted(set(items) & set(self.trainer_resources)):
+            raise VoltRLError(
+                f"the algorithm publishes {clash}, which the trainer's resources= also name; the "
+                "algorithm serves the model it trains under that name, so give the trainer's "
+                "other LLMs names of their own (e.g. 'user_llm' for an untrained role)"
+            )
+        saved = await self.store.add_resources(Resources(items={**self.trainer_resources, **items}))
         self.resources_version = saved.version
         return saved
 

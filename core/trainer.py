@@ -80,7 +80,9 @@ class Trainer:
         store: a :class:`Store`, a store spec (path, ``sqlite:///...``, ``memory``,
             ``http://...``), or None for ``<run dir>/store.sqlite``.
         resources: resources to publish before the algorithm starts (e.g. ``{"main_llm":
-            LLM(...)}``); algorithms such as LocalRL publish their own.
+            LLM(...)}``). Algorithms such as LocalRL publish their own (``main_llm``, the model
+            they train); every version they publish keeps these too, under names of their own
+            (e.g. ``{"user_llm": LLM(...)}`` for an untrained role's model).
         run_dir: parent directory of run directories. name: this run's name.
         max_concurrency: rollouts in flight per worker.
         max_attempts: tries per rollout before it fails.
@@ -474,7 +476,10 @@ class Trainer:
             resources = self.resources
             if self.record_calls:
                 resources = await self._behind_gateways(ctx, resources)
-            await ctx.publish(resources)
+            ctx.trainer_resources = dict(
+                resources.items if isinstance(resources, Resources) else resources
+            )
+            await ctx.publish({})
         return ctx
 
     async def _behind_gateways(

@@ -57,7 +57,7 @@ def make_algorithm(**overrides) -> vl.LocalRL:
 ROWS = [{"letter": c} for c in "abcd"]
 
 
-async def stored(path: Path):
+async def stored_async(path: Path):
     store = SQLStore(path)
     try:
         rollouts = await store.query_rollouts()
@@ -65,6 +65,10 @@ async def stored(path: Path):
         return rollouts, calls
     finally:
         await store.close()
+
+
+def stored(path: Path):
+    return asyncio.run(stored_async(path))
 
 
 def test_local_rl_trains_through_store_gateway_runners_and_engine(tmp_path: Path):
@@ -76,7 +80,7 @@ def test_local_rl_trains_through_store_gateway_runners_and_engine(tmp_path: Path
     assert result.by_mode["train"].rollouts == 8 and result.by_mode["train"].failed == 0
     assert result.by_mode["val"].rollouts == 4  # before the first step and after the last
 
-    rollouts, calls = asyncio.run(stored(tmp_path / "e2e" / "store.sqlite"))
+    rollouts, calls = stored(tmp_path / "e2e" / "store.sqlite")
     train = [r for r in rollouts if r.mode == "train"]
     # every call recorded with the engine's token ids, two per rollout
     assert all(len(calls[r.rollout_id]) == 2 for r in rollouts)
@@ -198,3 +202,68 @@ def test_validation_sampling_inherits_the_training_sampling_unless_overridden():
         val_sampling={"max_tokens": 9},
     )
     assert algo.val_sampling == {"temperature": 0.0, "max_tokens": 9}
+
+
+@vl.rollout
+async def assistant_and_user(task: dict, resources: vl.Resources) -> float:
+    """The assistant on the trained model (``main_llm``), a user role on ``user_llm``."""
+    from voltrl.adapters.openai_client import async_openai
+
+    llm, user_llm = resources["main_llm"], resources["user_llm"]
+    user = async_openai(user_llm, agent_name="user")
+    question = await user.chat.completions.create(
+        model=user_llm.model, messages=[{"role": "user", "content": "Ask me something."}]
+    )
+    assistant = async_openai(llm, agent_name="assistant")
+    reply = await assistant.chat.completions.create(
+        model=llm.model,
+        messages=[{"role": "user", "content": question.choices[0].message.content or ""}],
+        **llm.sampling_parameters,
+    )
+    return float(task["letter"] in (reply.choices[0].message.content or ""))
+
+
+async def test_an_untrained_roles_llm_from_the_trainer_reaches_every_localrl_version(
+    tmp_path: Path,
+):
+    """``Trainer(resources={"user_llm": ...})`` with LocalRL: each version LocalRL publishes
+    (after setup, each update, validation) keeps the user's LLM; its calls are recorded
+    through the run's gateway and, filtered out, never trained on."""
+    from fake_openai_backend import FakeBackend
+
+    async with FakeBackend() as fb:
+        algo = make_algorithm(
+            steps=2, val_every=1, trajectory=TrajectoryConfig(agent_filter="assistant")
+        )
+        trainer = vl.Trainer(
+            algo,
+            n_runners=1,
+            inline=True,
+            run_dir=tmp_path,
+            name="roles",
+            progress=False,
+            resources={"user_llm": vl.LLM(endpoint=fb.url, model="fake-model")},
+        )
+        result = await trainer.fit_async(assistant_and_user, ROWS, ROWS[:1])
+        assert result.stats.failed == 0
+        assert len(fb.requests) == len(result.rollouts)  # one user call per rollout
+    rollouts, calls = await stored_async(tmp_path / "roles" / "store.sqlite")
+    names = [c.agent_name for cs in calls.values() for c in cs]
+    assert names.count("user") == names.count("assistant") == len(rollouts)
+    steps = [m for m in result.metrics if "update/loss" in m]
+    assert [m["batch/rows"] for m in steps] == [4, 4]  # the assistant's calls only
+    assert [m["batch/dropped/agent_filter"] for m in steps] == [4, 4]
+
+
+def test_a_trainer_resource_named_like_the_algorithms_is_refused(tmp_path: Path):
+    llm = vl.LLM(endpoint="http://127.0.0.1:1/v1", model="m")
+    trainer = vl.Trainer(
+        make_algorithm(steps=1),
+        n_runners=1,
+        inline=True,
+        run_dir=tmp_path,
+        progress=False,
+        resources={"main_llm": llm},
+    )
+    with pytest.raises(vl.VoltRLError, match=r"publishes \['main_llm'\].*names of their own"):
+        trainer.fit(two_turn_agent, ROWS)

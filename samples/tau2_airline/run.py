@@ -1,0 +1,221 @@
+"""The tau2-style airline assistant: make a domain, run it against endpoints, or train it.
+
+    python samples/tau2_airline/run.py generate --out tau2-data        # our generated domain
+    python samples/tau2_airline/run.py dev --endpoint URL --model NAME \\
+        [--user-endpoint URL --user-model NAME]                         # default: scripted user
+    python samples/tau2_airline/run.py train                            # LocalRL, tiny model
+
+The data is ``--data DIR``, else ``$TAU2_DATA_DIR`` (tau2-bench's data directory, or one
+written by ``generate``); with neither, the generated domain of seed 0 is written under
+``--out`` and used. After each run, a table of how the episodes ended.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections import Counter
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from agent import AGENT_FILTER, MAX_TURNS, airline_episode, task_rows  # noqa: E402
+from airline_db import load_domain, write_domain  # noqa: E402
+from generate_domain import make_domain  # noqa: E402
+
+import voltrl as vl  # noqa: E402
+from voltrl.store import open_store  # noqa: E402
+
+
+def resolve_data(args: argparse.Namespace) -> Path:
+    """``--data``, else ``$TAU2_DATA_DIR``, else the generated domain under ``--out``."""
+    if args.data:
+        return Path(args.data)
+    if os.environ.get("TAU2_DATA_DIR"):
+        return Path(os.environ["TAU2_DATA_DIR"])
+    target = args.out / "tau2-generated"
+    if not (target / "tau2").exists():
+        write_domain(make_domain(0), target)
+        print(f"no --data or TAU2_DATA_DIR: wrote the generated domain (seed 0) to {target}")
+    return target
+
+
+def user_llm(args: argparse.Namespace) -> vl.LLM | None:
+    """The customer's LLM when ``--user-endpoint`` is given (any OpenAI-compatible server;
+    never trained)."""
+    if not args.user_endpoint:
+        return None
+    return vl.LLM(
+        endpoint=args.user_endpoint,
+        model=args.user_model,
+        api_key_env=args.user_api_key_env,
+        sampling_parameters={"temperature": 0.0, "max_tokens": 256},
+    )
+
+
+async def episode_report(store_path: Path) -> dict[str, Counter]:
+    """How the run's episodes ended, by mode: ``{mode: Counter(termination)}``."""
+    store = open_store(store_path)
+    try:
+        out: dict[str, Counter] = {}
+        for rollout in await store.query_rollouts():
+            ends = [
+                s.attributes.get("termination")
+                for s in await store.get_spans(rollout.rollout_id, rollout.final_attempt_id)
+                if s.name == "episode"
+            ]
+            out.setdefault(rollout.mode, Counter())[ends[-1] if ends else rollout.status] += 1
+        return out
+    finally:
+        await store.close()
+
+
+def print_report(result: vl.RunResult) -> None:
+    """Print how the episodes ended (``failed``: the rollout raised)."""
+    report = asyncio.run(episode_report(result.run_dir / "store.sqlite"))
+    for mode, ends in sorted(report.items()):
+        print(f"{mode} episodes: " + ", ".join(f"{k} {v}" for k, v in ends.most_common()))
+
+
+def dev(args: argparse.Namespace) -> vl.RunResult:
+    """Each task of ``--split`` once: assistant on ``--endpoint``, customer scripted or on
+    ``--user-endpoint``."""
+    data = resolve_data(args)
+    ids = load_domain(data).task_ids(args.split)[: args.limit]
+    llm = vl.LLM(
+        endpoint=args.endpoint,
+        model=args.model,
+        api_key_env=args.api_key_env,
+        sampling_parameters={"temperature": args.temperature, "max_tokens": args.max_tokens},
+    )
+    resources = {"main_llm": llm}
+    if (customer := user_llm(args)) is not None:
+        resources["user_llm"] = customer
+    trainer = vl.Trainer(
+        resources=resources,
+        n_runners=1,
+        max_concurrency=args.concurrency,
+        run_dir=args.out,
+        name=args.name,
+        request_token_ids=not args.no_token_ids,
+        rollout_timeout_s=900,
+    )
+    user = "user_llm" if customer is not None else "scripted"
+    return trainer.dev(airline_episode, task_rows(data, ids, user))
+
+
+def train(args: argparse.Namespace) -> vl.RunResult:
+    """LocalRL on ``--model`` (default: the tiny random model): the assistant's calls only."""
+    from voltrl.algorithms.local.tiny import tiny_or_named
+    from voltrl.algorithms.local.update import PolicyUpdateConfig
+    from voltrl.trajectory import TrajectoryConfig
+
+    data = resolve_data(args)
+    domain = load_domain(data)
+    customer = user_llm(args)
+    user = {"scripted": "scripted", "policy": "main_llm"}.get(args.user, "user_llm")
+    if args.user == "endpoint" and customer is None:
+        raise SystemExit("--user endpoint needs --user-endpoint and --user-model")
+    algorithm = vl.LocalRL(
+        **tiny_or_named(args.model, seed=args.seed),
+        steps=args.steps,
+        tasks_per_step=args.tasks_per_step,
+        group_size=args.group_size,
+        sampling={"temperature": 1.0, "max_tokens": args.max_tokens},
+        val_sampling={"temperature": 0.0, "max_tokens": args.max_tokens},
+        val_every=args.steps,
+        update=PolicyUpdateConfig(lr=args.lr, seed=args.seed),
+        trajectory=TrajectoryConfig(
+            mode="trajectory",
+            agent_filter=AGENT_FILTER,
+            max_prompt_length=args.max_prompt_length,
+            length_policy="drop",
+        ),
+        seed=args.seed,
+    )
+    trainer = vl.Trainer(
+        algorithm,
+        n_runners=1,
+        max_concurrency=args.concurrency,
+        run_dir=args.out,
+        name=args.name,
+        rollout_timeout_s=900,
+        resources={"user_llm": customer} if customer is not None else None,
+    )
+    train_rows = task_rows(data, domain.task_ids("train"), user)
+    val_rows = task_rows(data, domain.task_ids("test")[: args.n_val], user)
+    result = trainer.fit(airline_episode, train_rows, val_rows)
+    for record in algorithm.history:
+        if "batch/rows" in record:
+            print(
+                f"step {record['step']}: {record['batch/rows']} assistant rows "
+                f"({record.get('batch/merge_failures', 0)} merge failures), "
+                f"{record.get('batch/dropped/agent_filter', 0)} user calls left out, "
+                f"{record.get('batch/dropped/too_long', 0)} rows too long"
+            )
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--data", type=Path, help="tau2 data directory (default $TAU2_DATA_DIR)")
+    common.add_argument("--out", type=Path, default=Path("runs"), help="run directory root")
+    common.add_argument("--name", default=None, help="run name (default: a fresh one)")
+    common.add_argument("--concurrency", type=int, default=4, help="episodes at a time")
+    common.add_argument("--user-endpoint", help="OpenAI-compatible URL of the customer's model")
+    common.add_argument("--user-model", help="the customer's model name")
+    common.add_argument("--user-api-key-env", default=None, help="env var with its API key")
+
+    g = sub.add_parser("generate", help="write the generated domain in tau2's format")
+    g.add_argument("--out", type=Path, required=True, help="the data directory to write")
+    g.add_argument("--seed", type=int, default=0)
+
+    d = sub.add_parser("dev", parents=[common], help="run each task once against endpoints")
+    d.add_argument("--endpoint", required=True, help="the assistant's OpenAI-compatible URL")
+    d.add_argument("--model", required=True, help="the assistant's model name")
+    d.add_argument("--api-key-env", default=None, help="env var with the assistant's API key")
+    d.add_argument("--split", default="test", help="train, test or all")
+    d.add_argument("--limit", type=int, default=None, help="only the first N tasks")
+    d.add_argument("--temperature", type=float, default=0.0)
+    d.add_argument("--max-tokens", type=int, default=512)
+    d.add_argument("--no-token-ids", action="store_true", help="for hosted APIs")
+
+    t = sub.add_parser("train", parents=[common], help="train the assistant with LocalRL")
+    t.add_argument("--model", default=None, help="path or hub name (default: the tiny model)")
+    t.add_argument(
+        "--user",
+        choices=["scripted", "policy", "endpoint"],
+        default="scripted",
+        help="who plays the customer: the script, the model being trained (its calls are "
+        "left out of training), or --user-endpoint",
+    )
+    t.add_argument("--steps", type=int, default=2)
+    t.add_argument("--tasks-per-step", type=int, default=2)
+    t.add_argument("--group-size", type=int, default=4)
+    t.add_argument("--n-val", type=int, default=4, help="held-out tasks to validate on")
+    t.add_argument("--max-tokens", type=int, default=64)
+    t.add_argument("--max-prompt-length", type=int, default=3500)
+    t.add_argument("--lr", type=float, default=1e-4)
+    t.add_argument("--seed", type=int, default=0)
+
+    args = parser.parse_args(argv)
+    if args.command == "generate":
+        write_domain(make_domain(args.seed), args.out)
+        domain = load_domain(args.out)
+        sizes = {k: len(v) for k, v in domain.split.items()}
+        print(f"wrote {len(domain.tasks)} tasks ({sizes}) to {args.out}")
+        print(f"use it: export TAU2_DATA_DIR={args.out.resolve()}")
+        return 0
+    result = dev(args) if args.command == "dev" else train(args)
+    print_report(result)
+    print(f"at most {MAX_TURNS} assistant turns per episode; run in {result.run_dir}")
+    return 0 if result.stats.failed == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
