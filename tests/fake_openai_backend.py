@@ -71,6 +71,11 @@ def scripted_ids(text: str) -> list[int]:
     return [40000 + ord(ch) for ch in text]
 
 
+def _scripted_reply_ids(reply: dict[str, str]) -> list[int]:
+    """A scripted reply's ids: :func:`scripted_ids` of its tool-call arguments or text."""
+    return scripted_ids(reply.get("arguments", "{}") if "tool" in reply else reply["text"])
+
+
 def tool_then_answer(arguments: str, answer: str, tool: str | None = None) -> Script:
     """A script for agent tests: call a tool (``tool``, else the first one offered) with
     ``arguments`` (JSON text) until the conversation holds a tool result, then say ``answer``.
@@ -99,6 +104,10 @@ class FakeBackend:
         self.arrived = asyncio.Event()
         self.record_requests = True
         self.script: Script | None = None
+        #: How prompts and scripted replies become token ids (default: one id per
+        #: character); a test may put a real tokenizer and chat template here.
+        self.prompt_ids: Callable[[dict[str, Any]], list[int]] = prompt_ids
+        self.scripted_ids: Callable[[dict[str, str]], list[int]] = _scripted_reply_ids
         self._server: asyncio.Server | None = None
         self._conns: set[_Conn] = set()
         self._counter = 0
@@ -196,13 +205,14 @@ class FakeBackend:
 
     def _scripted(self, reply: dict[str, str], i: int) -> dict[str, Any]:
         """A scripted choice: one token per character, ids from :func:`scripted_ids`."""
+        ids = self.scripted_ids(reply)
         if "tool" in reply:
             args = reply.get("arguments", "{}")
             tool = {"id": f"call_{self._counter}_{i}", "name": reply["tool"]}
             return {
                 "pieces": [],
-                "ids": scripted_ids(args),
-                "lps": [-0.1] * len(args),
+                "ids": ids,
+                "lps": [-0.1] * len(ids),
                 "finish": "tool_calls",
                 "tool": tool,
                 "args": list(args),
@@ -210,8 +220,8 @@ class FakeBackend:
         text = reply["text"]
         return {
             "pieces": list(text),
-            "ids": scripted_ids(text),
-            "lps": [-0.1] * len(text),
+            "ids": ids,
+            "lps": [-0.1] * len(ids),
             "finish": "stop",
             "tool": None,
             "args": [],
@@ -235,7 +245,7 @@ class FakeBackend:
 
     def _full(self, req: dict[str, Any], chat: bool) -> dict[str, Any]:
         want_ids = self.token_ids and req.get("return_token_ids")
-        pids = prompt_ids(req)
+        pids = self.prompt_ids(req)
         choices = []
         for i, c in enumerate(self._choices(req, chat)):
             choice: dict[str, Any] = {"index": i}
@@ -273,7 +283,7 @@ class FakeBackend:
 
     def _chunks(self, req: dict[str, Any], chat: bool) -> list[dict[str, Any]]:
         want_ids = self.token_ids and req.get("return_token_ids")
-        pids = prompt_ids(req)
+        pids = self.prompt_ids(req)
         head = {
             "id": f"{'chatcmpl' if chat else 'cmpl'}-fake-{self._counter}",
             "object": "chat.completion.chunk" if chat else "text_completion",

@@ -315,10 +315,11 @@ def test_a_missing_data_directory_or_file_says_what_to_do(tmp_path: Path, monkey
 # ---- episodes end to end ---------------------------------------------------------------------
 
 
-def gold_assistant(tasks: list[Any]):
+def gold_assistant(tasks: list[Any], confirm: bool = False):
     """A backend script playing the assistant perfectly: the task's gold actions as tool
-    calls, then a message with everything to communicate. Customer requests (no tools) get
-    the scripted customer's opening, then ``###STOP###``."""
+    calls (with ``confirm``, first asking the customer to confirm, as the policy wants), then
+    a message with everything to communicate. Customer requests (no tools) get the scripted
+    customer's opening, then ``###STOP###``."""
     by_opening = {customers.ScriptedUser(t.user_scenario).opening(): t for t in tasks}
 
     def script(req: dict) -> dict:
@@ -331,6 +332,9 @@ def gold_assistant(tasks: list[Any]):
         task = by_opening[opening]
         done = sum(m["role"] == "tool" for m in messages)
         actions = task.evaluation_criteria.actions
+        confirmed = any(m["role"] == "user" and m["content"].startswith("Yes") for m in messages)
+        if done < len(actions) and confirm and not confirmed:
+            return {"text": f"I will call {actions[done].name}. Shall I proceed?"}
         if done < len(actions):
             return {"tool": actions[done].name, "arguments": json.dumps(actions[done].arguments)}
         return {"text": "All done. " + " ".join(task.evaluation_criteria.communicate_info)}
@@ -356,7 +360,7 @@ async def test_episodes_reach_reward_1_through_dev_with_the_scripted_customer(
     tasks = one_task_per_kind()
     store = InMemoryStore()
     async with FakeBackend() as fb:
-        fb.script = gold_assistant(tasks)
+        fb.script = gold_assistant(tasks, confirm=True)
         llm = vl.LLM(endpoint=fb.url, model="fake-model")
         trainer = fake_trainer(store, tmp_path, llm, max_concurrency=4)
         rows = agent.task_rows(data_dir, [t.id for t in tasks])
@@ -366,7 +370,8 @@ async def test_episodes_reach_reward_1_through_dev_with_the_scripted_customer(
     for rollout, task in zip(result.rollouts, tasks, strict=True):
         calls = await store.get_llm_calls(rollout.rollout_id)
         assert {c.agent_name for c in calls} == {"assistant"}
-        assert len(calls) == len(task.evaluation_criteria.actions) + 1
+        writes = len(task.evaluation_criteria.actions)
+        assert len(calls) == writes + 1 + (writes > 0)  # asking to confirm is a turn of its own
         spans = await store.get_spans(rollout.rollout_id)
         [episode] = [s for s in spans if s.name == "episode"]
         assert episode.attributes["termination"] == "user_stop"
@@ -377,6 +382,56 @@ async def test_episodes_reach_reward_1_through_dev_with_the_scripted_customer(
         assert [m["role"] for m in first["messages"]] == ["system", "assistant", "user"]
         assert first["messages"][1]["content"] == agent.GREETING
         assert len(first["tools"]) == 14
+
+
+def chatml_ids(fb: FakeBackend) -> None:
+    """Make ``fb``'s token ids those LocalRL's engine would record: prompts rendered with the
+    tiny model's chat template (Qwen2.5-style ChatML, Hermes tool calls), replies encoded as
+    the model would write them (``<tool_call>{...}</tool_call>``, then ``<|im_end|>``)."""
+    from voltrl.algorithms.local.tiny import build_tiny_tokenizer
+
+    tok = build_tiny_tokenizer()
+
+    def prompt(req: dict) -> list[int]:
+        text = tok.apply_chat_template(
+            req["messages"], tools=req.get("tools"), add_generation_prompt=True, tokenize=False
+        )
+        return tok.encode(text, add_special_tokens=False)
+
+    def reply(r: dict) -> list[int]:
+        text = r.get("text") or (
+            f'<tool_call>\n{{"name": "{r["tool"]}", "arguments": {r["arguments"]}}}\n</tool_call>'
+        )
+        return tok.encode(text + "<|im_end|>", add_special_tokens=False)
+
+    fb.prompt_ids, fb.scripted_ids = prompt, reply
+
+
+async def test_agent_framework_conversations_merge_into_one_row_per_episode(
+    tmp_path: Path, data_dir: Path
+):
+    """In trajectory mode each assistant call's prompt (Agent Framework re-renders the whole
+    history: earlier tool calls, tool results, customer turns) extends the previous call's
+    prompt + response, so an episode is one training row: no merge failure over every task
+    of the domain, asking for confirmation first (text turns and tool-call turns)."""
+    store = InMemoryStore()
+    tasks = list(DOMAIN.tasks.values())
+    async with FakeBackend() as fb:
+        fb.script = gold_assistant(tasks, confirm=True)
+        chatml_ids(fb)
+        trainer = fake_trainer(
+            store, tmp_path, vl.LLM(endpoint=fb.url, model="fake-model"), max_concurrency=8
+        )
+        result = await trainer.dev_async(
+            agent.airline_episode, agent.task_rows(data_dir, [t.id for t in tasks])
+        )
+    assert result.rewards == [1.0] * len(tasks)
+    config = TrajectoryConfig(mode="trajectory", agent_filter=agent.AGENT_FILTER)
+    trajectories = await trajectories_from_store(store, result.rollouts, config)
+    calls = [len(await store.get_llm_calls(r.rollout_id)) for r in result.rollouts]
+    assert sum(calls) > 2 * len(tasks)  # most episodes take several assistant calls
+    assert [len(t.transitions) for t in trajectories] == [1] * len(tasks)
+    assert sum(t.merge_failures for t in trajectories) == 0
 
 
 async def test_a_refused_gold_path_scores_0_and_the_database_decides(

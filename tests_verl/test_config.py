@@ -62,7 +62,7 @@ def test_dict_yaml_and_overrides_compose_in_order(tmp_path):
     assert ours.rollout_weighting and ours.rounding == "pad"
     assert cfg.actor_rollout_ref.rollout.engine_kwargs.vllm.max_num_seqs == 64
     assert ours.trajectory_config(cfg).mode == "trajectory"
-    assert set(PRESETS) == {"1gpu-40gb", "8gpu"}
+    assert set(PRESETS) == {"1gpu-40gb", "1gpu-80gb", "8gpu"}
 
 
 @pytest.mark.parametrize(

@@ -24,7 +24,14 @@ def _load(path: Path):
 
 
 def test_the_training_samples_have_a_script():
-    expected = {"calculator", "calc_mcp", "sql_agent", "autogen_calc", "agent_service"}
+    expected = {
+        "calculator",
+        "calc_mcp",
+        "sql_agent",
+        "autogen_calc",
+        "agent_service",
+        "tau2_airline",
+    }
     assert {p.parent.name for p in SCRIPTS} == expected
 
 

@@ -144,6 +144,7 @@ def train(args: argparse.Namespace) -> vl.RunResult:
         name=args.name,
         rollout_timeout_s=900,
         resources={"user_llm": customer} if customer is not None else None,
+        request_token_ids=False,  # the trainer's gateways front the customer only
     )
     train_rows = task_rows(data, domain.task_ids("train"), user)
     val_rows = task_rows(data, domain.task_ids("test")[: args.n_val], user)

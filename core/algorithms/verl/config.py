@@ -109,6 +109,27 @@ PRESETS: dict[str, dict[str, Any]] = {
             "ref": {"log_prob_micro_batch_size_per_gpu": 4, "fsdp_config": {"param_offload": True}},
         },
     },
+    # One 80 GB GPU (A100/H100), a 1.5-3B model: no parameter offload, the optimizer
+    # offloaded, gradient checkpointing, micro-batches of long multi-turn rows.
+    "1gpu-80gb": {
+        "trainer": {"n_gpus_per_node": 1, "nnodes": 1},
+        "data": {"train_batch_size": 16, "max_prompt_length": 4096, "max_response_length": 2048},
+        "actor_rollout_ref": {
+            "model": {"enable_gradient_checkpointing": True, "use_remove_padding": True},
+            "actor": {
+                "ppo_mini_batch_size": 8,
+                "ppo_micro_batch_size_per_gpu": 2,
+                "fsdp_config": {"param_offload": False, "optimizer_offload": True},
+            },
+            "rollout": {
+                "n": 8,
+                "tensor_model_parallel_size": 1,
+                "gpu_memory_utilization": 0.5,
+                "log_prob_micro_batch_size_per_gpu": 4,
+            },
+            "ref": {"log_prob_micro_batch_size_per_gpu": 4, "fsdp_config": {"param_offload": True}},
+        },
+    },
     # One node with 8 GPUs (80 GB class), models up to ~8B: no offload, bigger batches,
     # vLLM tensor-parallel over 2 GPUs per replica (4 replicas).
     "8gpu": {
