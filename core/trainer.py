@@ -35,6 +35,7 @@ from voltrl.agent import FunctionAgent, LitAgent, rollout
 from voltrl.algorithms.base import Algorithm
 from voltrl.context import TrainContext
 from voltrl.dataset import Dataset, load_tasks
+from voltrl.errors import VoltRLError
 from voltrl.failures import FailureReport
 from voltrl.metrics import MetricsLog, RewardStats, format_stats_table, summarize
 from voltrl.resources import LLM, ApiKeys, Resource, Resources, llm_keys
@@ -144,6 +145,13 @@ class Trainer:
 
         if n_runners < 0:
             raise ValueError("n_runners must be >= 0")
+        given = resources.items if isinstance(resources, Resources) else (resources or {})
+        if algorithm is not None and (clash := sorted(set(given) & set(algorithm.publishes))):
+            raise VoltRLError(
+                f"resources={clash}: {type(algorithm).__name__} publishes that name itself "
+                "(the model it trains); give the trainer's other LLMs names of their own "
+                "(e.g. 'user_llm' for an untrained role)"
+            )
         if stop_at_failure_rate is not None and not 0.0 < stop_at_failure_rate <= 1.0:
             raise ValueError("stop_at_failure_rate must be in (0, 1], or None never to stop")
         self.algorithm = algorithm or Baseline()

@@ -105,9 +105,10 @@ class FakeBackend:
         self.record_requests = True
         self.script: Script | None = None
         #: How prompts and scripted replies become token ids (default: one id per
-        #: character); a test may put a real tokenizer and chat template here.
+        #: character); a test may put a real tokenizer and chat template here. Streamed
+        #: scripted replies need one id per character (the default).
         self.prompt_ids: Callable[[dict[str, Any]], list[int]] = prompt_ids
-        self.scripted_ids: Callable[[dict[str, str]], list[int]] = _scripted_reply_ids
+        self.reply_ids: Callable[[dict[str, str]], list[int]] = _scripted_reply_ids
         self._server: asyncio.Server | None = None
         self._conns: set[_Conn] = set()
         self._counter = 0
@@ -204,8 +205,8 @@ class FakeBackend:
         return out
 
     def _scripted(self, reply: dict[str, str], i: int) -> dict[str, Any]:
-        """A scripted choice: one token per character, ids from :func:`scripted_ids`."""
-        ids = self.scripted_ids(reply)
+        """A scripted choice: one piece per character, ids from :attr:`reply_ids`."""
+        ids = self.reply_ids(reply)
         if "tool" in reply:
             args = reply.get("arguments", "{}")
             tool = {"id": f"call_{self._counter}_{i}", "name": reply["tool"]}
@@ -295,6 +296,8 @@ class FakeBackend:
         for i, c in enumerate(self._choices(req, chat)):
             total += len(c["ids"])
             steps = len(c["ids"])
+            if steps != len(c["args"] if c["tool"] else c["pieces"]):
+                raise ValueError("a streamed reply needs one token id per character")
             for k in range(steps):
                 choice: dict[str, Any] = {"index": i}
                 if chat:

@@ -257,13 +257,37 @@ async def test_an_untrained_roles_llm_from_the_trainer_reaches_every_localrl_ver
 
 def test_a_trainer_resource_named_like_the_algorithms_is_refused(tmp_path: Path):
     llm = vl.LLM(endpoint="http://127.0.0.1:1/v1", model="m")
-    trainer = vl.Trainer(
-        make_algorithm(steps=1),
-        n_runners=1,
-        inline=True,
+    with pytest.raises(vl.VoltRLError, match=r"resources=\['main_llm'\]: LocalRL publishes"):
+        vl.Trainer(make_algorithm(steps=1), resources={"main_llm": llm})
+
+
+async def test_every_version_published_keeps_the_trainers_resources_and_a_clash_is_refused(
+    tmp_path: Path,
+):
+    """The one mechanism behind the above, for any algorithm (VERL's driver publishes
+    through it too): ``TrainContext.publish`` adds the trainer's resources to each version."""
+    from voltrl.context import TrainContext
+    from voltrl.metrics import MetricsLog
+    from voltrl.store.memory import InMemoryStore
+    from voltrl.types import Run
+
+    store = InMemoryStore()
+    user = vl.LLM(endpoint="http://127.0.0.1:1/v1", model="hosted")
+    ctx = TrainContext(
+        store=store,
+        run=Run(name="r", kind="fit"),
         run_dir=tmp_path,
-        progress=False,
-        resources={"main_llm": llm},
+        metrics=MetricsLog(tmp_path / "m.jsonl"),
+        max_attempts=1,
+        rollout_timeout_s=None,
+        trainer_resources={"user_llm": user},
     )
-    with pytest.raises(vl.VoltRLError, match=r"publishes \['main_llm'\].*names of their own"):
-        trainer.fit(two_turn_agent, ROWS)
+    for version in range(2):
+        main = vl.LLM(endpoint=f"http://127.0.0.1:{version + 2}/v1", model="trained")
+        saved = await ctx.publish({"main_llm": main})
+        assert set(saved.items) == {"main_llm", "user_llm"}
+        assert saved.items["main_llm"].endpoint == main.endpoint
+        assert saved.items["user_llm"].model == "hosted"
+    assert (await store.get_resources()).version == ctx.resources_version
+    with pytest.raises(vl.VoltRLError, match=r"publishes \['user_llm'\]"):
+        await ctx.publish({"user_llm": user})

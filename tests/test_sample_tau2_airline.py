@@ -115,7 +115,7 @@ def test_a_certificate_pays_once_and_is_used_up():
         "nonfree_baggages": 0,
         "insurance": "no",
     }
-    assert not json.loads(tools.execute("book_reservation", args)).get("error")
+    assert json.loads(tools.execute("book_reservation", args))["reservation_id"] == "HATHAT"
     assert cert not in tools.db.users[user.user_id].payment_methods
     changed = tools.execute(
         "update_reservation_baggages",
@@ -131,31 +131,36 @@ def test_cancelling_refunds_every_payment_but_certificates_and_frees_the_seats()
         r
         for r in DOMAIN.db.reservations.values()
         if r.status is None
+        and any(k.startswith("gift") for k in DOMAIN.db.users[r.user_id].payment_methods)
         and all(DOMAIN.db.flights[f.flight_number].dates[f.date].status == "available"
                 for f in r.flights)
     )  # fmt: skip
-    user = res.user_id
-    gift = next((k for k in DOMAIN.db.users[user].payment_methods if k.startswith("gift")), None)
-    if gift is not None:  # pay part of it by gift card, to see that refunded too
-        res_db = tools.db.reservations[res.reservation_id]
-        res_db.payment_history.append(db_mod.Payment(payment_id=gift, amount=20))
-        tools.db.users[user].payment_methods[gift].amount -= 20
+    user = tools.db.users[res.user_id]
+    gift = next(k for k in user.payment_methods if k.startswith("gift"))
+    # part of it paid by gift card and by a certificate, to see what is refunded
+    tools.db.reservations[res.reservation_id].payment_history += [
+        db_mod.Payment(payment_id=gift, amount=20),
+        db_mod.Payment(payment_id="certificate_999", amount=50),
+    ]
+    user.payment_methods[gift].amount -= 20
     leg = res.flights[0]
     seats = tools.db.flights[leg.flight_number].dates[leg.date].available_seats[res.cabin]
-    before_gift = gift and tools.db.users[user].payment_methods[gift].amount
+    before_gift = user.payment_methods[gift].amount
     out = json.loads(tools.execute("cancel_reservation", {"reservation_id": res.reservation_id}))
     assert out["status"] == "cancelled"
     paid = [p for p in out["payment_history"] if p["amount"] > 0]
     refunds = [p for p in out["payment_history"] if p["amount"] < 0]
     assert sorted((p["payment_id"], -p["amount"]) for p in refunds) == sorted(
-        (p["payment_id"], p["amount"]) for p in paid
+        (p["payment_id"], p["amount"]) for p in paid if p["payment_id"] != "certificate_999"
     )
     after = tools.db.flights[leg.flight_number].dates[leg.date].available_seats[res.cabin]
     assert after == seats + len(res.passengers)
-    if gift is not None:
-        assert tools.db.users[user].payment_methods[gift].amount == before_gift + 20
+    assert user.payment_methods[gift].amount == before_gift + 20
     again = tools.execute("cancel_reservation", {"reservation_id": res.reservation_id})
     assert again == f"Error: reservation {res.reservation_id} is already cancelled"
+    bags = {"reservation_id": res.reservation_id, "total_baggages": 9, "nonfree_baggages": 0,
+            "payment_id": gift}  # fmt: skip
+    assert tools.execute("update_reservation_baggages", bags).endswith("is cancelled")
 
 
 def test_a_reservation_with_a_flown_flight_cannot_be_cancelled():
@@ -182,23 +187,97 @@ def test_refused_and_malformed_calls_come_back_as_tool_errors_not_exceptions():
     assert tools.execute("drop_table", {}) == "Error: unknown tool 'drop_table'"
     assert tools.execute("calculate", {"expression": "(180 + 30) * 2"}) == "420.0"
     assert tools.execute("calculate", {"expression": "__import__('os')"}).startswith("Error:")
-    assert [c.error for c in tools.calls] == [True, True, True, True, False, True]
+    huge = "9" * 400 + " * " + "9" * 400
+    assert tools.execute("calculate", {"expression": huge}).startswith("Error: cannot calculate")
+    assert [c.error for c in tools.calls] == [True, True, True, True, False, True, True]
 
 
 def test_one_stop_search_connects_at_the_first_flights_destination_after_it_lands():
     tools = tools_on_copy()
-    _, day, flight = bookable_flight()
-    onward = next((f for f in DOMAIN.db.flights.values() if f.origin == flight.destination), None)
-    if onward is None:
-        pytest.skip("no onward flight in this domain")
+    # a connection the data holds: A -> B, then B -> C leaving after the first lands
+    found = next(
+        (first, second, day)
+        for first in DOMAIN.db.flights.values()
+        for second in DOMAIN.db.flights.values()
+        for day, status in sorted(first.dates.items())
+        if first.destination == second.origin and second.destination != first.origin
+        and status.status == "available" and not first.scheduled_arrival_time_est.endswith("+1")
+        and second.scheduled_departure_time_est >= first.scheduled_arrival_time_est
+        and getattr(second.dates.get(day), "status", None) == "available"
+    )  # fmt: skip
+    first, second, day = found
     pairs = json.loads(tools.execute("search_onestop_flight", {
-        "origin": flight.origin, "destination": onward.destination, "date": day}))  # fmt: skip
-    for first, second in pairs:
-        assert first["destination"] == second["origin"]
-        assert first["origin"] == flight.origin and second["destination"] == onward.destination
-        if not first["scheduled_arrival_time_est"].endswith("+1"):
-            assert second["date"] == day
-            assert second["scheduled_departure_time_est"] >= first["scheduled_arrival_time_est"]
+        "origin": first.origin, "destination": second.destination, "date": day}))  # fmt: skip
+    assert [first.flight_number, second.flight_number] in [
+        [a["flight_number"], b["flight_number"]] for a, b in pairs
+    ]
+    for a, b in pairs:
+        assert a["origin"] == first.origin and b["destination"] == second.destination
+        assert a["destination"] == b["origin"]
+        if not a["scheduled_arrival_time_est"].endswith("+1"):
+            assert b["date"] == day
+            assert b["scheduled_departure_time_est"] >= a["scheduled_arrival_time_est"]
+
+
+def booking(user: Any, **changes: Any) -> dict:
+    """Arguments of a valid one-passenger economy booking for ``user``, paid by card."""
+    number, day, flight = bookable_flight()
+    card = next(k for k in user.payment_methods if k.startswith("credit"))
+    args = {
+        "user_id": user.user_id,
+        "origin": flight.origin,
+        "destination": flight.destination,
+        "flight_type": "one_way",
+        "cabin": "economy",
+        "flights": [{"flight_number": number, "date": day}],
+        "passengers": [{"first_name": "A", "last_name": "B", "dob": "1990-01-01"}],
+        "payment_methods": [{"payment_id": card, "amount": flight.dates[day].prices["economy"]}],
+        "total_baggages": 0,
+        "nonfree_baggages": 0,
+        "insurance": "no",
+    }
+    return {**args, **changes}
+
+
+def test_refused_bookings_change_nothing():
+    """Payments that game the checks, bad itineraries and bad values are refused before
+    anything changes: the database is bit-identical afterwards."""
+    tools = tools_on_copy()
+    user = a_user_with("gift_card")
+    gift = next(k for k, m in user.payment_methods.items() if m.source == "gift_card")
+    good = booking(user)
+    price, card = good["payment_methods"][0]["amount"], good["payment_methods"][0]["payment_id"]
+    leg = good["flights"][0]
+    before = tools.db.digest()
+    refused = {
+        "each payment method may appear once": {"payment_methods": [
+            {"payment_id": gift, "amount": price - 1}, {"payment_id": gift, "amount": 1}]},
+        "must be positive": {"payment_methods": [
+            {"payment_id": gift, "amount": -1000}, {"payment_id": card, "amount": price + 1000}]},
+        "appears twice": {"flights": [leg, leg]},
+        "at least one flight": {"flights": []},
+        "unknown cabin": {"cabin": "first"},
+        "invalid arguments": {"insurance": "maybe"},
+        "1 to 5 passengers": {"passengers": []},
+    }  # fmt: skip
+    for message, change in refused.items():
+        answer = tools.execute("book_reservation", {**good, **change})
+        assert answer.startswith("Error:") and message in answer, (message, answer)
+        assert tools.db.digest() == before, message
+    assert not tools.execute("book_reservation", good).startswith("Error")
+
+
+def test_a_flight_change_needs_a_whole_itinerary_without_repeats():
+    tools = tools_on_copy()
+    task = next(t for t in DOMAIN.tasks.values() if t.description["kind"] == "change_date")
+    [gold_change] = task.evaluation_criteria.actions
+    args = gold_change.arguments
+    before = tools.db.digest()
+    for flights, message in (([], "at least one flight"), (args["flights"] * 2, "appears twice")):
+        answer = tools.execute("update_reservation_flights", {**args, "flights": flights})
+        assert message in answer
+    assert tools.db.digest() == before
+    assert not tools.execute("update_reservation_flights", args).startswith("Error")
 
 
 def test_the_tools_are_function_tools_with_their_signatures():
@@ -244,6 +323,12 @@ def test_a_wrong_write_missing_information_or_a_premature_end_scores_0():
     for ending in ("max_turns", "context_overflow"):
         early = scoring.evaluate(bags, DOMAIN.db, gold(bags), said(bags), ending)
         assert early.reward == 0.0 and early.db is None
+
+
+def test_an_unknown_ending_is_an_error_not_a_silent_0():
+    task = next(iter(DOMAIN.tasks.values()))
+    with pytest.raises(ValueError, match="unknown ending 'stop'"):
+        scoring.evaluate(task, DOMAIN.db, [], [], "stop")
 
 
 def test_any_path_to_the_gold_end_state_passes():
@@ -302,6 +387,31 @@ def test_the_loader_keeps_fields_it_does_not_name_and_skips_tasks_with_an_initia
     assert loaded.db.digest() != DOMAIN.db.digest()  # the extra field is kept, and hashed
     opening = customers.ScriptedUser(loaded.tasks[tasks[1]["id"]].user_scenario).opening()
     assert opening == "I want a refund. My user id is x_1."
+
+
+def test_the_loader_warns_about_what_it_cannot_score_or_replay(tmp_path: Path):
+    db_mod.write_domain(DOMAIN, tmp_path)
+    airline = tmp_path / "tau2" / "domains" / "airline"
+    tasks = json.loads((airline / "tasks.json").read_text())
+    judged = next(t for t in tasks if not t["evaluation_criteria"]["actions"])
+    impossible = next(
+        t
+        for t in tasks
+        if "reservation_id" in (t["evaluation_criteria"]["actions"] or [{}])[0].get("arguments", {})
+    )
+    judged["evaluation_criteria"]["reward_basis"] = ["NL_ASSERTION"]
+    impossible["evaluation_criteria"]["actions"][0]["arguments"]["reservation_id"] = "NOPE00"
+    (airline / "tasks.json").write_text(json.dumps(tasks))
+    with pytest.warns(UserWarning) as caught:
+        loaded = db_mod.load_domain(tmp_path)
+    said = " | ".join(str(w.message) for w in caught)
+    assert f"left out 1 task(s) that only an LLM judge can score: {judged['id']}" in said
+    assert f"1 task(s) have gold actions these tools refuse: {impossible['id']}" in said
+    assert judged["id"] not in loaded.tasks and impossible["id"] in loaded.tasks
+    tasks[2]["user_scenario"] = {"persona": 3}
+    (airline / "tasks.json").write_text(json.dumps(tasks))
+    with pytest.raises(db_mod.DomainDataError, match=r"tasks\.json: not airline data"):
+        db_mod.load_domain(tmp_path)
 
 
 def test_a_missing_data_directory_or_file_says_what_to_do(tmp_path: Path, monkeypatch):
@@ -404,7 +514,7 @@ def chatml_ids(fb: FakeBackend) -> None:
         )
         return tok.encode(text + "<|im_end|>", add_special_tokens=False)
 
-    fb.prompt_ids, fb.scripted_ids = prompt, reply
+    fb.prompt_ids, fb.reply_ids = prompt, reply
 
 
 async def test_agent_framework_conversations_merge_into_one_row_per_episode(
@@ -432,6 +542,52 @@ async def test_agent_framework_conversations_merge_into_one_row_per_episode(
     assert sum(calls) > 2 * len(tasks)  # most episodes take several assistant calls
     assert [len(t.transitions) for t in trajectories] == [1] * len(tasks)
     assert sum(t.merge_failures for t in trajectories) == 0
+
+
+def chatty(stop_after: int | None = None, transfer: bool = False):
+    """A backend script: the assistant never finishes ("Let me look into that.", or a
+    transfer to a human when ``transfer``); the customer (requests without tools) keeps
+    talking, and writes ``###STOP###`` after ``stop_after`` assistant turns."""
+
+    def script(req: dict) -> dict:
+        messages = req["messages"]
+        if not req.get("tools"):
+            said = sum(m["role"] == "assistant" for m in messages)
+            return {"text": "###STOP###" if said == stop_after else f"Please go on ({said})."}
+        if transfer and not any(m["role"] == "tool" for m in messages):
+            return {"tool": "transfer_to_human_agents", "arguments": '{"summary": "help"}'}
+        return {"text": "Let me look into that."}
+
+    return script
+
+
+@pytest.mark.parametrize(
+    ("stop_after", "transfer", "ending", "turns"),
+    [
+        (None, False, "max_turns", agent.MAX_TURNS),
+        (agent.MAX_TURNS, False, "user_stop", agent.MAX_TURNS),  # right after the last turn
+        (3, False, "user_stop", 3),
+        (None, True, "agent_stop", 1),
+    ],
+    ids=["never-stops", "stops-after-the-last-turn", "stops-early", "transfer"],
+)
+async def test_how_an_episode_ends(
+    tmp_path: Path, data_dir: Path, stop_after: int | None, transfer: bool, ending: str,
+    turns: int,
+):  # fmt: skip
+    task = next(t for t in DOMAIN.tasks.values() if t.description["kind"] == "flight_status")
+    store = InMemoryStore()
+    async with FakeBackend() as fb:
+        fb.script = chatty(stop_after, transfer)
+        trainer = fake_trainer(store, tmp_path, vl.LLM(endpoint=fb.url, model="fake-model"))
+        rows = agent.task_rows(data_dir, [task.id], user="main_llm")
+        result = await trainer.dev_async(agent.airline_episode, rows)
+    [rollout] = result.rollouts
+    [episode] = [s for s in await store.get_spans(rollout.rollout_id) if s.name == "episode"]
+    assert (episode.attributes["termination"], episode.attributes["turns"]) == (ending, turns)
+    assert rollout.status == "succeeded" and rollout.reward == 0.0  # the status was never said
+    customer_calls = [r for r in fb.requests if not r["body"].get("tools")]
+    assert len(customer_calls) == (1 if transfer else turns + 1)  # the opening, one per turn
 
 
 async def test_a_refused_gold_path_scores_0_and_the_database_decides(
@@ -572,6 +728,49 @@ def test_run_py_generates_a_domain_in_tau2s_layout(tmp_path: Path):
          "--out", str(tmp_path / "data"), "--seed", "3"],
         capture_output=True, text=True, timeout=120, check=True,
     )  # fmt: skip
-    assert "wrote 4" in out.stdout and "TAU2_DATA_DIR=" in out.stdout
+    made = generate.make_domain(3)
+    assert f"wrote {len(made.tasks)} tasks" in out.stdout and "TAU2_DATA_DIR=" in out.stdout
+    assert len(made.tasks) >= 40
     loaded = db_mod.load_domain(tmp_path / "data")
-    assert loaded.db.digest() == generate.make_domain(3).db.digest()
+    assert loaded.db.digest() == made.db.digest()
+
+
+def run_py(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(SAMPLES / "tau2_airline" / "run.py"), *args],
+        capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+def test_run_py_says_what_is_wrong_in_one_line(tmp_path: Path, data_dir: Path):
+    from helpers import free_port
+
+    missing = run_py("train", "--data", str(tmp_path / "nowhere"), "--out", str(tmp_path))
+    assert missing.returncode == 1 and "Traceback" not in missing.stderr
+    assert "db.json is missing" in missing.stderr
+    folder = run_py("train", "--data", str(data_dir / "tau2/domains/airline"))
+    assert "give the directory holding tau2/" in folder.stderr and folder.returncode == 1
+    no_model = run_py("train", "--user-endpoint", "http://127.0.0.1:1/v1")
+    assert no_model.returncode == 2 and "--user-endpoint needs --user-model" in no_model.stderr
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    customer = run_py(
+        "dev", "--data", str(data_dir), "--out", str(tmp_path), "--endpoint", dead,
+        "--model", "m", "--user-endpoint", dead, "--user-model", "hosted",
+    )  # fmt: skip
+    assert customer.returncode == 1 and "Traceback" not in customer.stderr
+    assert customer.stderr.startswith("error: the assistant's endpoint: no OpenAI-compatible")
+
+
+def test_run_py_train_with_the_scripted_customer_trains_on_the_assistant_alone(
+    tmp_path: Path, data_dir: Path
+):
+    """The README's first command, smaller: LocalRL on the tiny model, the scripted
+    customer (no customer call at all), the episodes' endings reported."""
+    out = run_py(
+        "train", "--data", str(data_dir), "--out", str(tmp_path), "--steps", "1",
+        "--tasks-per-step", "1", "--group-size", "2", "--n-val", "1", timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "step 1: 2 assistant rows (0 merge failures), 0 user calls left out" in out.stdout
+    assert "train episodes: user_stop 2" in out.stdout
+    assert "val episodes: user_stop 2" in out.stdout  # before and after training

@@ -20,13 +20,16 @@ class Algorithm:
     """Base class of algorithms. Subclasses implement :meth:`train`."""
 
     name: str = "algorithm"
+    publishes: tuple[str, ...] = ()
+    """The resource names the algorithm publishes itself (LocalRL and VERL: ``main_llm``, the
+    model they train); the trainer refuses its own resources under these names."""
     resume: bool = False
     """Whether ``fit`` continues the run of the same name (its directory, store record,
     metrics and checkpoints) instead of starting a new run under a fresh name."""
 
     async def setup(self, ctx: TrainContext) -> None:
         """Prepare serving and publish initial resources (the trainer's own are published
-        before this is called, if any were given)."""
+        before this is called, if any were given, and stay in every version published)."""
 
     async def train(self, ctx: TrainContext, train: list[Task], val: list[Task] | None) -> None:
         """Run the training loop."""

@@ -18,7 +18,6 @@ Both roles' calls are recorded with their agent names (``assistant``, ``user``);
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from agent_framework import Agent, Message
 from airline_db import AirlineTask, Domain, cached_domain
@@ -48,7 +47,7 @@ class Conversation:
     """What an episode produced: the assistant's messages and how it ended."""
 
     assistant_texts: list[str] = field(default_factory=list)
-    termination: str = "max_turns"
+    termination: str = ""
     turns: int = 0
 
 
@@ -64,7 +63,9 @@ def context_overflow(error: BaseException) -> bool:
     return False
 
 
-def make_user(row: dict, resources: vl.Resources, domain: Domain, task: AirlineTask):
+def make_user(
+    row: dict, resources: vl.Resources, domain: Domain, task: AirlineTask
+) -> UserSimulator:
     """The customer of ``row``: scripted, or an LLM from the named resource."""
     who = row.get("user", "scripted")
     if who == "scripted":
@@ -77,31 +78,28 @@ async def converse(assistant: Agent, user: UserSimulator, tools: AirlineTools) -
     out = Conversation()
     session = assistant.create_session()
     user_text = await user.reply(GREETING)
-    message: Any = [Message("assistant", [GREETING]), Message("user", [user_text])]
-    while out.turns < MAX_TURNS:
+    turn_input: list[Message] = [Message("assistant", [GREETING]), Message("user", [user_text])]
+    while True:
         if stop_token(user_text):
             out.termination = "user_stop"
             return out
-        try:
-            response = await assistant.run(message, session=session)
-        except Exception as e:
-            if context_overflow(e):
-                out.termination = "context_overflow"
-                return out
-            raise
-        out.turns += 1
-        out.assistant_texts.append(response.text)
-        if any(c.name == "transfer_to_human_agents" for c in tools.calls):
-            out.termination = "agent_stop"
+        if out.turns >= MAX_TURNS:
+            out.termination = "max_turns"
             return out
         try:
-            user_text = message = await user.reply(response.text)
-        except Exception as e:
-            if context_overflow(e):
-                out.termination = "context_overflow"
+            response = await assistant.run(turn_input, session=session)
+            out.turns += 1
+            out.assistant_texts.append(response.text)
+            if any(c.name == "transfer_to_human_agents" for c in tools.calls):
+                out.termination = "agent_stop"
                 return out
-            raise
-    return out
+            user_text = await user.reply(response.text)
+        except Exception as e:
+            if not context_overflow(e):
+                raise
+            out.termination = "context_overflow"
+            return out
+        turn_input = [Message("user", [user_text])]
 
 
 @vl.rollout

@@ -25,7 +25,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 DOMAIN_DIR = Path("tau2") / "domains" / "airline"
 GUIDELINES_PATH = Path("tau2") / "user_simulator" / "simulation_guidelines.md"
@@ -224,7 +224,9 @@ class Domain:
         if split == "all":
             return list(self.tasks)
         if split not in self.split:
-            raise KeyError(f"no split {split!r}: the data has {sorted(self.split)} (or 'all')")
+            raise DomainDataError(
+                f"no split {split!r}: the data has {sorted(self.split)} (or 'all')"
+            )
         return [i for i in self.split[split] if i in self.tasks]
 
 
@@ -253,26 +255,55 @@ def _read_json(path: Path) -> Any:
         raise DomainDataError(f"{path} is not valid JSON: {e}") from None
 
 
-def load_domain(root: str | Path | None = None) -> Domain:
-    """Read the airline domain under ``root`` (default ``$TAU2_DATA_DIR``).
+def _validated(model: type[BaseModel], data: Any, where: Path) -> Any:
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise DomainDataError(f"{where}: not airline data this sample can read: {e}") from None
 
-    Tasks with an ``initial_state`` (a database change or a conversation to start from) are
-    left out with a warning naming them: this sample starts every episode from ``db.json``.
+
+def load_domain(root: str | Path | None = None) -> Domain:
+    """Read the airline domain under ``root`` (default ``$TAU2_DATA_DIR``), the directory
+    holding ``tau2/``.
+
+    Left out, with a warning naming them: tasks with an ``initial_state`` (this sample starts
+    every episode from ``db.json``) and tasks with nothing but an LLM judge to score them
+    (``NL_ASSERTION`` only). Tasks whose gold actions these tools refuse are kept, with a
+    warning: their gold end state is then the refused one.
     """
+    from airline_tools import AirlineTools, db_copy  # the tools import these models
+
     base = data_dir(root)
     domain = base / DOMAIN_DIR
-    db = FlightDB.model_validate(_read_json(domain / "db.json"))
+    if not domain.is_dir() and base.name == "airline":
+        raise DomainDataError(f"{base} is the airline folder: give the directory holding tau2/")
+    db = _validated(FlightDB, _read_json(domain / "db.json"), domain / "db.json")
     tasks: dict[str, AirlineTask] = {}
-    skipped = []
+    left_out: dict[str, list[str]] = {
+        "with an initial_state": [],
+        "that only an LLM judge can score": [],
+    }
+    refused = []
     for raw in _read_json(domain / "tasks.json"):
-        task = AirlineTask.model_validate(raw)
+        task = _validated(AirlineTask, raw, domain / "tasks.json")
+        basis = set(task.evaluation_criteria.reward_basis)
         if task.initial_state:
-            skipped.append(task.id)
-            continue
-        tasks[task.id] = task
-    if skipped:
+            left_out["with an initial_state"].append(task.id)
+        elif not basis & {"DB", "COMMUNICATE", "ACTION"}:
+            left_out["that only an LLM judge can score"].append(task.id)
+        else:
+            tasks[task.id] = task
+            tools = AirlineTools(db_copy(db))
+            for action in task.evaluation_criteria.actions:
+                tools.execute(action.name, action.arguments)
+            if any(c.error for c in tools.calls):
+                refused.append(task.id)
+    for why, ids in left_out.items():
+        if ids:
+            warnings.warn(f"left out {len(ids)} task(s) {why}: {', '.join(ids)}", stacklevel=2)
+    if refused:
         warnings.warn(
-            f"left out {len(skipped)} task(s) with an initial_state: {', '.join(skipped)}",
+            f"{len(refused)} task(s) have gold actions these tools refuse: {', '.join(refused)}",
             stacklevel=2,
         )
     split_path = domain / "split_tasks.json"

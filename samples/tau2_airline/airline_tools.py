@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from airline_db import (
+    CABINS,
     CabinClass,
     Certificate,
     FlightDate,
@@ -44,6 +45,9 @@ INSURANCE_FEE = 30
 NEW_RESERVATION_IDS = ("HATHAT", "HATHAU", "HATHAV")
 NEW_CERTIFICATE_NUMBERS = (3221322, 3221323, 3221324)
 FLOWN = ("flying", "landed")
+MAX_PASSENGERS = 5
+#: The most payment methods of each kind one booking may use (the policy states the same).
+PAYMENT_LIMITS = {"certificate": 1, "credit_card": 1, "gift_card": 3}
 CITIES = {
     "ATL": "Atlanta",
     "BOS": "Boston",
@@ -149,6 +153,22 @@ def _arithmetic(node: ast.AST) -> float:
     raise ToolError("only numbers, + - * / and parentheses are allowed")
 
 
+def _check_cabin(cabin: str) -> None:
+    if cabin not in CABINS:
+        raise ToolError(f"unknown cabin {cabin!r}: one of {', '.join(CABINS)}")
+
+
+def _itinerary(flights: list[Any]) -> list[FlightInfo]:
+    """The flights of a booking or change: at least one, none twice."""
+    legs = [FlightInfo.model_validate(f) for f in flights]
+    if not legs:
+        raise ToolError("an itinerary needs at least one flight")
+    keys = [(leg.flight_number, leg.date) for leg in legs]
+    if len(set(keys)) != len(keys):
+        raise ToolError("the same flight on the same date appears twice")
+    return legs
+
+
 class AirlineTools:
     """The tools, acting on ``db`` in place (give it a copy)."""
 
@@ -158,8 +178,9 @@ class AirlineTools:
 
     # ---- running tools ------------------------------------------------------------------
     def execute(self, name: str, arguments: dict[str, Any]) -> str:
-        """Run tool ``name`` and log the call; the result as text, ``Error: ...`` on a
-        refused request or malformed arguments."""
+        """Run tool ``name`` and log the call; the result as text, ``Error: ...`` when the
+        request is refused, malformed, or fails in any other way (never an exception). A
+        refused request changes nothing: every check runs before the first change."""
         if name not in TOOL_NAMES:
             result, error = f"Error: unknown tool {name!r}", True
         else:
@@ -169,6 +190,8 @@ class AirlineTools:
                 result, error = f"Error: {e}", True
             except (ValidationError, TypeError) as e:
                 result, error = f"Error: invalid arguments for {name}: {e}", True
+            except Exception as e:  # whatever a request does, the model gets an answer
+                result, error = f"Error: {name} failed: {type(e).__name__}: {e}", True
         self.calls.append(ToolCall(name, copy.deepcopy(arguments), result, error))
         return result
 
@@ -198,6 +221,12 @@ class AirlineTools:
             raise ToolError(f"reservation {reservation_id} not found")
         return self.db.reservations[reservation_id]
 
+    def _open_reservation(self, reservation_id: str) -> Reservation:
+        res = self._reservation(reservation_id)
+        if res.status == "cancelled":
+            raise ToolError(f"reservation {reservation_id} is cancelled")
+        return res
+
     def _flight_date(self, flight_number: str, day: str) -> FlightDate:
         flight = self.db.flights.get(flight_number)
         if flight is None:
@@ -213,6 +242,28 @@ class AirlineTools:
         if (status.available_seats or {}).get(cabin, 0) < seats:
             raise ToolError(f"not enough {cabin} seats on flight {flight_number} on {day}")
         return status
+
+    def _check_payments(self, user: User, pays: list[PaymentSpec]) -> None:
+        """A booking's payments: positive amounts, each method once and on the user's
+        profile, balances that cover them, and the policy's limits per kind of method."""
+        ids = [p.payment_id for p in pays]
+        if len(set(ids)) != len(ids):
+            raise ToolError("each payment method may appear once")
+        kinds: dict[str, int] = {}
+        for pay in pays:
+            method = user.payment_methods.get(pay.payment_id)
+            if method is None:
+                raise ToolError(
+                    f"payment method {pay.payment_id} not found for user {user.user_id}"
+                )
+            if pay.amount <= 0:
+                raise ToolError(f"the amount for {pay.payment_id} must be positive")
+            if isinstance(method, GiftCard | Certificate) and method.amount < pay.amount:
+                raise ToolError(f"{pay.payment_id} has {method.amount}, not {pay.amount}")
+            kinds[method.source] = kinds.get(method.source, 0) + 1
+        for source, most in PAYMENT_LIMITS.items():
+            if kinds.get(source, 0) > most:
+                raise ToolError(f"at most {most} {source.replace('_', ' ')}(s) per booking")
 
     def _charge(self, user: User, payment_id: str, amount: int) -> Payment | None:
         """Take ``amount`` (negative: refund) for a change to a reservation."""
@@ -354,12 +405,13 @@ class AirlineTools:
             insurance: 'yes' or 'no' (travel insurance, per passenger).
         """
         user = self._user(user_id)
-        legs = [FlightInfo.model_validate(f) for f in flights]
+        _check_cabin(cabin)
+        legs = _itinerary(flights)
         people = [Passenger.model_validate(p) for p in passengers]
         pays = [PaymentSpec.model_validate(p) for p in payment_methods]
-        if not legs or not people:
-            raise ToolError("a booking needs at least one flight and one passenger")
-        if nonfree_baggages > total_baggages or nonfree_baggages < 0:
+        if not people or len(people) > MAX_PASSENGERS:
+            raise ToolError(f"a booking needs 1 to {MAX_PASSENGERS} passengers")
+        if not 0 <= nonfree_baggages <= total_baggages:
             raise ToolError("nonfree_baggages must be between 0 and total_baggages")
         new_id = next((i for i in NEW_RESERVATION_IDS if i not in self.db.reservations), None)
         if new_id is None:
@@ -381,25 +433,11 @@ class AirlineTools:
             statuses.append(status)
             total += price * len(people)
         total += INSURANCE_FEE * len(people) * (insurance == "yes") + BAG_FEE * nonfree_baggages
-        for pay in pays:
-            method = user.payment_methods.get(pay.payment_id)
-            if method is None:
-                raise ToolError(f"payment method {pay.payment_id} not found for user {user_id}")
-            if isinstance(method, GiftCard | Certificate) and method.amount < pay.amount:
-                raise ToolError(f"{pay.payment_id} has {method.amount}, not {pay.amount}")
+        self._check_payments(user, pays)
         paid = sum(p.amount for p in pays)
         if paid != total:
             raise ToolError(f"the payments add up to {paid} but the total price is {total}")
-        for pay in pays:  # every check passed: now change the database
-            method = user.payment_methods[pay.payment_id]
-            if isinstance(method, GiftCard):
-                method.amount -= pay.amount
-            elif isinstance(method, Certificate):
-                del user.payment_methods[pay.payment_id]
-        for status in statuses:
-            assert status.available_seats is not None
-            status.available_seats[cabin] -= len(people)
-        reservation = Reservation(
+        reservation = Reservation(  # validates flight_type and insurance before any change
             reservation_id=new_id,
             user_id=user_id,
             origin=origin,
@@ -414,6 +452,15 @@ class AirlineTools:
             nonfree_baggages=nonfree_baggages,
             insurance=insurance,
         )
+        for pay in pays:  # every check passed: now change the database
+            method = user.payment_methods[pay.payment_id]
+            if isinstance(method, GiftCard):
+                method.amount -= pay.amount
+            elif isinstance(method, Certificate):
+                del user.payment_methods[pay.payment_id]
+        for status in statuses:
+            assert status.available_seats is not None
+            status.available_seats[cabin] -= len(people)
         self.db.reservations[new_id] = reservation
         user.reservations.append(new_id)
         return reservation
@@ -465,7 +512,7 @@ class AirlineTools:
             nonfree_baggages: the new number of paid bags.
             payment_id: the payment method to charge, such as 'credit_card_7815826'.
         """
-        res = self._reservation(reservation_id)
+        res = self._open_reservation(reservation_id)
         if total_baggages < res.total_baggages or nonfree_baggages < res.nonfree_baggages:
             raise ToolError("checked bags cannot be removed from a reservation")
         if nonfree_baggages > total_baggages:
@@ -490,10 +537,9 @@ class AirlineTools:
             flights: every flight of the new itinerary, each {flight_number, date}.
             payment_id: the payment method for the difference.
         """
-        res = self._reservation(reservation_id)
-        if res.status == "cancelled":
-            raise ToolError(f"reservation {reservation_id} is cancelled")
-        legs = [FlightInfo.model_validate(f) for f in flights]
+        res = self._open_reservation(reservation_id)
+        _check_cabin(cabin)
+        legs = _itinerary(flights)
         seats = len(res.passengers)
         kept = {(f.flight_number, f.date): f for f in res.flights} if cabin == res.cabin else {}
         new_flights, new_statuses, total = [], [], 0
@@ -540,7 +586,7 @@ class AirlineTools:
             reservation_id: the reservation id.
             passengers: every passenger, each {first_name, last_name, dob}, in order.
         """
-        res = self._reservation(reservation_id)
+        res = self._open_reservation(reservation_id)
         people = [Passenger.model_validate(p) for p in passengers]
         if len(people) != len(res.passengers):
             raise ToolError(
@@ -575,10 +621,9 @@ class AirlineTools:
             expression: the expression.
         """
         try:
-            value = _arithmetic(ast.parse(expression, mode="eval"))
-        except (SyntaxError, ZeroDivisionError) as e:
-            raise ToolError(f"cannot calculate {expression!r}: {e}") from None
-        return str(round(float(value), 2))
+            return str(round(float(_arithmetic(ast.parse(expression, mode="eval"))), 2))
+        except (SyntaxError, ZeroDivisionError, OverflowError) as e:
+            raise ToolError(f"cannot calculate {expression!r:.80}: {e}") from None
 
     def transfer_to_human_agents(self, summary: str) -> str:
         """Hand the customer to a human agent, with a summary of their issue. Only when they
@@ -593,8 +638,3 @@ class AirlineTools:
 def db_copy(db: FlightDB) -> FlightDB:
     """A deep copy of ``db`` (tools change the database they are given)."""
     return db.model_copy(deep=True)
-
-
-def today() -> dt.date:
-    """The domain's date."""
-    return dt.date.fromisoformat(NOW[:10])

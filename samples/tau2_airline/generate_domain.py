@@ -1,9 +1,10 @@
 """A generated airline domain in tau2's format, so the sample runs without tau2-bench's data.
 
 ``make_domain(seed)`` builds, from one seed: flights between nine airports on 2024-05-13..25
-(flown before the domain's clock, some cancelled or delayed after it, seats and prices per
-cabin), users with payment methods and saved passengers, reservations, and 49 tasks of four
-difficulty levels, each with a customer scenario, gold actions and what must be said:
+(landed before the domain's clock, in the air at it, some delayed or cancelled after it; seats
+and prices per cabin), users with payment methods and saved passengers, reservations, and 45
+tasks (seed 0) of four difficulty levels, each with a customer scenario, gold actions and
+what must be said:
 
 1. read-only: a flight's status, a gift card's balance (say it);
 2. one write: add bags (the free allowance decides what is paid), fix a passenger's name;
@@ -17,6 +18,7 @@ refuse is not generated. ``python run.py generate --out DIR`` writes it (see ``w
 
 import random
 from pathlib import Path
+from typing import Any
 
 from airline_db import (
     Action,
@@ -24,15 +26,17 @@ from airline_db import (
     Domain,
     EvaluationCriteria,
     FlightDB,
+    Reservation,
     UserInstructions,
     UserScenario,
 )
-from airline_tools import AirlineTools, db_copy
+from airline_tools import NOW, AirlineTools, db_copy
 
 HERE = Path(__file__).resolve().parent
 AIRPORTS = ("JFK", "LAX", "SFO", "ORD", "ATL", "SEA", "BOS", "MIA", "DEN")
 DATES = [f"2024-05-{d:02d}" for d in range(13, 26)]
-TODAY = "2024-05-15"
+TODAY = NOW[:10]
+CLOCK_HOUR = int(NOW[11:13])
 FIRST = (
     "mia",
     "noah",
@@ -61,7 +65,7 @@ FREE_BAGS = {
 COMPENSATION_PER_PASSENGER = 100
 
 
-def _flights(rng: random.Random) -> dict:
+def _flights(rng: random.Random) -> dict[str, Any]:
     flights = {}
     routes = [(a, b) for a in AIRPORTS for b in AIRPORTS if a != b]
     for n, (origin, destination) in enumerate(rng.sample(routes, 30), start=1):
@@ -71,10 +75,15 @@ def _flights(rng: random.Random) -> dict:
         arrival = f"{arr % 24:02d}:30:00" + ("+1" if arr >= 24 else "")
         dates = {}
         for day in DATES:
-            if day < TODAY or (day == TODAY and dep < 15):
+            if day < TODAY or (day == TODAY and arr < CLOCK_HOUR):
                 dates[day] = {"status": "landed"}
+            elif day == TODAY and dep < CLOCK_HOUR:
+                dates[day] = {"status": "flying"}
             elif rng.random() < 0.08:
                 dates[day] = {"status": "cancelled"}
+            elif day <= DATES[4] and rng.random() < 0.15:
+                late = f"{(dep + 2) % 24:02d}:00:00"
+                dates[day] = {"status": "delayed", "estimated_departure_time_est": late}
             else:
                 seats = {
                     "basic_economy": rng.randrange(0, 12),
@@ -99,7 +108,7 @@ def _flights(rng: random.Random) -> dict:
     return flights
 
 
-def _users(rng: random.Random) -> dict:
+def _users(rng: random.Random) -> dict[str, Any]:
     users = {}
     for i, first in enumerate(FIRST):
         last = rng.choice(LAST)
@@ -135,7 +144,9 @@ def _users(rng: random.Random) -> dict:
     return users
 
 
-def _reservations(rng: random.Random, flights: dict, users: dict) -> dict:
+def _reservations(
+    rng: random.Random, flights: dict[str, Any], users: dict[str, Any]
+) -> dict[str, Any]:
     reservations = {}
     letters = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"
     for uid, user in users.items():
@@ -254,9 +265,17 @@ def _tasks(rng: random.Random, db: FlightDB) -> list[AirlineTask]:
         )
     future = [r for r in future if r not in compensated]
 
-    # 1. read-only
-    for number in rng.sample(sorted(db.flights), 8):
-        day = rng.choice(DATES[3:])
+    # 1. read-only: two flights of each status (so no guess is right more than a quarter)
+    by_status: dict[str, list[tuple[str, str]]] = {}
+    for number, flight in sorted(db.flights.items()):
+        for day, s in sorted(flight.dates.items()):
+            by_status.setdefault(s.status, []).append((number, day))
+    asked = [
+        pair
+        for status in ("landed", "delayed", "cancelled", "available")
+        for pair in rng.sample(by_status.get(status, []), min(2, len(by_status.get(status, []))))
+    ]
+    for number, day in asked:
         status = db.flights[number].dates[day].status
         out.append(
             _task(
@@ -323,7 +342,7 @@ def _tasks(rng: random.Random, db: FlightDB) -> list[AirlineTask]:
         )
 
     # 3. judgement: cancel or refuse (compensation is above)
-    def allowed(r) -> bool:
+    def allowed(r: Reservation) -> bool:
         cancelled_by_airline = any(
             db.flights[f.flight_number].dates[f.date].status == "cancelled" for f in r.flights
         )

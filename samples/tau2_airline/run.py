@@ -3,7 +3,7 @@
     python samples/tau2_airline/run.py generate --out tau2-data        # our generated domain
     python samples/tau2_airline/run.py dev --endpoint URL --model NAME \\
         [--user-endpoint URL --user-model NAME]                         # default: scripted user
-    python samples/tau2_airline/run.py train                            # LocalRL, tiny model
+    python samples/tau2_airline/run.py train [--name N [--resume]]      # LocalRL, tiny model
 
 The data is ``--data DIR``, else ``$TAU2_DATA_DIR`` (tau2-bench's data directory, or one
 written by ``generate``); with neither, the generated domain of seed 0 is written under
@@ -23,7 +23,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from agent import AGENT_FILTER, MAX_TURNS, airline_episode, task_rows  # noqa: E402
-from airline_db import load_domain, write_domain  # noqa: E402
+from airline_db import DomainDataError, load_domain, write_domain  # noqa: E402
 from generate_domain import make_domain  # noqa: E402
 
 import voltrl as vl  # noqa: E402
@@ -56,12 +56,27 @@ def user_llm(args: argparse.Namespace) -> vl.LLM | None:
     )
 
 
-async def episode_report(store_path: Path) -> dict[str, Counter]:
-    """How the run's episodes ended, by mode: ``{mode: Counter(termination)}``."""
+def check_reachable(role: str, endpoint: str, model: str, key_env: str | None) -> None:
+    """Stop with a line naming ``role`` when nothing answers at ``endpoint`` or it does not
+    serve ``model``, before a run starts."""
+    from voltrl.cli import check_endpoint
+
+    key = os.environ.get(key_env, "") if key_env else "EMPTY"
+    if key_env and not key:
+        raise vl.VoltRLError(f"the {role}'s API key: ${key_env} is not set")
+    try:
+        check_endpoint(endpoint, key, model)
+    except vl.VoltRLError as e:
+        raise vl.VoltRLError(f"the {role}'s endpoint: {e}") from None
+
+
+async def episode_report(store_path: Path, rollouts: list) -> dict[str, Counter]:
+    """How these rollouts' episodes ended, by mode: ``{mode: Counter(termination)}``
+    (``failed``: the rollout raised)."""
     store = open_store(store_path)
     try:
         out: dict[str, Counter] = {}
-        for rollout in await store.query_rollouts():
+        for rollout in rollouts:
             ends = [
                 s.attributes.get("termination")
                 for s in await store.get_spans(rollout.rollout_id, rollout.final_attempt_id)
@@ -74,8 +89,8 @@ async def episode_report(store_path: Path) -> dict[str, Counter]:
 
 
 def print_report(result: vl.RunResult) -> None:
-    """Print how the episodes ended (``failed``: the rollout raised)."""
-    report = asyncio.run(episode_report(result.run_dir / "store.sqlite"))
+    """Print how the episodes ended."""
+    report = asyncio.run(episode_report(result.run_dir / "store.sqlite", result.rollouts))
     for mode, ends in sorted(report.items()):
         print(f"{mode} episodes: " + ", ".join(f"{k} {v}" for k, v in ends.most_common()))
 
@@ -85,6 +100,9 @@ def dev(args: argparse.Namespace) -> vl.RunResult:
     ``--user-endpoint``."""
     data = resolve_data(args)
     ids = load_domain(data).task_ids(args.split)[: args.limit]
+    check_reachable("assistant", args.endpoint, args.model, args.api_key_env)
+    if args.user_endpoint:
+        check_reachable("customer", args.user_endpoint, args.user_model, args.user_api_key_env)
     llm = vl.LLM(
         endpoint=args.endpoint,
         model=args.model,
@@ -116,9 +134,12 @@ def train(args: argparse.Namespace) -> vl.RunResult:
     data = resolve_data(args)
     domain = load_domain(data)
     customer = user_llm(args)
-    user = {"scripted": "scripted", "policy": "main_llm"}.get(args.user, "user_llm")
-    if args.user == "endpoint" and customer is None:
-        raise SystemExit("--user endpoint needs --user-endpoint and --user-model")
+    if customer is not None:
+        check_reachable("customer", args.user_endpoint, args.user_model, args.user_api_key_env)
+    # who plays the customer: user_llm (--user-endpoint), the model itself, or the script
+    user = "scripted" if args.user != "policy" else "main_llm"
+    if customer is not None:
+        user = "user_llm"
     algorithm = vl.LocalRL(
         **tiny_or_named(args.model, seed=args.seed),
         steps=args.steps,
@@ -135,6 +156,7 @@ def train(args: argparse.Namespace) -> vl.RunResult:
             length_policy="drop",
         ),
         seed=args.seed,
+        resume=args.resume,
     )
     trainer = vl.Trainer(
         algorithm,
@@ -190,11 +212,12 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--model", default=None, help="path or hub name (default: the tiny model)")
     t.add_argument(
         "--user",
-        choices=["scripted", "policy", "endpoint"],
-        default="scripted",
-        help="who plays the customer: the script, the model being trained (its calls are "
-        "left out of training), or --user-endpoint",
+        choices=["scripted", "policy"],
+        default=None,
+        help="who plays the customer without --user-endpoint: the script (default), or the "
+        "model being trained (its calls are left out of training)",
     )
+    t.add_argument("--resume", action="store_true", help="continue run --name from its checkpoint")
     t.add_argument("--steps", type=int, default=2)
     t.add_argument("--tasks-per-step", type=int, default=2)
     t.add_argument("--group-size", type=int, default=4)
@@ -205,6 +228,26 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--seed", type=int, default=0)
 
     args = parser.parse_args(argv)
+    if getattr(args, "user_endpoint", None) and not args.user_model:
+        parser.error("--user-endpoint needs --user-model")
+    if getattr(args, "user", None) and getattr(args, "user_endpoint", None):
+        parser.error("--user-endpoint plays the customer: leave out --user")
+    if getattr(args, "resume", False) and not args.name:
+        parser.error("--resume needs the --name of the run to continue")
+    try:
+        return run(args)
+    except KeyboardInterrupt:
+        if args.command == "train":
+            name = args.name or "<the run's name, above>"
+            print(f"resume with: run.py train --name {name} --resume (and the same options)")
+        return 130
+    except (DomainDataError, vl.VoltRLError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the parsed command; returns the exit status."""
     if args.command == "generate":
         write_domain(make_domain(args.seed), args.out)
         domain = load_domain(args.out)

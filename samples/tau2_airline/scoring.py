@@ -8,7 +8,8 @@
   **COMMUNICATE**: each ``communicate_info`` string appears in some assistant message
   (case-insensitive, commas removed); **ACTION**: each gold action was called with matching
   arguments (those in ``compare_args``, else all). ``NL_ASSERTION`` needs an LLM judge; it is
-  not scored here and is listed in ``Score.unscored``.
+  not scored here and is listed in ``Score.unscored`` (a task with nothing else to score
+  gets 0; the loader leaves such tasks out).
 """
 
 from collections.abc import Iterable, Sequence
@@ -18,8 +19,11 @@ from typing import Any
 from airline_db import Action, AirlineTask, FlightDB
 from airline_tools import WRITE_TOOLS, AirlineTools, db_copy
 
-#: Endings that are scored; any other ending gets 0.
+#: Endings that are scored; the others get 0.
 SCORED_ENDINGS = ("user_stop", "agent_stop")
+ENDINGS = (*SCORED_ENDINGS, "max_turns", "context_overflow")
+#: The components this module scores (``NL_ASSERTION`` needs an LLM judge).
+SCORED_BASIS = ("DB", "COMMUNICATE", "ACTION")
 
 
 @dataclass
@@ -75,6 +79,8 @@ def evaluate(
 ) -> Score:
     """Score an episode of ``task`` that started from ``db``: its tool calls in order
     ``(name, arguments)``, the assistant's messages, and how it ended."""
+    if termination not in ENDINGS:
+        raise ValueError(f"unknown ending {termination!r}: one of {', '.join(ENDINGS)}")
     criteria = task.evaluation_criteria
     score = Score(reward=0.0, termination=termination)
     if termination not in SCORED_ENDINGS:
@@ -93,6 +99,6 @@ def evaluate(
         found = all(any(_matches(a, n, args) for n, args in tool_calls) for a in criteria.actions)
         score.action = float(found)
         parts.append(score.action)
-    score.unscored = sorted(basis - {"DB", "COMMUNICATE", "ACTION"})
-    score.reward = float(all(p == 1.0 for p in parts))
+    score.unscored = sorted(basis - set(SCORED_BASIS))
+    score.reward = float(bool(parts) and all(p == 1.0 for p in parts))
     return score

@@ -36,7 +36,7 @@ def config() -> dict:
             "rollout": {"response_length": 6144, "val_kwargs": {"temperature": 0.0}},
         },
         # the policy and 14 tool schemas make a ~2.5k-token first prompt
-        "data": {"max_prompt_length": 4096, "train_batch_size": 16},
+        "data": {"max_prompt_length": 4096, "max_response_length": 6144, "train_batch_size": 16},
         "trainer": {"test_freq": 10, "save_freq": 20},
         "voltrl": {
             # one row per conversation: Agent Framework's re-rendered history extends each
@@ -67,9 +67,14 @@ def algorithm(args: argparse.Namespace) -> vl.VERL:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    if args.user_endpoint and not args.user_model:
+        raise SystemExit("--user-endpoint needs --user-model")
     sys.path.insert(0, str(HERE))
+    from agent import AGENT_FILTER as TRAINED
     from agent import airline_episode, task_rows
     from airline_db import data_dir, load_domain
+
+    assert TRAINED == AGENT_FILTER
 
     root = data_dir(args.data)
     domain = load_domain(root)

@@ -81,6 +81,7 @@ class LocalRL(Algorithm):
     """
 
     name = "local_rl"
+    publishes = ("main_llm",)
 
     def __init__(
         self,

@@ -61,6 +61,7 @@ class VERL(Algorithm):
     """
 
     name = "verl"
+    publishes = ("main_llm",)
 
     def __init__(
         self,
