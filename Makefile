@@ -13,7 +13,11 @@ VERL_VENV    := .venv-verl
 VERL_PY      := $(VERL_VENV)/bin/python
 VERL_VERSION := 0.9.1
 
-.PHONY: test test-verl test-vllm demo demo-seeds lint format clean postgres bench-peer-store
+# The AgentScope adapter's tests' environment (see test-agentscope below).
+AS_VENV := .venv-agentscope
+AS_PY   := $(AS_VENV)/bin/python
+
+.PHONY: test test-verl test-vllm test-agentscope demo demo-seeds lint format clean postgres bench-peer-store
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -50,11 +54,29 @@ bench-peer-store: $(VENV)/.test-deps .venv-peer/.deps
 	.venv-peer/bin/pip install --quiet agentlightning==0.3.0
 	touch $@
 
-## make test: install what the tests need and run them (tests/, then tests_verl/)
+## make test: install what the tests need and run them (tests/, tests_verl/, tests_agentscope/)
 ## (PG_BINDIR=DIR: PostgreSQL binaries you have; PG_INSTALL=no: install none, see `postgres`)
-test: $(VENV)/.test-deps postgres $(VERL_VENV)/.deps-$(VERL_VERSION)
+test: $(VENV)/.test-deps postgres $(VERL_VENV)/.deps-$(VERL_VERSION) $(AS_VENV)/.deps
 	$(PY) -m pytest -q
 	$(VERL_PY) -m pytest -q tests_verl
+	$(AS_PY) -m pytest -q tests_agentscope
+
+# The AgentScope adapter's tests (tests_agentscope/) run in AgentScope's own environment,
+# .venv-agentscope: agentscope 2.0.10 needs mcp < 2, the other frameworks mcp 2 (see
+# constraints/agentscope.txt). No torch: the adapter tests need the core and the framework
+# only. About 40 s to install, 5 s to run.
+$(AS_PY):
+	$(PYTHON) -m venv $(AS_VENV)
+	$(AS_PY) -m pip install --quiet --upgrade pip
+
+$(AS_VENV)/.deps: pyproject.toml constraints/agentscope.txt | $(AS_PY)
+	$(AS_PY) -m pip install --quiet -e ".[agentscope]" "pytest>=8" "pytest-asyncio>=0.23" \
+		"pytest-timeout>=2.3" -c constraints/agentscope.txt
+	touch $@
+
+## make test-agentscope: the AgentScope adapter in its own environment (tests_agentscope/)
+test-agentscope: $(AS_VENV)/.deps
+	$(AS_PY) -m pytest -q tests_agentscope
 
 # The VERL integration's tests (tests_verl/) need the real verl package, which pins
 # transformers<5.11, so they run in their own environment, .venv-verl, on the same pinned
@@ -123,4 +145,4 @@ format: $(VENV)/.test-deps
 ## make clean: remove the virtual environments and tool caches. runs/ (your runs, their stores
 ## and the demo's cached warm-up model in runs/.cache) is user data and stays.
 clean:
-	rm -rf $(VENV) $(VERL_VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(VERL_VENV) $(AS_VENV) .pytest_cache .ruff_cache .hypothesis
