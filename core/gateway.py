@@ -34,10 +34,11 @@ from urllib.parse import unquote
 import aiohttp
 
 from voltrl.errors import NotFoundError
+from voltrl.gateway_errors import REFUSED_SPAN, GatewayHTTPError, backend_error, refusal
 from voltrl.gateway_records import _Call, _calls_from_response, _StreamAccumulator, _strip
 from voltrl.retry import RETRY_STATUSES, Backoff, Retry
 from voltrl.store.base import Store
-from voltrl.types import LLMCall
+from voltrl.types import LLMCall, Span
 
 logger = logging.getLogger(__name__)
 
@@ -53,26 +54,6 @@ _SSE_HEADERS = [
 _DONE = b"data: [DONE]\n\n"
 _PIN_LIMIT = 100_000  # rollouts remembered for sticky routing
 _KNOWN_LIMIT = 100_000  # (rollout, attempt) pairs remembered as valid
-
-
-class GatewayHTTPError(Exception):
-    """A request the gateway answers with an OpenAI-shaped error instead of forwarding."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        type: str = "invalid_request_error",
-        headers: Sequence[tuple[bytes, bytes]] = (),
-    ) -> None:
-        super().__init__(message)
-        self.status, self.message, self.type, self.headers = status, message, type, list(headers)
-
-    def body(self) -> bytes:
-        """The error as OpenAI clients expect it: ``{"error": {"message", "type", ...}}``."""
-        err = {"message": self.message, "type": self.type, "param": None, "code": self.status}
-        return json.dumps({"error": err}).encode()
 
 
 class Gateway:
@@ -452,7 +433,7 @@ class Gateway:
             text = (await resp.read()).decode("utf-8", "replace")
             resp.release()
             if resp.status not in RETRY_STATUSES:
-                raise _backend_error(resp.status, text)
+                raise backend_error(resp.status, text)
             problem = f"HTTP {resp.status}: {text[:500]}"
             return failed(resp.status, problem, resp.headers.get("retry-after"))
 
@@ -502,9 +483,15 @@ class Gateway:
         started = time.time()
         payload = json.dumps(self._upstream_body(call), separators=(",", ":")).encode()
         path = "/chat/completions" if call.kind == "chat" else "/completions"
-        idx, resp = await self._send_upstream(
-            call.rollout_id, path, payload, self._upstream_headers(client_headers)
-        )
+        try:
+            idx, resp = await self._send_upstream(
+                call.rollout_id, path, payload, self._upstream_headers(client_headers)
+            )
+        except GatewayHTTPError as e:
+            if 400 <= e.status < 500 and e.status not in RETRY_STATUSES:
+                e = refusal(e)
+                self._record_refusal(call, e, started)
+            raise e from None
         meta = (self.backends[idx], version, started)
         try:
             if call.body.get("stream"):
@@ -595,6 +582,26 @@ class Gateway:
                 500, f"the call could not be recorded: {type(e).__name__}: {e}", type="api_error"
             ) from e
 
+    def _record_refusal(self, call: _Call, error: GatewayHTTPError, started: float) -> None:
+        """Record a call the backend refused (a prompt over the context, a bad parameter) as
+        a ``gateway.refused`` span of its attempt, which the trajectory builder counts
+        (``refused/<code>``); written in the background, like late call records."""
+        span = Span(
+            rollout_id=call.rollout_id,
+            attempt_id=call.attempt_id,
+            name=REFUSED_SPAN,
+            start_time=started,
+            end_time=time.time(),
+            status="error",
+            attributes={
+                "http.response.status_code": error.status,
+                "error.type": error.code or error.type,
+                "error.message": error.message[:1000],
+                "voltrl.agent_name": call.agent_name or "",
+            },
+        )
+        self._track(self.store.add_spans([span])).add_done_callback(_log_write_failure)
+
     def _record_later(self, calls: list[LLMCall]) -> None:
         """Write the calls in the background (:meth:`aclose` waits for them); failures are
         logged, as there is no response left to report them in."""
@@ -632,19 +639,6 @@ def _route_path(scope: dict[str, Any]) -> str:
 
 def _headers(scope: dict[str, Any]) -> dict[str, str]:
     return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-
-
-def _backend_error(status: int, text: str) -> GatewayHTTPError:
-    """A non-retryable backend answer, passed on with its status and message."""
-    with contextlib.suppress(ValueError, AttributeError, TypeError):
-        err = json.loads(text).get("error")
-        if isinstance(err, dict) and err.get("message"):
-            return GatewayHTTPError(status, err["message"], type=err.get("type") or "api_error")
-        if isinstance(err, str):
-            return GatewayHTTPError(status, err, type="api_error")
-    return GatewayHTTPError(
-        status, f"backend answered HTTP {status}: {text[:500]}", type="api_error"
-    )
 
 
 async def _send_bytes(

@@ -69,6 +69,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from voltrl.errors import MissingTokenIdsError
+from voltrl.gateway_errors import REFUSED_SPAN
 from voltrl.types import LLMCall, Model, Reward, Rollout, Span, Trajectory, Transition
 
 if TYPE_CHECKING:
@@ -458,7 +459,10 @@ def build_trajectory(
     are used. ``transitions`` (the attempt's explicit transitions) replace the calls when
     given. A rollout that is dropped comes back with no transitions and its reason in
     ``stats`` (``dropped/failed``, ``dropped/cancelled``, ``dropped/unfinished``,
-    ``dropped/no_reward``, ``dropped/no_calls``, ``dropped/no_transitions``).
+    ``dropped/no_reward``, ``dropped/no_calls``, ``dropped/no_transitions``, and
+    ``dropped/no_trainable_calls`` when every call was filtered out or too long). Calls the
+    backend refused (``gateway.refused`` spans) are counted as ``refused/<error code>``, e.g.
+    ``refused/context_length_exceeded``.
     """
     config = config or TrajectoryConfig()
     stats: Counter[str] = Counter()
@@ -504,7 +508,13 @@ def build_trajectory(
         )
         for row in rows:
             row.reward = credit[row.first_turn]
-    return result(_cap(_fit_lengths(rows, config, stats), config, stats), final)
+    for span in spans:  # calls the backend refused never became calls: count them here
+        if span.name == REFUSED_SPAN:
+            stats[f"refused/{span.attributes.get('error.type', 'unknown')}"] += 1
+    kept = _cap(_fit_lengths(rows, config, stats), config, stats)
+    if not kept:
+        stats["dropped/no_trainable_calls"] += 1
+    return result(kept, final)
 
 
 def _transition(row: _Row) -> Transition:

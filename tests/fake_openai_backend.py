@@ -100,6 +100,7 @@ class FakeBackend:
         self.port = port
         self.requests: list[dict[str, Any]] = []
         self.failures: deque[int] = deque()
+        self.failure_message: str | None = None
         self.hold: asyncio.Event | None = None
         self.arrived = asyncio.Event()
         self.record_requests = True
@@ -118,9 +119,11 @@ class FakeBackend:
         """The OpenAI base URL (``http://127.0.0.1:P/v1``)."""
         return f"http://127.0.0.1:{self.port}/v1"
 
-    def fail_next(self, *statuses: int) -> None:
-        """Answer the next completion requests with these HTTP statuses, in order."""
+    def fail_next(self, *statuses: int, message: str | None = None) -> None:
+        """Answer the next completion requests with these HTTP statuses, in order, and
+        ``message`` as the error's message (default: ``scripted failure <status>``)."""
         self.failures.extend(statuses)
+        self.failure_message = message
 
     async def start(self) -> FakeBackend:
         """Listen on 127.0.0.1 (a free port unless one was given)."""
@@ -166,7 +169,8 @@ class FakeBackend:
             await self.hold.wait()
         if self.failures:
             status = self.failures.popleft()
-            err = {"error": {"message": f"scripted failure {status}", "type": "server_error"}}
+            message = self.failure_message or f"scripted failure {status}"
+            err = {"error": {"message": message, "type": "server_error"}}
             conn.reply(status, json.dumps(err).encode(), retry_after=status == 429)
             return
         self._counter += 1

@@ -52,12 +52,13 @@ class Conversation:
 
 
 def context_overflow(error: BaseException) -> bool:
-    """Whether ``error`` (or what caused it) is a backend's 400 for a prompt longer than the
-    model's context."""
+    """Whether ``error`` (or what caused it) is a 400 for a prompt longer than the model's
+    context (the gateway's ``context_length_exceeded``, or a backend's own words)."""
     seen: BaseException | None = error
     while seen is not None:
-        status = getattr(seen, "status_code", None)
-        if status == 400 and "context" in str(seen).lower():
+        if getattr(seen, "code", None) == "context_length_exceeded":  # the gateway's 400
+            return True
+        if getattr(seen, "status_code", None) == 400 and "context" in str(seen).lower():
             return True
         seen = seen.__cause__ or seen.__context__
     return False
