@@ -102,22 +102,22 @@ def stop(proc: subprocess.Popen[Any]) -> None:
 class BackendProcess:
     """The fake vLLM-style backend in its own process."""
 
-    def __init__(self) -> None:
+    def __init__(self, *args: str) -> None:
         self.port = free_port()
         self.url = f"http://{LOOPBACK}:{self.port}/v1"
         script = str(ROOT / "tests" / "fake_openai_backend.py")
-        self.proc = spawn([sys.executable, script, "--port", str(self.port)])
+        self.proc = spawn([sys.executable, script, "--port", str(self.port), *args])
         wait_http_ok(f"http://{LOOPBACK}:{self.port}/health", self.proc)
 
 
 class GatewayProcess:
     """Our gateway (uvicorn + InMemoryStore) in its own process, with ``n`` running rollouts."""
 
-    def __init__(self, backend_url: str, rollouts: int) -> None:
+    def __init__(self, backend_url: str, rollouts: int, *args: str) -> None:
         self.port = free_port()
         self.base = f"http://{LOOPBACK}:{self.port}"
         argv = [sys.executable, __file__, "--serve-gateway", "--backend", backend_url]
-        argv += ["--port", str(self.port), "--rollouts", str(rollouts)]
+        argv += ["--port", str(self.port), "--rollouts", str(rollouts), *args]
         self.proc = spawn(argv)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
@@ -140,7 +140,9 @@ class GatewayProcess:
 
 
 # ---- child: serve the gateway ------------------------------------------------------------
-def serve_gateway_child(backend: str, port: int, n_rollouts: int) -> None:
+def serve_gateway_child(
+    backend: str, port: int, n_rollouts: int, reasoning_split: bool = False
+) -> None:
     """Run the gateway on 127.0.0.1:port (uvloop and httptools when installed)."""
     import uvicorn
 
@@ -149,7 +151,7 @@ def serve_gateway_child(backend: str, port: int, n_rollouts: int) -> None:
     from voltrl.types import Task
 
     store = InMemoryStore()
-    gateway = Gateway(store, [backend], model="fake-model")
+    gateway = Gateway(store, [backend], model="fake-model", reasoning_split=reasoning_split)
 
     async def setup() -> list[tuple[str, str]]:
         await store.enqueue([Task(input={"i": i}) for i in range(n_rollouts)])
@@ -211,11 +213,14 @@ def percentile(sorted_vals: list[float], q: float) -> float:
     return sorted_vals[lo] + (sorted_vals[hi] - sorted_vals[lo]) * (k - lo)
 
 
-async def load(urls: list[str], duration: float, warmup: float) -> dict[str, Any]:
-    """Closed loop: each URL is a client slot that sends the next call as soon as one returns."""
+async def load(
+    urls: list[str], duration: float, warmup: float, body: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Closed loop: each URL is a client slot that sends the next call as soon as one returns
+    (``body``: the request, default :data:`REQUEST_BODY`)."""
     import aiohttp
 
-    payload = json.dumps(REQUEST_BODY).encode()
+    payload = json.dumps(body or REQUEST_BODY).encode()
     headers = {"content-type": "application/json"}
     lat: list[float] = []
     errors: list[str] = []
@@ -328,9 +333,10 @@ def main() -> None:
     ap.add_argument("--backend", help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--rollouts", type=int, default=16, help=argparse.SUPPRESS)
+    ap.add_argument("--reasoning-split", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve_gateway:
-        serve_gateway_child(args.backend, args.port, args.rollouts)
+        serve_gateway_child(args.backend, args.port, args.rollouts, args.reasoning_split)
         return
     result = run(bench(args))
     report(result)

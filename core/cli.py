@@ -324,6 +324,7 @@ def _gateway_options(args: argparse.Namespace) -> dict[str, Any]:
         "model": args.model,
         "backend_api_key": args.backend_api_key,
         "request_token_ids": not args.no_token_ids,
+        "reasoning_split": args.reasoning_split,
     }
 
 
@@ -497,6 +498,11 @@ def _add_serving_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend-api-key", default=None, help="gateway: key for the backends")
     parser.add_argument(
         "--no-token-ids", action="store_true", help="gateway: do not ask backends for token ids"
+    )
+    parser.add_argument(
+        "--reasoning-split",
+        action="store_true",
+        help="gateway: hand agents a model's <think>...</think> as reasoning_content",
     )
     from voltrl.retry import GatewayRetry
 

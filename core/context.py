@@ -62,13 +62,16 @@ class TrainContext:
         request_token_ids: bool = True,
         retry: GatewayRetry | None = None,
         host: str | None = None,
+        reasoning_split: bool = False,
     ) -> ServedGateway:
         """Serve a gateway recording this run's calls in front of ``backends`` (OpenAI base
         URLs), the one way algorithms and the trainer serve one: it binds ``host`` (default:
         the run's), checks the run's token (refused off loopback without one), records each
         call's resources version, and stops when the run ends. ``retry`` overrides the
-        trainer's retry settings. Publish an ``LLM(endpoint=served.url, gateway=True)``:
-        runners give it the token as its API key."""
+        trainer's retry settings; ``reasoning_split`` moves the thinking a model writes into
+        its content to ``reasoning_content`` (:mod:`voltrl.reasoning`). Publish an
+        ``LLM(endpoint=served.url, gateway=True)``: runners give it the token as its API
+        key."""
         from voltrl.serve import start_gateway
 
         served = await start_gateway(
@@ -80,6 +83,7 @@ class TrainContext:
             model=model,
             backend_api_key=backend_api_key,
             request_token_ids=request_token_ids,
+            reasoning_split=reasoning_split,
             resources_version=lambda: self.resources_version,
         )
         self.cleanup.push_async_callback(served.stop)

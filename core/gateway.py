@@ -36,6 +36,7 @@ import aiohttp
 from voltrl.errors import NotFoundError
 from voltrl.gateway_errors import REFUSED_SPAN, GatewayHTTPError, backend_error, refusal
 from voltrl.gateway_records import _Call, _calls_from_response, _StreamAccumulator, _strip
+from voltrl.reasoning import ReasoningSplitter, split_deltas, split_messages
 from voltrl.retry import RETRY_STATUSES, Backoff, Retry
 from voltrl.store.base import Store
 from voltrl.types import LLMCall, Span
@@ -82,6 +83,10 @@ class Gateway:
         backend_api_key: sent as the bearer token to backends; when None the client's
             ``Authorization`` header is forwarded.
         max_connections: pooled connections to all backends together.
+        reasoning_split: hand agents the ``<think>...</think>`` a model wrote into a chat
+            response's content as ``reasoning_content`` (the rest stays ``content``),
+            streamed or not; the recorded call keeps the response as sampled
+            (:mod:`voltrl.reasoning`).
     """
 
     def __init__(
@@ -103,6 +108,7 @@ class Gateway:
         request_token_ids: bool = True,
         backend_api_key: str | None = None,
         max_connections: int = 1024,
+        reasoning_split: bool = False,
     ) -> None:
         if not backends:
             raise ValueError("Gateway needs at least one backend URL")
@@ -118,6 +124,7 @@ class Gateway:
         self.request_token_ids = request_token_ids
         self.backend_api_key = backend_api_key
         self.max_connections = max_connections
+        self.reasoning_split = reasoning_split
         self._session: aiohttp.ClientSession | None = None
         self._pins: OrderedDict[str, int] = OrderedDict()
         self._pinned = [0] * len(self.backends)
@@ -506,6 +513,8 @@ class Gateway:
                     ) from None
                 calls = _calls_from_response(call, data, meta)
                 _strip(call, data)
+                if self.reasoning_split and call.kind == "chat":
+                    split_messages(data)
                 await self._record(calls)
                 await _send_bytes(send, 200, json.dumps(data, separators=(",", ":")).encode())
         finally:
@@ -520,6 +529,7 @@ class Gateway:
     ) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
         acc = _StreamAccumulator(call.kind)
+        split = {} if self.reasoning_split and call.kind == "chat" else None
         recorded = False
         try:
             data_lines: list[bytes] = []
@@ -533,7 +543,7 @@ class Gateway:
                 data, data_lines = b"\n".join(data_lines), []
                 if data == b"[DONE]":
                     break
-                out = self._relay_event(call, acc, data)
+                out = self._relay_event(call, acc, data, split)
                 if out is not None:
                     await send({"type": "http.response.body", "body": out, "more_body": True})
             recorded = True
@@ -552,8 +562,14 @@ class Gateway:
         await send({"type": "http.response.body", "body": _DONE, "more_body": False})
 
     @staticmethod
-    def _relay_event(call: _Call, acc: _StreamAccumulator, data: bytes) -> bytes | None:
-        """Accumulate one SSE event; return what the client should get (None: nothing)."""
+    def _relay_event(
+        call: _Call,
+        acc: _StreamAccumulator,
+        data: bytes,
+        split: dict[int, ReasoningSplitter] | None = None,
+    ) -> bytes | None:
+        """Accumulate one SSE event; return what the client should get (None: nothing).
+        ``split``: the choices' reasoning splitters, when the split is on."""
         try:
             chunk = json.loads(data)
         except ValueError:
@@ -561,7 +577,9 @@ class Gateway:
         if not isinstance(chunk, dict):
             return b"data: " + data + b"\n\n"
         acc.add(chunk)
-        if call.wants_ids and call.wants_logprobs and call.wants_usage:
+        if split is not None:
+            split_deltas(chunk, split)
+        elif call.wants_ids and call.wants_logprobs and call.wants_usage:
             return b"data: " + data + b"\n\n"
         if not call.wants_usage:
             if not chunk.get("choices") and chunk.get("usage") is not None:

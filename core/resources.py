@@ -39,6 +39,10 @@ class LLM(Model):
     api_key_env: str | None = None
     sampling_parameters: dict[str, Any] = Field(default_factory=dict)
     gateway: bool = False
+    reasoning_split: bool = False
+    """Have the trainer's gateway in front of this endpoint hand agents the ``<think>...``
+    the model writes into its content as ``reasoning_content`` (:mod:`voltrl.reasoning`);
+    the recorded calls keep the response as sampled."""
 
     def scoped(self, rollout_id: str, attempt_id: str, agent_name: str | None = None) -> LLM:
         """This LLM with an endpoint that records calls against one rollout attempt."""

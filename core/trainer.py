@@ -497,17 +497,18 @@ class Trainer:
         run (agents get the run's token as their key); the LLM's own key goes, in memory
         only, to its backend."""
         items = dict(resources.items if isinstance(resources, Resources) else resources)
-        urls: dict[tuple[str, str], str] = {}
+        urls: dict[tuple[str, str, bool], str] = {}
         for name, item in items.items():
             if not isinstance(item, LLM) or item.gateway:
                 continue
             key = ApiKeys().fill(name, item).api_key  # the key given, or from api_key_env
-            backend = (item.endpoint, key)
+            backend = (item.endpoint, key, item.reasoning_split)
             if backend not in urls:
                 served = await ctx.serve_gateway(
                     [item.endpoint],
                     backend_api_key=key,
                     request_token_ids=self.request_token_ids,
+                    reasoning_split=item.reasoning_split,
                 )
                 urls[backend] = served.url
             items[name] = item.model_copy(update={"endpoint": urls[backend], "gateway": True})

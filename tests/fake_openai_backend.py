@@ -444,9 +444,18 @@ class _Conn(asyncio.Protocol):
         self.transport.write(b"0\r\n\r\n")
 
 
-async def _main(port: int, max_seconds: float) -> None:
+THINKING_REPLY = (
+    "<think>\nThe user asks a small arithmetic question. 2 + 2 is 4; answer briefly.\n</think>"
+    "\n\nThe answer is 4."
+)
+"""What the backend answers with ``--think``: a reasoning model's reply, thinking first."""
+
+
+async def _main(port: int, max_seconds: float, think: bool = False) -> None:
     backend = FakeBackend(port=port)
     backend.record_requests = False
+    if think:
+        backend.script = lambda req: {"text": THINKING_REPLY}
     await backend.start()
     try:
         await asyncio.sleep(max_seconds)
@@ -458,10 +467,11 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--max-seconds", type=float, default=600.0)
+    ap.add_argument("--think", action="store_true", help="answer like a reasoning model")
     args = ap.parse_args()
     try:
         import uvloop
 
-        uvloop.run(_main(args.port, args.max_seconds))
+        uvloop.run(_main(args.port, args.max_seconds, args.think))
     except ImportError:
-        asyncio.run(_main(args.port, args.max_seconds))
+        asyncio.run(_main(args.port, args.max_seconds, args.think))

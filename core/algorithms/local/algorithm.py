@@ -78,6 +78,8 @@ class LocalRL(Algorithm):
         seed: task order and sampling seed.
         max_batch_size: sequences the engine decodes together.
         gateway_retry: how the gateway retries engine calls (default: the trainer's).
+        reasoning_split: agents get the ``<think>...</think>`` the model writes as
+            ``reasoning_content`` (:mod:`voltrl.reasoning`); training still sees every token.
     """
 
     name = "local_rl"
@@ -104,6 +106,7 @@ class LocalRL(Algorithm):
         seed: int = 0,
         max_batch_size: int = 64,
         gateway_retry: GatewayRetry | dict[str, Any] | None = None,
+        reasoning_split: bool = False,
     ) -> None:
         try:
             from voltrl.algorithms.local.threads import decide_threads
@@ -139,6 +142,7 @@ class LocalRL(Algorithm):
         self.gateway_retry = (
             GatewayRetry.model_validate(gateway_retry) if gateway_retry is not None else None
         )
+        self.reasoning_split = reasoning_split
         self.history: list[dict[str, Any]] = []
         self._warned_same_reward = False
         self._policy_lock = threading.Lock()
@@ -173,6 +177,7 @@ class LocalRL(Algorithm):
             "seed": self.seed,
             "max_batch_size": self.max_batch_size,
             "gateway_retry": self.gateway_retry and self.gateway_retry.model_dump(),
+            "reasoning_split": self.reasoning_split,
         }
 
     # ---- setup: model, engine, gateway, resources ---------------------------------------
@@ -203,7 +208,10 @@ class LocalRL(Algorithm):
         )
         self._stops.append(stop_engine)
         served_gateway = await ctx.serve_gateway(
-            [f"{engine_url}/v1"], model=self.served_name, retry=self.gateway_retry
+            [f"{engine_url}/v1"],
+            model=self.served_name,
+            retry=self.gateway_retry,
+            reasoning_split=self.reasoning_split,
         )
         self._gateway = served_gateway.gateway
         self._llm = LLM(

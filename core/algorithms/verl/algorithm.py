@@ -223,6 +223,7 @@ class VERL(Algorithm):
             model=served,
             retry=self.voltrl.gateway_retry,
             host=self.voltrl.gateway_host,
+            reasoning_split=self.voltrl.reasoning_split,
         )
         self._gateway = gateway.gateway
         return LLM(

@@ -62,6 +62,8 @@ class VoltrlSection(Model):
             is a server without one): the gateway checks it and is refused without one.
         gateway_retry: how that gateway retries replica calls (:class:`~voltrl.retry.
             GatewayRetry` fields; default: the trainer's).
+        reasoning_split: that gateway hands agents the ``<think>...</think>`` the model writes
+            as ``reasoning_content`` (:mod:`voltrl.reasoning`); training sees every token.
         served_model_name: the model name agents see in their ``LLM`` (default: the name the
             vLLM replicas serve; the gateway always sends that one to them).
         max_wait_s: longest one GRPO group may take before its rollouts count as failed.
@@ -73,6 +75,7 @@ class VoltrlSection(Model):
     ray_address: str | None = None
     gateway_host: str | None = None
     gateway_retry: GatewayRetry | None = None
+    reasoning_split: bool = False
     served_model_name: str | None = None
     max_wait_s: float | None = Field(None, gt=0)
 
