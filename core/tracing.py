@@ -25,6 +25,7 @@ import contextlib
 import contextvars
 import math
 import numbers
+import re
 import threading
 import traceback
 from collections.abc import Callable, Iterator
@@ -71,18 +72,33 @@ class RolloutContext:
             self._finished = True
 
     def emit_reward(
-        self, value: Any, *, name: str = "reward", metadata: dict[str, Any] | None = None
+        self,
+        value: Any,
+        *,
+        name: str = "reward",
+        metadata: dict[str, Any] | None = None,
+        agents: str | None = None,
     ) -> Reward:
         """Record a reward now. The last one emitted is the rollout's reward unless the
-        agent returns one; earlier ones are per-step rewards for credit assignment. Raises
+        agent returns one; earlier ones are per-step rewards for credit assignment.
+        ``agents`` (a regex fully matching agent names) makes it instead the final reward of
+        those agents' calls, e.g. each team's outcome in a game (see
+        :func:`voltrl.trajectory.agent_final_rewards`). Raises
         :class:`~voltrl.errors.NoActiveRolloutError` once the rollout has finished."""
+        meta = dict(metadata or {})
+        if agents is not None:
+            try:
+                re.compile(agents)
+            except re.error as e:
+                raise ValueError(f"agents is not a valid regex: {e}") from None
+            meta["agents"] = agents
         reward = Reward(
             rollout_id=self.rollout_id,
             attempt_id=self.attempt_id,
             value=check_reward(value, self.rollout_id),
             name=name,
             source="emit",
-            metadata=metadata or {},
+            metadata=meta,
         )
         with self._lock:
             if self._finished:
@@ -223,10 +239,15 @@ def copy_context_into_executor(loop: asyncio.AbstractEventLoop) -> None:
 
 
 def emit_reward(
-    value: Any, *, name: str = "reward", metadata: dict[str, Any] | None = None
+    value: Any,
+    *,
+    name: str = "reward",
+    metadata: dict[str, Any] | None = None,
+    agents: str | None = None,
 ) -> Reward:
-    """Record a reward for the current rollout (see :meth:`RolloutContext.emit_reward`)."""
-    return current_rollout().emit_reward(value, name=name, metadata=metadata)
+    """Record a reward for the current rollout (see :meth:`RolloutContext.emit_reward`;
+    ``agents``: the final reward of the calls of the agents this regex fully matches)."""
+    return current_rollout().emit_reward(value, name=name, metadata=metadata, agents=agents)
 
 
 def emit_event(name: str, **attributes: Any) -> Span:

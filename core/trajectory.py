@@ -34,6 +34,10 @@ emitted), else the last reward record. Credit (``credit``), per turn ``t`` of ``
   timestamp (rewards before any call belong to the first); ``G_t = r_t + gamma * G_{t+1}``,
   plus ``R`` on every turn when ``per_step_add_final``. Records with source ``"return"``
   are the final reward, never step rewards.
+- Agents' own finals: a reward emitted with ``agents=REGEX`` (``emit_reward(1.0,
+  agents="wolves/.*")``) is the final reward ``R`` of the calls whose agent name the regex
+  fully matches (the last such reward wins), in every mode; it is neither a step reward nor
+  the rollout's reward. Games credit each team's calls with its own outcome this way.
 - AIR (``air=True``): each tool call a turn issued adds ``air_success_reward`` or
   ``air_failure_reward`` to that turn's own reward (propagated through ``G`` in
   ``per_step`` mode, added as-is otherwise). A tool call's result is the ``role: "tool"``
@@ -148,23 +152,48 @@ class TrajectoryConfig(Model):
 
 
 def assign_credit(
-    final: float,
+    final: float | Sequence[float],
     step_rewards: Sequence[float],
     air_rewards: Sequence[float],
     config: TrajectoryConfig,
 ) -> list[float]:
-    """Each turn's credit from the final reward, its own step rewards and its AIR rewards
-    (all lists with one entry per turn); see the module docstring for the rules."""
+    """Each turn's credit from the final reward (one for all turns, or one per turn when
+    agents have finals of their own), its own step rewards and its AIR rewards (lists with
+    one entry per turn); see the module docstring for the rules."""
     n, g = len(step_rewards), config.gamma
+    finals = [final] * n if isinstance(final, int | float) else list(final)
     if config.credit == "final":
-        return [final + a for a in air_rewards]
+        return [f + a for f, a in zip(finals, air_rewards, strict=True)]
     if config.credit == "discounted":
-        return [g ** (n - 1 - t) * final + air_rewards[t] for t in range(n)]
+        return [g ** (n - 1 - t) * finals[t] + air_rewards[t] for t in range(n)]
     returns, nxt = [0.0] * n, 0.0
     for t in reversed(range(n)):
         nxt = returns[t] = step_rewards[t] + air_rewards[t] + g * nxt
-    bonus = final if config.per_step_add_final else 0.0
-    return [r + bonus for r in returns]
+    if not config.per_step_add_final:
+        return returns
+    return [r + f for r, f in zip(returns, finals, strict=True)]
+
+
+AGENTS_KEY = "agents"
+"""The reward metadata key that makes an emitted reward the final reward of some agents'
+calls: a regex fully matching their agent names (``emit_reward(v, agents="wolves/.*")``)."""
+
+
+def agent_final_rewards(
+    calls: Sequence[LLMCall], rewards: Sequence[Reward], final: float
+) -> list[float]:
+    """Each call's final reward: the last emitted reward addressed to its agent (metadata
+    ``agents``, a regex fully matching the call's agent name), else the rollout's ``final``."""
+    addressed = [
+        (re.compile(r.metadata[AGENTS_KEY]), r.value)
+        for r in rewards
+        if r.source == "emit" and isinstance(r.metadata.get(AGENTS_KEY), str)
+    ]
+    out = []
+    for call in calls:
+        matching = [v for pattern, v in addressed if pattern.fullmatch(call.agent_name or "")]
+        out.append(matching[-1] if matching else final)
+    return out
 
 
 def _end(call: LLMCall) -> float:
@@ -183,7 +212,7 @@ def step_rewards_per_turn(calls: Sequence[LLMCall], rewards: Sequence[Reward]) -
     final reward and are skipped)."""
     out = [0.0] * len(calls)
     for rw in rewards:
-        if rw.source != "return" and calls:
+        if rw.source != "return" and AGENTS_KEY not in rw.metadata and calls:
             out[owner_turn(calls, rw.timestamp)] += rw.value
     return out
 
@@ -438,7 +467,9 @@ def _final_reward(
         return None, "unfinished"
     if rollout.reward is not None:
         return rollout.reward, None
-    returned = [r for r in rewards if r.source == "return"] or list(rewards)
+    returned = [r for r in rewards if r.source == "return"] or [
+        r for r in rewards if AGENTS_KEY not in r.metadata
+    ]
     return (returned[-1].value, None) if returned else (None, "no_reward")
 
 
@@ -501,7 +532,8 @@ def build_trajectory(
             if config.credit == "per_step"
             else [0.0] * len(calls)
         )
-        credit = assign_credit(final, step, air_rewards_per_turn(calls, spans, config), config)
+        finals = agent_final_rewards(calls, rewards, final)
+        credit = assign_credit(finals, step, air_rewards_per_turn(calls, spans, config), config)
         turns = _turns(calls, config, stats)
         rows = (
             _merge_turns(turns, stats) if config.mode == "trajectory" else list(map(_row_of, turns))

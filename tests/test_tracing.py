@@ -140,3 +140,12 @@ async def test_replacing_the_loops_executor_keeps_its_threads_and_their_children
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_reward_for_some_agents_carries_their_pattern():
+    c = ctx("r1")
+    with activate(c):
+        rw = vl.emit_reward(1.0, name="outcome", agents="wolves/.*")
+        with pytest.raises(ValueError, match="agents is not a valid regex"):
+            vl.emit_reward(1.0, agents="(")
+    assert rw.metadata == {"agents": "wolves/.*"} and c.rewards == [rw]

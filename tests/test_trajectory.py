@@ -330,6 +330,38 @@ def test_agent_filter_trains_only_matching_agents_but_keeps_their_positions_and_
     assert traj.stats["dropped/agent_filter"] == 2
 
 
+def test_rewards_addressed_to_agents_are_their_calls_final_reward() -> None:
+    """A game: each team's calls get the team's outcome (``emit_reward(v, agents=...)``),
+    the last such reward wins, other agents keep the rollout's reward, and addressed rewards
+    are never step rewards."""
+
+    def addressed(value: float, agents: str, at: float) -> Reward:
+        return Reward(
+            rollout_id=RID, attempt_id=AID, value=value, timestamp=at, metadata={"agents": agents}
+        )
+
+    calls = [
+        call(0, [1], [2], agent="wolves/p1"),
+        call(1, [3], [4], agent="village/p2"),
+        call(2, [5], [6], agent="wolves/p3"),
+        call(3, [7], [8], agent="judge"),
+    ]
+    rewards = [
+        addressed(0.5, "wolves/.*", 31),
+        addressed(1.0, "wolves/.*", 41),
+        addressed(-1.0, "village/.*", 41),
+        reward(0.25, 15),  # a step reward of turn 0
+    ]
+    finals = build_trajectory(rollout(reward=0.0), calls, rewards)
+    assert [t.reward for t in finals.transitions] == [1.0, -1.0, 1.0, 0.0]
+    config = TrajectoryConfig(credit="per_step", per_step_add_final=True)
+    steps = build_trajectory(rollout(reward=0.0), calls, rewards, config=config)
+    assert [t.reward for t in steps.transitions] == [1.25, -1.0, 1.0, 0.0]
+    # without a returned reward, the rollout's final is the last reward not addressed
+    fallback = build_trajectory(rollout(reward=None), calls, rewards)
+    assert fallback.transitions[3].reward == 0.25
+
+
 def test_agent_filter_must_match_the_whole_name() -> None:
     config = TrajectoryConfig(agent_filter="code")
     assert not config.trains_agent("coder") and config.trains_agent("code")
