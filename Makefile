@@ -63,15 +63,16 @@ test: $(VENV)/.test-deps postgres $(VERL_VENV)/.deps-$(VERL_VERSION) $(AS_VENV)/
 
 # The AgentScope adapter's tests (tests_agentscope/) run in AgentScope's own environment,
 # .venv-agentscope: agentscope 2.0.10 needs mcp < 2, the other frameworks mcp 2 (see
-# constraints/agentscope.txt). No torch: the adapter tests need the core and the framework
-# only. About 40 s to install, 5 s to run.
+# constraints/agentscope.txt), with LocalRL (samples/werewolf trains in it) on the same pinned
+# torch. About 1 minute to install.
 $(AS_PY):
 	$(PYTHON) -m venv $(AS_VENV)
 	$(AS_PY) -m pip install --quiet --upgrade pip
 
 $(AS_VENV)/.deps: pyproject.toml constraints/agentscope.txt | $(AS_PY)
-	$(AS_PY) -m pip install --quiet -e ".[agentscope]" "pytest>=8" "pytest-asyncio>=0.23" \
-		"pytest-timeout>=2.3" -c constraints/agentscope.txt
+	$(AS_PY) -m pip install --quiet "$(TORCH)"
+	$(AS_PY) -m pip install --quiet -e ".[agentscope,local]" "$(TORCH)" "pytest>=8" \
+		"pytest-asyncio>=0.23" "pytest-timeout>=2.3" -c constraints/agentscope.txt
 	touch $@
 
 ## make test-agentscope: the AgentScope adapter in its own environment (tests_agentscope/)

@@ -29,7 +29,7 @@ import zlib
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 import aiohttp
 
@@ -225,9 +225,9 @@ class Gateway:
             rest = parts[5:]
             if rest[0] == "agents" and len(rest) >= 3:
                 agent_name, rest = unquote(rest[1]), rest[2:]
-            endpoint = "/" + "/".join(rest)
+            endpoint = unquote("/" + "/".join(rest))
         else:
-            endpoint = path
+            endpoint = unquote(path)
         headers = _headers(scope)
         method = scope["method"]
         if endpoint == "/v1/models":
@@ -647,9 +647,12 @@ _UNSERVED_API_ADVICE = (
 
 # ---- small helpers ----------------------------------------------------------------------
 def _route_path(scope: dict[str, Any]) -> str:
-    """The path below the app's mount point (Starlette's ``Mount`` keeps it in root_path)."""
-    path: str = scope["path"]
-    root: str = scope.get("root_path", "")
+    """The path below the app's mount point (Starlette's ``Mount`` keeps it in root_path),
+    still percent-encoded, so that a segment holding an encoded ``/`` (an agent named
+    ``team/role``) stays one segment; :meth:`Gateway._handle` decodes each."""
+    raw = scope.get("raw_path")
+    path: str = raw.decode("latin-1") if raw else quote(scope["path"])
+    root: str = quote(scope.get("root_path", ""))
     if root and path.startswith(root) and path[len(root) : len(root) + 1] in ("/", ""):
         path = path[len(root) :] or "/"
     return path.rstrip("/") or "/"

@@ -113,5 +113,6 @@ def load_sample(sample: str, name: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(f"{sample}_{name}", directory / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses and pydantic look their module up there
     spec.loader.exec_module(module)
     return module

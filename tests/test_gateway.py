@@ -391,6 +391,15 @@ async def test_agent_name_path_segment(env: Env) -> None:
     assert call.agent_name == "planner"
 
 
+async def test_an_agent_name_with_slashes_is_one_path_segment(env: Env) -> None:
+    """``policy/wolves/werewolf/Player3`` is percent-encoded in the URL and kept whole."""
+    rid, aid = await new_rollout(env.store)
+    name = "policy/wolves/werewolf/Player3"
+    await env.client(rid, aid, name).chat.completions.create(model="m", messages=MESSAGES)
+    (call,) = await env.store.get_llm_calls(rid)
+    assert call.agent_name == name
+
+
 async def test_header_form_uses_running_attempt_and_agent_header(env: Env) -> None:
     rid, aid = await new_rollout(env.store)
     client = env.openai(

@@ -31,6 +31,7 @@ def test_the_training_samples_have_a_script():
         "autogen_calc",
         "agent_service",
         "tau2_airline",
+        "werewolf",
     }
     assert {p.parent.name for p in SCRIPTS} == expected
 

@@ -1,0 +1,229 @@
+"""Werewolf on AgentScope: play games against endpoints (``dev``) or train one side, or both,
+with LocalRL (``train``); every run ends with a report of the games (winners, calls and tokens
+per game, invalid answers, refused prompts).
+
+    python samples/werewolf/run.py dev --endpoint URL --model NAME [--games 4]
+    python samples/werewolf/run.py train                          # tiny model, village trained
+    python samples/werewolf/run.py train --train wolves \\
+        --opponent-endpoint URL --opponent-model NAME             # the village on another model
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections import Counter
+from pathlib import Path
+from statistics import mean
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from agent import game_rows, side_filter, werewolf_game  # noqa: E402
+
+import voltrl as vl  # noqa: E402
+from voltrl.store import open_store  # noqa: E402
+
+
+def opponent(args: argparse.Namespace) -> vl.LLM | None:
+    """The external players' model (``--opponent-endpoint``): any OpenAI-compatible server;
+    its calls are recorded, never trained."""
+    if not args.opponent_endpoint:
+        return None
+    return vl.LLM(
+        endpoint=args.opponent_endpoint,
+        model=args.opponent_model,
+        api_key_env=args.opponent_api_key_env,
+        sampling_parameters={"temperature": 0.7, "max_tokens": args.max_tokens},
+    )
+
+
+def external_of(args: argparse.Namespace, train: str) -> dict | None:
+    """Who the opponent model plays: the side not trained, or ``--external-fraction``."""
+    if not args.opponent_endpoint:
+        return None
+    if args.external_fraction is not None:
+        return {"fraction": args.external_fraction}
+    if train == "both":
+        raise SystemExit("--train both with an opponent needs --external-fraction")
+    return {"side": "wolves" if train == "village" else "village"}
+
+
+async def game_report(store_path: Path, rollouts: list[vl.types.Rollout]) -> list[dict]:
+    """Per game: its ``game`` event and the number and tokens of its calls."""
+    store = open_store(store_path)
+    try:
+        out = []
+        for r in rollouts:
+            spans = await store.get_spans(r.rollout_id, r.final_attempt_id)
+            calls = await store.get_llm_calls(r.rollout_id, r.final_attempt_id)
+            [game] = [s.attributes for s in spans if s.name == "game"] or [{"winner": r.status}]
+            out.append(
+                {
+                    **game,
+                    "mode": r.mode,
+                    "calls": len(calls),
+                    "prompt_tokens": sum(len(c.prompt_token_ids or ()) for c in calls),
+                    "response_tokens": sum(len(c.response_token_ids or ()) for c in calls),
+                }
+            )
+        return out
+    finally:
+        await store.close()
+
+
+def print_report(result: vl.RunResult) -> None:
+    """Winners, calls and tokens per game, invalid answers and refused prompts."""
+    games = asyncio.run(game_report(result.run_dir / "store.sqlite", result.rollouts))
+    for mode in sorted({g["mode"] for g in games}):
+        some = [g for g in games if g["mode"] == mode]
+        winners = Counter(g["winner"] for g in some)
+        print(
+            f"{mode}: {len(some)} games, winners {dict(winners)}; per game "
+            f"{mean(g['calls'] for g in some):.0f} calls, "
+            f"{mean(g['prompt_tokens'] for g in some):.0f} prompt + "
+            f"{mean(g['response_tokens'] for g in some):.0f} generated tokens, "
+            f"{mean(g.get('invalid_outputs', 0) for g in some):.1f} invalid answers, "
+            f"{mean(g.get('context_overflows', 0) for g in some):.1f} refused prompts"
+        )
+
+
+def dev(args: argparse.Namespace) -> vl.RunResult:
+    """``--games`` games against ``--endpoint`` (and ``--opponent-endpoint``)."""
+    resources = {
+        "main_llm": vl.LLM(
+            endpoint=args.endpoint,
+            model=args.model,
+            api_key_env=args.api_key_env,
+            sampling_parameters={"temperature": args.temperature, "max_tokens": args.max_tokens},
+        )
+    }
+    if (other := opponent(args)) is not None:
+        resources["opponent_llm"] = other
+    trainer = vl.Trainer(
+        resources=resources,
+        n_runners=1,
+        max_concurrency=args.concurrency,
+        run_dir=args.out,
+        name=args.name,
+        request_token_ids=not args.no_token_ids,
+        rollout_timeout_s=3600,
+    )
+    rows = game_rows(
+        args.games, args.seed, external=external_of(args, "village"), max_rounds=args.max_rounds
+    )
+    return trainer.dev(werewolf_game, rows)
+
+
+def train(args: argparse.Namespace) -> vl.RunResult:
+    """LocalRL on ``--model`` (default: the tiny model), training ``--train``'s calls."""
+    from voltrl.algorithms.local.tiny import tiny_or_named
+    from voltrl.algorithms.local.update import PolicyUpdateConfig
+    from voltrl.trajectory import TrajectoryConfig
+
+    other = opponent(args)
+    trajectory = TrajectoryConfig(
+        mode="transition",  # the multi-agent formatter re-renders the history every call
+        agent_filter=side_filter(args.train),
+        credit="per_step",  # each call: its own penalties, plus its side's outcome
+        gamma=0.0,
+        per_step_add_final=True,
+        max_transitions_per_rollout=args.max_calls,
+        max_prompt_length=args.max_prompt_length,
+        length_policy="drop",
+    )
+    algorithm = vl.LocalRL(
+        **tiny_or_named(args.model, seed=args.seed),
+        steps=args.steps,
+        tasks_per_step=args.games_per_step,
+        group_size=args.group_size,
+        sampling={"temperature": 1.0, "max_tokens": args.max_tokens},
+        val_sampling={"temperature": 0.0, "max_tokens": args.max_tokens},
+        val_every=args.steps,
+        update=PolicyUpdateConfig(lr=args.lr, seed=args.seed),
+        trajectory=trajectory,
+        seed=args.seed,
+    )
+    trainer = vl.Trainer(
+        algorithm,
+        n_runners=1,
+        max_concurrency=args.concurrency,
+        run_dir=args.out,
+        name=args.name,
+        rollout_timeout_s=3600,
+        resources={"opponent_llm": other} if other is not None else None,
+        request_token_ids=False,  # the trainer's gateways front the opponent only
+    )
+    external = external_of(args, args.train)
+    rows = game_rows(
+        200, args.seed, train=args.train, external=external, max_rounds=args.max_rounds
+    )
+    val = game_rows(args.n_val, 10_000 + args.seed, train=args.train, external=external,
+                    max_rounds=args.max_rounds)  # fmt: skip
+    result = trainer.fit(werewolf_game, rows, val)
+    for record in algorithm.history:
+        if "batch/rows" in record:
+            print(
+                f"step {record['step']}: {record['batch/rows']} trained calls; left out "
+                f"{record.get('batch/dropped/agent_filter', 0)} of other players, "
+                f"{record.get('batch/dropped/over_cap', 0)} over the cap of {args.max_calls}, "
+                f"{record.get('batch/dropped/too_long', 0)} too long; "
+                f"{record.get('batch/dropped/no_trainable_calls', 0)} games taught nothing"
+            )
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--out", type=Path, default=Path("runs"), help="run directory root")
+    common.add_argument("--name", default=None, help="run name (default: a fresh one)")
+    common.add_argument("--seed", type=int, default=0, help="deals' seed")
+    common.add_argument("--concurrency", type=int, default=4, help="games at a time")
+    common.add_argument("--max-rounds", type=int, default=4, help="nights and days, then a draw")
+    common.add_argument("--max-tokens", type=int, default=64, help="per model call")
+    common.add_argument("--opponent-endpoint", help="OpenAI-compatible URL of the opponent")
+    common.add_argument("--opponent-model", help="the opponent's model name")
+    common.add_argument("--opponent-api-key-env", default=None, help="env var with its key")
+    common.add_argument(
+        "--external-fraction", type=float, default=None,
+        help="seats the opponent plays, at random (default: the side not trained)",
+    )  # fmt: skip
+
+    d = sub.add_parser("dev", parents=[common], help="play games against endpoints")
+    d.add_argument("--endpoint", required=True, help="OpenAI-compatible base URL (.../v1)")
+    d.add_argument("--model", required=True)
+    d.add_argument("--api-key-env", default=None, help="env var with the endpoint's key")
+    d.add_argument("--games", type=int, default=2)
+    d.add_argument("--temperature", type=float, default=0.7)
+    d.add_argument("--no-token-ids", action="store_true", help="for hosted APIs")
+
+    t = sub.add_parser("train", parents=[common], help="train one side, or both, with LocalRL")
+    t.add_argument("--model", default=None, help="path or hub name (default: the tiny model)")
+    t.add_argument("--train", choices=["village", "wolves", "both"], default="village")
+    t.add_argument("--steps", type=int, default=1)
+    t.add_argument("--games-per-step", type=int, default=1)
+    t.add_argument("--group-size", type=int, default=2)
+    t.add_argument("--n-val", type=int, default=1, help="held-out games before and after")
+    t.add_argument("--max-calls", type=int, default=64, help="trained calls kept per game")
+    t.add_argument("--max-prompt-length", type=int, default=4000)
+    t.add_argument("--lr", type=float, default=1e-5)
+
+    args = parser.parse_args(argv)
+    if args.opponent_endpoint and not args.opponent_model:
+        parser.error("--opponent-endpoint needs --opponent-model")
+    try:
+        result = dev(args) if args.command == "dev" else train(args)
+    except vl.VoltRLError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    print_report(result)
+    return 0 if result.stats.failed == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

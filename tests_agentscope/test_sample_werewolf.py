@@ -1,0 +1,189 @@
+"""samples/werewolf: nine AgentScope players run whole games through ``Trainer.dev`` against a
+scripted backend that plays legal moves; mixed models route to two endpoints; each side's
+outcome lands on its own calls and penalties on the call that earned them; a side filter
+keeps only that side's trained calls; a refused prompt does not stop the game."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fake_openai_backend import FakeBackend
+from helpers import fake_trainer, load_sample
+
+import voltrl as vl
+from voltrl.store.memory import InMemoryStore
+from voltrl.trajectory import TrajectoryConfig, collate, trajectories_from_store
+
+agent = load_sample("werewolf", "agent")
+import rules  # noqa: E402  (the sample's directory is on sys.path now)
+
+
+def choices_offered(req: dict[str, Any]) -> list[str] | None:
+    """The legal answers of a structured-output request (the schema's enum), else None."""
+    for tool in req.get("tools") or ():
+        if tool["function"]["name"] == "GenerateStructuredOutput":
+            return tool["function"]["parameters"]["properties"]["target"]["enum"]
+    return None
+
+
+def player_of(req: dict[str, Any]) -> str:
+    system = req["messages"][0]["content"]
+    text = system if isinstance(system, str) else system[0]["text"]
+    return text.split("You are ")[1].split(";")[0]
+
+
+def legal(invalid_from: str | None = None):
+    """A script playing legal moves: always the first choice offered ("save" before "pass",
+    "nobody" before a poison), speeches naming the speaker. ``invalid_from``: that player's
+    every answer is outside the choices."""
+
+    def script(req: dict[str, Any]) -> dict[str, str]:
+        options = choices_offered(req)
+        if options is None:
+            return {"text": f"I am {player_of(req)} and I trust nobody."}
+        target = "Nobody99" if player_of(req) == invalid_from else options[0]
+        return {"tool": "GenerateStructuredOutput", "arguments": json.dumps({"target": target})}
+
+    return script
+
+
+async def play(tmp_path: Path, rows: list[dict], script, **resources: vl.LLM):
+    store = InMemoryStore()
+    async with FakeBackend() as fb, FakeBackend() as opponent:
+        fb.script = opponent.script = script
+        trainer = fake_trainer(store, tmp_path, vl.LLM(endpoint=fb.url, model="fake-model"))
+        trainer.resources["opponent_llm"] = vl.LLM(endpoint=opponent.url, model="hosted-model")
+        result = await trainer.dev_async(agent.werewolf_game, rows)
+    return result, store, fb, opponent
+
+
+async def game_event(store: InMemoryStore, rollout_id: str) -> dict[str, Any]:
+    [event] = [s for s in await store.get_spans(rollout_id) if s.name == "game"]
+    return event.attributes
+
+
+async def test_a_game_of_nine_runs_to_a_winner(tmp_path: Path) -> None:
+    [row] = agent.game_rows(1, seed=3, max_rounds=8)
+    result, store, _, opponent = await play(tmp_path, [row], legal())
+    [rollout] = result.rollouts
+    assert rollout.status == "succeeded", rollout.error
+    game = await game_event(store, rollout.rollout_id)
+    state = rules.deal(row["seed"])
+    assert game["winner"] in ("wolves", "village")
+    assert game["invalid_outputs"] == 0 and game["rounds"] >= 2
+    assert sorted(game["roles"].values()) == sorted(rules.ROLES_9)
+    assert game["roles"] == {p.name: p.role for p in state.players}
+    assert rollout.reward == (1.0 if game["winner"] == "village" else 0.0)
+    calls = await store.get_llm_calls(rollout.rollout_id)
+    assert len(calls) > 40 and not opponent.requests  # nobody external in this game
+    names = {c.agent_name for c in calls}
+    assert names == {agent.agent_name(p, False) for p in state.players}
+    spans = {s.name for s in await store.get_spans(rollout.rollout_id)}
+    assert {"invoke_agent Player1", "chat fake-model"} <= spans
+
+
+async def test_external_players_use_the_opponent_model_and_are_never_trained(
+    tmp_path: Path,
+) -> None:
+    rows = agent.game_rows(2, seed=5, external={"side": "wolves"}, max_rounds=8)
+    result, store, fb, opponent = await play(tmp_path, rows, legal())
+    assert fb.requests and opponent.requests
+    assert {r["body"]["model"] for r in opponent.requests} == {"hosted-model"}
+    for rollout in result.rollouts:
+        roles = (await game_event(store, rollout.rollout_id))["roles"]
+        calls = await store.get_llm_calls(rollout.rollout_id)
+        for c in calls:
+            player = c.agent_name.rsplit("/", 1)[1]
+            wolf = roles[player] == "werewolf"
+            assert c.agent_name.startswith("external/wolves/" if wolf else "policy/village/")
+    for train in ("wolves", "both", "village"):
+        config = TrajectoryConfig(agent_filter=agent.side_filter(train))
+        batch = collate(await trajectories_from_store(store, result.rollouts, config), config)
+        sides = {name.split("/")[1] for name in batch.agent_names}
+        assert all(name.startswith("policy/") for name in batch.agent_names)
+        assert sides == ({"village"} if train != "wolves" else set())
+        if train == "wolves":  # every wolf is external: nothing of theirs trains
+            assert batch.stats["dropped/no_trainable_calls"] == 2
+
+
+async def test_each_side_gets_its_outcome_and_penalties_land_on_their_call(tmp_path: Path):
+    """Player1 answers every choice outside the legal ones: each of those calls is
+    penalised, no other call is, and each team's calls carry the team's outcome."""
+    [row] = agent.game_rows(1, seed=3, max_rounds=8)
+    result, store, *_ = await play(tmp_path, [row], legal(invalid_from="Player1"))
+    [rollout] = result.rollouts
+    game = await game_event(store, rollout.rollout_id)
+    assert game["invalid_outputs"] > 0
+    config = TrajectoryConfig(
+        agent_filter=agent.side_filter("both"), credit="per_step", gamma=0.0,
+        per_step_add_final=True,
+    )  # fmt: skip
+    [traj] = await trajectories_from_store(store, [rollout], config)
+    winner = game["winner"]
+    for row_ in traj.transitions:
+        side, player = row_.agent_name.split("/")[1], row_.agent_name.split("/")[3]
+        outcome = 1.0 if side == winner else 0.0
+        assert row_.reward in (outcome, pytest.approx(outcome + agent.INVALID_PENALTY))
+        if row_.reward != outcome:
+            assert player == "Player1"
+    penalised = [
+        r
+        for r in traj.transitions
+        if r.reward != (1.0 if r.agent_name.split("/")[1] == winner else 0.0)
+    ]
+    assert len(penalised) == game["invalid_outputs"]
+
+
+async def test_a_refused_prompt_is_an_invalid_choice_and_the_game_goes_on(tmp_path: Path):
+    [row] = agent.game_rows(1, seed=3, max_rounds=8)
+    store = InMemoryStore()
+    async with FakeBackend() as fb:
+        fb.script = legal()
+        fb.fail_next(400, 400, message="This model's maximum context length is 4096 tokens.")
+        trainer = fake_trainer(store, tmp_path, vl.LLM(endpoint=fb.url, model="fake-model"))
+        result = await trainer.dev_async(agent.werewolf_game, [row])
+    [rollout] = result.rollouts
+    assert rollout.status == "succeeded", rollout.error
+    game = await game_event(store, rollout.rollout_id)
+    assert game["context_overflows"] == 2 and game["winner"] in ("wolves", "village")
+    [traj] = await trajectories_from_store(store, [rollout], TrajectoryConfig())
+    assert traj.stats["refused/context_length_exceeded"] == 2
+
+
+def test_rules_win_checks_and_tally() -> None:
+    state = rules.deal(0)
+    assert state.winner() is None and len(state.alive("wolves")) == 3
+    for p in state.alive("village")[:3]:
+        state.kill(p.name)
+    assert state.winner() == "wolves"
+    state = rules.deal(0)
+    for p in state.alive("wolves"):
+        state.kill(p.name)
+    assert state.winner() == "village"
+    assert rules.tally({"a": "x", "b": "x", "c": "y"}) == "x"
+    assert rules.tally({"a": "x", "b": "y"}) is None
+    assert rules.tally({"a": None}) is None
+
+
+@pytest.mark.timeout(600)
+def test_run_py_trains_the_village_on_localrl(tmp_path: Path) -> None:
+    """``run.py train`` on the tiny model: one step of one round-long games through the
+    store, the gateway, LocalRL's engine and a real policy update; the report names what
+    the side filter and the caps left out."""
+    import subprocess
+    import sys
+
+    from helpers import SAMPLES
+
+    out = subprocess.run(
+        [sys.executable, str(SAMPLES / "werewolf" / "run.py"), "train", "--out", str(tmp_path),
+         "--max-rounds", "1", "--max-tokens", "8", "--n-val", "1", "--max-calls", "16"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "step 1: " in out.stdout and "trained calls; left out" in out.stdout
+    assert "over the cap of 16" in out.stdout
+    assert "train: 2 games, winners" in out.stdout and "val: 2 games" in out.stdout
