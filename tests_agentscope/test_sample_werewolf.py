@@ -111,8 +111,10 @@ async def test_external_players_use_the_opponent_model_and_are_never_trained(
 
 async def test_each_side_gets_its_outcome_and_penalties_land_on_their_call(tmp_path: Path):
     """Player1 answers every choice outside the legal ones: each of those calls is
-    penalised, no other call is, and each team's calls carry the team's outcome."""
-    [row] = agent.game_rows(1, seed=3, max_rounds=8)
+    penalised, no other call is, and each team's calls carry the team's outcome (a lost game
+    costs -1 here: the outcome's values are the row's)."""
+    lost = {"loss": -1.0}
+    [row] = agent.game_rows(1, seed=3, max_rounds=8, outcome={"wolves": lost, "village": lost})
     result, store, *_ = await play(tmp_path, [row], legal(invalid_from="Player1"))
     [rollout] = result.rollouts
     game = await game_event(store, rollout.rollout_id)
@@ -123,17 +125,17 @@ async def test_each_side_gets_its_outcome_and_penalties_land_on_their_call(tmp_p
     )  # fmt: skip
     [traj] = await trajectories_from_store(store, [rollout], config)
     winner = game["winner"]
+
+    def outcome_of(side: str) -> float:
+        return 1.0 if side == winner else -1.0
+
     for row_ in traj.transitions:
         side, player = row_.agent_name.split("/")[1], row_.agent_name.split("/")[3]
-        outcome = 1.0 if side == winner else 0.0
+        outcome = outcome_of(side)
         assert row_.reward in (outcome, pytest.approx(outcome + agent.INVALID_PENALTY))
         if row_.reward != outcome:
             assert player == "Player1"
-    penalised = [
-        r
-        for r in traj.transitions
-        if r.reward != (1.0 if r.agent_name.split("/")[1] == winner else 0.0)
-    ]
+    penalised = [r for r in traj.transitions if r.reward != outcome_of(r.agent_name.split("/")[1])]
     assert len(penalised) == game["invalid_outputs"]
 
 

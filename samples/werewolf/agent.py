@@ -71,8 +71,9 @@ def game_rows(
 ) -> list[dict[str, Any]]:
     """``n`` games (dataset rows): the deal's seed, the trained side (for the reward the
     rollout returns), who plays on the external model (``{"side": "wolves"}``,
-    ``{"role": "seer"}`` or ``{"fraction": 0.2}``; None: nobody), and ``extra`` settings
-    (``max_rounds``)."""
+    ``{"role": "seer"}`` or ``{"fraction": 0.2}``; None: nobody), and ``extra`` settings:
+    ``max_rounds``, ``outcome`` (per side, the rewards of a win, loss or draw, over
+    :data:`OUTCOME`, e.g. ``{"wolves": {"win": 2.0}}``)."""
     return [
         {"seed": seed * 100_000 + i, "train": train, "external": external, **extra}
         for i in range(n)
@@ -303,7 +304,8 @@ async def werewolf_game(row: dict, resources: vl.Resources) -> float:
     winner = await play(table, int(row.get("max_rounds", MAX_ROUNDS)))
     outcome = {}
     for side in SIDES:
-        outcome[side] = OUTCOME["draw" if winner is None else "win" if winner == side else "loss"]
+        values = {**OUTCOME, **(row.get("outcome") or {}).get(side, {})}
+        outcome[side] = values["draw" if winner is None else "win" if winner == side else "loss"]
         vl.emit_reward(outcome[side], name=f"outcome/{side}", agents=rf"[^/]+/{side}/.*")
     vl.emit_event(
         "game",
