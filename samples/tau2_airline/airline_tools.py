@@ -265,6 +265,22 @@ class AirlineTools:
             if kinds.get(source, 0) > most:
                 raise ToolError(f"at most {most} {source.replace('_', ' ')}(s) per booking")
 
+    def _book_leg(
+        self, leg: FlightInfo, cabin: str, seats: int
+    ) -> tuple[ReservationFlight, FlightDate]:
+        """A flight of an itinerary at today's price in ``cabin``, and its date's status
+        (whose seats the caller takes once every check has passed)."""
+        status = self._bookable(leg.flight_number, leg.date, cabin, seats)
+        flight = self.db.flights[leg.flight_number]
+        booked = ReservationFlight(
+            origin=flight.origin,
+            destination=flight.destination,
+            flight_number=leg.flight_number,
+            date=leg.date,
+            price=(status.prices or {})[cabin],
+        )
+        return booked, status
+
     def _charge(self, user: User, payment_id: str, amount: int) -> Payment | None:
         """Take ``amount`` (negative: refund) for a change to a reservation."""
         method = user.payment_methods.get(payment_id)
@@ -418,20 +434,10 @@ class AirlineTools:
             raise ToolError("too many new reservations in one conversation")
         booked, statuses, total = [], [], 0
         for leg in legs:
-            status = self._bookable(leg.flight_number, leg.date, cabin, len(people))
-            flight = self.db.flights[leg.flight_number]
-            price = (status.prices or {})[cabin]
-            booked.append(
-                ReservationFlight(
-                    origin=flight.origin,
-                    destination=flight.destination,
-                    flight_number=leg.flight_number,
-                    date=leg.date,
-                    price=price,
-                )
-            )
+            booked_leg, status = self._book_leg(leg, cabin, len(people))
+            booked.append(booked_leg)
             statuses.append(status)
-            total += price * len(people)
+            total += booked_leg.price * len(people)
         total += INSURANCE_FEE * len(people) * (insurance == "yes") + BAG_FEE * nonfree_baggages
         self._check_payments(user, pays)
         paid = sum(p.amount for p in pays)
@@ -549,20 +555,10 @@ class AirlineTools:
                 new_flights.append(same)
                 total += same.price * seats
                 continue
-            status = self._bookable(leg.flight_number, leg.date, cabin, seats)
-            flight = self.db.flights[leg.flight_number]
-            price = (status.prices or {})[cabin]
-            new_flights.append(
-                ReservationFlight(
-                    origin=flight.origin,
-                    destination=flight.destination,
-                    flight_number=leg.flight_number,
-                    date=leg.date,
-                    price=price,
-                )
-            )
+            booked_leg, status = self._book_leg(leg, cabin, seats)
+            new_flights.append(booked_leg)
             new_statuses.append(status)
-            total += price * seats
+            total += booked_leg.price * seats
         difference = total - sum(f.price for f in res.flights) * seats
         payment = self._charge(self._user(res.user_id), payment_id, difference)
         if payment is not None:
