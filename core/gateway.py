@@ -36,7 +36,7 @@ import aiohttp
 from voltrl.errors import NotFoundError
 from voltrl.gateway_errors import REFUSED_SPAN, GatewayHTTPError, backend_error, refusal
 from voltrl.gateway_records import _Call, _calls_from_response, _StreamAccumulator, _strip
-from voltrl.reasoning import ReasoningSplitter, split_deltas, split_messages
+from voltrl.reasoning import ReasoningSplitter, flush_deltas, split_deltas, split_messages
 from voltrl.retry import RETRY_STATUSES, Backoff, Retry
 from voltrl.store.base import Store
 from voltrl.types import LLMCall, Span
@@ -546,6 +546,9 @@ class Gateway:
                 out = self._relay_event(call, acc, data, split)
                 if out is not None:
                     await send({"type": "http.response.body", "body": out, "more_body": True})
+            if split and (last := flush_deltas(split, acc.head)) is not None:
+                out = b"data: " + json.dumps(last, separators=(",", ":")).encode() + b"\n\n"
+                await send({"type": "http.response.body", "body": out, "more_body": True})
             recorded = True
             await self._record(acc.calls(call, meta))
         except (aiohttp.ClientError, TimeoutError) as e:

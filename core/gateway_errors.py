@@ -42,22 +42,22 @@ REFUSED_SPAN = "gateway.refused"
 """The name of the span recording a call the backend refused with a 4xx."""
 
 _CONTEXT_OVERFLOW = re.compile(
-    r"context[ _](length|window)|maximum context|model's context|context of \d+|"
-    r"prompt is too long|too many tokens|exceeds the context",
+    r"context[ _]length|maximum context|model's context|context of \d+|context size|"
+    r"prompt is too long|exceeds the context",
     re.IGNORECASE,
 )
 
 
 def refusal(error: GatewayHTTPError) -> GatewayHTTPError:
-    """A backend's 4xx as the agent gets it: a prompt over the model's context becomes
-    OpenAI's ``context_length_exceeded`` (400, param ``messages``), whichever backend said it
-    (vLLM, LocalRL's engine, a hosted API); any other refusal passes unchanged."""
+    """A backend's 4xx as the agent gets it: a request over the model's context (the
+    prompt, or the prompt with ``max_tokens``) gets OpenAI's ``context_length_exceeded`` code,
+    whichever backend said it (vLLM, LocalRL's engine, llama.cpp, a hosted API), with the
+    backend's status; any other refusal passes unchanged."""
     if error.code == "context_length_exceeded" or _CONTEXT_OVERFLOW.search(error.message):
         return GatewayHTTPError(
-            400,
-            f"the prompt does not fit the model's context: {error.message}",
+            error.status,
+            f"the request does not fit the model's context: {error.message}",
             code="context_length_exceeded",
-            param="messages",
         )
     return error
 

@@ -49,7 +49,7 @@ class ReasoningSplitter:
     content after all (a model that does not think then gets its answer in one piece)."""
 
     def __init__(self) -> None:
-        self.state = "start"  # start -> think | maybe -> answer
+        self.state = "start"  # start -> think | maybe -> answer; "off": the backend splits
         self.buffer = ""
         self.answering = False  # content sent: no more leading whitespace to drop
 
@@ -113,20 +113,43 @@ def split_messages(data: dict[str, Any]) -> None:
 
 
 def split_deltas(chunk: dict[str, Any], split: dict[int, ReasoningSplitter]) -> None:
-    """The same for one streamed chunk: each choice's content delta goes through its
-    splitter, and a choice's last chunk also carries what the splitter held back."""
+    """The same for one streamed chunk (in place): each choice's content delta goes through
+    its splitter, and a choice's last chunk also carries what the splitter held back. A
+    choice whose backend already sends ``reasoning_content`` is passed through as it is."""
     for choice in chunk.get("choices") or ():
-        delta = choice.get("delta")
-        if not isinstance(delta, dict):
-            continue
         splitter = split.setdefault(choice.get("index", 0), ReasoningSplitter())
+        delta = choice.setdefault("delta", {})
+        if not isinstance(delta, dict) or splitter.state == "off":
+            continue
         reasoning, content = "", ""
-        if isinstance(delta.get("content"), str):
+        if delta.get("reasoning_content") or delta.get("reasoning"):
+            reasoning, content = splitter.finish()  # the backend splits: stop splitting
+            splitter.state = "off"
+            content += delta.get("content") or ""
+        elif isinstance(delta.get("content"), str):
             reasoning, content = splitter.feed(delta["content"])
         if choice.get("finish_reason") is not None:
             more_reasoning, more_content = splitter.finish()
             reasoning, content = reasoning + more_reasoning, content + more_content
-        if "content" in delta or content:
+        if content or isinstance(delta.get("content"), str):
             delta["content"] = content
         if reasoning:
-            delta["reasoning_content"] = reasoning
+            delta["reasoning_content"] = (delta.get("reasoning_content") or "") + reasoning
+
+
+def flush_deltas(split: dict[int, ReasoningSplitter], head: dict[str, Any]) -> dict | None:
+    """A last chunk with what the splitters still hold when a stream ends without each
+    choice's ``finish_reason`` (None: nothing held). ``head``: the stream's id, created and
+    model."""
+    choices = []
+    for index, splitter in sorted(split.items()):
+        if splitter.state == "off":
+            continue
+        reasoning, content = splitter.finish()
+        delta = {k: v for k, v in (("reasoning_content", reasoning), ("content", content)) if v}
+        if delta:
+            choices.append({"index": index, "delta": delta, "finish_reason": None})
+    if not choices:
+        return None
+    ids = {k: head.get(k) for k in ("id", "created", "model")}
+    return {**ids, "object": "chat.completion.chunk", "choices": choices}

@@ -87,11 +87,14 @@ class RolloutContext:
         :class:`~voltrl.errors.NoActiveRolloutError` once the rollout has finished."""
         meta = dict(metadata or {})
         if agents is not None:
+            meta["agents"] = agents
+        if "agents" in meta:
+            if not isinstance(meta["agents"], str):
+                raise ValueError(f"agents must be a regex string, got {meta['agents']!r}")
             try:
-                re.compile(agents)
+                re.compile(meta["agents"])
             except re.error as e:
                 raise ValueError(f"agents is not a valid regex: {e}") from None
-            meta["agents"] = agents
         reward = Reward(
             rollout_id=self.rollout_id,
             attempt_id=self.attempt_id,

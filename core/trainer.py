@@ -499,6 +499,13 @@ class Trainer:
         items = dict(resources.items if isinstance(resources, Resources) else resources)
         urls: dict[tuple[str, str, bool], str] = {}
         for name, item in items.items():
+            if isinstance(item, LLM) and item.gateway and item.reasoning_split:
+                raise VoltRLError(
+                    f"resource {name!r}: reasoning_split applies to the gateway the trainer "
+                    "puts in front of an endpoint, and this LLM is a gateway already; turn "
+                    "the split on where that gateway is served (voltrl serve|gateway "
+                    "--reasoning-split)"
+                )
             if not isinstance(item, LLM) or item.gateway:
                 continue
             key = ApiKeys().fill(name, item).api_key  # the key given, or from api_key_env

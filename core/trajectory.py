@@ -36,8 +36,13 @@ emitted), else the last reward record. Credit (``credit``), per turn ``t`` of ``
   are the final reward, never step rewards.
 - Agents' own finals: a reward emitted with ``agents=REGEX`` (``emit_reward(1.0,
   agents="wolves/.*")``) is the final reward ``R`` of the calls whose agent name the regex
-  fully matches (the last such reward wins), in every mode; it is neither a step reward nor
-  the rollout's reward. Games credit each team's calls with its own outcome this way.
+  fully matches (the last such reward wins), wherever ``R`` is used (``final``,
+  ``discounted``, ``per_step`` with ``per_step_add_final``); it is neither a step reward nor
+  the rollout's reward. Games credit each team's calls with its own outcome this way. Turns
+  are counted over the whole rollout, all agents together: ``discounted`` and ``per_step``
+  with ``gamma > 0`` discount and chain across agents, so several teams call for ``gamma=0``
+  (each call: its own step rewards plus its team's ``R``). Explicit transitions keep the
+  rewards the agent gave them.
 - AIR (``air=True``): each tool call a turn issued adds ``air_success_reward`` or
   ``air_failure_reward`` to that turn's own reward (propagated through ``G`` in
   ``per_step`` mode, added as-is otherwise). A tool call's result is the ``role: "tool"``
@@ -174,21 +179,12 @@ def assign_credit(
     return [r + f for r, f in zip(returns, finals, strict=True)]
 
 
-AGENTS_KEY = "agents"
-"""The reward metadata key that makes an emitted reward the final reward of some agents'
-calls: a regex fully matching their agent names (``emit_reward(v, agents="wolves/.*")``)."""
-
-
 def agent_final_rewards(
     calls: Sequence[LLMCall], rewards: Sequence[Reward], final: float
 ) -> list[float]:
     """Each call's final reward: the last emitted reward addressed to its agent (metadata
     ``agents``, a regex fully matching the call's agent name), else the rollout's ``final``."""
-    addressed = [
-        (re.compile(r.metadata[AGENTS_KEY]), r.value)
-        for r in rewards
-        if r.source == "emit" and isinstance(r.metadata.get(AGENTS_KEY), str)
-    ]
+    addressed = [(re.compile(r.agents), r.value) for r in rewards if r.agents is not None]
     out = []
     for call in calls:
         matching = [v for pattern, v in addressed if pattern.fullmatch(call.agent_name or "")]
@@ -212,7 +208,7 @@ def step_rewards_per_turn(calls: Sequence[LLMCall], rewards: Sequence[Reward]) -
     final reward and are skipped)."""
     out = [0.0] * len(calls)
     for rw in rewards:
-        if rw.source != "return" and AGENTS_KEY not in rw.metadata and calls:
+        if rw.source != "return" and rw.agents is None and calls:
             out[owner_turn(calls, rw.timestamp)] += rw.value
     return out
 
@@ -468,7 +464,7 @@ def _final_reward(
     if rollout.reward is not None:
         return rollout.reward, None
     returned = [r for r in rewards if r.source == "return"] or [
-        r for r in rewards if AGENTS_KEY not in r.metadata
+        r for r in rewards if r.agents is None
     ]
     return (returned[-1].value, None) if returned else (None, "no_reward")
 
@@ -515,6 +511,9 @@ def build_trajectory(
             stats={k: v for k, v in stats.items() if v},
         )
 
+    for span in spans:  # calls the backend refused never became calls: count them here
+        if span.name == REFUSED_SPAN:
+            stats[f"refused/{span.attributes.get('error.type', 'unknown')}"] += 1
     final, reason = _final_reward(rollout, rewards, config)
     if reason is None and transitions is None and not calls:
         reason = "no_calls"
@@ -540,9 +539,6 @@ def build_trajectory(
         )
         for row in rows:
             row.reward = credit[row.first_turn]
-    for span in spans:  # calls the backend refused never became calls: count them here
-        if span.name == REFUSED_SPAN:
-            stats[f"refused/{span.attributes.get('error.type', 'unknown')}"] += 1
     kept = _cap(_fit_lengths(rows, config, stats), config, stats)
     if not kept:
         stats["dropped/no_trainable_calls"] += 1

@@ -7,6 +7,7 @@ seconds since the epoch (``time.time()``), ids are short prefixed hex strings.
 from __future__ import annotations
 
 import math
+import re
 import time
 import uuid
 from typing import Any, Literal
@@ -109,6 +110,20 @@ class Reward(Model):
     source: Literal["return", "emit", "air", "span"] = "emit"
     timestamp: float = Field(default_factory=now)
     metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def agents(self) -> str | None:
+        """The agents this reward is the final reward of (metadata ``agents``: a regex fully
+        matching their names), or None for a reward of the whole rollout. A pattern that is
+        not a string or not a valid regex counts as None."""
+        pattern = self.metadata.get("agents")
+        if not isinstance(pattern, str):
+            return None
+        try:
+            re.compile(pattern)
+        except re.error:
+            return None
+        return pattern
 
     @field_validator("value")
     @classmethod

@@ -64,6 +64,8 @@ def tool_call_ids(index: int) -> list[int]:
 
 
 Script = Callable[[dict[str, Any]], "dict[str, str] | None"]
+"""A scripted backend: a request's reply (``{"text": ...}``, ``{"tool": ..., "arguments":
+...}``), a refusal (``{"error": message, "status": 400}``) or None (the default reply)."""
 
 
 def scripted_ids(text: str) -> list[int]:
@@ -113,6 +115,7 @@ class FakeBackend:
         self._server: asyncio.Server | None = None
         self._conns: set[_Conn] = set()
         self._counter = 0
+        self._reply: dict[str, str] | None = None
 
     @property
     def url(self) -> str:
@@ -175,6 +178,11 @@ class FakeBackend:
             return
         self._counter += 1
         chat = path.endswith("/chat/completions")
+        self._reply = self.script(req) if self.script is not None and chat else None
+        if self._reply is not None and "error" in self._reply:  # a scripted refusal
+            err = {"error": {"message": self._reply["error"], "type": "invalid_request_error"}}
+            conn.reply(int(self._reply.get("status", 400)), json.dumps(err).encode())
+            return
         if req.get("stream"):
             await conn.stream([_sse(c) for c in self._chunks(req, chat)] + [b"data: [DONE]\n\n"])
         else:
@@ -182,7 +190,7 @@ class FakeBackend:
 
     def _choices(self, req: dict[str, Any], chat: bool) -> list[dict[str, Any]]:
         """Per choice: text pieces, token ids, logprobs, finish reason, tool call or None."""
-        scripted = self.script(req) if self.script is not None and chat else None
+        scripted = self._reply
         if scripted is not None:
             return [self._scripted(scripted, i) for i in range(req.get("n") or 1)]
         uses_tool = chat and req.get("tools") and req.get("tool_choice") != "none"

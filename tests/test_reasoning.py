@@ -5,6 +5,8 @@ with a tiny model taught to think."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import openai
 import pytest
 from fake_openai_backend import FakeBackend, scripted_ids
@@ -170,3 +172,55 @@ async def test_an_llm_resource_asks_for_the_split_its_gateway_makes_it(tmp_path)
         trainer.resources["other_llm"] = vl.LLM(endpoint=other.url, model="m")
         result = await trainer.dev_async(both, [{}])
     assert result.rewards == [1.0]
+
+
+def chunk(index: int = 0, finish: str | None = None, **delta: Any) -> dict:
+    choice: dict[str, Any] = {"index": index, "finish_reason": finish}
+    if delta:
+        choice["delta"] = delta
+    return {"id": "c", "model": "m", "choices": [choice]}
+
+
+def test_streamed_edge_cases_lose_nothing_and_add_nothing() -> None:
+    from voltrl.reasoning import flush_deltas, split_deltas
+
+    split: dict = {}
+    role = chunk(role="assistant", content=None)
+    split_deltas(role, split)
+    assert role["choices"][0]["delta"] == {"role": "assistant", "content": None}
+    held = chunk(content="Hello")  # no <think>: held back until it is known
+    split_deltas(held, split)
+    assert held["choices"][0]["delta"]["content"] == ""
+    last = chunk(finish="stop")  # a finish chunk with no delta at all
+    split_deltas(last, split)
+    assert last["choices"][0]["delta"] == {"content": "Hello"}
+    # a stream that ends without a finish_reason: the rest comes in a last chunk
+    split = {}
+    split_deltas(chunk(content="<think>a"), split)
+    split_deltas(chunk(content="b</th"), split)
+    tail = flush_deltas(split, {"id": "c", "model": "m", "created": 1, "usage": {}})
+    assert tail is not None and "usage" not in tail
+    assert tail["choices"] == [{"index": 0, "delta": {"reasoning_content": "</th"},
+                                "finish_reason": None}]  # fmt: skip
+    assert flush_deltas(split, {}) is None
+
+
+def test_a_backend_that_splits_itself_is_passed_through() -> None:
+    from voltrl.reasoning import split_deltas
+
+    split: dict = {}
+    first = chunk(reasoning_content="thinking")
+    split_deltas(first, split)
+    answer = chunk(content="The answer </think> stays")
+    split_deltas(answer, split)
+    assert first["choices"][0]["delta"] == {"reasoning_content": "thinking"}
+    assert answer["choices"][0]["delta"] == {"content": "The answer </think> stays"}
+
+
+def test_a_split_asked_of_an_llm_that_is_a_gateway_already_is_refused(tmp_path) -> None:
+    import voltrl as vl
+
+    llm = vl.LLM(endpoint="http://127.0.0.1:1/v1", model="m", gateway=True, reasoning_split=True)
+    trainer = vl.Trainer(resources={"main_llm": llm}, run_dir=tmp_path, inline=True)
+    with pytest.raises(vl.VoltRLError, match="a gateway already"):
+        trainer.dev(lambda task, llm: 1.0, [{}])

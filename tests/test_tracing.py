@@ -149,3 +149,8 @@ def test_a_reward_for_some_agents_carries_their_pattern():
         with pytest.raises(ValueError, match="agents is not a valid regex"):
             vl.emit_reward(1.0, agents="(")
     assert rw.metadata == {"agents": "wolves/.*"} and c.rewards == [rw]
+
+
+def test_an_agents_pattern_given_in_metadata_is_checked_too():
+    with activate(ctx("r2")), pytest.raises(ValueError, match="must be a regex string"):
+        vl.emit_reward(1.0, metadata={"agents": ["a", "b"]})

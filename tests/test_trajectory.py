@@ -654,3 +654,24 @@ async def test_trajectories_from_store_fill_a_failed_rollout_from_its_last_attem
     (filled,) = await trajectories_from_store(store, [ro], config)
     assert rewards_of(filled) == [-1.0]
     assert filled.transitions[0].response_token_ids == [2]
+
+
+async def test_a_reward_for_some_agents_is_never_the_rollouts_reward() -> None:
+    """Through the store: with nothing returned, the rollout's reward is the last reward of
+    the whole rollout, not a later one addressed to some agents."""
+    store = InMemoryStore()
+    (ro,) = await store.enqueue([Task(input={})])
+    claim = await store.claim("w1")
+    assert claim is not None
+    aid = claim.attempt.attempt_id
+
+    def rw(value: float, **meta: Any) -> Reward:
+        return Reward(rollout_id=ro.rollout_id, attempt_id=aid, value=value, metadata=meta)
+
+    emitted = [rw(0.5), rw(1.0, agents="wolves/.*"), rw(0.0, agents="village/.*")]
+    await store.complete(aid, AttemptResult(status="succeeded", rewards=emitted))
+    assert (await store.get_rollout(ro.rollout_id)).reward == 0.5
+    wolf = call(0, [1], [2], agent="wolves/p1", attempt_id=aid)
+    await store.add_llm_calls([wolf.model_copy(update={"rollout_id": ro.rollout_id})])
+    [traj] = await trajectories_from_store(store, [ro.rollout_id])
+    assert [t.reward for t in traj.transitions] == [1.0]

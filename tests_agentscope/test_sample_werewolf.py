@@ -189,3 +189,24 @@ def test_run_py_trains_the_village_on_localrl(tmp_path: Path) -> None:
     assert "step 1: " in out.stdout and "trained calls; left out" in out.stdout
     assert "over the cap of 16" in out.stdout
     assert "train: 2 games, winners" in out.stdout and "val: 2 games" in out.stdout
+
+
+async def test_a_refused_choice_costs_no_penalty_and_is_retried_on_less_memory(tmp_path: Path):
+    """The first vote of the game is refused for its length: no call was made, so nobody is
+    penalised; the player tries again and the game goes on."""
+    refused: list[str] = []
+
+    def first_vote_refused(req: dict[str, Any]) -> dict[str, str]:
+        if choices_offered(req) is not None and not refused:
+            refused.append(player_of(req))
+            return {"error": "This model's maximum context length is 4096 tokens."}
+        return legal()(req)
+
+    [row] = agent.game_rows(1, seed=3, max_rounds=8)
+    result, store, *_ = await play(tmp_path, [row], first_vote_refused)
+    [rollout] = result.rollouts
+    game = await game_event(store, rollout.rollout_id)
+    assert refused and game["context_overflows"] == 1 and game["invalid_outputs"] == 0
+    rewards = await store.get_rewards(rollout.rollout_id)
+    assert not [r for r in rewards if r.name == "invalid_output"]
+    assert game["winner"] in ("wolves", "village")

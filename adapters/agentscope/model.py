@@ -71,7 +71,9 @@ class AgentNames(MiddlewareBase):
     agents sharing one model are told apart in the recorded calls. A name the model was built
     with (``chat_model(llm, agent_name=...)``) wins."""
 
-    async def on_model_call(self, agent: Any, input_kwargs: dict[str, Any], next_handler: Any):
+    async def on_model_call(
+        self, agent: Any, input_kwargs: dict[str, Any], next_handler: Any
+    ) -> Any:
         """Make the call with the agent's name among the request headers."""
         with request_headers({"x-agent-name": agent.name}):
             return await next_handler(**input_kwargs)

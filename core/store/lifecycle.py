@@ -30,10 +30,12 @@ def after_attempt(
 
 
 def final_reward(result: AttemptResult) -> float | None:
-    """The rollout's reward: what the agent returned, else the last reward it emitted."""
+    """The rollout's reward: what the agent returned, else the last reward it emitted for
+    the whole rollout (not one addressed to some agents, ``Reward.agents``)."""
     if result.reward is not None:
         return result.reward
-    return result.rewards[-1].value if result.rewards else None
+    whole = [r for r in result.rewards if r.agents is None]
+    return whole[-1].value if whole else None
 
 
 def apply_result(rollout: Rollout, attempt: Attempt, result: AttemptResult) -> None:

@@ -74,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     from agent import airline_episode, task_rows
     from airline_db import data_dir, load_domain
 
-    assert TRAINED == AGENT_FILTER
+    if TRAINED != AGENT_FILTER:
+        raise RuntimeError("AGENT_FILTER no longer matches agent.AGENT_FILTER")
 
     root = data_dir(args.data)
     domain = load_domain(root)

@@ -123,13 +123,11 @@ class Table:
         for name in names:
             await self.agents[name].observe(UserMsg("moderator", text))
 
-    def trim(self, name: str) -> None:
-        """Drop a player's oldest memories until the rest fit the history budget (AgentScope
-        keeps an agent's memory in ``agent.state.context``)."""
+    def trim(self, name: str, budget: int = HISTORY_BUDGET_CHARS) -> None:
+        """Drop a player's oldest memories until the rest fit ``budget`` characters
+        (AgentScope keeps an agent's memory in ``agent.state.context``)."""
         context = self.agents[name].state.context
-        while len(context) > 1 and sum(len(m.get_text_content() or "") for m in context) > (
-            HISTORY_BUDGET_CHARS
-        ):
+        while len(context) > 1 and sum(len(m.get_text_content() or "") for m in context) > budget:
             del context[0]
 
 
@@ -155,18 +153,19 @@ async def say(table: Table, name: str, prompt: str, audience: list[str]) -> str:
 
 
 async def decide(table: Table, name: str, prompt: str, choices: list[str], retries: int = 1) -> str:
-    """``name`` picks one of ``choices`` as structured output (the schema allows only them);
-    after ``retries`` more tries an invalid answer costs ``INVALID_PENALTY`` on the call that
-    gave it, and a random legal choice is played."""
+    """``name`` picks one of ``choices`` as structured output (the schema allows only them).
+    Each invalid answer costs ``INVALID_PENALTY`` on the call that gave it; a prompt the
+    backend refused for its length (no call was made: no penalty) is retried on half the
+    memory. After ``retries`` more tries a random legal choice is played."""
     schema = create_model(
         "Choice",
         target=(Literal[tuple(choices)], ...),  # type: ignore[valid-type]
         reason=(str, ""),
     )
-    hint = ""
+    hint, budget = "", HISTORY_BUDGET_CHARS
     table.decisions += 1
     for _ in range(retries + 1):
-        table.trim(name)
+        table.trim(name, budget)
         try:
             msg = await table.agents[name].reply(
                 UserMsg("moderator", f"{prompt}{hint} Choose one of: {', '.join(choices)}."),
@@ -176,7 +175,9 @@ async def decide(table: Table, name: str, prompt: str, choices: list[str], retri
         except Exception as e:
             if _refused_for_length(e):
                 table.overflows += 1
-            elif not isinstance(e, ValueError):  # AgentScope gives up on bad output so
+                budget //= 2
+                continue
+            if not isinstance(e, ValueError):  # AgentScope gives up on bad output so
                 raise
             target = None
         if target in choices:

@@ -75,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(HERE))
     from agent import game_rows, side_filter, werewolf_game
 
-    assert side_filter(args.train) == config(args.train)["voltrl"]["trajectory"]["agent_filter"]
+    if side_filter(args.train) != config(args.train)["voltrl"]["trajectory"]["agent_filter"]:
+        raise RuntimeError("config()'s agent filter no longer matches agent.side_filter")
     resources, external = None, None
     if args.opponent_endpoint:
         if args.train == "both":
