@@ -133,7 +133,8 @@ class TrainContext:
             task = bar.add_task(waiting if self.remote_runners else desc, total=len(ids))
             while True:
                 done = await self.store.wait_for_rollouts(ids, timeout_s=1.0)
-                bar.update(task, completed=len(done), description=waiting if not done else desc)
+                remote = self.remote_runners and not done
+                bar.update(task, completed=len(done), description=waiting if remote else desc)
                 await self.failures.observe(self.store, done, bar.console)
                 if len(done) < len(ids):
                     await self.failures.observe_retries(self.store, self.run.run_id, bar.console)

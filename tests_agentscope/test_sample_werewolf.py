@@ -188,7 +188,9 @@ def test_run_py_trains_the_village_on_localrl(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr[-3000:]
     assert "step 1: " in out.stdout and "trained calls; left out" in out.stdout
     assert "over the cap of 16" in out.stdout
-    assert "train: 2 games, winners" in out.stdout and "val: 2 games" in out.stdout
+    assert "train: 2 game(s), winners" in out.stdout
+    assert "val before: 1 game(s)" in out.stdout and "val after: 1 game(s)" in out.stdout
+    assert "remote runners" not in out.stdout + out.stderr  # they are local here
 
 
 async def test_a_refused_choice_costs_no_penalty_and_is_retried_on_less_memory(tmp_path: Path):

@@ -1,9 +1,10 @@
-"""Werewolf on AgentScope: play games against endpoints (``dev``) or train one side, or both,
-with LocalRL (``train``); every run ends with a report of the games (winners, calls and tokens
-per game, invalid answers, refused prompts).
+"""Werewolf on AgentScope: play games against endpoints (dev) or train a side (train).
+
+Every run ends with a report of the games (winners, calls and tokens per game, invalid
+answers, refused prompts); ``train`` can train one side or both with LocalRL.
 
     python samples/werewolf/run.py dev --endpoint URL --model NAME [--games 4]
-    python samples/werewolf/run.py train                          # tiny model, village trained
+    python samples/werewolf/run.py train [--name N [--resume]]   # tiny model, village trained
     python samples/werewolf/run.py train --train wolves \\
         --opponent-endpoint URL --opponent-model NAME             # the village on another model
 """
@@ -40,18 +41,34 @@ def opponent(args: argparse.Namespace) -> vl.LLM | None:
 
 
 def external_of(args: argparse.Namespace, train: str) -> dict | None:
-    """Who the opponent model plays: the side not trained, or ``--external-fraction``."""
+    """Who the opponent model plays: the side not trained (``dev``: the wolves), or
+    ``--external-fraction`` of the seats."""
     if not args.opponent_endpoint:
         return None
     if args.external_fraction is not None:
         return {"fraction": args.external_fraction}
-    if train == "both":
-        raise SystemExit("--train both with an opponent needs --external-fraction")
     return {"side": "wolves" if train == "village" else "village"}
 
 
+def check_reachable(what: str, endpoint: str, model: str, key_env: str | None) -> None:
+    """Stop with a line naming ``what`` (whose endpoint) unless ``endpoint`` answers and
+    serves ``model``."""
+    import os
+
+    from voltrl.cli import check_endpoint
+
+    key = os.environ.get(key_env, "") if key_env else "EMPTY"
+    if key_env and not key:
+        raise vl.VoltRLError(f"{what}: ${key_env} (its API key) is not set")
+    try:
+        check_endpoint(endpoint, key, model)
+    except vl.VoltRLError as e:
+        raise vl.VoltRLError(f"{what}: {e}") from None
+
+
 async def game_report(store_path: Path, rollouts: list[vl.types.Rollout]) -> list[dict]:
-    """Per game: its ``game`` event and the number and tokens of its calls."""
+    """Per game: its ``game`` event, the number and tokens of its calls, and when it was
+    played (``train``; ``val`` before or after training)."""
     store = open_store(store_path)
     try:
         out = []
@@ -63,6 +80,7 @@ async def game_report(store_path: Path, rollouts: list[vl.types.Rollout]) -> lis
                 {
                     **game,
                     "mode": r.mode,
+                    "version": r.resources_version or 0,
                     "calls": len(calls),
                     "prompt_tokens": sum(len(c.prompt_token_ids or ()) for c in calls),
                     "response_tokens": sum(len(c.response_token_ids or ()) for c in calls),
@@ -76,11 +94,15 @@ async def game_report(store_path: Path, rollouts: list[vl.types.Rollout]) -> lis
 def print_report(result: vl.RunResult) -> None:
     """Winners, calls and tokens per game, invalid answers and refused prompts."""
     games = asyncio.run(game_report(result.run_dir / "store.sqlite", result.rollouts))
-    for mode in sorted({g["mode"] for g in games}):
+    val_versions = sorted({g["version"] for g in games if g["mode"] == "val"})
+    for g in games:
+        if g["mode"] == "val" and len(val_versions) > 1:
+            g["mode"] = "val before" if g["version"] == val_versions[0] else "val after"
+    for mode in sorted({g["mode"] for g in games}, key=lambda m: (m != "train", m != "val before")):
         some = [g for g in games if g["mode"] == mode]
         winners = Counter(g["winner"] for g in some)
         print(
-            f"{mode}: {len(some)} games, winners {dict(winners)}; per game "
+            f"{mode}: {len(some)} game(s), winners {dict(winners)}; per game "
             f"{mean(g['calls'] for g in some):.0f} calls, "
             f"{mean(g['prompt_tokens'] for g in some):.0f} prompt + "
             f"{mean(g['response_tokens'] for g in some):.0f} generated tokens, "
@@ -99,7 +121,11 @@ def dev(args: argparse.Namespace) -> vl.RunResult:
             sampling_parameters={"temperature": args.temperature, "max_tokens": args.max_tokens},
         )
     }
+    check_reachable("the players' endpoint", args.endpoint, args.model, args.api_key_env)
     if (other := opponent(args)) is not None:
+        check_reachable(
+            "the opponent's endpoint", other.endpoint, other.model, args.opponent_api_key_env
+        )
         resources["opponent_llm"] = other
     trainer = vl.Trainer(
         resources=resources,
@@ -123,6 +149,10 @@ def train(args: argparse.Namespace) -> vl.RunResult:
     from voltrl.trajectory import TrajectoryConfig
 
     other = opponent(args)
+    if other is not None:
+        check_reachable(
+            "the opponent's endpoint", other.endpoint, other.model, args.opponent_api_key_env
+        )
     trajectory = TrajectoryConfig(
         mode="transition",  # the multi-agent formatter re-renders the history every call
         agent_filter=side_filter(args.train),
@@ -144,6 +174,7 @@ def train(args: argparse.Namespace) -> vl.RunResult:
         update=PolicyUpdateConfig(lr=args.lr, seed=args.seed),
         trajectory=trajectory,
         seed=args.seed,
+        resume=args.resume,
     )
     trainer = vl.Trainer(
         algorithm,
@@ -169,7 +200,7 @@ def train(args: argparse.Namespace) -> vl.RunResult:
                 f"{record.get('batch/dropped/agent_filter', 0)} of other players, "
                 f"{record.get('batch/dropped/over_cap', 0)} over the cap of {args.max_calls}, "
                 f"{record.get('batch/dropped/too_long', 0)} too long; "
-                f"{record.get('batch/dropped/no_trainable_calls', 0)} games taught nothing"
+                f"{record.get('batch/dropped/no_trainable_calls', 0)} games with no trained call"
             )
     return result
 
@@ -178,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     common = argparse.ArgumentParser(add_help=False)
+    defaults = argparse.ArgumentDefaultsHelpFormatter
     common.add_argument("--out", type=Path, default=Path("runs"), help="run directory root")
     common.add_argument("--name", default=None, help="run name (default: a fresh one)")
     common.add_argument("--seed", type=int, default=0, help="deals' seed")
@@ -189,10 +221,13 @@ def main(argv: list[str] | None = None) -> int:
     common.add_argument("--opponent-api-key-env", default=None, help="env var with its key")
     common.add_argument(
         "--external-fraction", type=float, default=None,
-        help="seats the opponent plays, at random (default: the side not trained)",
+        help="share of the seats the opponent plays, at random (default: the side not trained; "
+        "in dev, the wolves)",
     )  # fmt: skip
 
-    d = sub.add_parser("dev", parents=[common], help="play games against endpoints")
+    d = sub.add_parser(
+        "dev", parents=[common], help="play games against endpoints", formatter_class=defaults
+    )
     d.add_argument("--endpoint", required=True, help="OpenAI-compatible base URL (.../v1)")
     d.add_argument("--model", required=True)
     d.add_argument("--api-key-env", default=None, help="env var with the endpoint's key")
@@ -200,7 +235,11 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--temperature", type=float, default=0.7)
     d.add_argument("--no-token-ids", action="store_true", help="for hosted APIs")
 
-    t = sub.add_parser("train", parents=[common], help="train one side, or both, with LocalRL")
+    t = sub.add_parser(
+        "train", parents=[common], help="train one side, or both, with LocalRL",
+        formatter_class=defaults,
+    )  # fmt: skip
+    t.add_argument("--resume", action="store_true", help="continue run --name from its checkpoint")
     t.add_argument("--model", default=None, help="path or hub name (default: the tiny model)")
     t.add_argument("--train", choices=["village", "wolves", "both"], default="village")
     t.add_argument("--steps", type=int, default=1)
@@ -212,14 +251,24 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--lr", type=float, default=1e-5)
 
     args = parser.parse_args(argv)
-    if args.opponent_endpoint and not args.opponent_model:
-        parser.error("--opponent-endpoint needs --opponent-model")
+    if bool(args.opponent_endpoint) != bool(args.opponent_model):
+        parser.error("--opponent-endpoint and --opponent-model go together")
+    if args.external_fraction is not None and not args.opponent_endpoint:
+        parser.error("--external-fraction needs an opponent (--opponent-endpoint)")
+    train_both = getattr(args, "train", None) == "both"
+    if train_both and args.opponent_endpoint and args.external_fraction is None:
+        parser.error("--train both leaves no side to the opponent: give --external-fraction")
+    if getattr(args, "resume", False) and not args.name:
+        parser.error("--resume needs the --name of the run to continue")
     try:
         result = dev(args) if args.command == "dev" else train(args)
     except vl.VoltRLError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
+        if args.command == "train":
+            name = args.name or "<the run's name, above>"
+            print(f"resume with: run.py train --name {name} --resume (and the same options)")
         return 130
     print_report(result)
     return 0 if result.stats.failed == 0 else 1
