@@ -131,6 +131,7 @@ class Gateway:
         self._load = [0] * len(self.backends)
         self._known: dict[tuple[str, str], None] = {}
         self._paused = False
+        self._closed = False
         self._resumed = asyncio.Event()
         self._resumed.set()
         self._idle = asyncio.Event()
@@ -165,6 +166,16 @@ class Gateway:
         (and been recorded). New calls wait up to ``pause_wait_s``, then get 429."""
         self._paused = True
         self._resumed.clear()
+        while self._inflight:
+            await self._idle.wait()
+
+    async def close(self) -> None:
+        """Take no more calls (new ones, and those waiting while paused, get 503 at once)
+        and return once every call in flight has finished: what an algorithm does before it
+        stops the backends, so the rollouts of an ending run fail fast instead of retrying
+        against a stopped backend."""
+        self._closed = True
+        self._resumed.set()  # wake the waiting calls: they are refused
         while self._inflight:
             await self._idle.wait()
 
@@ -348,7 +359,12 @@ class Gateway:
         return attempt_id
 
     async def _admit(self) -> None:
-        """Wait while paused (up to ``pause_wait_s``), then count the call as in flight."""
+        """Wait while paused (up to ``pause_wait_s``), then count the call as in flight; a
+        closed gateway answers 503 at once."""
+        if self._closed:
+            raise GatewayHTTPError(
+                503, "the run is ending: this gateway takes no more calls", type="api_error"
+            )
         if self._paused:
             deadline = time.monotonic() + self.pause_wait_s
             self._waiting += 1
@@ -365,6 +381,11 @@ class Gateway:
                         )
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._resumed.wait(), left)
+                    if self._closed:
+                        raise GatewayHTTPError(
+                            503, "the run is ending: this gateway takes no more calls",
+                            type="api_error",
+                        )  # fmt: skip
             finally:
                 self._waiting -= 1
         self._inflight += 1

@@ -624,3 +624,20 @@ async def test_client_leaving_while_the_backend_thinks_still_gets_the_call_recor
         await asyncio.sleep(0.01)
     (call,) = await env.store.get_llm_calls(rid)
     assert call.response_token_ids == reply_ids(0)
+
+
+async def test_a_closed_gateway_refuses_new_and_waiting_calls_at_once(env: Env) -> None:
+    """What an algorithm does before stopping its backend: calls in flight finish, waiting
+    and new ones get 503 without reaching the backend."""
+    rid, aid = await new_rollout(env.store)
+    client = env.client(rid, aid)  # max_retries=0
+    await env.gateway.pause()
+    waiting = asyncio.create_task(client.chat.completions.create(model="m", messages=MESSAGES))
+    while not env.gateway.waiting:
+        await asyncio.sleep(0.01)
+    await asyncio.wait_for(env.gateway.close(), 5)
+    with pytest.raises(openai.InternalServerError, match="the run is ending"):
+        await asyncio.wait_for(waiting, 5)
+    with pytest.raises(openai.InternalServerError, match="the run is ending"):
+        await client.chat.completions.create(model="m", messages=MESSAGES)
+    assert env.backend.requests == []

@@ -25,6 +25,7 @@ the merged model); with LoRA the adapter alone goes to ``<run dir>/final/adapter
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import random
 import threading
@@ -223,7 +224,13 @@ class LocalRL(Algorithm):
         await ctx.publish({"main_llm": self._llm})
 
     async def teardown(self, ctx: TrainContext) -> None:
-        """Stop the engine (the run stops its gateway)."""
+        """Stop the engine (the run stops its gateway). The gateway is closed first: calls
+        in flight finish (up to 10 s), and the calls of rollouts still running (an
+        interrupted run) get a 503 at once instead of failing against a stopped engine and
+        being retried."""
+        if self._gateway is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._gateway.close(), timeout=10.0)
         for stop in reversed(self._stops):
             await stop()
         self._stops.clear()
