@@ -25,7 +25,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from voltrl.errors import (
     AgentLoadError,
@@ -33,6 +33,9 @@ from voltrl.errors import (
     TooManyFailuresError,
     VoltRLError,
 )
+
+if TYPE_CHECKING:
+    from voltrl.resources import LLM
 
 
 def load_agent(spec: str) -> Any:
@@ -126,6 +129,20 @@ def check_endpoint(
             f"model {model!r} is not served at {endpoint}; it serves {shown}"
             " (pass one of them to --model)"
         )
+
+
+def check_llm(llm: LLM, what: str) -> None:
+    """:func:`check_endpoint` for an LLM resource before a run (its key from ``api_key_env``
+    when it has one); each error starts with ``what``, e.g. "the customer's endpoint"."""
+    key = llm.api_key
+    if llm.api_key_env:
+        key = os.environ.get(llm.api_key_env, "")
+        if not key:
+            raise VoltRLError(f"{what}: ${llm.api_key_env} (its API key) is not set")
+    try:
+        check_endpoint(llm.endpoint, key or "EMPTY", llm.model)
+    except VoltRLError as e:
+        raise VoltRLError(f"{what}: {e}") from None
 
 
 def _cmd_dev(args: argparse.Namespace) -> int:

@@ -297,3 +297,16 @@ def test_endpoint_check_passes_an_endpoint_without_a_model_list(status: int, bod
             check_endpoint(f"http://127.0.0.1:{server.server_port}/v1", "key", "gpt-4o")
         finally:
             server.shutdown()
+
+
+def test_check_llm_names_what_it_checked(monkeypatch) -> None:
+    import voltrl as vl
+    from voltrl.cli import check_llm
+
+    monkeypatch.delenv("NO_SUCH_KEY_VAR", raising=False)
+    keyless = vl.LLM(endpoint="http://127.0.0.1:1/v1", model="m", api_key_env="NO_SUCH_KEY_VAR")
+    with pytest.raises(vl.VoltRLError, match=r"the judge's endpoint: \$NO_SUCH_KEY_VAR"):
+        check_llm(keyless, "the judge's endpoint")
+    dead = vl.LLM(endpoint="http://127.0.0.1:1/v1", model="m")
+    with pytest.raises(vl.VoltRLError, match="the judge's endpoint: no OpenAI-compatible"):
+        check_llm(dead, "the judge's endpoint")

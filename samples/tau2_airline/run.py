@@ -27,6 +27,7 @@ from airline_db import DomainDataError, load_domain, write_domain  # noqa: E402
 from generate_domain import make_domain  # noqa: E402
 
 import voltrl as vl  # noqa: E402
+from voltrl.cli import check_llm  # noqa: E402
 from voltrl.store import open_store  # noqa: E402
 
 
@@ -54,20 +55,6 @@ def user_llm(args: argparse.Namespace) -> vl.LLM | None:
         api_key_env=args.user_api_key_env,
         sampling_parameters={"temperature": 0.0, "max_tokens": 256},
     )
-
-
-def check_reachable(role: str, endpoint: str, model: str, key_env: str | None) -> None:
-    """Stop with a line naming ``role`` when nothing answers at ``endpoint`` or it does not
-    serve ``model``, before a run starts."""
-    from voltrl.cli import check_endpoint
-
-    key = os.environ.get(key_env, "") if key_env else "EMPTY"
-    if key_env and not key:
-        raise vl.VoltRLError(f"the {role}'s API key: ${key_env} is not set")
-    try:
-        check_endpoint(endpoint, key, model)
-    except vl.VoltRLError as e:
-        raise vl.VoltRLError(f"the {role}'s endpoint: {e}") from None
 
 
 async def episode_report(store_path: Path, rollouts: list) -> dict[str, Counter]:
@@ -100,17 +87,16 @@ def dev(args: argparse.Namespace) -> vl.RunResult:
     ``--user-endpoint``."""
     data = resolve_data(args)
     ids = load_domain(data).task_ids(args.split)[: args.limit]
-    check_reachable("assistant", args.endpoint, args.model, args.api_key_env)
-    if args.user_endpoint:
-        check_reachable("customer", args.user_endpoint, args.user_model, args.user_api_key_env)
     llm = vl.LLM(
         endpoint=args.endpoint,
         model=args.model,
         api_key_env=args.api_key_env,
         sampling_parameters={"temperature": args.temperature, "max_tokens": args.max_tokens},
     )
+    check_llm(llm, "the assistant's endpoint")
     resources = {"main_llm": llm}
     if (customer := user_llm(args)) is not None:
+        check_llm(customer, "the customer's endpoint")
         resources["user_llm"] = customer
     trainer = vl.Trainer(
         resources=resources,
@@ -135,7 +121,7 @@ def train(args: argparse.Namespace) -> vl.RunResult:
     domain = load_domain(data)
     customer = user_llm(args)
     if customer is not None:
-        check_reachable("customer", args.user_endpoint, args.user_model, args.user_api_key_env)
+        check_llm(customer, "the customer's endpoint")
     # who plays the customer: user_llm (--user-endpoint), the model itself, or the script
     user = "scripted" if args.user != "policy" else "main_llm"
     if customer is not None:

@@ -24,6 +24,7 @@ sys.path.insert(0, str(HERE))
 from agent import game_rows, side_filter, werewolf_game  # noqa: E402
 
 import voltrl as vl  # noqa: E402
+from voltrl.cli import check_llm  # noqa: E402
 from voltrl.store import open_store  # noqa: E402
 
 
@@ -48,22 +49,6 @@ def external_of(args: argparse.Namespace, train: str) -> dict | None:
     if args.external_fraction is not None:
         return {"fraction": args.external_fraction}
     return {"side": "wolves" if train == "village" else "village"}
-
-
-def check_reachable(what: str, endpoint: str, model: str, key_env: str | None) -> None:
-    """Stop with a line naming ``what`` (whose endpoint) unless ``endpoint`` answers and
-    serves ``model``."""
-    import os
-
-    from voltrl.cli import check_endpoint
-
-    key = os.environ.get(key_env, "") if key_env else "EMPTY"
-    if key_env and not key:
-        raise vl.VoltRLError(f"{what}: ${key_env} (its API key) is not set")
-    try:
-        check_endpoint(endpoint, key, model)
-    except vl.VoltRLError as e:
-        raise vl.VoltRLError(f"{what}: {e}") from None
 
 
 async def game_report(store_path: Path, rollouts: list[vl.types.Rollout]) -> list[dict]:
@@ -121,11 +106,9 @@ def dev(args: argparse.Namespace) -> vl.RunResult:
             sampling_parameters={"temperature": args.temperature, "max_tokens": args.max_tokens},
         )
     }
-    check_reachable("the players' endpoint", args.endpoint, args.model, args.api_key_env)
+    check_llm(resources["main_llm"], "the players' endpoint")
     if (other := opponent(args)) is not None:
-        check_reachable(
-            "the opponent's endpoint", other.endpoint, other.model, args.opponent_api_key_env
-        )
+        check_llm(other, "the opponent's endpoint")
         resources["opponent_llm"] = other
     trainer = vl.Trainer(
         resources=resources,
@@ -150,9 +133,7 @@ def train(args: argparse.Namespace) -> vl.RunResult:
 
     other = opponent(args)
     if other is not None:
-        check_reachable(
-            "the opponent's endpoint", other.endpoint, other.model, args.opponent_api_key_env
-        )
+        check_llm(other, "the opponent's endpoint")
     trajectory = TrajectoryConfig(
         mode="transition",  # the multi-agent formatter re-renders the history every call
         agent_filter=side_filter(args.train),
