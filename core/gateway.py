@@ -362,9 +362,7 @@ class Gateway:
         """Wait while paused (up to ``pause_wait_s``), then count the call as in flight; a
         closed gateway answers 503 at once."""
         if self._closed:
-            raise GatewayHTTPError(
-                503, "the run is ending: this gateway takes no more calls", type="api_error"
-            )
+            raise _closed()
         if self._paused:
             deadline = time.monotonic() + self.pause_wait_s
             self._waiting += 1
@@ -382,10 +380,7 @@ class Gateway:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._resumed.wait(), left)
                     if self._closed:
-                        raise GatewayHTTPError(
-                            503, "the run is ending: this gateway takes no more calls",
-                            type="api_error",
-                        )  # fmt: skip
+                        raise _closed()
             finally:
                 self._waiting -= 1
         self._inflight += 1
@@ -670,6 +665,13 @@ _UNSERVED_API_ADVICE = (
 
 
 # ---- small helpers ----------------------------------------------------------------------
+def _closed() -> GatewayHTTPError:
+    """What a call gets from a gateway that was closed (:meth:`Gateway.close`)."""
+    return GatewayHTTPError(
+        503, "the run is ending: this gateway takes no more calls", type="api_error"
+    )
+
+
 def _route_path(scope: dict[str, Any]) -> str:
     """The path below the app's mount point (Starlette's ``Mount`` keeps it in root_path),
     still percent-encoded, so that a segment holding an encoded ``/`` (an agent named

@@ -75,3 +75,18 @@ def backend_error(status: int, text: str) -> GatewayHTTPError:
     return GatewayHTTPError(
         status, f"backend answered HTTP {status}: {text[:500]}", type="api_error"
     )
+
+
+def is_context_overflow(error: BaseException) -> bool:
+    """Whether ``error``, or an exception that caused it, is a backend's refusal of a request
+    over the model's context: the gateway's ``context_length_exceeded`` code, or (a client
+    calling a backend directly) a 400 whose message says so. For agents that end an episode,
+    or trim their history, on it."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if getattr(seen, "code", None) == "context_length_exceeded":
+            return True
+        if getattr(seen, "status_code", None) == 400 and _CONTEXT_OVERFLOW.search(str(seen)):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False

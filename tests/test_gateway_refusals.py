@@ -120,3 +120,22 @@ async def test_the_local_engine_behind_the_gateway_refuses_an_overlong_prompt() 
     assert ok.choices[0].finish_reason in ("stop", "length")
     [span] = await refused_spans(store, rid)
     assert span.attributes["error.type"] == "context_length_exceeded"
+
+
+async def test_an_agent_tells_a_context_overflow_from_other_refusals(env: Env) -> None:  # noqa: F811
+    """``is_context_overflow``: the gateway's code, also when a framework wrapped the error."""
+    from voltrl.gateway_errors import is_context_overflow
+
+    rid, aid = await new_rollout(env.store)
+    client = env.client(rid, aid)
+    caught = []
+    for message in (VLLM_SAYS, "temperature must be at most 2"):
+        env.backend.fail_next(400, message=message)
+        with pytest.raises(openai.BadRequestError) as info:
+            await client.chat.completions.create(model="m", messages=MESSAGES)
+        caught.append(info.value)
+    try:
+        raise RuntimeError("the framework's own error") from caught[0]
+    except RuntimeError as wrapped:
+        assert is_context_overflow(wrapped)
+    assert is_context_overflow(caught[0]) and not is_context_overflow(caught[1])

@@ -27,6 +27,7 @@ from scoring import evaluate
 
 import voltrl as vl
 from voltrl.adapters.agent_framework import chat_client, instrument
+from voltrl.gateway_errors import is_context_overflow
 
 ASSISTANT_AGENT_NAME = "assistant"
 #: The trajectory builder's agent filter: train on the assistant's calls only.
@@ -49,19 +50,6 @@ class Conversation:
     assistant_texts: list[str] = field(default_factory=list)
     termination: str = ""
     turns: int = 0
-
-
-def context_overflow(error: BaseException) -> bool:
-    """Whether ``error`` (or what caused it) is a 400 for a prompt longer than the model's
-    context (the gateway's ``context_length_exceeded``, or a backend's own words)."""
-    seen: BaseException | None = error
-    while seen is not None:
-        if getattr(seen, "code", None) == "context_length_exceeded":  # the gateway's 400
-            return True
-        if getattr(seen, "status_code", None) == 400 and "context" in str(seen).lower():
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
 
 
 def make_user(
@@ -96,7 +84,7 @@ async def converse(assistant: Agent, user: UserSimulator, tools: AirlineTools) -
                 return out
             user_text = await user.reply(response.text)
         except Exception as e:
-            if not context_overflow(e):
+            if not is_context_overflow(e):
                 raise
             out.termination = "context_overflow"
             return out

@@ -39,6 +39,7 @@ from rules import SIDES, GameState, Player, deal, tally
 
 import voltrl as vl
 from voltrl.adapters.agentscope import chat_model, instrument
+from voltrl.gateway_errors import is_context_overflow
 
 # AgentScope logs every model call that fails at WARNING (a refused prompt included); the game
 # counts those itself and reports them in its ``game`` event.
@@ -131,10 +132,6 @@ class Table:
             del context[0]
 
 
-def _refused_for_length(error: BaseException) -> bool:
-    return getattr(error, "code", None) == "context_length_exceeded"
-
-
 async def say(table: Table, name: str, prompt: str, audience: list[str]) -> str:
     """``name`` speaks; ``audience`` hears it."""
     table.trim(name)
@@ -142,7 +139,7 @@ async def say(table: Table, name: str, prompt: str, audience: list[str]) -> str:
         msg = await table.agents[name].reply(UserMsg("moderator", prompt))
         text = (msg.get_text_content() or "").strip() or "(says nothing)"
     except Exception as e:
-        if not _refused_for_length(e):
+        if not is_context_overflow(e):
             raise
         table.overflows += 1
         text = "(says nothing)"
@@ -173,7 +170,7 @@ async def decide(table: Table, name: str, prompt: str, choices: list[str], retri
             )
             target = (msg.structured_output or {}).get("target")
         except Exception as e:
-            if _refused_for_length(e):
+            if is_context_overflow(e):
                 table.overflows += 1
                 budget //= 2
                 continue
