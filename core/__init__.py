@@ -16,7 +16,7 @@ recorded with the exact sampled token ids and rewards, and an algorithm improves
 from voltrl.agent import LitAgent, rollout
 from voltrl.algorithms.base import Algorithm
 from voltrl.algorithms.baseline import Baseline
-from voltrl.algorithms.local import LocalRL
+from voltrl.algorithms.local import SFT, LocalRL
 from voltrl.algorithms.verl import VERL
 from voltrl.errors import (
     AgentLoadError,
@@ -63,6 +63,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "LLM",
+    "SFT",
     "VERL",
     "AgentLoadError",
     "Algorithm",

@@ -184,8 +184,9 @@ def build_from_config(config: dict[str, Any]) -> tuple[Any, Any, str, str | None
     """``(trainer, agent, train data, val data)`` from a ``voltrl train`` config.
 
     The config has ``agent`` (MODULE:AGENT), ``data`` (``train``, optional ``val``: files),
-    ``algorithm`` (``name``: ``local_rl`` or ``baseline``, and that algorithm's arguments;
-    LocalRL's ``update`` and ``trajectory`` sections are their configs) and ``trainer``
+    ``algorithm`` (``name``: ``local_rl``, ``sft`` or ``baseline``, and that algorithm's
+    arguments; LocalRL's ``update``, ``trajectory`` and ``warm_start`` (SFT's arguments)
+    sections are their configs) and ``trainer``
     (:class:`~voltrl.Trainer` arguments; ``resources`` maps names to LLM fields).
     """
     from voltrl.algorithms.baseline import Baseline
@@ -205,7 +206,7 @@ def build_from_config(config: dict[str, Any]) -> tuple[Any, Any, str, str | None
     name = algo_cfg.pop("name", "baseline")
     try:
         if name == "local_rl":
-            from voltrl.algorithms.local import LocalRL
+            from voltrl.algorithms.local import SFT, LocalRL
             from voltrl.algorithms.local.update import PolicyUpdateConfig
             from voltrl.trajectory import TrajectoryConfig
 
@@ -213,11 +214,17 @@ def build_from_config(config: dict[str, Any]) -> tuple[Any, Any, str, str | None
                 algo_cfg["update"] = PolicyUpdateConfig(**algo_cfg["update"])
             if "trajectory" in algo_cfg:
                 algo_cfg["trajectory"] = TrajectoryConfig(**algo_cfg["trajectory"])
+            if "warm_start" in algo_cfg:
+                algo_cfg["warm_start"] = SFT(**algo_cfg["warm_start"])
             algorithm: Any = LocalRL(**algo_cfg)
+        elif name == "sft":
+            from voltrl.algorithms.local import SFT
+
+            algorithm = SFT(**algo_cfg)
         elif name == "baseline":
             algorithm = Baseline(**algo_cfg)
         else:
-            raise VoltRLError(f"unknown algorithm {name!r}; use local_rl or baseline")
+            raise VoltRLError(f"unknown algorithm {name!r}; use local_rl, sft or baseline")
         trainer_cfg = dict(config.get("trainer") or {})
         if "resources" in trainer_cfg:
             trainer_cfg["resources"] = {k: LLM(**v) for k, v in trainer_cfg["resources"].items()}
@@ -241,7 +248,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
         raise VoltRLError(f"{path}: the config must be a mapping")
     trainer, agent, train, val = build_from_config(config)
     result = trainer.fit(agent, train, val)
-    return 0 if result.stats.rollouts else 1
+    # an RL run that ran no rollout did nothing; SFT alone runs none by design
+    return 0 if result.stats.rollouts or trainer.algorithm.name == "sft" else 1
 
 
 def _store_paths(args: argparse.Namespace) -> list[Path]:

@@ -37,3 +37,25 @@ def reward_curve(history: Sequence[dict[str, Any]], path: Path, title: str) -> P
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def loss_curve(losses: Sequence[float], path: Path, title: str) -> Path | None:
+    """Plot a loss per optimizer step (SFT's) into ``path``; None when there is nothing to
+    plot or matplotlib is missing."""
+    if not losses:
+        return None
+    try:
+        import matplotlib
+    except ImportError:
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(range(1, len(losses) + 1), losses, linewidth=1.5)
+    ax.set(xlabel="SFT step", ylabel="loss (mean over trained tokens)", title=title)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

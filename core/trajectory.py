@@ -23,7 +23,10 @@ Explicit transitions returned by the agent (``Attempt.transitions``) are used as
 
 **Calls without token ids** (``missing_token_ids``): ``"drop"`` (default; counted as
 ``dropped/missing_token_ids``), ``"error"`` (raise :class:`MissingTokenIdsError`), or
-``"retokenize"`` with ``retokenizer(call) -> (prompt_ids, response_ids)`` (logprobs unknown).
+``"retokenize"`` with ``retokenizer(call) -> (prompt_ids, response_ids)`` (logprobs unknown;
+the row's ``metadata["retokenized"]`` is true, and ``stats["retokenized"]`` counts the calls).
+LocalRL's :func:`~voltrl.algorithms.local.chat.chat_retokenizer` renders a call with the
+student's chat template.
 
 **Rewards.** The final reward is ``Rollout.reward`` (the returned reward, else the last one
 emitted), else the last reward record. Credit (``credit``), per turn ``t`` of ``T``:
@@ -319,6 +322,7 @@ class _Turn:
     prompt: list[int]
     response: list[int]
     logprobs: list[float] | None
+    retokenized: bool = False
 
 
 def _turns(calls: Sequence[LLMCall], config: TrajectoryConfig, stats: Counter[str]) -> list[_Turn]:
@@ -329,7 +333,8 @@ def _turns(calls: Sequence[LLMCall], config: TrajectoryConfig, stats: Counter[st
             stats["dropped/agent_filter"] += 1
             continue
         prompt, response, logprobs = call.prompt_token_ids, call.response_token_ids, None
-        if prompt is None or response is None:
+        retokenized = prompt is None or response is None
+        if retokenized:
             if config.missing_token_ids == "error":
                 raise MissingTokenIdsError(
                     f"call {call.call_id} (turn {i}) was recorded without token ids",
@@ -344,7 +349,7 @@ def _turns(calls: Sequence[LLMCall], config: TrajectoryConfig, stats: Counter[st
             logprobs = call.response_logprobs
         if logprobs is None:
             stats["missing_logprobs"] += 1
-        out.append(_Turn(i, call, list(prompt), list(response), logprobs))
+        out.append(_Turn(i, call, list(prompt), list(response), logprobs, retokenized))
     return out
 
 
@@ -359,6 +364,8 @@ def _extend(row: _Row, turn: _Turn, context: list[int]) -> None:
     row.add(turn.response, True, turn.logprobs)
     row.turns.append(turn.index)
     row.call_ids.append(turn.call.call_id)
+    if turn.retokenized:
+        row.metadata["retokenized"] = True
 
 
 def _merge_turns(turns: Sequence[_Turn], stats: Counter[str]) -> list[_Row]:

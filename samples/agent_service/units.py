@@ -63,7 +63,7 @@ def make_tasks(n: int, seed: int = 0) -> list[dict[str, Any]]:
                 "value": value,
                 "from_unit": src,
                 "to_unit": dst,
-                "answer": round(convert_units(value, src, dst), 6),
+                "answer": float(f"{convert_units(value, src, dst):.6g}"),  # as the tool says it
             }
         )
     return rows

@@ -1,9 +1,10 @@
 """LocalRL: the embedded single-machine RL engine (inference server + policy-gradient trainer).
 
-``LocalRL`` (the algorithm) imports torch only when it starts; ``engine``, ``server``,
+``LocalRL`` (the algorithm) and ``SFT`` import torch only when they start; ``engine``, ``server``,
 ``update``, ``loss``, ``sft`` and ``tiny`` are its parts.
 """
 
 from voltrl.algorithms.local.algorithm import LocalRL
+from voltrl.algorithms.local.sft import SFT
 
-__all__ = ["LocalRL"]
+__all__ = ["SFT", "LocalRL"]

@@ -43,6 +43,7 @@ from voltrl.types import Rollout, Task
 
 if TYPE_CHECKING:
     from voltrl.algorithms.local.engine import Engine
+    from voltrl.algorithms.local.sft import SFT
     from voltrl.algorithms.local.update import PolicyTrainer, PolicyUpdateConfig
     from voltrl.gateway import Gateway
     from voltrl.retry import GatewayRetry
@@ -81,6 +82,9 @@ class LocalRL(Algorithm):
         gateway_retry: how the gateway retries engine calls (default: the trainer's).
         reasoning_split: agents get the ``<think>...</think>`` the model writes as
             ``reasoning_content`` (:mod:`voltrl.reasoning`); training still sees every token.
+        warm_start: a :class:`~voltrl.SFT` (without ``model``) that fine-tunes the model on
+            recorded rollouts (a teacher's) before it is served; the first validation then
+            measures the student after warm-up. A resumed run skips it (its checkpoint has it).
     """
 
     name = "local_rl"
@@ -108,6 +112,7 @@ class LocalRL(Algorithm):
         max_batch_size: int = 64,
         gateway_retry: GatewayRetry | dict[str, Any] | None = None,
         reasoning_split: bool = False,
+        warm_start: SFT | None = None,
     ) -> None:
         try:
             from voltrl.algorithms.local.threads import decide_threads
@@ -144,6 +149,9 @@ class LocalRL(Algorithm):
             GatewayRetry.model_validate(gateway_retry) if gateway_retry is not None else None
         )
         self.reasoning_split = reasoning_split
+        if warm_start is not None and warm_start.model is not None:
+            raise ValueError("warm_start=SFT(...) trains LocalRL's model: leave its model out")
+        self.warm_start = warm_start
         self.history: list[dict[str, Any]] = []
         self._warned_same_reward = False
         self._policy_lock = threading.Lock()
@@ -179,6 +187,7 @@ class LocalRL(Algorithm):
             "max_batch_size": self.max_batch_size,
             "gateway_retry": self.gateway_retry and self.gateway_retry.model_dump(),
             "reasoning_split": self.reasoning_split,
+            "warm_start": self.warm_start and self.warm_start.config(),
         }
 
     # ---- setup: model, engine, gateway, resources ---------------------------------------
@@ -196,10 +205,14 @@ class LocalRL(Algorithm):
 
         use_threads(self.threads, report=ctx.progress)
         model, tokenizer = await asyncio.to_thread(self._load)
+        ckpt = latest_checkpoint(ctx.run_dir / "checkpoints") if self.resume else None
+        if self.warm_start is not None and ckpt is None:
+            self.warm_start.threads = self.threads
+            await self.warm_start.run(ctx, model, tokenizer)
         served = copy.deepcopy(model)  # a plain copy: with LoRA, peft wraps ``model`` in place
         self._policy = PolicyTrainer(model, self.update)
         self._start_step = 0
-        if self.resume and (ckpt := latest_checkpoint(ctx.run_dir / "checkpoints")) is not None:
+        if ckpt is not None:
             self._start_step = self._policy.load_checkpoint(ckpt)
         served.load_state_dict(self._policy.merged_state_dict())
         self._engine = Engine(served, tokenizer, max_batch_size=self.max_batch_size, seed=self.seed)

@@ -29,9 +29,9 @@ from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from jinja2 import TemplateError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from voltrl.algorithms.local.chat import ChatError, render_chat
 from voltrl.algorithms.local.engine import (
     MAX_TOP_LOGPROBS,
     Choice,
@@ -43,8 +43,6 @@ from voltrl.algorithms.local.toolcalls import ToolStream, parse_tool_calls
 from voltrl.server import BackgroundServer, serve, serve_in_thread
 
 LogprobsMode = Literal["raw", "processed"]
-_ROLES = {"system", "developer", "user", "assistant", "tool"}
-_TEXT_PARTS = {"text", "input_text", "output_text"}
 
 
 class BadRequest(Exception):
@@ -155,29 +153,21 @@ class _Server:
 
     def chat_prompt(self, body: dict[str, Any]) -> list[int]:
         """Render the chat template (with ``tools``) and tokenize it."""
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise BadRequest("messages must be a non-empty list", "messages")
-        tools = body.get("tools")
-        if tools is not None and not (
-            isinstance(tools, list) and all(isinstance(t, dict) for t in tools)
-        ):
-            raise BadRequest("tools must be a list of objects", "tools")
         kwargs = body.get("chat_template_kwargs") or {}
         if not isinstance(kwargs, dict):
             raise BadRequest("chat_template_kwargs must be an object", "chat_template_kwargs")
         tok = self.engine.tokenizer
         try:
-            text = tok.apply_chat_template(
-                [_message(m, i) for i, m in enumerate(messages)],
-                tools=tools or None,
+            text = render_chat(
+                tok,
+                body.get("messages"),
+                body.get("tools"),
                 add_generation_prompt=bool(body.get("add_generation_prompt", True)),
                 continue_final_message=bool(body.get("continue_final_message", False)),
-                tokenize=False,
-                **kwargs,
+                template_kwargs=kwargs,
             )
-        except (TemplateError, ValueError, TypeError, KeyError) as e:
-            raise BadRequest(f"the chat template could not render these messages: {e}") from e
+        except ChatError as e:
+            raise BadRequest(str(e)) from e
         return tok.encode(text, add_special_tokens=False)
 
     def completion_prompts(self, body: dict[str, Any]) -> list[list[int]]:
@@ -452,32 +442,6 @@ class _Server:
             "max_model_len": self.engine.max_model_len,
         }
         return {"object": "list", "data": [card]}
-
-
-def _message(m: Any, i: int) -> dict[str, Any]:
-    """An OpenAI chat message as the chat template wants it (string content, system role)."""
-    if not isinstance(m, dict) or m.get("role") not in _ROLES:
-        raise BadRequest(f"messages[{i}] must be an object with a role in {sorted(_ROLES)}")
-    out = dict(m)
-    out["role"] = "system" if m["role"] == "developer" else m["role"]
-    content = m.get("content")
-    if isinstance(content, list):
-        texts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") not in _TEXT_PARTS:
-                raise BadRequest(f"messages[{i}]: only text content parts are supported")
-            texts.append(str(part.get("text", "")))
-        content = "".join(texts)
-    elif content is not None and not isinstance(content, str):
-        raise BadRequest(f"messages[{i}].content must be a string, a list of parts or null")
-    out["content"] = content
-    calls = m.get("tool_calls")
-    if calls is not None and not (
-        isinstance(calls, list)
-        and all(isinstance(c, dict) and isinstance(c.get("function"), dict) for c in calls)
-    ):
-        raise BadRequest(f"messages[{i}].tool_calls must be a list of function calls")
-    return out
 
 
 def _is_count(x: Any) -> bool:

@@ -1,21 +1,48 @@
-"""Supervised warm-up: teach a model a format (chat turns, tool calls) before RL.
+"""Supervised fine-tuning: on recorded rollouts (:class:`SFT`), or on written conversations.
 
-``tokenize_conversation`` renders a conversation with the tokenizer's chat template and marks
-the assistant's tokens; ``supervised_warmup`` trains on them with cross-entropy (next-token
-loss on assistant tokens only). A tiny model built from scratch needs this before RL has any
-reward to work with; a real instruct model usually does not.
+**SFT: warm-start from recorded rollouts** (distillation, rejection-sampling fine-tuning).
+Run the agent against a teacher endpoint with ``dev``: the gateway records every call with
+the prompt the framework rendered. ``SFT(source=RUN_DIR, min_reward=1.0)`` then trains the
+student on the assistant turns of the rollouts it selects, through the same trajectory
+builder and :class:`~voltrl.trajectory.TrainingBatch` as RL::
+
+    rows      = trajectory builder(selected rollouts)        # mode, agent filter, lengths
+    loss      = - sum_t m_t * log pi(y_t | y_<t) / sum_t m_t  # m: the response (loss) mask
+
+so only generated tokens train (tool results and the next user turn inside a merged row have
+mask 0), exactly the teacher's response tokens, or, for a teacher that returned no token ids
+(a hosted API), their re-tokenisation with the student's chat template when ``retokenize``
+is set (:func:`~voltrl.algorithms.local.chat.chat_retokenizer`; such rows carry
+``metadata["retokenized"]``). Alone, ``SFT`` trains and saves the model to
+``<run dir>/final``; as ``LocalRL(..., warm_start=SFT(...))`` it trains LocalRL's model before
+the engine serves it, so the first validation measures the student after warm-up.
+
+**Written conversations.** ``tokenize_conversation`` renders a conversation with the chat
+template and marks the assistant's tokens; ``supervised_warmup`` trains on them (the calculator
+demo teaches a tiny model the format this way).
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import random
+import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-import torch
+from voltrl.algorithms.base import Algorithm
+from voltrl.algorithms.local.threads import decide_threads, use_threads
+from voltrl.errors import VoltRLError
+from voltrl.trajectory import TrainingBatch, TrajectoryConfig, collate, trajectories_from_store
+from voltrl.types import Rollout, Task
 
-from voltrl.algorithms.local.threads import use_threads
+if TYPE_CHECKING:
+    import torch
+
+    from voltrl.store.base import Store
+    from voltrl.trainer import TrainContext
 
 Conversation = dict[str, Any]
 """``{"messages": [...], "tools": [...] (optional)}`` in OpenAI chat format."""
@@ -76,19 +103,15 @@ def supervised_warmup(
     runs ``threads`` intra-op threads (default: :func:`~.threads.decide_threads`'s, half the
     usable CPUs), set for the calling thread.
     """
+    import torch
+
     use_threads(threads)
     rng = random.Random(seed)
     data = [tokenize_conversation(tokenizer, c) for c in conversations]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
 
-    def lr_at(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / warmup_steps
-        progress = (step - warmup_steps) / max(1, steps - warmup_steps)
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
-
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_at)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, cosine_schedule(steps, warmup_steps))
     model.train()
     losses: list[float] = []
     for step in range(steps):
@@ -114,3 +137,335 @@ def supervised_warmup(
             log(step, losses[-1])
     model.eval()
     return losses
+
+
+# ---- SFT on recorded rollouts -------------------------------------------------------------------
+
+
+def cosine_schedule(steps: int, warmup_steps: int) -> Callable[[int], float]:
+    """The learning-rate factor of a step: linear warm-up, then cosine decay to 0.1."""
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        progress = (step - warmup_steps) / max(1, steps - warmup_steps)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def open_source(source: str | Path) -> Store:
+    """The store a source names: a run directory (its ``store.sqlite``) or a store spec
+    (:func:`voltrl.store.open_store`: a file, ``sqlite:///``, ``postgresql://``, ``http://``)."""
+    from voltrl.store import open_store
+
+    path = Path(source)
+    if path.is_dir():
+        if not (path / "store.sqlite").exists():
+            raise VoltRLError(f"{path} is a directory without a store.sqlite: not a run directory")
+        return open_store(path / "store.sqlite")
+    if "://" not in str(source) and not path.exists():
+        raise VoltRLError(f"SFT source {source} does not exist (a run directory or a store)")
+    return open_store(source)
+
+
+class SFT(Algorithm):
+    """Supervised fine-tuning on the recorded assistant turns of selected rollouts.
+
+    Args:
+        model: what to train, as :class:`~voltrl.LocalRL` takes it (a path or hub name,
+            ``"tiny"``, or a loaded model with ``tokenizer``). Leave it out under
+            ``LocalRL(warm_start=...)``, which trains its own model.
+        source: where the rollouts are: a run directory (``runs/teacher``), a store file or
+            URL; or a list of them.
+        runs: only rollouts of these runs (names or ids; default: every run in the source).
+        min_reward: only rollouts with at least this reward (rejection sampling; default:
+            every succeeded rollout).
+        agents: only calls whose agent name this regex fully matches (``"write|rewrite"``).
+        retokenize: calls recorded without token ids (a hosted API) are re-tokenised with the
+            student's chat template; without it they are an error, never silently dropped.
+        trajectory: the builder's settings (default ``mode="trajectory"``: a multi-turn agent's
+            calls merge into one row); ``agents`` and ``retokenize`` override its filter and
+            ``missing_token_ids``.
+        steps, batch_size, lr, warmup_steps: optimizer steps of ``batch_size`` rows (the rows
+            in a fresh shuffled order each epoch), AdamW at ``lr`` with linear warm-up and
+            cosine decay to a tenth.
+        micro_batch_size: rows per forward pass (gradients accumulate; default all).
+        seed, device, threads: as LocalRL's.
+
+    After :meth:`run`, ``losses`` holds the loss per step and ``summary`` what was trained on.
+    """
+
+    name = "sft"
+
+    def __init__(
+        self,
+        model: Any = None,
+        *,
+        source: str | Path | Sequence[str | Path],
+        tokenizer: Any = None,
+        runs: Sequence[str] | str | None = None,
+        min_reward: float | None = None,
+        agents: str | None = None,
+        retokenize: bool = False,
+        trajectory: TrajectoryConfig | dict[str, Any] | None = None,
+        steps: int = 200,
+        batch_size: int = 16,
+        micro_batch_size: int | None = None,
+        lr: float = 1e-4,
+        warmup_steps: int = 10,
+        seed: int = 0,
+        device: str | None = None,
+        threads: int | None = None,
+    ) -> None:
+        try:
+            import torch  # noqa: F401
+            import transformers  # noqa: F401
+        except ModuleNotFoundError as exc:
+            raise VoltRLError(
+                f"SFT needs {exc.name}, which is not installed: pip install 'voltrl[local]'"
+            ) from None
+        if steps < 1 or batch_size < 1 or (micro_batch_size is not None and micro_batch_size < 1):
+            raise ValueError("steps, batch_size and micro_batch_size must be at least 1")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.sources = [source] if isinstance(source, str | Path) else list(source)
+        if not self.sources:
+            raise ValueError("SFT needs a source: a run directory or a store")
+        self.runs = [runs] if isinstance(runs, str) else list(runs) if runs is not None else None
+        self.min_reward = min_reward
+        self.agents = agents
+        self.retokenize = retokenize
+        base = (
+            TrajectoryConfig.model_validate(trajectory)
+            if isinstance(trajectory, dict)
+            else trajectory or TrajectoryConfig(mode="trajectory")
+        )
+        self.trajectory = base.model_copy(update={"agent_filter": agents}) if agents else base
+        TrajectoryConfig.model_validate(self.trajectory.model_dump())  # a bad regex fails here
+        self.steps = steps
+        self.batch_size = batch_size
+        self.micro_batch_size = micro_batch_size or batch_size
+        self.lr = lr
+        self.warmup_steps = warmup_steps
+        self.seed = seed
+        self.device = device
+        self.threads = threads
+        self.losses: list[float] = []
+        self.summary: dict[str, Any] = {}
+        self._model: Any = None
+
+    def config(self) -> dict[str, object]:
+        """The settings recorded with the run (a model object by its class name)."""
+        return {
+            "model": self.model
+            if self.model is None or isinstance(self.model, str | Path)
+            else type(self.model).__name__,
+            "source": [str(s) for s in self.sources],
+            "runs": self.runs,
+            "min_reward": self.min_reward,
+            "agents": self.agents,
+            "retokenize": self.retokenize,
+            "trajectory": self.trajectory.model_dump(),
+            "steps": self.steps,
+            "batch_size": self.batch_size,
+            "micro_batch_size": self.micro_batch_size,
+            "lr": self.lr,
+            "warmup_steps": self.warmup_steps,
+            "seed": self.seed,
+        }
+
+    # ---- data: the same builder and batch as RL ---------------------------------------------
+    async def select(self, store: Store) -> list[Rollout]:
+        """The rollouts of ``store`` to learn from: succeeded, in ``runs``, reward at least
+        ``min_reward``; oldest first."""
+        all_runs = await store.list_runs()
+        if self.runs is None:
+            run_ids = [r.run_id for r in all_runs]
+        else:
+            by_key = {key: r.run_id for r in all_runs for key in (r.name, r.run_id)}
+            missing = [r for r in self.runs if r not in by_key]
+            if missing:
+                known = ", ".join(sorted(r.name for r in all_runs)) or "none"
+                raise VoltRLError(f"SFT: no run {missing} in the source (runs there: {known})")
+            run_ids = list(dict.fromkeys(by_key[r] for r in self.runs))
+        chosen: list[Rollout] = []
+        for run_id in run_ids:
+            for rollout in await store.query_rollouts(run_id=run_id, status="succeeded"):
+                if self.min_reward is None or (
+                    rollout.reward is not None and rollout.reward >= self.min_reward
+                ):
+                    chosen.append(rollout)
+        return chosen
+
+    async def build_batch(self, tokenizer: Any) -> TrainingBatch:
+        """Select the rollouts of every source and build their rows into one batch."""
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        update: dict[str, Any] = {"pad_token_id": pad}
+        if self.retokenize:
+            from voltrl.algorithms.local.chat import chat_retokenizer
+
+            update["missing_token_ids"] = "retokenize"
+            update["retokenizer"] = chat_retokenizer(tokenizer)
+        config = self.trajectory.model_copy(update=update)
+        trajectories, selected = [], 0
+        for source in self.sources:
+            store = open_source(source)
+            try:
+                rollouts = await self.select(store)
+                selected += len(rollouts)
+                trajectories += await trajectories_from_store(store, rollouts, config)
+            finally:
+                await store.close()
+        batch = collate(trajectories, config)
+        missing = batch.stats.get("dropped/missing_token_ids", 0)
+        if missing and not self.retokenize:
+            raise VoltRLError(
+                f"SFT: {missing} calls of the selected rollouts were recorded without token ids "
+                "(a hosted API or a server asked with --no-token-ids): pass retokenize=True to "
+                "re-tokenise them with the student's chat template"
+            )
+        if not len(batch) or not any(1 in m for m in batch.response_mask):
+            raise VoltRLError(
+                f"SFT: nothing to train on: {selected} rollouts selected from "
+                f"{', '.join(map(str, self.sources))} (runs={self.runs}, "
+                f"min_reward={self.min_reward}, agents={self.agents!r}); batch stats "
+                f"{batch.stats}"
+            )
+        return batch
+
+    # ---- the loop ------------------------------------------------------------------------------
+    def fit_batch(
+        self,
+        model: torch.nn.Module,
+        batch: TrainingBatch,
+        log: Callable[[int, dict[str, float]], None] | None = None,
+    ) -> list[float]:
+        """Train ``model`` on ``batch``'s masked response tokens; the loss per step."""
+        import torch
+
+        from voltrl.algorithms.local.loss import token_logprobs
+
+        use_threads(self.threads)
+        device = next(model.parameters()).device
+        t = batch.to_torch(device)
+        mask = t["response_mask"]
+        width = batch.prompt_length
+        prompt_lengths = t["prompt_mask"].sum(1).tolist()
+        r = mask.shape[1]
+        last = r - torch.flip(mask, dims=[1]).argmax(dim=1)
+        ends = torch.where(mask.sum(1) > 0, last, torch.zeros_like(last)).tolist()
+        rows = [i for i, end in enumerate(ends) if end > 0]
+        rng = random.Random(self.seed)
+        params = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(params, lr=self.lr, weight_decay=0.01)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, cosine_schedule(self.steps, self.warmup_steps)
+        )
+        order: list[int] = []
+        model.train()
+        losses: list[float] = []
+        for step in range(self.steps):
+            chosen = []
+            while len(chosen) < self.batch_size:
+                if not order:
+                    order = rng.sample(rows, len(rows))
+                chosen.append(order.pop())
+            tokens = float(sum(mask[i, : ends[i]].sum().item() for i in chosen))
+            total = 0.0
+            optimizer.zero_grad(set_to_none=True)
+            for k in range(0, len(chosen), self.micro_batch_size):
+                part = chosen[k : k + self.micro_batch_size]
+                idx = torch.tensor(part, device=device)
+                first = width - max(prompt_lengths[i] for i in part)
+                w = max(ends[i] for i in part)
+                logp, _ = token_logprobs(
+                    model,
+                    t["input_ids"][idx, first : width + w],
+                    t["attention_mask"][idx, first : width + w],
+                    t["position_ids"][idx, first : width + w],
+                    w,
+                    keep=mask[idx, :w],
+                    with_entropy=False,
+                )
+                loss = -(logp * mask[idx, :w]).sum() / tokens
+                loss.backward()
+                total += loss.item()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            optimizer.step()
+            scheduler.step()
+            losses.append(total)
+            if log is not None:
+                log(step, {"loss": total, "tokens": tokens, "lr": scheduler.get_last_lr()[0]})
+        model.eval()
+        return losses
+
+    async def run(self, ctx: TrainContext, model: Any, tokenizer: Any) -> list[float]:
+        """Build the batch from the sources and train ``model`` on it; logs ``sft/loss``,
+        ``sft/tokens`` and ``sft/lr`` per step and draws ``sft_loss.png`` in the run
+        directory."""
+        started = time.perf_counter()
+        batch = await self.build_batch(tokenizer)
+        trained = sum(sum(m) for m in batch.response_mask)
+        self.summary = {
+            "rows": len(batch),
+            "rollouts": batch.stats.get("rollouts_with_rows", 0),
+            "tokens": trained,
+            "retokenized_calls": batch.stats.get("retokenized", 0),
+            "merge_failures": batch.stats.get("merge_failures", 0),
+            "agents": sorted({a or "" for a in batch.agent_names}),
+        }
+        if ctx.progress:
+            print(
+                f"SFT: {self.summary['rows']} rows from {self.summary['rollouts']} rollouts "
+                f"({trained} trained tokens, {self.summary['retokenized_calls']} calls "
+                f"re-tokenised, {self.summary['merge_failures']} merge failures, agents "
+                f"{self.summary['agents']})",
+                flush=True,
+            )
+        every = max(1, self.steps // 10)
+
+        def log(step: int, values: dict[str, float]) -> None:
+            ctx.log(step + 1, **{f"sft/{k}": v for k, v in values.items()})
+            if ctx.progress and (step % every == 0 or step == self.steps - 1):
+                print(
+                    f"SFT step {step + 1}/{self.steps}  loss {values['loss']:.4f}  "
+                    f"{time.perf_counter() - started:.0f} s",
+                    flush=True,
+                )
+
+        self.losses = await asyncio.to_thread(self.fit_batch, model, batch, log)
+        self.summary |= {"first_loss": self.losses[0], "last_loss": self.losses[-1]}
+        ctx.log(self.steps, **{f"sft/summary/{k}": v for k, v in self.summary.items()})
+        self._draw(ctx)
+        return self.losses
+
+    def _draw(self, ctx: TrainContext) -> None:
+        from voltrl.plots import loss_curve
+
+        try:
+            loss_curve(self.losses, ctx.run_dir / "sft_loss.png", f"{ctx.run.name}: SFT")
+        except Exception as exc:  # a failure to draw must not end the run
+            print(f"warning: sft_loss.png not drawn: {type(exc).__name__}: {exc}", flush=True)
+
+    # ---- alone: load, train, save -------------------------------------------------------------
+    async def setup(self, ctx: TrainContext) -> None:
+        """Load the model (``model`` is required when SFT runs alone)."""
+        from voltrl.algorithms.local.tiny import load_model
+
+        if self.model is None:
+            raise VoltRLError("SFT alone needs model=...; under LocalRL(warm_start=...) it trains")
+        use_threads(decide_threads(self.threads), report=ctx.progress)
+        self._model, self.tokenizer = await asyncio.to_thread(
+            load_model, self.model, self.tokenizer, device=self.device, seed=self.seed
+        )
+
+    async def train(self, ctx: TrainContext, train: list[Task], val: list[Task] | None) -> None:
+        """Train on the selected rollouts and save the model to ``<run dir>/final``
+        (``from_pretrained`` loads it). The datasets are not used: no rollout runs."""
+        await self.run(ctx, self._model, self.tokenizer)
+        final = ctx.run_dir / "final"
+        await asyncio.to_thread(self._model.save_pretrained, final)
+        await asyncio.to_thread(self.tokenizer.save_pretrained, final)
+        if ctx.progress:
+            print(f"SFT: model saved to {final}", flush=True)

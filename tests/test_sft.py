@@ -1,0 +1,321 @@
+"""vl.SFT: warm-start from recorded rollouts, alone and before LocalRL, on the same trajectory
+builder and batch as RL.
+
+A teacher run is recorded for real: a scripted teacher server (``samples/teacher.py``, the
+hosted-API shape: no token ids) or the fake vLLM backend (token ids), a tool-calling agent on
+the OpenAI client, the trainer's gateway and SQLite store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fake_openai_backend import FakeBackend, tool_then_answer
+from helpers import voltrl
+from openai import AsyncOpenAI
+
+import voltrl as vl
+from voltrl.algorithms.local.chat import chat_retokenizer, render_chat
+from voltrl.algorithms.local.tiny import build_tiny_model, build_tiny_tokenizer
+from voltrl.errors import VoltRLError
+from voltrl.store.sql import SQLStore
+
+ROOT = Path(__file__).resolve().parents[1]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two numbers.",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
+                "required": ["a", "b"],
+            },
+        },
+    }
+]
+
+
+def _teacher_module() -> Any:
+    spec = importlib.util.spec_from_file_location("samples_teacher", ROOT / "samples/teacher.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def adding_teacher(request: dict[str, Any], rng: random.Random) -> dict[str, Any]:
+    """Calls ``add`` with the question's numbers, then answers with the tool's result; wrong
+    (adds one) when the rng says so, the same way on every call of the episode."""
+    messages = request["messages"]
+    a, b = (int(x) for x in messages[0]["content"].split()[-2:])
+    wrong = rng.random() < 0.5
+    if messages[-1]["role"] == "tool":
+        return {"content": f"The sum is {int(messages[-1]['content']) + wrong}."}
+    return {"tool_calls": [{"name": "add", "arguments": {"a": a, "b": b}}]}
+
+
+@vl.rollout
+async def adding_agent(task: dict, llm: vl.LLM) -> float:
+    """Ask for a sum with an ``add`` tool; at most two tool rounds; reward 1 when right."""
+    client = AsyncOpenAI(base_url=llm.endpoint, api_key=llm.api_key, max_retries=0)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": f"Add {task['a']} {task['b']}"}]
+    for _ in range(3):
+        reply = await client.chat.completions.create(
+            model=llm.model, messages=messages, tools=TOOLS, **llm.sampling_parameters
+        )
+        message = reply.choices[0].message
+        if not message.tool_calls:
+            return float(str(task["a"] + task["b"]) in (message.content or ""))
+        messages.append(message.model_dump(exclude_none=True))
+        for call in message.tool_calls:
+            args = json.loads(call.function.arguments)
+            messages.append(
+                {"role": "tool", "tool_call_id": call.id, "content": str(args["a"] + args["b"])}
+            )
+    return 0.0
+
+
+TASKS = [{"a": a, "b": b} for a, b in [(1, 2), (3, 4), (5, 6), (7, 8), (9, 1), (2, 2)]]
+
+
+def record_teacher_run(tmp_path: Path, name: str = "teacher") -> Path:
+    """A ``dev`` run of :func:`adding_agent` against the scripted teacher, recorded without
+    token ids; returns its run directory."""
+    teacher = _teacher_module()
+    with teacher.serve_teacher(adding_teacher, seed=0) as url:
+        trainer = vl.Trainer(
+            resources={"main_llm": vl.LLM(endpoint=url, model="teacher")},
+            request_token_ids=False,
+            run_dir=tmp_path / "runs",
+            name=name,
+            n_runners=1,
+            inline=True,
+            progress=False,
+        )
+        result = trainer.dev(adding_agent, TASKS)
+    assert result.stats.failed == 0
+    return Path(result.run_dir)
+
+
+def tiny_model_dir(tmp_path: Path) -> Path:
+    tok = build_tiny_tokenizer()
+    path = tmp_path / "student"
+    build_tiny_model(tok, seed=0).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def test_the_retokenizer_renders_a_call_as_the_engine_would_prompt_and_answer_it(tmp_path):
+    run_dir = record_teacher_run(tmp_path)
+    tok = build_tiny_tokenizer()
+    calls = asyncio.run(_calls(run_dir))
+    assert calls and all(c.prompt_token_ids is None for c in calls)  # hosted-API shape
+    retokenize = chat_retokenizer(tok)
+    for call in calls:
+        prompt, response = retokenize(call)
+        messages, tools = call.request["messages"], call.request["tools"]
+        assert prompt == tok.encode(render_chat(tok, messages, tools), add_special_tokens=False)
+        text = tok.decode(response)
+        message = call.response["choices"][0]["message"]
+        if message.get("tool_calls"):
+            assert text.startswith("<tool_call>") and '"name": "add"' in text
+        else:
+            assert text == f"{message['content']}<|im_end|>"
+        assert response[-1] == tok.convert_tokens_to_ids("<|im_end|>")
+
+
+async def _calls(run_dir: Path) -> list[Any]:
+    store = SQLStore(run_dir / "store.sqlite")
+    try:
+        out = []
+        for rollout in await store.query_rollouts():
+            out += await store.get_llm_calls(rollout.rollout_id)
+        return out
+    finally:
+        await store.close()
+
+
+def test_sft_refuses_calls_without_token_ids_unless_told_to_retokenize(tmp_path):
+    run_dir = record_teacher_run(tmp_path)
+    sft = vl.SFT("tiny", source=run_dir)
+    with pytest.raises(VoltRLError, match=r"without token ids.*retokenize=True"):
+        asyncio.run(sft.build_batch(build_tiny_tokenizer()))
+
+
+def test_sft_rows_are_the_rewarded_rollouts_retokenized_and_merged_into_one_row_each(tmp_path):
+    run_dir = record_teacher_run(tmp_path)
+    tok = build_tiny_tokenizer()
+    everything = asyncio.run(vl.SFT("tiny", source=run_dir, retokenize=True).build_batch(tok))
+    good = asyncio.run(
+        vl.SFT("tiny", source=run_dir, retokenize=True, min_reward=1.0).build_batch(tok)
+    )
+    assert everything.stats["rollouts_with_rows"] == len(TASKS)
+    assert 0 < good.stats["rollouts_with_rows"] < len(TASKS)  # the teacher errs on some
+    assert good.stats.get("merge_failures", 0) == 0
+    assert len(good) == good.stats["rollouts_with_rows"]
+    assert good.stats["retokenized"] == 2 * len(good)  # a tool call and an answer each
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    for ids, mask in zip(good.response_ids, good.response_mask, strict=True):
+        trained = [t for t, m in zip(ids, mask, strict=True) if m]
+        text = tok.decode(trained)
+        assert text.startswith("<tool_call>") and "The sum is" in text
+        assert trained.count(end) == 2  # each turn's end, never the tool result in between
+        assert "<tool_response>" in tok.decode([t for t, m in zip(ids, mask, strict=True) if not m])
+
+
+def test_sft_trains_exactly_the_teachers_recorded_token_ids_when_it_returned_them(tmp_path):
+    async def go() -> tuple[Any, list[Any]]:
+        async with FakeBackend() as fb:
+            fb.script = tool_then_answer('{"a": 1, "b": 2}', "The sum is 3.", tool="add")
+            trainer = vl.Trainer(
+                resources={"main_llm": vl.LLM(endpoint=fb.url, model="fake-model")},
+                run_dir=tmp_path / "runs",
+                name="teacher",
+                n_runners=1,
+                inline=True,
+                progress=False,
+            )
+            result = await trainer.dev_async(adding_agent, TASKS[:2])
+        sft = vl.SFT("tiny", source=result.run_dir, trajectory={"mode": "transition"})
+        batch = await sft.build_batch(build_tiny_tokenizer())
+        return batch, await _calls(Path(result.run_dir))
+
+    batch, calls = asyncio.run(go())
+    recorded = sorted(tuple(c.response_token_ids) for c in calls)
+    trained = sorted(
+        tuple(t for t, m in zip(ids, mask, strict=True) if m)
+        for ids, mask in zip(batch.response_ids, batch.response_mask, strict=True)
+    )
+    assert trained == recorded and "retokenized" not in batch.stats
+
+
+def test_sft_with_an_agent_filter_trains_only_that_agents_calls(tmp_path):
+    @vl.rollout
+    async def three_agents(task: dict, llm: vl.LLM) -> float:
+        for agent in ("planner", "solver", "critic"):
+            client = AsyncOpenAI(
+                base_url=llm.endpoint,
+                api_key=llm.api_key,
+                max_retries=0,
+                default_headers={"x-agent-name": agent},
+            )
+            await client.chat.completions.create(
+                model=llm.model, messages=[{"role": "user", "content": f"{agent} {task['a']}"}]
+            )
+        return 1.0
+
+    def policy(request: dict[str, Any], rng: random.Random) -> dict[str, Any]:
+        return {"content": "I am " + request["messages"][0]["content"].split()[0]}
+
+    with _teacher_module().serve_teacher(policy) as url:
+        result = vl.Trainer(
+            resources={"main_llm": vl.LLM(endpoint=url, model="teacher")},
+            request_token_ids=False,
+            run_dir=tmp_path / "runs",
+            name="three",
+            n_runners=1,
+            inline=True,
+            progress=False,
+        ).dev(three_agents, TASKS[:3])
+    tok = build_tiny_tokenizer()
+    batch = asyncio.run(
+        vl.SFT("tiny", source=result.run_dir, retokenize=True, agents="solver").build_batch(tok)
+    )
+    assert batch.agent_names == ["solver"] * 3
+    assert batch.stats["dropped/agent_filter"] == 6
+    for ids, mask in zip(batch.response_ids, batch.response_mask, strict=True):
+        assert tok.decode([t for t, m in zip(ids, mask, strict=True) if m]).startswith(
+            "I am solver"
+        )
+
+
+def test_sft_selects_runs_by_name_and_says_which_runs_exist(tmp_path):
+    first = record_teacher_run(tmp_path, "teacher")
+    tok = build_tiny_tokenizer()
+    sft = vl.SFT("tiny", source=first, retokenize=True, runs=["teacher"])
+    assert asyncio.run(sft.build_batch(tok)).stats["rollouts_with_rows"] == len(TASKS)
+    with pytest.raises(VoltRLError, match=r"no run \['nope'\].*runs there: teacher"):
+        asyncio.run(vl.SFT("tiny", source=first, runs="nope").build_batch(tok))
+    with pytest.raises(VoltRLError, match="nothing to train on"):
+        asyncio.run(vl.SFT("tiny", source=first, retokenize=True, min_reward=2).build_batch(tok))
+    with pytest.raises(VoltRLError, match="does not exist"):
+        vl.SFT("tiny", source=tmp_path / "missing").sources and asyncio.run(
+            vl.SFT("tiny", source=tmp_path / "missing").build_batch(tok)
+        )
+
+
+def test_sft_alone_lowers_the_loss_and_saves_a_model_that_loads(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    run_dir = record_teacher_run(tmp_path)
+    sft = vl.SFT(
+        tiny_model_dir(tmp_path), source=run_dir, retokenize=True, steps=40, lr=3e-3, batch_size=4
+    )
+    result = vl.Trainer(sft, run_dir=tmp_path / "runs", name="sft", progress=False).fit(
+        adding_agent, TASKS
+    )
+    assert sft.losses[-1] < 0.5 * sft.losses[0]
+    assert AutoModelForCausalLM.from_pretrained(Path(result.run_dir) / "final") is not None
+    assert (Path(result.run_dir) / "sft_loss.png").exists()
+    metrics = [json.loads(x) for x in (Path(result.run_dir) / "metrics.jsonl").open()]
+    assert [m["step"] for m in metrics if "sft/loss" in m] == list(range(1, 41))
+
+
+def test_local_rl_warm_started_by_sft_validates_the_student_after_warm_up(tmp_path):
+    run_dir = record_teacher_run(tmp_path)
+    sft = vl.SFT(source=run_dir, retokenize=True, min_reward=1.0, steps=3, batch_size=2)
+    algorithm = vl.LocalRL(
+        "tiny",
+        warm_start=sft,
+        steps=1,
+        tasks_per_step=2,
+        group_size=2,
+        val_every=1,
+        sampling={"max_tokens": 8},
+    )
+    result = vl.Trainer(algorithm, run_dir=tmp_path / "runs", name="rl", progress=False).fit(
+        adding_agent, TASKS[:2], TASKS[2:4]
+    )
+    metrics = [json.loads(x) for x in (Path(result.run_dir) / "metrics.jsonl").open()]
+    assert [m["step"] for m in metrics if "sft/loss" in m] == [1, 2, 3]
+    assert any("update/loss" in m for m in metrics)
+    assert len(sft.losses) == 3 and algorithm.config()["warm_start"]["min_reward"] == 1.0
+    with pytest.raises(ValueError, match="leave its model out"):
+        vl.LocalRL("tiny", warm_start=vl.SFT("tiny", source=run_dir))
+
+
+def test_voltrl_train_runs_sft_alone_and_as_local_rls_warm_start_from_yaml(tmp_path):
+    import yaml
+
+    run_dir = record_teacher_run(tmp_path)
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(t) + "\n" for t in TASKS[:2]))
+    agent = f"{Path(__file__).resolve()}:adding_agent"
+    warm = {"source": str(run_dir), "retokenize": True, "steps": 2, "batch_size": 2}
+    for name, algorithm in [
+        ("alone", {"name": "sft", "model": str(tiny_model_dir(tmp_path)), **warm}),
+        ("warm", {"name": "local_rl", "model": "tiny", "steps": 1, "tasks_per_step": 1,
+                  "group_size": 2, "sampling": {"max_tokens": 4}, "warm_start": warm}),
+    ]:  # fmt: skip
+        config = {
+            "agent": agent,
+            "data": {"train": str(data)},
+            "algorithm": algorithm,
+            "trainer": {"n_runners": 1, "run_dir": str(tmp_path / "runs"), "name": name},
+        }
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(config))
+        out = voltrl("train", str(tmp_path / f"{name}.yaml"), cwd=tmp_path, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        metrics = (tmp_path / "runs" / name / "metrics.jsonl").read_text()
+        assert '"sft/loss"' in metrics
+        assert (tmp_path / "runs" / name / "final" / "config.json").exists()
