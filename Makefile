@@ -17,7 +17,7 @@ VERL_VERSION := 0.9.1
 AS_VENV := .venv-agentscope
 AS_PY   := $(AS_VENV)/bin/python
 
-.PHONY: test test-verl test-vllm test-agentscope demo demo-seeds lint format clean postgres bench-peer-store
+.PHONY: test test-verl test-vllm test-agentscope demo demo-seeds learn lint format clean postgres bench-peer-store
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,13 @@ demo: $(VENV)/.demo-deps
 ## make demo-seeds: the same for seeds 0, 1 and 2 (the learning benchmark)
 demo-seeds: $(VENV)/.demo-deps
 	$(PY) samples/calculator/demo.py --seeds 0 1 2
+
+## make learn: the framework samples' CPU learning recipes (scripted teacher -> vl.SFT ->
+## LocalRL), one table and a reward-curve PNG per sample in runs/learning/
+## (SAMPLE=autogen_calc for one sample, SEEDS="0 1 2" for several seeds; default all, seed 0)
+SEEDS ?= 0
+learn: $(VENV)/.test-deps
+	$(PY) benchmarks/learning.py $(SAMPLE) --seeds $(SEEDS)
 
 ## make bench-peer-store: our store server against agentlightning 0.3.0's in the peer harness
 ## (../shared/bench/peer), rollouts/s at 1, 8 and 32 workers and server memory (~5 minutes)

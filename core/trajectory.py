@@ -370,7 +370,8 @@ def _extend(row: _Row, turn: _Turn, context: list[int]) -> None:
 
 def _merge_turns(turns: Sequence[_Turn], stats: Counter[str]) -> list[_Row]:
     """Trajectory mode: each turn extends its agent's open row when its prompt starts with
-    that row's prompt + response; otherwise it opens a new row (one merge failure)."""
+    that row's prompt + response (counted as ``merged``); otherwise it opens a new row (one
+    ``merge_failures``). The merge rate is ``merged / (merged + merge_failures)``."""
     rows: list[_Row] = []
     open_rows: dict[str | None, _Row] = {}
     for turn in turns:
@@ -379,6 +380,7 @@ def _merge_turns(turns: Sequence[_Turn], stats: Counter[str]) -> list[_Row]:
             full = row.prompt + row.response
             if turn.prompt[: len(full)] == full:
                 _extend(row, turn, turn.prompt[len(full) :])
+                stats["merged"] += 1
                 continue
             stats["merge_failures"] += 1
         row = open_rows[turn.call.agent_name] = _row_of(turn)

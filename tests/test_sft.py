@@ -1,7 +1,7 @@
 """vl.SFT: warm-start from recorded rollouts, alone and before LocalRL, on the same trajectory
 builder and batch as RL.
 
-A teacher run is recorded for real: a scripted teacher server (``samples/teacher.py``, the
+A teacher run is recorded for real: a scripted teacher server (``samples/teacher_server.py``, the
 hosted-API shape: no token ids) or the fake vLLM backend (token ids), a tool-calling agent on
 the OpenAI client, the trainer's gateway and SQLite store.
 """
@@ -45,7 +45,7 @@ TOOLS = [
 
 
 def _teacher_module() -> Any:
-    spec = importlib.util.spec_from_file_location("samples_teacher", ROOT / "samples/teacher.py")
+    spec = importlib.util.spec_from_file_location("samples_teacher", ROOT / "samples/teacher_server.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module

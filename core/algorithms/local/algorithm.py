@@ -69,8 +69,10 @@ class LocalRL(Algorithm):
         val_sampling: sampling parameters of validation rollouts: ``sampling``'s, greedy
             (``temperature`` 0), with these on top.
         val_every: validate every this many steps (and before the first and after the last).
-        update: the policy update's settings (learning rate, clip, KL, LoRA, micro-batches).
-        trajectory: how calls become training rows (transition or trajectory mode, credit).
+        update: the policy update's settings (learning rate, clip, KL, LoRA, micro-batches):
+            a ``PolicyUpdateConfig`` or its fields as a dict.
+        trajectory: how calls become training rows (transition or trajectory mode, credit):
+            a ``TrajectoryConfig`` or its fields as a dict.
         served_name: the model name the engine serves and the agent's ``LLM`` carries.
         checkpoint_every: save a checkpoint every this many steps (0: only at the end).
         resume: continue from the latest checkpoint in the run directory, if there is one.
@@ -101,8 +103,8 @@ class LocalRL(Algorithm):
         sampling: dict[str, Any] | None = None,
         val_sampling: dict[str, Any] | None = None,
         val_every: int = 0,
-        update: PolicyUpdateConfig | None = None,
-        trajectory: TrajectoryConfig | None = None,
+        update: PolicyUpdateConfig | dict[str, Any] | None = None,
+        trajectory: TrajectoryConfig | dict[str, Any] | None = None,
         served_name: str = "voltrl-local",
         checkpoint_every: int = 0,
         resume: bool = False,
@@ -134,7 +136,11 @@ class LocalRL(Algorithm):
         self.sampling = {"temperature": 1.0, **(sampling or {})}
         self.val_sampling = {**self.sampling, "temperature": 0.0, **(val_sampling or {})}
         self.val_every = val_every
+        if isinstance(update, dict):
+            update = PolicyUpdateConfig.model_validate({"seed": seed, **update})
         self.update = update or PolicyUpdateConfig(seed=seed)
+        if isinstance(trajectory, dict):
+            trajectory = TrajectoryConfig.model_validate(trajectory)
         self.trajectory = trajectory or TrajectoryConfig()
         self.served_name = served_name
         self.checkpoint_every = checkpoint_every
@@ -207,7 +213,8 @@ class LocalRL(Algorithm):
         model, tokenizer = await asyncio.to_thread(self._load)
         ckpt = latest_checkpoint(ctx.run_dir / "checkpoints") if self.resume else None
         if self.warm_start is not None and ckpt is None:
-            self.warm_start.threads = self.threads
+            if self.warm_start.threads is None:  # its own count when given, else ours
+                self.warm_start.threads = self.threads
             await self.warm_start.run(ctx, model, tokenizer)
         served = copy.deepcopy(model)  # a plain copy: with LoRA, peft wraps ``model`` in place
         self._policy = PolicyTrainer(model, self.update)

@@ -14,7 +14,7 @@ it consistently) and a re-run records the same rollouts.
 
 Standalone, to try a sample's ``dev`` against it::
 
-    python samples/teacher.py autogen_calc --port 8011 &
+    python samples/teacher_server.py autogen_calc --port 8011 &
     python samples/autogen_calc/run.py dev --endpoint http://127.0.0.1:8011/v1 \\
         --model teacher --no-token-ids --n 50
 """
@@ -72,8 +72,9 @@ def episode_rng(seed: int, body: dict[str, Any]) -> random.Random:
     return random.Random(int.from_bytes(digest[:8], "big"))
 
 
-def _message(reply: dict[str, Any], ids: Iterator[int]) -> dict[str, Any]:
-    """The OpenAI message of a policy's reply: tool calls get ids and JSON arguments."""
+def _message(reply: dict[str, Any], ids: Iterator[str]) -> dict[str, Any]:
+    """The OpenAI message of a policy's reply: tool calls get ids (``ids``: the same for the
+    same request, so a re-run records the same conversations) and JSON arguments."""
     message: dict[str, Any] = {"role": "assistant", "content": reply.get("content")}
     calls = reply.get("tool_calls") or []
     if calls:
@@ -99,17 +100,19 @@ def teacher_app(policy: Policy, *, seed: int = 0, model: str = "teacher") -> Sta
     A policy that raises answers 500 with the exception's text: a teacher bug shows up as the
     rollout's error, not as a silent default reply.
     """
-    ids = itertools.count(1)
 
     async def chat(request: Request) -> Response:
         body = await request.json()
+        digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:12]
         try:
-            message = _message(policy(body, episode_rng(seed, body)), ids)
+            message = _message(
+                policy(body, episode_rng(seed, body)), (f"{digest}_{i}" for i in itertools.count())
+            )
         except Exception as exc:  # a bug in a scripted policy: say so to the caller
             error = {"message": f"teacher policy failed: {type(exc).__name__}: {exc}"}
             return JSONResponse({"error": error}, status_code=500)
         finish = "tool_calls" if message.get("tool_calls") else "stop"
-        head = {"id": f"chatcmpl-{next(ids)}", "created": int(time.time()), "model": model}
+        head = {"id": f"chatcmpl-{digest}", "created": int(time.time()), "model": model}
         if body.get("stream"):
             return StreamingResponse(_chunks(head, message, finish), media_type="text/event-stream")
         usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}

@@ -1,0 +1,136 @@
+"""Does every framework sample learn? Runs the samples' CPU recipes and prints one table.
+
+Each recipe (``samples/<sample>/recipe.py``, runner in ``samples/recipe_runner.py``) records a
+scripted teacher's rollouts through the real framework and gateway, fine-tunes a tiny model
+from scratch on the good ones (``vl.SFT``), then trains it with LocalRL; held-out reward is
+measured after the warm-up and after RL. The table: sample, framework, after warm-up, after
+RL, change, minutes (SFT + RL of one seed; the teacher run is recorded once and reused),
+merge rate of the RL rows (trajectory mode), tokens trained (SFT / RL). It is written to
+``<out>/learning/table.md`` and ``table.json``, with one reward-curve PNG per sample.
+
+    python benchmarks/learning.py                         # every sample, seed 0
+    python benchmarks/learning.py autogen_calc --seeds 0 1 2
+    make learn SAMPLE=autogen_calc SEEDS="0 1 2"
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLES = ("autogen_calc", "calc_mcp", "agent_service", "sql_agent")
+sys.path.insert(0, str(ROOT / "samples"))
+
+
+def load_recipe(sample: str) -> Any:
+    """``RECIPE`` of ``samples/<sample>/recipe.py``."""
+    path = ROOT / "samples" / sample / "recipe.py"
+    if not path.exists():
+        raise SystemExit(f"no recipe for {sample!r} ({path}); samples: {', '.join(SAMPLES)}")
+    spec = importlib.util.spec_from_file_location(f"{sample}_recipe", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module.RECIPE
+
+
+def pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
+def table_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The markdown table: one line per sample and seed, then each sample's mean."""
+    head = (
+        "| sample | framework | seed | after warm-up | after RL | change | minutes "
+        "| merge rate | tokens trained (SFT / RL) |"
+    )
+    lines = [head, "|" + "---|" * 9]
+    by_sample: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        by_sample.setdefault(r["sample"], []).append(r)
+    for sample, runs in by_sample.items():
+        for r in runs:
+            change = (r["after_rl"] - r["after_sft"]) * 100
+            merge = "-" if r["merge_rate"] is None else f"{r['merge_rate']:.0%}"
+            lines.append(
+                f"| {sample} | {r['framework']} | {r['seed']} | {pct(r['after_sft'])} "
+                f"| {pct(r['after_rl'])} | {change:+.1f} pts | {r['minutes']:.1f} | {merge} "
+                f"| {r['sft_tokens']:,} / {r['rl_tokens']:,.0f} |"
+            )
+        if len(runs) > 1:
+            before = statistics.mean(r["after_sft"] for r in runs)
+            after = statistics.mean(r["after_rl"] for r in runs)
+            lines.append(
+                f"| **{sample}** | mean of {len(runs)} | | {pct(before)} | {pct(after)} "
+                f"| **{(after - before) * 100:+.1f} pts** "
+                f"| {statistics.mean(r['minutes'] for r in runs):.1f} | | |"
+            )
+    return lines
+
+
+def plot(sample: str, rows: list[dict[str, Any]], path: Path) -> None:
+    """Held-out reward (after warm-up, during and after RL) and training reward per seed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for r in rows:
+        (line,) = ax.plot(
+            *zip(*r["val_curve"], strict=True), "o-", label=f"held-out, seed {r['seed']}"
+        )
+        if r["train_curve"]:
+            ax.plot(*zip(*r["train_curve"], strict=True), color=line.get_color(), alpha=0.35)
+    ax.set(
+        xlabel="policy update (0: after SFT warm-up)",
+        ylabel="mean reward",
+        title=f"{sample}: SFT warm-up, then LocalRL (faint: training reward)",
+        ylim=(-0.02, 1.02),
+    )
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("samples", nargs="*", default=list(SAMPLES), help="default: all")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--out", type=Path, default=Path("runs"))
+    args = parser.parse_args(argv)
+    from recipe_runner import run_recipe
+
+    report = args.out / "learning"
+    report.mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, Any]] = []
+    for sample in args.samples:
+        recipe = load_recipe(sample)
+        done = [run_recipe(recipe, seed, args.out) for seed in args.seeds]
+        rows += done
+        plot(sample, done, report / f"{sample}.png")
+        for r in done:
+            print(
+                f"{sample} seed {r['seed']}: held-out {pct(r['after_sft'])} after warm-up, "
+                f"{pct(r['after_rl'])} after RL ({r['minutes']:.1f} min)",
+                flush=True,
+            )
+    lines = table_lines(rows)
+    (report / "table.md").write_text("\n".join(lines) + "\n")
+    (report / "table.json").write_text(json.dumps(rows, indent=1))
+    print("\n".join(lines))
+    print(f"table and curves in {report}/")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

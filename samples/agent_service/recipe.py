@@ -1,0 +1,66 @@
+"""The CPU learning recipe of the OpenAI Agents SDK unit converter, running as its own service
+(see ``samples/recipe_runner.py``).
+
+The service, the SDK, the adapter and the trainer-side ``ServiceAgent`` run exactly as in
+``run.py``: the recipe starts ``service.py`` as a process for each run and only posts tasks to
+it. The task set is the sample's own. Trajectory mode merges an episode's calls (the SDK
+resends the whole history) and every token shares the final reward (``credit="final"``): the
+reward says only whether the answer's number was within 1%, and both steps (the tool call's
+arguments, then copying its result) decide it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent)]
+
+from client import ServiceAgent  # noqa: E402
+from recipe_runner import Recipe, Rows  # noqa: E402
+from run import service_process  # noqa: E402
+from units import make_tasks  # noqa: E402
+
+
+def tasks(seed: int) -> tuple[Rows, Rows, Rows]:
+    """Teacher tasks (fixed), training tasks (by seed) and 128 held-out tasks (fixed), the
+    held-out questions in neither of the others."""
+    val = make_tasks(128, seed=999_999)
+    held_out = {row["question"] for row in val}
+    teacher = [r for r in make_tasks(1500, seed=777) if r["question"] not in held_out]
+    train = [r for r in make_tasks(2000, seed=seed) if r["question"] not in held_out]
+    return teacher, train, val
+
+
+@contextlib.contextmanager
+def service_agent(run_dir: Path) -> Iterator[ServiceAgent]:
+    """The agent service as a process of its own, and the trainer-side agent posting to it."""
+    gateway_file = run_dir.parent / f"{run_dir.name}.gateway.json"
+    with service_process(gateway_file) as url:
+        yield ServiceAgent(url, gateway_file)
+
+
+SAMPLING = {"temperature": 1.0, "max_tokens": 64}
+
+RECIPE = Recipe(
+    sample="agent_service",
+    framework="OpenAI Agents SDK (service)",
+    agent=None,
+    agent_in=service_agent,
+    tasks=tasks,
+    sft={"steps": 1000, "batch_size": 32, "lr": 3e-3, "warmup_steps": 20, "threads": 2},
+    rl={
+        "steps": 40,
+        "tasks_per_step": 8,
+        "group_size": 8,
+        "sampling": SAMPLING,
+        "val_sampling": SAMPLING,
+        "val_every": 20,
+        "update": {"lr": 5e-4, "micro_batch_size": 32, "clip_eps": 0.2},
+        "trajectory": {"mode": "trajectory"},
+    },
+    credit="final: the reward only says whether the answer was within 1%",
+)

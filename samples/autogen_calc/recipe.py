@@ -1,0 +1,52 @@
+"""The CPU learning recipe of the AutoGen calculator agent (see ``samples/recipe_runner.py``).
+
+The agent, AutoGen and the adapter run exactly as in ``run.py``; the task set is the sample's
+own. Trajectory mode merges an episode's calls (AutoGen resends the whole history, so each
+call's prompt extends the previous call's prompt + answer) and every token of the episode
+shares its final reward (``credit="final"``): the reward says only whether the last number
+was right, and every step of a short episode (expression, then answer) decides it.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent)]
+
+from agent import autogen_calc_agent  # noqa: E402
+from data import make_problems  # noqa: E402
+from recipe_runner import Recipe, Rows  # noqa: E402
+
+
+def tasks(seed: int) -> tuple[Rows, Rows, Rows]:
+    """Teacher tasks (fixed), training tasks (by seed) and 128 held-out tasks (fixed), the
+    held-out questions in neither of the others."""
+    val = make_problems(128, seed=999_999)
+    held_out = {row["question"] for row in val}
+    teacher = [r for r in make_problems(1500, seed=777) if r["question"] not in held_out]
+    train = [r for r in make_problems(2000, seed=seed) if r["question"] not in held_out]
+    return teacher, train, val
+
+
+SAMPLING = {"temperature": 1.0, "max_tokens": 48}
+
+RECIPE = Recipe(
+    sample="autogen_calc",
+    framework="AutoGen 0.7",
+    agent=autogen_calc_agent,
+    tasks=tasks,
+    sft={"steps": 1000, "batch_size": 32, "lr": 3e-3, "warmup_steps": 20, "threads": 2},
+    rl={
+        "steps": 40,
+        "tasks_per_step": 8,
+        "group_size": 8,
+        "sampling": SAMPLING,
+        "val_sampling": SAMPLING,
+        "val_every": 20,
+        "update": {"lr": 5e-4, "micro_batch_size": 32, "clip_eps": 0.2},
+        "trajectory": {"mode": "trajectory"},
+    },
+    credit="final: the reward only says whether the last number was right",
+)

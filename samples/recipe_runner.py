@@ -1,0 +1,162 @@
+"""The CPU learning recipe every framework sample shares: teacher → SFT → RL, measured.
+
+1. **Teacher.** The sample's agent, unchanged, runs its teacher tasks with ``dev`` against a
+   scripted teacher (``samples/teacher_server.py`` + the sample's ``teacher.py``: an imperfect
+   player, answering like a hosted API, without token ids). The real framework renders every
+   prompt and the gateway records every call into ``runs/<sample>-teacher/``. Recorded once
+   per teacher configuration (tasks, teacher seed, teacher code) and reused by every seed.
+2. **SFT.** A tiny model built from scratch (random weights, the built-in tokenizer) is
+   fine-tuned on the teacher's rollouts (``vl.SFT(source=teacher runs, retokenize=True)``:
+   re-tokenised with the student's chat template). All of them, mistakes included: the student
+   learns the framework's conversation, the tool-call format and the task's skills, and inherits
+   the teacher's habits, good and bad, at the teacher's rates; ``min_reward=1.0`` (rejection
+   sampling) would keep only the good episodes.
+3. **RL.** ``vl.LocalRL(..., warm_start=that SFT)`` in one ``fit``: validation before the first
+   update measures the student after warm-up, the last one after RL, on held-out tasks the
+   student never trained on, sampled as in training (temperature 1).
+
+:func:`run_recipe` runs one seed and returns its row of the learning table
+(``benchmarks/learning.py`` prints the table for every sample and seed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import voltrl as vl
+
+HERE = Path(__file__).resolve().parent
+
+Rows = list[dict[str, Any]]
+
+
+@dataclass
+class Recipe:
+    """One sample's recipe: its agent, tasks, teacher and the settings of each phase."""
+
+    sample: str
+    """The sample's directory name (``autogen_calc``): its ``teacher.py`` is the teacher."""
+    framework: str
+    agent: Any
+    """The sample's agent, as its ``run.py`` passes it to the trainer."""
+    tasks: Callable[[int], tuple[Rows, Rows, Rows]]
+    """``seed → (teacher tasks, training tasks, held-out tasks)``; held-out tasks appear in
+    neither of the others."""
+    sft: dict[str, Any]
+    """``vl.SFT`` arguments (steps, lr, batch_size, min_reward, agents...)."""
+    rl: dict[str, Any]
+    """``vl.LocalRL`` arguments (steps, tasks_per_step, group_size, sampling, update,
+    trajectory, val_every...)."""
+    credit: str
+    """Which credit mode the RL phase uses, and why (for the table's notes)."""
+    model: dict[str, Any] = field(default_factory=lambda: {"hidden": 128, "layers": 2})
+    """The tiny student's size (``build_tiny_model`` arguments)."""
+    teacher_seeds: tuple[int, ...] = (0,)
+    """One teacher run per seed (the teacher errs differently with each); SFT uses them all."""
+    concurrency: int = 32
+    agent_in: Callable[[Path], contextlib.AbstractContextManager[Any]] | None = None
+    """When set, ``agent_in(run_dir)`` yields the agent for the run instead of ``agent``
+    (``agent_service`` starts its service here)."""
+    simplified: str = ""
+    """How the CPU recipe's tasks differ from the sample's own (empty: they don't)."""
+
+
+def record_teacher(recipe: Recipe, out: Path, seed: int) -> Path:
+    """The teacher's ``dev`` run directory for teacher seed ``seed``, recorded now unless an
+    identical one exists (same tasks, seed and teacher code)."""
+    from teacher_server import load_policy, serve_teacher
+
+    tasks, _, _ = recipe.tasks(0)
+    key = hashlib.sha1(
+        json.dumps([tasks, seed], sort_keys=True, default=str).encode()
+        + (HERE / recipe.sample / "teacher.py").read_bytes()
+    ).hexdigest()[:10]
+    run_dir = out / f"{recipe.sample}-teacher{seed}-{key}"
+    if (run_dir / "teacher.done").exists():
+        print(f"teacher: using the recorded run {run_dir}", flush=True)
+        return run_dir
+    if run_dir.exists():  # an interrupted recording: start it again
+        shutil.rmtree(run_dir)
+    with (
+        serve_teacher(load_policy(recipe.sample), seed=seed) as url,
+        _agent(recipe, run_dir) as agent,
+    ):
+        trainer = vl.Trainer(
+            resources={"main_llm": vl.LLM(endpoint=url, model="teacher")},
+            request_token_ids=False,  # like a hosted API: the student re-tokenises
+            n_runners=1,
+            max_concurrency=recipe.concurrency,
+            run_dir=out,
+            name=run_dir.name,
+        )
+        result = trainer.dev(agent, tasks)
+    solved = result.stats.reward_mean or 0.0
+    print(f"teacher: solved {solved:.1%} of {len(tasks)} tasks; run in {result.run_dir}")
+    (run_dir / "teacher.done").write_text(json.dumps({"solved": solved, "tasks": len(tasks)}))
+    return run_dir
+
+
+@contextlib.contextmanager
+def _agent(recipe: Recipe, run_dir: Path) -> Iterator[Any]:
+    if recipe.agent_in is None:
+        yield recipe.agent
+    else:
+        with recipe.agent_in(run_dir) as agent:
+            yield agent
+
+
+def student(recipe: Recipe, seed: int) -> dict[str, Any]:
+    """LocalRL's ``model``/``tokenizer`` keywords: a tiny model with random weights."""
+    from voltrl.algorithms.local.tiny import build_tiny_model, build_tiny_tokenizer
+
+    tokenizer = build_tiny_tokenizer()
+    return {"model": build_tiny_model(tokenizer, seed=seed, **recipe.model), "tokenizer": tokenizer}
+
+
+def run_recipe(recipe: Recipe, seed: int, out: Path = Path("runs")) -> dict[str, Any]:
+    """Teacher (cached), then SFT and LocalRL in one ``fit``; the seed's row of the table."""
+    teacher_dirs = [record_teacher(recipe, out, s) for s in recipe.teacher_seeds]
+    _, train, val = recipe.tasks(seed)
+    sft = vl.SFT(source=teacher_dirs, retokenize=True, seed=seed, **recipe.sft)
+    algorithm = vl.LocalRL(**student(recipe, seed), warm_start=sft, seed=seed, **recipe.rl)
+    name = f"{recipe.sample}-recipe-seed{seed}"
+    started = time.time()
+    with _agent(recipe, out / name) as agent:
+        trainer = vl.Trainer(
+            algorithm, n_runners=1, max_concurrency=recipe.concurrency, run_dir=out, name=name
+        )
+        result = trainer.fit(agent, train, val)
+    minutes = (time.time() - started) / 60
+    history = algorithm.history
+    val_points = [(h["step"], h["val/reward_mean"]) for h in history if "val/reward_mean" in h]
+    steps = [h for h in history if "train/reward_mean" in h]
+    merged = sum(h.get("batch/merged", 0) for h in steps)
+    failures = sum(h.get("batch/merge_failures", 0) for h in steps)
+    row = {
+        "sample": recipe.sample,
+        "framework": recipe.framework,
+        "seed": seed,
+        "after_sft": val_points[0][1] if val_points else None,
+        "after_rl": val_points[-1][1] if val_points else None,
+        "val_curve": val_points,
+        "train_curve": [(h["step"], h["train/reward_mean"]) for h in steps],
+        "minutes": minutes,
+        "merge_rate": merged / (merged + failures) if merged + failures else None,
+        "sft_tokens": sft.summary.get("tokens", 0),
+        "sft_rows": sft.summary.get("rows", 0),
+        "sft_merge_failures": sft.summary.get("merge_failures", 0),
+        "rl_tokens": sum(h.get("update/adv_tokens", 0) for h in steps),
+        "credit": recipe.credit,
+        "run_dir": str(result.run_dir),
+        "teacher_solved": [json.loads((d / "teacher.done").read_text()) for d in teacher_dirs],
+    }
+    (Path(result.run_dir) / "recipe.json").write_text(json.dumps(row, indent=1))
+    return row

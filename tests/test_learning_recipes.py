@@ -1,0 +1,100 @@
+"""Each framework sample's CPU learning recipe, shrunk to a few tasks: the teacher's rollouts
+recorded through the real framework and gateway, the SFT warm-up, one RL step. Plumbing, not
+learning (``benchmarks/learning.py`` measures that): the rows trained in each phase came
+from that framework's calls, with non-empty loss masks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from voltrl.store.sql import SQLStore
+from voltrl.trajectory import TrajectoryConfig, trajectories_from_store
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "samples"))
+
+# sample -> (the agent names its trained calls carry, text its framework puts in each prompt)
+FRAMEWORK_CALLS = {
+    "autogen_calc": ({"solver"}, "Use the calculator tool for every computation"),
+    "calc_mcp": ({"solver"}, "calculate"),
+    "agent_service": ({"converter"}, "convert"),
+    "sql_agent": ({"write", "rewrite"}, "SQL"),
+}
+
+
+def shrunk(sample: str) -> Any:
+    """The sample's recipe with 6 teacher tasks, 2 SFT steps, one RL step of 2 x 2."""
+    from learning import load_recipe
+
+    recipe = load_recipe(sample)
+    tasks = recipe.tasks
+
+    def few(seed: int) -> tuple[list, list, list]:
+        teacher, train, val = tasks(seed)
+        return teacher[:6], train[:4], val[:2]
+
+    return dataclasses.replace(
+        recipe,
+        tasks=few,
+        sft={**recipe.sft, "steps": 2, "min_reward": None},  # a 6-task teacher may solve none
+        rl={**recipe.rl, "steps": 1, "tasks_per_step": 2, "group_size": 2, "val_every": 1},
+        teacher_seeds=(0,),
+        concurrency=4,
+    )
+
+
+async def _rows(run_dir: Path, mode: str, config: TrajectoryConfig) -> list[tuple[Any, Any]]:
+    """Each trained row of the run's ``mode`` rollouts with the calls it was built from."""
+    store = SQLStore(run_dir / "store.sqlite")
+    try:
+        rollouts = await store.query_rollouts(mode=mode)
+        out = []
+        for traj in await trajectories_from_store(store, rollouts, config):
+            calls = {c.call_id: c for c in await store.get_llm_calls(traj.rollout_id)}
+            out += [(t, [calls[i] for i in t.metadata["call_ids"]]) for t in traj.transitions]
+        return out
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("sample", list(FRAMEWORK_CALLS))
+def test_the_recipe_warms_up_on_the_framework_teachers_calls_then_takes_an_rl_step(
+    sample, tmp_path
+):
+    from recipe_runner import run_recipe
+
+    recipe = shrunk(sample)
+    row = run_recipe(recipe, 0, tmp_path)
+    agents, marker = FRAMEWORK_CALLS[sample]
+
+    assert row["sft_rows"] > 0 and row["sft_tokens"] > 0
+    teacher_dir = next(tmp_path.glob(f"{sample}-teacher0-*"))
+    sft_config = TrajectoryConfig(mode="trajectory", agent_filter=recipe.sft.get("agents"))
+    teacher_rows = asyncio.run(_rows(teacher_dir, "dev", sft_config))
+    assert teacher_rows and all(c.prompt_token_ids is None for _, cs in teacher_rows for c in cs)
+    for _, calls in teacher_rows:  # recorded from the framework: its prompt, its agent names
+        assert all(c.agent_name in agents for c in calls)
+        assert all(marker in json.dumps(c.request) for c in calls)
+
+    metrics = [json.loads(x) for x in (Path(row["run_dir"]) / "metrics.jsonl").open()]
+    assert [m["step"] for m in metrics if "sft/loss" in m] == [1, 2]
+    [step] = [m for m in metrics if "train/reward_mean" in m]
+    assert step["batch/rows"] > 0
+    rl_config = TrajectoryConfig.model_validate(recipe.rl["trajectory"])
+    rl_rows = asyncio.run(_rows(Path(row["run_dir"]), "train", rl_config))
+    assert len(rl_rows) == step["batch/rows"]
+    for transition, calls in rl_rows:  # the student's own calls, through the same framework
+        assert 1 in transition.response_mask
+        assert all(c.prompt_token_ids is not None for c in calls)
+        assert all(c.agent_name in agents for c in calls)
+        assert all(marker in json.dumps(c.request) for c in calls)
+    assert row["after_sft"] is not None and row["after_rl"] is not None
