@@ -57,6 +57,9 @@ def table_lines(rows: list[dict[str, Any]]) -> list[str]:
         by_sample.setdefault(r["sample"], []).append(r)
     for sample, runs in by_sample.items():
         for r in runs:
+            if r["after_sft"] is None or r["after_rl"] is None:
+                lines.append(f"| {sample} | {r['framework']} | {r['seed']} | no validation |||||")
+                continue
             change = (r["after_rl"] - r["after_sft"]) * 100
             merge = "-" if r["merge_rate"] is None else f"{r['merge_rate']:.0%}"
             lines.append(
@@ -64,6 +67,7 @@ def table_lines(rows: list[dict[str, Any]]) -> list[str]:
                 f"| {pct(r['after_rl'])} | {change:+.1f} pts | {r['minutes']:.1f} | {merge} "
                 f"| {r['sft_tokens']:,} / {r['rl_tokens']:,.0f} |"
             )
+        runs = [r for r in runs if r["after_sft"] is not None and r["after_rl"] is not None]
         if len(runs) > 1:
             before = statistics.mean(r["after_sft"] for r in runs)
             after = statistics.mean(r["after_rl"] for r in runs)

@@ -205,15 +205,9 @@ def build_from_config(config: dict[str, Any]) -> tuple[Any, Any, str, str | None
     algo_cfg = dict(config.get("algorithm") or {"name": "baseline"})
     name = algo_cfg.pop("name", "baseline")
     try:
-        if name == "local_rl":
+        if name == "local_rl":  # its update and trajectory sections are taken as dicts
             from voltrl.algorithms.local import SFT, LocalRL
-            from voltrl.algorithms.local.update import PolicyUpdateConfig
-            from voltrl.trajectory import TrajectoryConfig
 
-            if "update" in algo_cfg:
-                algo_cfg["update"] = PolicyUpdateConfig(**algo_cfg["update"])
-            if "trajectory" in algo_cfg:
-                algo_cfg["trajectory"] = TrajectoryConfig(**algo_cfg["trajectory"])
             if "warm_start" in algo_cfg:
                 algo_cfg["warm_start"] = SFT(**algo_cfg["warm_start"])
             algorithm: Any = LocalRL(**algo_cfg)

@@ -71,13 +71,17 @@ class Recipe:
 
 def record_teacher(recipe: Recipe, out: Path, seed: int) -> Path:
     """The teacher's ``dev`` run directory for teacher seed ``seed``, recorded now unless an
-    identical one exists (same tasks, seed and teacher code)."""
+    identical one exists (same tasks, seed, teacher and agent code)."""
     from teacher_server import load_policy, serve_teacher
 
     tasks, _, _ = recipe.tasks(0)
+    code = [  # the teacher and the agent: a change to either records again
+        HERE / "teacher_server.py",
+        *sorted(p for p in (HERE / recipe.sample).glob("*.py") if p.name != "recipe.py"),
+    ]
     key = hashlib.sha1(
         json.dumps([tasks, seed], sort_keys=True, default=str).encode()
-        + (HERE / recipe.sample / "teacher.py").read_bytes()
+        + b"".join(p.read_bytes() for p in code)
     ).hexdigest()[:10]
     run_dir = out / f"{recipe.sample}-teacher{seed}-{key}"
     if (run_dir / "teacher.done").exists():

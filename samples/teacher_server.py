@@ -1,9 +1,10 @@
 """A scripted teacher: an OpenAI-compatible chat-completions server that plays a sample's task
 with a scripted policy instead of a model, the way a hosted API answers (no token ids).
 
-The samples' CPU recipes (``run.py recipe``) record a teacher's rollouts through the real
-framework and gateway with it, then warm-start a tiny student on the good ones
-(:class:`voltrl.SFT`) before RL. A sample's ``teacher.py`` defines the policy::
+The framework samples' CPU learning recipes (``samples/recipe_runner.py``, ``make learn``)
+record a teacher's rollouts through the real framework and gateway with it, then warm-start a
+tiny student on them (:class:`voltrl.SFT`) before RL. A sample's ``teacher.py`` defines the
+policy::
 
     def teacher_reply(request: dict, rng: random.Random) -> dict:
         '''The assistant message ({"content": ...} or {"tool_calls": [...]}) for a request.'''

@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from voltrl.algorithms.local.chat import chat_retokenizer
+from voltrl.algorithms.local.tiny import build_tiny_tokenizer
 from voltrl.store.sql import SQLStore
 from voltrl.trajectory import TrajectoryConfig, trajectories_from_store
 
@@ -22,12 +24,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "samples"))
 
-# sample -> (the agent names its trained calls carry, text its framework puts in each prompt)
+# sample -> (the agent names of its SFT rows, of its RL rows, text its framework puts in
+# every prompt)
 FRAMEWORK_CALLS = {
-    "autogen_calc": ({"solver"}, "Use the calculator tool for every computation"),
-    "calc_mcp": ({"solver"}, "calculate"),
-    "agent_service": ({"converter"}, "convert"),
-    "sql_agent": ({"write", "rewrite"}, "SQL"),
+    "autogen_calc": ({"solver"}, {"solver"}, "Use the calculator tool for every computation"),
+    "calc_mcp": ({"solver"}, {"solver"}, "calculate"),
+    "agent_service": ({"converter"}, {"converter"}, "convert"),
+    "sql_agent": ({"write", "check", "rewrite"}, {"write", "rewrite"}, "SQL"),
 }
 
 
@@ -74,15 +77,22 @@ def test_the_recipe_warms_up_on_the_framework_teachers_calls_then_takes_an_rl_st
 
     recipe = shrunk(sample)
     row = run_recipe(recipe, 0, tmp_path)
-    agents, marker = FRAMEWORK_CALLS[sample]
+    sft_agents, rl_agents, marker = FRAMEWORK_CALLS[sample]
 
     assert row["sft_rows"] > 0 and row["sft_tokens"] > 0
     teacher_dir = next(tmp_path.glob(f"{sample}-teacher0-*"))
-    sft_config = TrajectoryConfig(mode="trajectory", agent_filter=recipe.sft.get("agents"))
+    sft_config = TrajectoryConfig.model_validate(
+        {
+            **recipe.sft.get("trajectory", {"mode": "trajectory"}),
+            "missing_token_ids": "retokenize",
+            "retokenizer": chat_retokenizer(build_tiny_tokenizer()),
+        }
+    )
     teacher_rows = asyncio.run(_rows(teacher_dir, "dev", sft_config))
     assert teacher_rows and all(c.prompt_token_ids is None for _, cs in teacher_rows for c in cs)
-    for _, calls in teacher_rows:  # recorded from the framework: its prompt, its agent names
-        assert all(c.agent_name in agents for c in calls)
+    for transition, calls in teacher_rows:  # from the framework: its prompt, its agent names
+        assert transition.metadata["retokenized"] and 1 in transition.response_mask
+        assert all(c.agent_name in sft_agents for c in calls)
         assert all(marker in json.dumps(c.request) for c in calls)
 
     metrics = [json.loads(x) for x in (Path(row["run_dir"]) / "metrics.jsonl").open()]
@@ -95,6 +105,6 @@ def test_the_recipe_warms_up_on_the_framework_teachers_calls_then_takes_an_rl_st
     for transition, calls in rl_rows:  # the student's own calls, through the same framework
         assert 1 in transition.response_mask
         assert all(c.prompt_token_ids is not None for c in calls)
-        assert all(c.agent_name in agents for c in calls)
+        assert all(c.agent_name in rl_agents for c in calls)
         assert all(marker in json.dumps(c.request) for c in calls)
     assert row["after_sft"] is not None and row["after_rl"] is not None

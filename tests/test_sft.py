@@ -1,8 +1,8 @@
 """vl.SFT: warm-start from recorded rollouts, alone and before LocalRL, on the same trajectory
 builder and batch as RL.
 
-A teacher run is recorded for real: a scripted teacher server (``samples/teacher_server.py``, the
-hosted-API shape: no token ids) or the fake vLLM backend (token ids), a tool-calling agent on
+A teacher run is recorded for real: a scripted teacher server (``samples/teacher_server.py``,
+the hosted-API shape: no token ids) or the fake vLLM backend (token ids), a tool-calling agent on
 the OpenAI client, the trainer's gateway and SQLite store.
 """
 
@@ -45,7 +45,8 @@ TOOLS = [
 
 
 def _teacher_module() -> Any:
-    spec = importlib.util.spec_from_file_location("samples_teacher", ROOT / "samples/teacher_server.py")
+    path = ROOT / "samples" / "teacher_server.py"
+    spec = importlib.util.spec_from_file_location("samples_teacher_server", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
@@ -127,11 +128,18 @@ def test_the_retokenizer_renders_a_call_as_the_engine_would_prompt_and_answer_it
         assert prompt == tok.encode(render_chat(tok, messages, tools), add_special_tokens=False)
         text = tok.decode(response)
         message = call.response["choices"][0]["message"]
-        if message.get("tool_calls"):
-            assert text.startswith("<tool_call>") and '"name": "add"' in text
+        if message.get("tool_calls"):  # the student's own tool-call format, not the API's
+            a, b = messages[0]["content"].split()[-2:]
+            assert tok.decode(prompt) == (
+                "<|im_start|>system\n<tools>add(a, b)</tools><|im_end|>\n"
+                f"<|im_start|>user\nAdd {a} {b}<|im_end|>\n<|im_start|>assistant\n"
+            )
+            assert text == (
+                f'<tool_call>\n{{"name": "add", "arguments": {{"a": {a}, "b": {b}}}}}\n'
+                "</tool_call><|im_end|>"
+            )
         else:
             assert text == f"{message['content']}<|im_end|>"
-        assert response[-1] == tok.convert_tokens_to_ids("<|im_end|>")
 
 
 async def _calls(run_dir: Path) -> list[Any]:
@@ -161,7 +169,7 @@ def test_sft_rows_are_the_rewarded_rollouts_retokenized_and_merged_into_one_row_
     )
     assert everything.stats["rollouts_with_rows"] == len(TASKS)
     assert 0 < good.stats["rollouts_with_rows"] < len(TASKS)  # the teacher errs on some
-    assert good.stats.get("merge_failures", 0) == 0
+    assert good.stats.get("merge_failures", 0) == 0 and good.stats["merged"] == len(good)
     assert len(good) == good.stats["rollouts_with_rows"]
     assert good.stats["retokenized"] == 2 * len(good)  # a tool call and an answer each
     end = tok.convert_tokens_to_ids("<|im_end|>")
@@ -239,19 +247,63 @@ def test_sft_with_an_agent_filter_trains_only_that_agents_calls(tmp_path):
         )
 
 
-def test_sft_selects_runs_by_name_and_says_which_runs_exist(tmp_path):
+def test_sft_selects_runs_by_name_across_sources_and_says_which_runs_exist(tmp_path):
     first = record_teacher_run(tmp_path, "teacher")
+    second = record_teacher_run(tmp_path, "other")
     tok = build_tiny_tokenizer()
-    sft = vl.SFT("tiny", source=first, retokenize=True, runs=["teacher"])
-    assert asyncio.run(sft.build_batch(tok)).stats["rollouts_with_rows"] == len(TASKS)
-    with pytest.raises(VoltRLError, match=r"no run \['nope'\].*runs there: teacher"):
-        asyncio.run(vl.SFT("tiny", source=first, runs="nope").build_batch(tok))
+    both = vl.SFT("tiny", source=[first, second], retokenize=True)
+    assert asyncio.run(both.build_batch(tok)).stats["rollouts_with_rows"] == 2 * len(TASKS)
+    other = vl.SFT("tiny", source=[first, second], retokenize=True, runs=["other"])
+    batch = asyncio.run(other.build_batch(tok))
+    assert batch.stats["rollouts_with_rows"] == len(TASKS)
+    assert set(batch.rollout_ids) == {r.rollout_id for r in asyncio.run(_rollouts(second))}
+    with pytest.raises(VoltRLError, match=r"no run \['nope'\].*runs there: other, teacher"):
+        asyncio.run(vl.SFT("tiny", source=[first, second], runs="nope").build_batch(tok))
     with pytest.raises(VoltRLError, match="nothing to train on"):
         asyncio.run(vl.SFT("tiny", source=first, retokenize=True, min_reward=2).build_batch(tok))
+    missing = vl.SFT("tiny", source=tmp_path / "missing")
     with pytest.raises(VoltRLError, match="does not exist"):
-        vl.SFT("tiny", source=tmp_path / "missing").sources and asyncio.run(
-            vl.SFT("tiny", source=tmp_path / "missing").build_batch(tok)
+        asyncio.run(missing.build_batch(tok))
+
+
+async def _rollouts(run_dir: Path) -> list[Any]:
+    store = SQLStore(run_dir / "store.sqlite")
+    try:
+        return await store.query_rollouts()
+    finally:
+        await store.close()
+
+
+def test_the_sft_loss_is_the_mean_nll_of_the_masked_tokens_however_micro_batched(tmp_path):
+    import torch
+
+    run_dir = record_teacher_run(tmp_path)
+    tok = build_tiny_tokenizer()
+    batch = asyncio.run(vl.SFT("tiny", source=run_dir, retokenize=True).build_batch(tok))
+    nll, tokens = 0.0, 0
+    model = build_tiny_model(tok, seed=3)
+    with torch.no_grad():
+        for p, pm, r, rm in zip(
+            batch.prompt_ids,
+            batch.prompt_mask,
+            batch.response_ids,
+            batch.response_mask,
+            strict=True,
+        ):
+            prompt = [t for t, m in zip(p, pm, strict=True) if m]
+            response = r[: len(rm) - rm[::-1].index(1)]
+            labels = [-100] * len(prompt) + [
+                t if m else -100 for t, m in zip(response, rm, strict=False)
+            ]
+            n = sum(1 for x in labels if x != -100)
+            out = model(input_ids=torch.tensor([prompt + response]), labels=torch.tensor([labels]))
+            nll, tokens = nll + out.loss.item() * n, tokens + n
+    for micro in (None, 1):
+        sft = vl.SFT(
+            "tiny", source=run_dir, steps=1, lr=0.0, batch_size=len(batch), micro_batch_size=micro
         )
+        [loss] = sft.fit_batch(build_tiny_model(tok, seed=3), batch)
+        assert loss == pytest.approx(nll / tokens, rel=1e-4)
 
 
 def test_sft_alone_lowers_the_loss_and_saves_a_model_that_loads(tmp_path):
@@ -265,6 +317,7 @@ def test_sft_alone_lowers_the_loss_and_saves_a_model_that_loads(tmp_path):
         adding_agent, TASKS
     )
     assert sft.losses[-1] < 0.5 * sft.losses[0]
+    assert all(p.grad is None for p in sft._model.parameters())  # nothing left for an optimizer
     assert AutoModelForCausalLM.from_pretrained(Path(result.run_dir) / "final") is not None
     assert (Path(result.run_dir) / "sft_loss.png").exists()
     metrics = [json.loads(x) for x in (Path(result.run_dir) / "metrics.jsonl").open()]
@@ -290,6 +343,12 @@ def test_local_rl_warm_started_by_sft_validates_the_student_after_warm_up(tmp_pa
     assert [m["step"] for m in metrics if "sft/loss" in m] == [1, 2, 3]
     assert any("update/loss" in m for m in metrics)
     assert len(sft.losses) == 3 and algorithm.config()["warm_start"]["min_reward"] == 1.0
+    # an RL run as a source: its training rollouts (exact token ids), never its validation ones
+    again = vl.SFT("tiny", source=result.run_dir, trajectory={"mode": "transition"})
+    rows = asyncio.run(again.build_batch(build_tiny_tokenizer()))
+    modes = {r.rollout_id: r.mode for r in asyncio.run(_rollouts(Path(result.run_dir)))}
+    assert rows.rollout_ids and {modes[r] for r in rows.rollout_ids} == {"train"}
+    assert "retokenized" not in rows.stats
     with pytest.raises(ValueError, match="leave its model out"):
         vl.LocalRL("tiny", warm_start=vl.SFT("tiny", source=run_dir))
 
@@ -319,3 +378,38 @@ def test_voltrl_train_runs_sft_alone_and_as_local_rls_warm_start_from_yaml(tmp_p
         metrics = (tmp_path / "runs" / name / "metrics.jsonl").read_text()
         assert '"sft/loss"' in metrics
         assert (tmp_path / "runs" / name / "final" / "config.json").exists()
+
+
+def test_a_resumed_lora_run_puts_its_adapters_back_on_the_warm_started_base(tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    run_dir = record_teacher_run(tmp_path)
+
+    def fit(steps: int, resume: bool) -> tuple[vl.LocalRL, vl.SFT]:
+        sft = vl.SFT(source=run_dir, retokenize=True, steps=3, lr=1e-2, batch_size=2)
+        algorithm = vl.LocalRL(
+            "tiny",
+            warm_start=sft,
+            steps=steps,
+            tasks_per_step=1,
+            group_size=2,
+            sampling={"max_tokens": 4},
+            update={"use_lora": True, "lora_r": 4},
+            checkpoint_every=1,
+            resume=resume,
+        )
+        vl.Trainer(algorithm, run_dir=tmp_path / "runs", name="lora", progress=False).fit(
+            adding_agent, TASKS[:2]
+        )
+        return algorithm, sft
+
+    fit(1, resume=False)
+    warmed = AutoModelForCausalLM.from_pretrained(tmp_path / "runs" / "lora" / "warm_start")
+    fresh = vl.LocalRL("tiny")._load()[0]
+    resumed, sft = fit(2, resume=True)
+    assert sft.losses == []  # not warmed again
+    assert resumed._policy is not None
+    base = resumed._policy.model.get_base_model().model.embed_tokens.weight
+    assert torch.equal(base, warmed.model.embed_tokens.weight)
+    assert not torch.equal(base, fresh.model.embed_tokens.weight)

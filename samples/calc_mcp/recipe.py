@@ -47,7 +47,7 @@ RECIPE = Recipe(
         "sampling": SAMPLING,
         "val_sampling": SAMPLING,
         "val_every": 5,
-        "update": {"lr": 5e-4, "micro_batch_size": 32, "clip_eps": 0.2},
+        "update": {"lr": 2e-4, "micro_batch_size": 32, "clip_eps": 0.2},
         "trajectory": {"mode": "trajectory"},
     },
     credit="final: the reward only says whether the last number was right",

@@ -24,7 +24,8 @@ gold query returning a non-empty, non-NULL, non-zero answer.
 
 **Teacher** (:func:`teacher_reply`), for ``samples/teacher_server.py``. The role of a request is
 told by its system prompt (``agent.py``'s ``WRITE``, ``CHECK``, ``REWRITE``); the question is
-parsed back with the templates' regexes and its gold query recomputed. Replies are short and uniform:
+parsed back with the templates' regexes and its gold query recomputed. Replies are short and
+uniform:
 ``write`` and ``rewrite`` answer one ```` ```sql ```` block, ``check`` answers ``CORRECT`` or
 ``WRONG: <what to change>``.
 

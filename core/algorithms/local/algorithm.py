@@ -86,7 +86,9 @@ class LocalRL(Algorithm):
             ``reasoning_content`` (:mod:`voltrl.reasoning`); training still sees every token.
         warm_start: a :class:`~voltrl.SFT` (without ``model``) that fine-tunes the model on
             recorded rollouts (a teacher's) before it is served; the first validation then
-            measures the student after warm-up. A resumed run skips it (its checkpoint has it).
+            measures the student after warm-up. It trains every weight, LoRA or not (the KL
+            reference is then the warmed model). A resumed run skips it: a full checkpoint has
+            the warmed weights; with LoRA they are kept in ``<run dir>/warm_start``.
     """
 
     name = "local_rl"
@@ -212,10 +214,8 @@ class LocalRL(Algorithm):
         use_threads(self.threads, report=ctx.progress)
         model, tokenizer = await asyncio.to_thread(self._load)
         ckpt = latest_checkpoint(ctx.run_dir / "checkpoints") if self.resume else None
-        if self.warm_start is not None and ckpt is None:
-            if self.warm_start.threads is None:  # its own count when given, else ours
-                self.warm_start.threads = self.threads
-            await self.warm_start.run(ctx, model, tokenizer)
+        if self.warm_start is not None:
+            await self._warm_start(ctx, model, tokenizer, resumed=ckpt is not None)
         served = copy.deepcopy(model)  # a plain copy: with LoRA, peft wraps ``model`` in place
         self._policy = PolicyTrainer(model, self.update)
         self._start_step = 0
@@ -242,6 +242,31 @@ class LocalRL(Algorithm):
             sampling_parameters=self.sampling,
         )
         await ctx.publish({"main_llm": self._llm})
+
+    async def _warm_start(
+        self, ctx: TrainContext, model: Any, tokenizer: Any, *, resumed: bool
+    ) -> None:
+        """Run the SFT warm-up on ``model`` (all its weights, before LoRA wraps it), unless the
+        run resumes: a full checkpoint has the warmed weights; LoRA checkpoints hold adapters
+        only, so the warmed base is kept in ``<run dir>/warm_start`` and loaded again."""
+        assert self.warm_start is not None
+        warmed = ctx.run_dir / "warm_start"
+        if not resumed:
+            if self.warm_start.threads is None:  # its own count when given, else ours
+                self.warm_start.threads = self.threads
+            await self.warm_start.run(ctx, model, tokenizer)
+            if self.update.use_lora:
+                await asyncio.to_thread(model.save_pretrained, warmed)
+        elif self.update.use_lora:
+            if not (warmed / "config.json").exists():
+                raise VoltRLError(
+                    f"cannot resume: the LoRA checkpoints sit on the warm-started model, which "
+                    f"is not in {warmed}"
+                )
+            state = await asyncio.to_thread(
+                lambda: type(model).from_pretrained(warmed, dtype=model.dtype).state_dict()
+            )
+            model.load_state_dict(state)
 
     async def teardown(self, ctx: TrainContext) -> None:
         """Stop the engine (the run stops its gateway). The gateway is closed first: calls

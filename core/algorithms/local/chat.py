@@ -14,6 +14,7 @@ from typing import Any
 
 from jinja2 import TemplateError
 
+from voltrl.trajectory import Retokenizer
 from voltrl.types import LLMCall
 
 ROLES = {"system", "developer", "user", "assistant", "tool"}
@@ -90,7 +91,7 @@ def end_of_turn_id(tokenizer: Any) -> int:
     return int(tokenizer.eos_token_id)
 
 
-def chat_retokenizer(tokenizer: Any) -> Any:
+def chat_retokenizer(tokenizer: Any) -> Retokenizer:
     """A :data:`voltrl.trajectory.Retokenizer` for ``TrajectoryConfig(missing_token_ids=
     "retokenize", retokenizer=...)``: a call recorded without token ids becomes
 
@@ -100,33 +101,47 @@ def chat_retokenizer(tokenizer: Any) -> Any:
       appended, tokenized, cut after the first end-of-turn token (what the template adds
       after it is not generated).
 
-    Raises :class:`ChatError` when the template does not render the conversation so that the
-    prompt is a prefix of the conversation with the answer (so no response can be cut).
+    The answer is the recorded message's ``content`` and ``tool_calls``; a
+    ``reasoning_content`` the API returned beside it is not rendered (the student learns the
+    answer, not the reasoning an API shows or hides). Raises :class:`ChatError`, naming the
+    call, for a call that is not a chat call (no ``messages``), messages the template cannot
+    render, a template that renders the answer's turn so that the prompt is not its prefix,
+    or an answer without the end-of-turn token.
     """
     end = end_of_turn_id(tokenizer)
 
     def retokenize(call: LLMCall) -> tuple[list[int], list[int]]:
         messages = call.request.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise ChatError(f"call {call.call_id} is not a chat call: it has no messages")
         tools = call.request.get("tools")
         kwargs = call.request.get("chat_template_kwargs") or None
-        prompt = render_chat(tokenizer, messages, tools, template_kwargs=kwargs)
         answer = {"role": "assistant", **_assistant_message(call)}
-        full = render_chat(
-            tokenizer,
-            [*messages, answer],
-            tools,
-            add_generation_prompt=False,
-            template_kwargs=kwargs,
-        )
+        try:
+            prompt = render_chat(tokenizer, messages, tools, template_kwargs=kwargs)
+            full = render_chat(
+                tokenizer,
+                [*messages, answer],
+                tools,
+                add_generation_prompt=False,
+                template_kwargs=kwargs,
+            )
+        except ChatError as e:
+            raise ChatError(f"call {call.call_id}: {e}") from e
         if not full.startswith(prompt):
             raise ChatError(
                 f"call {call.call_id}: the chat template renders the answer's turn differently "
                 "from the generation prompt, so the answer cannot be cut out of it"
             )
         response = tokenizer.encode(full[len(prompt) :], add_special_tokens=False)
-        if end in response:
-            response = response[: response.index(end) + 1]
-        return tokenizer.encode(prompt, add_special_tokens=False), response
+        if end not in response:
+            raise ChatError(
+                f"call {call.call_id}: the rendered answer has no end-of-turn token "
+                f"({tokenizer.convert_ids_to_tokens(end)!r})"
+            )
+        return tokenizer.encode(prompt, add_special_tokens=False), response[
+            : response.index(end) + 1
+        ]
 
     return retokenize
 

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from voltrl.algorithms.base import Algorithm
-from voltrl.algorithms.local.threads import decide_threads, use_threads
+from voltrl.algorithms.local.threads import use_threads
 from voltrl.errors import VoltRLError
 from voltrl.trajectory import TrainingBatch, TrajectoryConfig, collate, trajectories_from_store
 from voltrl.types import Rollout, Task
@@ -57,6 +57,8 @@ def tokenize_conversation(
     prompt) and the rendering including it, up to and including its end-of-turn token: exactly
     what the model would have generated.
     """
+    from voltrl.algorithms.local.chat import end_of_turn_id
+
     messages, tools = conversation["messages"], conversation.get("tools")
 
     def ids(msgs: list[dict[str, Any]], gen: bool) -> list[int]:
@@ -66,9 +68,7 @@ def tokenize_conversation(
         return list(out["input_ids"] if isinstance(out, dict) else out)
 
     full = ids(messages, False)
-    end_of_turn = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    if not isinstance(end_of_turn, int) or end_of_turn == tokenizer.unk_token_id:
-        end_of_turn = tokenizer.eos_token_id
+    end_of_turn = end_of_turn_id(tokenizer)
     mask = [0] * len(full)
     for i, message in enumerate(messages):
         if message["role"] != "assistant":
@@ -135,6 +135,7 @@ def supervised_warmup(
         losses.append(loss.item())
         if log is not None:
             log(step, losses[-1])
+    model.zero_grad(set_to_none=True)
     model.eval()
     return losses
 
@@ -178,9 +179,13 @@ class SFT(Algorithm):
             ``LocalRL(warm_start=...)``, which trains its own model.
         source: where the rollouts are: a run directory (``runs/teacher``), a store file or
             URL; or a list of them.
-        runs: only rollouts of these runs (names or ids; default: every run in the source).
-        min_reward: only rollouts with at least this reward (rejection sampling; default:
-            every succeeded rollout).
+        tokenizer: the tokenizer, when ``model`` is an object.
+        runs: only rollouts of these runs (names, every run of that name, or ids; default:
+            every run in the sources).
+        modes: only rollouts of these modes (default ``train`` and ``dev``: an RL run's
+            validation rollouts, on held-out tasks, are left out).
+        min_reward: only rollouts whose reward (as the trajectory builder credits it) is at
+            least this (rejection sampling; default: every succeeded rollout).
         agents: only calls whose agent name this regex fully matches (``"write|rewrite"``).
         retokenize: calls recorded without token ids (a hosted API) are re-tokenised with the
             student's chat template; without it they are an error, never silently dropped.
@@ -205,6 +210,7 @@ class SFT(Algorithm):
         source: str | Path | Sequence[str | Path],
         tokenizer: Any = None,
         runs: Sequence[str] | str | None = None,
+        modes: Sequence[str] = ("train", "dev"),
         min_reward: float | None = None,
         agents: str | None = None,
         retokenize: bool = False,
@@ -233,6 +239,7 @@ class SFT(Algorithm):
         if not self.sources:
             raise ValueError("SFT needs a source: a run directory or a store")
         self.runs = [runs] if isinstance(runs, str) else list(runs) if runs is not None else None
+        self.modes = tuple(modes)
         self.min_reward = min_reward
         self.agents = agents
         self.retokenize = retokenize
@@ -241,8 +248,11 @@ class SFT(Algorithm):
             if isinstance(trajectory, dict)
             else trajectory or TrajectoryConfig(mode="trajectory")
         )
-        self.trajectory = base.model_copy(update={"agent_filter": agents}) if agents else base
-        TrajectoryConfig.model_validate(self.trajectory.model_dump())  # a bad regex fails here
+        if agents is not None:  # validated: a bad regex fails here
+            base = TrajectoryConfig.model_validate(
+                {**dict(base), "agent_filter": agents, "retokenizer": base.retokenizer}
+            )
+        self.trajectory = base
         self.steps = steps
         self.batch_size = batch_size
         self.micro_batch_size = micro_batch_size or batch_size
@@ -263,6 +273,7 @@ class SFT(Algorithm):
             else type(self.model).__name__,
             "source": [str(s) for s in self.sources],
             "runs": self.runs,
+            "modes": list(self.modes),
             "min_reward": self.min_reward,
             "agents": self.agents,
             "retokenize": self.retokenize,
@@ -276,26 +287,28 @@ class SFT(Algorithm):
         }
 
     # ---- data: the same builder and batch as RL ---------------------------------------------
-    async def select(self, store: Store) -> list[Rollout]:
-        """The rollouts of ``store`` to learn from: succeeded, in ``runs``, reward at least
-        ``min_reward``; oldest first."""
-        all_runs = await store.list_runs()
+    async def _run_ids(self, stores: list[Store]) -> list[set[str]]:
+        """Per store, the ids of the runs to use: all of them, or those ``runs`` names (every
+        run of that name) or ids; a name or id found in no store is an error."""
+        listed = [await store.list_runs() for store in stores]
         if self.runs is None:
-            run_ids = [r.run_id for r in all_runs]
-        else:
-            by_key = {key: r.run_id for r in all_runs for key in (r.name, r.run_id)}
-            missing = [r for r in self.runs if r not in by_key]
-            if missing:
-                known = ", ".join(sorted(r.name for r in all_runs)) or "none"
-                raise VoltRLError(f"SFT: no run {missing} in the source (runs there: {known})")
-            run_ids = list(dict.fromkeys(by_key[r] for r in self.runs))
+            return [{r.run_id for r in runs} for runs in listed]
+        wanted = set(self.runs)
+        chosen = [{r.run_id for r in runs if wanted & {r.name, r.run_id}} for runs in listed]
+        found = {key for runs in listed for r in runs for key in (r.name, r.run_id)}
+        missing = [r for r in self.runs if r not in found]
+        if missing:
+            known = ", ".join(sorted({r.name for runs in listed for r in runs})) or "none"
+            raise VoltRLError(f"SFT: no run {missing} in the sources (runs there: {known})")
+        return chosen
+
+    async def select(self, store: Store, run_ids: set[str]) -> list[Rollout]:
+        """The succeeded rollouts of ``run_ids`` in ``store`` whose mode is in ``modes``,
+        oldest first (``min_reward`` applies to the built trajectories' rewards)."""
         chosen: list[Rollout] = []
-        for run_id in run_ids:
-            for rollout in await store.query_rollouts(run_id=run_id, status="succeeded"):
-                if self.min_reward is None or (
-                    rollout.reward is not None and rollout.reward >= self.min_reward
-                ):
-                    chosen.append(rollout)
+        for run_id in sorted(run_ids):
+            rollouts = await store.query_rollouts(run_id=run_id, status="succeeded")
+            chosen += [r for r in rollouts if r.mode in self.modes]
         return chosen
 
     async def build_batch(self, tokenizer: Any) -> TrainingBatch:
@@ -309,14 +322,19 @@ class SFT(Algorithm):
             update["retokenizer"] = chat_retokenizer(tokenizer)
         config = self.trajectory.model_copy(update=update)
         trajectories, selected = [], 0
-        for source in self.sources:
-            store = open_source(source)
-            try:
-                rollouts = await self.select(store)
+        stores = [open_source(source) for source in self.sources]
+        try:
+            for store, run_ids in zip(stores, await self._run_ids(stores), strict=True):
+                rollouts = await self.select(store, run_ids)
                 selected += len(rollouts)
                 trajectories += await trajectories_from_store(store, rollouts, config)
-            finally:
+        finally:
+            for store in stores:
                 await store.close()
+        if self.min_reward is not None:  # the reward the builder credits (returned or emitted)
+            trajectories = [
+                t for t in trajectories if t.reward is not None and t.reward >= self.min_reward
+            ]
         batch = collate(trajectories, config)
         missing = batch.stats.get("dropped/missing_token_ids", 0)
         if missing and not self.retokenize:
@@ -328,7 +346,7 @@ class SFT(Algorithm):
         if not len(batch) or not any(1 in m for m in batch.response_mask):
             raise VoltRLError(
                 f"SFT: nothing to train on: {selected} rollouts selected from "
-                f"{', '.join(map(str, self.sources))} (runs={self.runs}, "
+                f"{', '.join(map(str, self.sources))} (runs={self.runs}, modes={self.modes}, "
                 f"min_reward={self.min_reward}, agents={self.agents!r}); batch stats "
                 f"{batch.stats}"
             )
@@ -352,10 +370,14 @@ class SFT(Algorithm):
         mask = t["response_mask"]
         width = batch.prompt_length
         prompt_lengths = t["prompt_mask"].sum(1).tolist()
+        row_tokens = mask.sum(1).tolist()
         r = mask.shape[1]
         last = r - torch.flip(mask, dims=[1]).argmax(dim=1)
         ends = torch.where(mask.sum(1) > 0, last, torch.zeros_like(last)).tolist()
         rows = [i for i, end in enumerate(ends) if end > 0]
+        empty = [i for i in rows if prompt_lengths[i] == 0]
+        if empty:
+            raise ValueError(f"rows {empty} have an empty prompt: their first token has no context")
         rng = random.Random(self.seed)
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=self.lr, weight_decay=0.01)
@@ -371,7 +393,7 @@ class SFT(Algorithm):
                 if not order:
                     order = rng.sample(rows, len(rows))
                 chosen.append(order.pop())
-            tokens = float(sum(mask[i, : ends[i]].sum().item() for i in chosen))
+            tokens = float(sum(row_tokens[i] for i in chosen))
             total = 0.0
             optimizer.zero_grad(set_to_none=True)
             for k in range(0, len(chosen), self.micro_batch_size):
@@ -397,6 +419,7 @@ class SFT(Algorithm):
             losses.append(total)
             if log is not None:
                 log(step, {"loss": total, "tokens": tokens, "lr": scheduler.get_last_lr()[0]})
+        model.zero_grad(set_to_none=True)  # nothing of SFT's reaches a later optimizer
         model.eval()
         return losses
 
@@ -455,7 +478,7 @@ class SFT(Algorithm):
 
         if self.model is None:
             raise VoltRLError("SFT alone needs model=...; under LocalRL(warm_start=...) it trains")
-        use_threads(decide_threads(self.threads), report=ctx.progress)
+        use_threads(self.threads, report=ctx.progress)
         self._model, self.tokenizer = await asyncio.to_thread(
             load_model, self.model, self.tokenizer, device=self.device, seed=self.seed
         )
