@@ -6,7 +6,8 @@ from scratch on the good ones (``vl.SFT``), then trains it with LocalRL; held-ou
 measured after the warm-up and after RL. The table: sample, framework, after warm-up, after
 RL, change, minutes (SFT + RL of one seed; the teacher run is recorded once and reused),
 merge rate of the RL rows (trajectory mode), tokens trained (SFT / RL). It is written to
-``<out>/learning/table.md`` and ``table.json``, with one reward-curve PNG per sample.
+``<out>/learning/table.md`` (with the latest rows of samples run before), each sample's rows to
+``<sample>.json``, with one reward-curve PNG per sample.
 
     python benchmarks/learning.py                         # every sample, seed 0
     python benchmarks/learning.py autogen_calc --seeds 0 1 2
@@ -29,8 +30,17 @@ sys.path.insert(0, str(ROOT / "samples"))
 
 
 def load_recipe(sample: str) -> Any:
-    """``RECIPE`` of ``samples/<sample>/recipe.py``."""
+    """``RECIPE`` of ``samples/<sample>/recipe.py``.
+
+    Samples import their siblings by plain names (``agent``, ``data``), so the modules another
+    sample loaded under those names are dropped from ``sys.modules`` first: several samples'
+    recipes can load in one process (the table of every sample, the tests).
+    """
     path = ROOT / "samples" / sample / "recipe.py"
+    for name, module in list(sys.modules.items()):
+        origin = Path(getattr(module, "__file__", None) or "/").resolve()
+        if origin.parent.parent == ROOT / "samples" and origin.parent.name != sample:
+            del sys.modules[name]
     if not path.exists():
         raise SystemExit(f"no recipe for {sample!r} ({path}); samples: {', '.join(SAMPLES)}")
     spec = importlib.util.spec_from_file_location(f"{sample}_recipe", path)
@@ -128,9 +138,14 @@ def main(argv: list[str] | None = None) -> int:
                 f"{pct(r['after_rl'])} after RL ({r['minutes']:.1f} min)",
                 flush=True,
             )
+        (report / f"{sample}.json").write_text(json.dumps(done, indent=1))
+    # the table: this run's samples, and the latest rows of samples run before
+    for path in sorted(report.glob("*.json")):
+        if path.stem in SAMPLES and path.stem not in args.samples:
+            rows += json.loads(path.read_text())
+    rows.sort(key=lambda r: (SAMPLES.index(r["sample"]), r["seed"]))
     lines = table_lines(rows)
     (report / "table.md").write_text("\n".join(lines) + "\n")
-    (report / "table.json").write_text(json.dumps(rows, indent=1))
     print("\n".join(lines))
     print(f"table and curves in {report}/")
     return 0

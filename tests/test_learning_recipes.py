@@ -80,7 +80,7 @@ def test_the_recipe_warms_up_on_the_framework_teachers_calls_then_takes_an_rl_st
     sft_agents, rl_agents, marker = FRAMEWORK_CALLS[sample]
 
     assert row["sft_rows"] > 0 and row["sft_tokens"] > 0
-    teacher_dir = next(tmp_path.glob(f"{sample}-teacher0-*"))
+    teacher_dir = next(p for p in tmp_path.glob(f"{sample}-teacher0-*") if p.is_dir())
     sft_config = TrajectoryConfig.model_validate(
         {
             **recipe.sft.get("trajectory", {"mode": "trajectory"}),
@@ -108,3 +108,25 @@ def test_the_recipe_warms_up_on_the_framework_teachers_calls_then_takes_an_rl_st
         assert all(c.agent_name in rl_agents for c in calls)
         assert all(marker in json.dumps(c.request) for c in calls)
     assert row["after_sft"] is not None and row["after_rl"] is not None
+
+
+def test_the_learning_table_has_a_row_per_seed_and_a_mean_per_sample():
+    from learning import table_lines
+
+    def row(seed: int, before: float | None, after: float | None) -> dict[str, Any]:
+        return {
+            "sample": "autogen_calc",
+            "framework": "AutoGen",
+            "seed": seed,
+            "after_sft": before,
+            "after_rl": after,
+            "minutes": 8.0,
+            "merge_rate": 1.0,
+            "sft_tokens": 1000,
+            "rl_tokens": 2000.0,
+        }
+
+    lines = table_lines([row(0, 0.25, 0.5), row(1, 0.5, 0.75), row(2, None, None)])
+    assert "| autogen_calc | AutoGen | 0 | 25.0% | 50.0% | +25.0 pts | 8.0 | 100% |" in lines[2]
+    assert "no validation" in lines[4]
+    assert lines[5].startswith("| **autogen_calc** | mean of 2 | | 37.5% | 62.5% | **+25.0 pts**")

@@ -37,9 +37,9 @@ RECIPE = Recipe(
     framework="AutoGen 0.7",
     agent=autogen_calc_agent,
     tasks=tasks,
-    sft={"steps": 1300, "batch_size": 32, "lr": 3e-3, "warmup_steps": 20, "threads": 2},
+    sft={"steps": 1000, "batch_size": 32, "lr": 3e-3, "warmup_steps": 20, "threads": 2},
     rl={
-        "steps": 35,
+        "steps": 40,
         "tasks_per_step": 8,
         "group_size": 8,
         "sampling": SAMPLING,
