@@ -49,6 +49,8 @@ HERE = Path(__file__).resolve().parent
 def load_policy(sample: str) -> Policy:
     """``teacher_reply`` of ``samples/<sample>/teacher.py``."""
     path = HERE / sample / "teacher.py"
+    if str(HERE) not in sys.path:  # teachers share modules of this directory
+        sys.path.insert(0, str(HERE))
     spec = importlib.util.spec_from_file_location(f"{sample}_teacher", path)
     if spec is None or spec.loader is None or not path.exists():
         raise SystemExit(f"no teacher for {sample!r}: {path} does not exist")
