@@ -208,7 +208,7 @@ def build_from_config(config: dict[str, Any]) -> tuple[Any, Any, str, str | None
         if name == "local_rl":  # its update and trajectory sections are taken as dicts
             from voltrl.algorithms.local import SFT, LocalRL
 
-            if "warm_start" in algo_cfg:
+            if algo_cfg.get("warm_start") is not None:  # a recorded config has it as null
                 algo_cfg["warm_start"] = SFT(**algo_cfg["warm_start"])
             algorithm: Any = LocalRL(**algo_cfg)
         elif name == "sft":

@@ -1,4 +1,5 @@
-"""The reward curve every LocalRL run leaves in its directory (``reward_curve.png``)."""
+"""The plots a run leaves in its directory: LocalRL's ``reward_curve.png``, SFT's
+``sft_loss.png``."""
 
 from __future__ import annotations
 
@@ -16,15 +17,8 @@ def reward_curve(history: Sequence[dict[str, Any]], path: Path, title: str) -> P
         return [(h["step"], h[key]) for h in history if h.get(key) is not None]
 
     train, val = points("train/reward_mean"), points("val/reward_mean")
-    if not train and not val:
+    if (not train and not val) or (plt := _pyplot()) is None:
         return None
-    try:
-        import matplotlib
-    except ImportError:
-        return None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     fig, ax = plt.subplots(figsize=(7, 4))
     if train:
         ax.plot(*zip(*train, strict=True), label="training reward (sampled)", alpha=0.6)
@@ -42,15 +36,8 @@ def reward_curve(history: Sequence[dict[str, Any]], path: Path, title: str) -> P
 def loss_curve(losses: Sequence[float], path: Path, title: str) -> Path | None:
     """Plot a loss per optimizer step (SFT's) into ``path``; None when there is nothing to
     plot or matplotlib is missing."""
-    if not losses:
+    if not losses or (plt := _pyplot()) is None:
         return None
-    try:
-        import matplotlib
-    except ImportError:
-        return None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(range(1, len(losses) + 1), losses, linewidth=1.5)
     ax.set(xlabel="SFT step", ylabel="loss (mean over trained tokens)", title=title)
@@ -59,3 +46,15 @@ def loss_curve(losses: Sequence[float], path: Path, title: str) -> Path | None:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def _pyplot() -> Any:
+    """``matplotlib.pyplot`` on the file-only Agg backend, or None without matplotlib."""
+    try:
+        import matplotlib
+    except ImportError:
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt

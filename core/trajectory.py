@@ -219,7 +219,7 @@ def step_rewards_per_turn(calls: Sequence[LLMCall], rewards: Sequence[Reward]) -
 # ---- automatic intermediate rewards (tool success / failure) ------------------------------------
 
 
-def _message(call: LLMCall) -> dict[str, Any]:
+def assistant_message(call: LLMCall) -> dict[str, Any]:
     """The assistant message of a call, from a full response or a bare choice/message."""
     resp = call.response
     choices = resp.get("choices")
@@ -246,7 +246,7 @@ def tool_outcomes(
     """For each call, one ``failed`` flag per tool call it issued whose result was seen."""
     found: list[dict[str | int, bool]] = [{} for _ in calls]
     for i, call in enumerate(calls):
-        tool_calls = _message(call).get("tool_calls") or []
+        tool_calls = assistant_message(call).get("tool_calls") or []
         ids = [tc.get("id") for tc in tool_calls if isinstance(tc, dict)]
         if not ids:
             continue

@@ -14,7 +14,7 @@ from typing import Any
 
 from jinja2 import TemplateError
 
-from voltrl.trajectory import Retokenizer
+from voltrl.trajectory import Retokenizer, assistant_message
 from voltrl.types import LLMCall
 
 ROLES = {"system", "developer", "user", "assistant", "tool"}
@@ -147,14 +147,8 @@ def chat_retokenizer(tokenizer: Any) -> Retokenizer:
 
 
 def _assistant_message(call: LLMCall) -> dict[str, Any]:
-    """The recorded answer (``content`` and ``tool_calls``) of a call."""
-    response = call.response
-    choices = response.get("choices")
-    if isinstance(choices, list) and choices:
-        choice = next((c for c in choices if c.get("index") == call.choice_index), choices[0])
-        message = choice.get("message") or {}
-    else:
-        message = response.get("message") or response
+    """The recorded answer of a call: its ``content`` and ``tool_calls``."""
+    message = assistant_message(call)
     out: dict[str, Any] = {"content": message.get("content")}
     if message.get("tool_calls"):
         out["tool_calls"] = message["tool_calls"]
