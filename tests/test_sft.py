@@ -413,3 +413,19 @@ def test_a_resumed_lora_run_puts_its_adapters_back_on_the_warm_started_base(tmp_
     base = resumed._policy.model.get_base_model().model.embed_tokens.weight
     assert torch.equal(base, warmed.model.embed_tokens.weight)
     assert not torch.equal(base, fresh.model.embed_tokens.weight)
+
+
+def test_a_cancelled_warm_up_stops_its_training_thread_between_steps(tmp_path):
+    """Ctrl-C cancels ``SFT.run``; the thread training the model must not run on for every
+    remaining step (the process would not exit until it had)."""
+    run_dir = record_teacher_run(tmp_path)
+    tok = build_tiny_tokenizer()
+    sft = vl.SFT("tiny", source=run_dir, retokenize=True, steps=1000, batch_size=2)
+    batch = asyncio.run(sft.build_batch(tok))
+
+    def cancel_at_step_3(step: int, values: dict[str, float]) -> None:
+        if step == 2:
+            sft._stop.set()  # what run() does when its task is cancelled
+
+    losses = sft.fit_batch(build_tiny_model(tok), batch, cancel_at_step_3)
+    assert len(losses) == 3

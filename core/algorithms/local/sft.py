@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import math
 import random
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -264,6 +265,7 @@ class SFT(Algorithm):
         self.losses: list[float] = []
         self.summary: dict[str, Any] = {}
         self._model: Any = None
+        self._stop = threading.Event()  # set when the run is cancelled (Ctrl-C)
 
     def config(self) -> dict[str, object]:
         """The settings recorded with the run (a model object by its class name)."""
@@ -388,6 +390,8 @@ class SFT(Algorithm):
         model.train()
         losses: list[float] = []
         for step in range(self.steps):
+            if self._stop.is_set():  # the run was cancelled: stop between steps
+                break
             chosen = []
             while len(chosen) < self.batch_size:
                 if not order:
@@ -457,7 +461,12 @@ class SFT(Algorithm):
                     flush=True,
                 )
 
-        self.losses = await asyncio.to_thread(self.fit_batch, model, batch, log)
+        self._stop.clear()
+        try:
+            self.losses = await asyncio.to_thread(self.fit_batch, model, batch, log)
+        except asyncio.CancelledError:  # Ctrl-C: the training thread ends after its step
+            self._stop.set()
+            raise
         self.summary |= {"first_loss": self.losses[0], "last_loss": self.losses[-1]}
         ctx.log(self.steps, **{f"sft/summary/{k}": v for k, v in self.summary.items()})
         self._draw(ctx)
