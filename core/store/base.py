@@ -25,6 +25,7 @@ from collections.abc import Sequence
 
 from voltrl.errors import NotFoundError
 from voltrl.resources import Resources
+from voltrl.store.browse import RolloutCount, RolloutPage, RolloutQuery, counts_of, matches, page_of
 from voltrl.store.lifecycle import Notifier
 from voltrl.types import (
     FINISHED_ROLLOUT,
@@ -165,6 +166,29 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def get_rewards(self, rollout_id: str, attempt_id: str | None = None) -> list[Reward]:
         """A rollout's rewards (of one attempt when given), oldest first."""
+
+    # ---- browsing (the dashboard) --------------------------------------------------------
+    async def browse_rollouts(self, query: RolloutQuery) -> RolloutPage:
+        """One page of the rollouts matching ``query`` (see :mod:`voltrl.store.browse`).
+
+        This default reads every rollout of the run (and, to filter by agent, their calls);
+        the SQL store and the HTTP client answer it in one query."""
+        pool = await self.query_rollouts(run_id=query.run_id, status=query.status or None)
+        found = []
+        for r in pool:
+            if not matches(r, query.model_copy(update={"agent": None})):
+                continue
+            if query.agent is not None:
+                agents = [c.agent_name for c in await self.get_llm_calls(r.rollout_id)]
+                if query.agent not in agents:
+                    continue
+            found.append(r)
+        return page_of(found, query)
+
+    async def rollout_counts(self, run_id: str) -> list[RolloutCount]:
+        """A run's rollouts counted by mode, resources version and status, with reward sums
+        (see :func:`voltrl.store.browse.counts_of`)."""
+        return counts_of(await self.query_rollouts(run_id=run_id))
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections and files."""

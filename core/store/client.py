@@ -45,6 +45,7 @@ from voltrl.errors import NotFoundError, StaleAttemptError, StoreError
 from voltrl.resources import Resources
 from voltrl.retry import RETRY_STATUSES, Backoff, Retry
 from voltrl.store.base import DEFAULT_LEASE_S, Store
+from voltrl.store.browse import RolloutCount, RolloutPage, RolloutQuery
 from voltrl.types import (
     Attempt,
     AttemptResult,
@@ -181,6 +182,8 @@ _LLM_CALLS = TypeAdapter(list[LLMCall])
 _SPANS = TypeAdapter(list[Span])
 _REWARDS = TypeAdapter(list[Reward])
 _NONE = TypeAdapter(None)
+_PAGE = TypeAdapter(RolloutPage)
+_COUNTS = TypeAdapter(list[RolloutCount])
 _ERROR = TypeAdapter(ErrorResponse)
 
 _TYPED_ERRORS: dict[str, type[StoreError]] = {
@@ -460,6 +463,12 @@ class HTTPStore(Store):
             limit=limit,
         )
         return await self._call("POST", "/rollouts/query", _ROLLOUTS, body=body)
+
+    async def browse_rollouts(self, query: RolloutQuery) -> RolloutPage:
+        return await self._call("POST", "/rollouts/browse", _PAGE, body=query)
+
+    async def rollout_counts(self, run_id: str) -> list[RolloutCount]:
+        return await self._call("GET", f"/runs/{quote(run_id, safe='')}/rollout_counts", _COUNTS)
 
     async def get_attempts(self, rollout_id: str) -> list[Attempt]:
         path = f"/rollouts/{quote(rollout_id, safe='')}/attempts"

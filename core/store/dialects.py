@@ -22,6 +22,7 @@ from typing import Any, ClassVar, Protocol
 from urllib.parse import parse_qs, urlsplit
 
 from voltrl.errors import StoreError
+from voltrl.store.browse import RolloutQuery
 
 SCHEMA_VERSION = 1
 
@@ -95,6 +96,18 @@ class Dialect:
         run again (PostgreSQL: it lost a deadlock, or a serialisation conflict)."""
         return False
 
+    def json_value(self, column: str, path: str, *, number: bool = False) -> str:
+        """SQL for the value at ``path`` (dotted: ``task.task_id``) of the JSON in ``column``,
+        as text, or as a number when ``number``; NULL where absent or JSON null."""
+        raise NotImplementedError
+
+    def json_text(self, column: str, key: str) -> str:
+        """SQL for the JSON text of the object at ``key`` of the JSON in ``column``."""
+        raise NotImplementedError
+
+    like = "LIKE"
+    """The case-insensitive LIKE (for ASCII letters at least)."""
+
     def listen(
         self, target: str, wake: Callable[[], None], own: Callable[[], Any]
     ) -> ChangeListener | None:
@@ -125,6 +138,12 @@ class SQLiteDialect(Dialect):
     def in_transaction(self, conn: Any) -> bool:
         return bool(conn.in_transaction)
 
+    def json_value(self, column: str, path: str, *, number: bool = False) -> str:
+        return f"json_extract({column}, '$.{path}')"  # numbers come back as numbers
+
+    def json_text(self, column: str, key: str) -> str:
+        return f"json_extract({column}, '$.{key}')"
+
 
 @dataclass(frozen=True)
 class PostgresDialect(Dialect):
@@ -153,6 +172,15 @@ class PostgresDialect(Dialect):
     def in_transaction(self, conn: Any) -> bool:
         status = _psycopg().pq.TransactionStatus
         return conn.info.transaction_status in (status.INTRANS, status.INERROR)
+
+    like = "ILIKE"
+
+    def json_value(self, column: str, path: str, *, number: bool = False) -> str:
+        text = f"(({column})::jsonb #>> '{{{','.join(path.split('.'))}}}')"
+        return f"{text}::double precision" if number else text
+
+    def json_text(self, column: str, key: str) -> str:
+        return f"((({column})::json) -> '{key}')::text"  # json keeps the stored text
 
     def broken(self, conn: Any) -> bool:
         return bool(conn.broken or conn.closed)
@@ -404,6 +432,7 @@ class Statements:
 
     def __init__(self, dialect: Dialect) -> None:
         self._render = dialect.render
+        self._dialect = dialect
         for name, sql in vars(Statements).items():
             if isinstance(sql, str) and not name.startswith("_"):
                 setattr(self, name, dialect.render(sql))
@@ -437,6 +466,84 @@ class Statements:
         sql += f" WHERE {' AND '.join(where)}" if where else ""
         sql += " ORDER BY created_at, seq" + (" LIMIT ?" if limit is not None else "")
         return self._render(sql), params if limit is None else [*params, limit]
+
+    def browse_rollouts(self, query: RolloutQuery) -> tuple[str, str, list[Any]]:
+        """The page query and the (capped) count query of :meth:`Store.browse_rollouts`,
+        and their shared parameters: the page query then takes ``limit, offset``, the count
+        query ``COUNT_CAP + 1``. The filters mean what :func:`voltrl.store.browse.matches`
+        says."""
+        d = self._dialect
+
+        def num(path: str, column: str = "data") -> str:
+            return d.json_value(column, path, number=True)
+
+        where: list[str] = []
+        params: list[Any] = []
+
+        def add(sql: str, *values: Any) -> None:
+            where.append(sql)
+            params.extend(values)
+
+        q = query
+        if q.run_id is not None:
+            add("run_id = ?", q.run_id)
+        if q.status:
+            add(f"status IN ({', '.join('?' * len(q.status))})", *q.status)
+        if q.mode is not None:
+            add("mode = ?", q.mode)
+        if q.reward_min is not None:
+            add(f"{num('reward')} >= ?", q.reward_min)
+        if q.reward_max is not None:
+            add(f"{num('reward')} <= ?", q.reward_max)
+        if q.resources_version is not None:
+            add(f"{num('resources_version')} = ?", q.resources_version)
+        if q.task_id is not None:
+            add(f"{d.json_value('data', 'task.task_id')} = ?", q.task_id)
+        if q.min_attempts is not None:
+            add(f"{num('attempt_count')} >= ?", q.min_attempts)
+        if q.text:
+            escaped = q.text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+            add(f"{d.json_text('data', 'task')} {d.like} ? ESCAPE '\\'", f"%{escaped}%")
+        if q.agent is not None:
+            agent = d.json_value("c.data", "agent_name")
+            add(
+                "EXISTS (SELECT 1 FROM llm_calls c WHERE c.rollout_id = rollouts.rollout_id "
+                f"AND {agent} = ?)",
+                q.agent,
+            )
+        sort = {
+            "created_at": "created_at",
+            "status": "status",
+            "reward": num("reward"),
+            "attempts": num("attempt_count"),
+            "resources_version": num("resources_version"),
+            "duration": f"({num('finished_at')} - {num('started_at')})",
+        }[q.sort]
+        way = "DESC" if q.descending else "ASC"
+        filters = f" WHERE {' AND '.join(where)}" if where else ""
+        page = (
+            f"SELECT data FROM rollouts{filters} ORDER BY ({sort}) IS NULL, {sort} {way}, "
+            f"created_at {way}, rollout_id {way} LIMIT ? OFFSET ?"
+        )
+        count = f"SELECT COUNT(*) FROM (SELECT 1 FROM rollouts{filters} LIMIT ?) AS matched"
+        mark = d.placeholder
+        return page.replace("?", mark), count.replace("?", mark), params
+
+    def rollout_counts(self) -> str:
+        """The query of :meth:`Store.rollout_counts` (one parameter: the run id): rows of
+        mode, resources version, status, count, rewarded, reward sum, sum of squares."""
+        d = self._dialect
+        reward = d.json_value("data", "reward", number=True)
+        version = d.json_value("data", "resources_version", number=True)
+        ok = f"status = 'succeeded' AND {reward} IS NOT NULL"
+        sql = (
+            f"SELECT mode, {version}, status, COUNT(*), "
+            f"SUM(CASE WHEN {ok} THEN 1 ELSE 0 END), "
+            f"SUM(CASE WHEN {ok} THEN {reward} ELSE 0 END), "
+            f"SUM(CASE WHEN {ok} THEN {reward} * {reward} ELSE 0 END) "
+            f"FROM rollouts WHERE run_id = ? GROUP BY mode, {version}, status"
+        )
+        return sql.replace("?", d.placeholder)
 
 
 def is_postgres_url(text: str) -> bool:

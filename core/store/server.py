@@ -28,6 +28,8 @@ POST      /spans                              ``add_spans``
 POST      /rewards                            ``add_rewards``
 GET       /rollouts/{rollout_id}              ``get_rollout``
 POST      /rollouts/query                     ``query_rollouts``
+POST      /rollouts/browse                    ``browse_rollouts`` (a page, sorted, counted)
+GET       /runs/{run_id}/rollout_counts       ``rollout_counts``
 GET       /rollouts/{rollout_id}/attempts     ``get_attempts``
 GET       /rollouts/{rollout_id}/llm_calls    ``get_llm_calls`` (``?attempt_id=``)
 GET       /rollouts/{rollout_id}/spans        ``get_spans`` (``?attempt_id=``)
@@ -68,14 +70,17 @@ from starlette.types import ASGIApp
 
 from voltrl.resources import Resources
 from voltrl.store.base import Store
+from voltrl.store.browse import RolloutCount, RolloutPage, RolloutQuery
 from voltrl.store.client import (
     _ATTEMPTS,
+    _COUNTS,
     _EXPIRE,
     _HEARTBEAT,
     _LLM_CALLS,
     _MAYBE_CLAIM,
     _MAYBE_RESOURCES,
     _NONE,
+    _PAGE,
     _RESOURCES,
     _REWARDS,
     _ROLLOUT,
@@ -103,6 +108,8 @@ from voltrl.store.routing import BearerAuth, StoreApp, error_parts, http_excepti
 from voltrl.store.routing import error_response as error_response
 from voltrl.types import Attempt, AttemptResult, Claim, LLMCall, Reward, Rollout, Run, Span
 
+UI_PATH = "/ui"
+"""Where ``voltrl serve`` mounts the dashboard."""
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 """Largest request body a store server accepts unless told otherwise."""
 
@@ -421,6 +428,16 @@ def store_router(
         )
         return _ok(_ROLLOUTS, found)
 
+    @router.post("/rollouts/browse", response_model=RolloutPage)
+    async def browse_rollouts(body: RolloutQuery) -> Response:
+        """One page of the rollouts matching the query, sorted, and how many matched."""
+        return _ok(_PAGE, await store.browse_rollouts(body))
+
+    @router.get("/runs/{run_id}/rollout_counts", response_model=list[RolloutCount])
+    async def rollout_counts(run_id: str) -> Response:
+        """A run's rollouts counted by mode, resources version and status, with rewards."""
+        return _ok(_COUNTS, await store.rollout_counts(run_id))
+
     @router.get("/rollouts/{rollout_id}/attempts", response_model=list[Attempt], responses=_MISSING)
     async def get_attempts(rollout_id: str) -> Response:
         """A rollout's attempts, first to last."""
@@ -452,6 +469,7 @@ def store_app(
     *,
     token: str | None = None,
     root: ASGIApp | None = None,
+    ui: ASGIApp | None = None,
     max_wait_s: float = DEFAULT_MAX_WAIT_S,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     dedup_ttl_s: float = 300.0,
@@ -465,7 +483,8 @@ def store_app(
     With a ``token``, the whole app is wrapped in :class:`~voltrl.store.routing.BearerAuth`:
     every route but ``/v1/store/health`` needs it. Without one, the app is a FastAPI app.
     Unknown paths and methods, and anything unexpected in ``root``, also answer in the JSON
-    error format.
+    error format. ``ui`` (the dashboard) is served under ``/ui``; with a token it does its
+    own sign-in (a browser sends no bearer header), accepting the same token.
     """
     app = StoreApp(title="VoltRL store", version="1", docs_url=None, redoc_url=None)
     router = store_router(
@@ -480,11 +499,15 @@ def store_app(
     app.include_router(otlp)
     app.add_exception_handler(HTTPException, http_exception)
     app.add_exception_handler(Exception, http_exception)
+    if ui is not None:
+        app.mount(UI_PATH, ui)
     if root is not None:
         app.mount("/", root)
     app.index_routes(API_PREFIX, router)
     app.index_routes("", otlp)
-    return BearerAuth(app, token) if token else app
+    if not token:
+        return app
+    return BearerAuth(app, token, open_prefixes=(f"{UI_PATH}/",) if ui is not None else ())
 
 
 def otlp_router(store: Store, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> APIRouter:

@@ -53,6 +53,13 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 from voltrl.errors import NotFoundError, StaleAttemptError, StoreError
 from voltrl.resources import Resources
 from voltrl.store.base import DEFAULT_LEASE_S, LocalStore
+from voltrl.store.browse import (
+    COUNT_CAP,
+    RolloutCount,
+    RolloutPage,
+    RolloutQuery,
+    count_order,
+)
 from voltrl.store.dialects import (
     POSTGRES,
     SCHEMA_VERSION,
@@ -684,6 +691,36 @@ class SQLStore(LocalStore):
             rows.sort(key=lambda row: (row[0], row[1]))
             rows = rows[:limit] if limit is not None else rows
         return [Rollout.model_validate_json(row[2]) for row in rows]
+
+    @_db_call
+    def browse_rollouts(self, query: RolloutQuery) -> RolloutPage:
+        page, count, params = self._sql.browse_rollouts(query)
+        with self._read() as conn:
+            rows = conn.execute(page, [*params, query.limit, query.offset]).fetchall()
+            total = conn.execute(count, [*params, COUNT_CAP + 1]).fetchone()[0]
+        return RolloutPage(
+            rollouts=[Rollout.model_validate_json(row[0]) for row in rows],
+            total=min(total, COUNT_CAP),
+            total_capped=total > COUNT_CAP,
+        )
+
+    @_db_call
+    def rollout_counts(self, run_id: str) -> list[RolloutCount]:
+        with self._read() as conn:
+            rows = conn.execute(self._sql.rollout_counts(), (run_id,)).fetchall()
+        counts = [
+            RolloutCount(
+                mode=mode,
+                resources_version=None if version is None else int(version),
+                status=status,
+                count=n,
+                rewarded=rewarded or 0,
+                reward_sum=total or 0.0,
+                reward_sq_sum=squares or 0.0,
+            )
+            for mode, version, status, n, rewarded, total, squares in rows
+        ]
+        return sorted(counts, key=count_order)
 
     @_db_call
     def get_attempts(self, rollout_id: str) -> list[Attempt]:
