@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from voltrl.errors import VoltRLError
 from voltrl.failures import FailureReport
+from voltrl.loggers import Trackers
 from voltrl.metrics import MetricsLog
 from voltrl.resources import Resource, Resources
 from voltrl.store.base import Store
@@ -52,6 +53,9 @@ class TrainContext:
     trainer_resources: dict[str, Resource] = field(default_factory=dict)
     """The resources given to the trainer (its LLMs behind the run's gateways): every version
     published carries them, next to the algorithm's own, e.g. an untrained role's LLM."""
+    trackers: Trackers = field(default_factory=Trackers)
+    """The run's loggers besides ``metrics.jsonl`` (``Trainer(loggers=...)``): every line of
+    :attr:`metrics` goes to them too; :meth:`log_rollouts` hands them sample rollouts."""
 
     async def serve_gateway(
         self,
@@ -154,5 +158,10 @@ class TrainContext:
         return await self.wait(await self.enqueue(tasks, mode), desc=desc or mode)
 
     def log(self, step: int, **metrics: Any) -> dict[str, Any]:
-        """Append metrics for a step to the run's metrics log."""
+        """Append metrics for a step to the run's metrics log (and the run's loggers)."""
         return self.metrics.log(step, **metrics)
+
+    async def log_rollouts(self, step: int, rollouts: Sequence[Rollout]) -> None:
+        """Show a few of ``rollouts`` (a validation's, say) to the run's loggers that take
+        sample rollouts (W&B's table: input, reward, final reply); nothing when none does."""
+        await self.trackers.log_rollouts(step, rollouts, self.store)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -53,11 +53,19 @@ def summarize(rollouts: Iterable[Rollout]) -> RewardStats:
 
 class MetricsLog:
     """Appends one JSON object per line to ``metrics.jsonl``; keeps the records in memory.
-    Each line carries ``run_id`` when one is given (a resumed run appends to its own file)."""
+    Each line carries ``run_id`` when one is given (a resumed run appends to its own file).
+    ``on_log(step, metrics)`` is called with each line's metrics once it is written: the run's
+    other loggers (:class:`~voltrl.loggers.Trackers`) get them so."""
 
-    def __init__(self, path: Path | None, run_id: str | None = None) -> None:
+    def __init__(
+        self,
+        path: Path | None,
+        run_id: str | None = None,
+        on_log: Callable[[int, dict[str, Any]], None] | None = None,
+    ) -> None:
         self.path = path
         self.run_id = run_id
+        self.on_log = on_log
         self.records: list[dict[str, Any]] = []
         self._file: TextIO | None = None
         if path is not None:
@@ -72,6 +80,8 @@ class MetricsLog:
         if self._file is not None:
             self._file.write(json.dumps(record, default=str) + "\n")
             self._file.flush()
+        if self.on_log is not None:
+            self.on_log(step, metrics)
         return record
 
     def history(self) -> list[dict[str, Any]]:

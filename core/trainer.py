@@ -26,7 +26,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,6 +37,7 @@ from voltrl.context import TrainContext
 from voltrl.dataset import Dataset, load_tasks
 from voltrl.errors import VoltRLError
 from voltrl.failures import FailureReport
+from voltrl.loggers import LOGGERS, Logger, Trackers, parse_loggers
 from voltrl.metrics import MetricsLog, RewardStats, format_stats_table, summarize
 from voltrl.resources import LLM, ApiKeys, Resource, Resources, llm_keys
 from voltrl.runner import RunnerConfig, run_worker
@@ -114,6 +115,12 @@ class Trainer:
             printed.
         gateway_retry: how the gateways retry backend calls (:class:`~voltrl.retry.
             GatewayRetry`); an algorithm's own setting wins for its gateway.
+        loggers: experiment trackers the run's metrics also go to, besides
+            ``<run dir>/metrics.jsonl`` (``jsonl``, always on): ``"tensorboard"``,
+            ``"wandb"``, ``"mlflow"``, each a name, a mapping with options (``{"name":
+            "wandb", "project": "x", "mode": "offline"}``) or a :class:`~voltrl.loggers.
+            Logger`; see ``docs/trackers.md``. A missing package raises at once, naming the
+            pip extra that installs it.
     """
 
     def __init__(
@@ -139,6 +146,7 @@ class Trainer:
         port: int = 0,
         token: str | None = None,
         gateway_retry: GatewayRetry | Mapping[str, Any] | None = None,
+        loggers: str | Sequence[str | Mapping[str, Any] | Logger] | None = None,
     ) -> None:
         from voltrl.algorithms.baseline import Baseline
         from voltrl.retry import GatewayRetry
@@ -180,6 +188,7 @@ class Trainer:
         self.gateway_retry = (
             GatewayRetry.model_validate(gateway_retry) if gateway_retry is not None else None
         )
+        self.loggers = parse_loggers(loggers)
 
     # ---- public API ---------------------------------------------------------------------
     def fit(
@@ -338,6 +347,11 @@ class Trainer:
             config["store"] = _without_password(str(self.store))
         if self.gateway_retry is not None:
             config["gateway_retry"] = self.gateway_retry.model_dump()
+        if loggers := [lg for lg in self.loggers if type(lg) is LOGGERS.get(lg.name)]:
+            # with the options given (an offline W&B stays offline); one's own are left out
+            config["loggers"] = [
+                {"name": lg.name, **lg.model_dump(exclude_defaults=True)} for lg in loggers
+            ]
         if self.resources is not None:
             items = (
                 self.resources.items if isinstance(self.resources, Resources) else self.resources
@@ -348,6 +362,15 @@ class Trainer:
                 if isinstance(item, LLM)
             }
         return config
+
+    def _tracked_config(self, run: Run, run_dir: Path) -> dict[str, Any]:
+        """What the run's loggers get as its config: the run, the algorithm's config and this
+        trainer's arguments (as in ``train.yaml``)."""
+        return {
+            "run": {"name": run.name, "kind": run.kind, "run_id": run.run_id},
+            "algorithm": {"name": run.algorithm, **run.config},
+            "trainer": self._config(run_dir),
+        }
 
     # ---- wiring -------------------------------------------------------------------------
     @contextlib.asynccontextmanager
@@ -423,13 +446,17 @@ class Trainer:
         except BaseException:
             await _close_if(store, owned)
             raise
-        metrics = MetricsLog(run_dir / "metrics.jsonl", run_id=run.run_id)
+        trackers = Trackers(self.loggers)
+        metrics = MetricsLog(run_dir / "metrics.jsonl", run.run_id, on_log=trackers.log_metrics)
         status: RunStatus = "failed"
         error: str | None = None
         try:
             async with contextlib.AsyncExitStack() as stack:
                 stack.callback(metrics.close)
-                yield await self._start(stack, store, run, run_dir, metrics, agent)
+                trackers.start(run, run_dir, self._tracked_config(run, run_dir))
+                ctx = await self._start(stack, store, run, run_dir, metrics, agent)
+                ctx.trackers = trackers
+                yield ctx
                 status = "finished"
         except (asyncio.CancelledError, KeyboardInterrupt):
             status = "interrupted"
@@ -447,7 +474,10 @@ class Trainer:
                 run.status, run.error, run.finished_at = status, error, time.time()
                 await store.add_run(run)
             finally:
-                await _close_if(store, owned)
+                try:  # the loggers get the summary and are closed, whatever happened
+                    await trackers.end(store, run)
+                finally:
+                    await _close_if(store, owned)
 
     async def _start(
         self,

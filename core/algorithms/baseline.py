@@ -30,3 +30,5 @@ class Baseline(Algorithm):
                 continue
             rollouts = await ctx.run_rollouts(tasks * self.n_repeats, mode=split, desc=split)
             ctx.log(0, **summarize(rollouts).flat(f"{split}/"))
+            if split == "val":
+                await ctx.log_rollouts(0, rollouts)
