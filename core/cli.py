@@ -302,6 +302,19 @@ def _cmd_runs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_show(args: argparse.Namespace) -> int:
+    from voltrl.show import show
+
+    return show(
+        args.run,
+        args.rollout,
+        store=args.store,
+        run_dir=args.run_dir,
+        token=_token(args),
+        full=args.full,
+    )
+
+
 def _run_shown(run: Any, args: argparse.Namespace) -> bool:
     """Whether ``voltrl runs``' filters keep ``run``."""
     return (
@@ -379,6 +392,23 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         retry=_gateway_retry(args),
     )
     run(coro)  # on uvloop when installed
+    return 0
+
+
+def _cmd_dashboard(args: argparse.Namespace) -> int:
+    from voltrl.dashboard import run_dashboard
+    from voltrl.server import run
+
+    store_token = None
+    if args.store_token_file:
+        try:
+            store_token = Path(args.store_token_file).read_text().strip() or None
+        except OSError as exc:
+            raise VoltRLError(f"cannot read --store-token-file: {exc}") from None
+    coro = run_dashboard(
+        args.sources, host=args.host, port=args.port, token=_token(args), store_token=store_token
+    )
+    run(coro)
     return 0
 
 
@@ -607,6 +637,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     runs.set_defaults(func=_cmd_runs)
 
+    show = sub.add_parser("show", help="one run (rollouts, metric curves) or one of its rollouts")
+    show.add_argument(
+        "run", metavar="RUN", help="a run name or run id (of several runs named so: the latest)"
+    )
+    show.add_argument(
+        "rollout",
+        nargs="?",
+        default=None,
+        metavar="ROLLOUT_ID",
+        help="show this rollout of the run (its id or a unique prefix): calls, rewards, spans",
+    )
+    show.add_argument(
+        "--store", default=None, help="a store.sqlite file, sqlite:///, postgresql://, http(s)://"
+    )
+    show.add_argument("--run-dir", default="runs", help="directory of run directories")
+    _add_token_args(show)
+    show.add_argument(
+        "--full", action="store_true", help="fold nothing: whole messages, tracebacks, spans"
+    )
+    show.set_defaults(func=_cmd_show)
+
     serve = sub.add_parser("serve", help="serve a store (and a gateway) over HTTP")
     serve.add_argument(
         "--store", default="runs/store.sqlite", help="a SQLite path, sqlite:///, postgresql://"
@@ -617,6 +668,26 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--no-gateway", action="store_true", help="serve the store only")
     _add_serving_args(serve)
     serve.set_defaults(func=_cmd_serve)
+
+    dashboard = sub.add_parser(
+        "dashboard", help="runs, rollouts, LLM calls and tokens in the browser"
+    )
+    dashboard.add_argument(
+        "sources",
+        nargs="*",
+        default=["runs"],
+        help="run directories, a directory of them (default: runs), store files, or store "
+        "URLs (http://, postgresql://)",
+    )
+    dashboard.add_argument("--host", default="127.0.0.1", help="interface to bind")
+    dashboard.add_argument("--port", type=int, default=8500, help="port (default: 8500)")
+    dashboard.add_argument(
+        "--store-token-file",
+        default=None,
+        help="file holding the token of a store server among the sources",
+    )
+    _add_token_args(dashboard)
+    dashboard.set_defaults(func=_cmd_dashboard)
 
     gateway = sub.add_parser("gateway", help="serve a gateway recording into a store server")
     gateway.add_argument("--store", required=True, help="store server URL (http://HOST:PORT)")

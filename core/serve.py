@@ -56,19 +56,23 @@ def server_app(
     token: str | None = None,
     gateway: Gateway | None = None,
     max_wait_s: float | None = None,
+    dashboard: bool = True,
 ) -> ASGIApp:
     """The app of ``voltrl serve``: the store API under ``/v1/store`` (its OpenAPI spec at
-    ``/openapi.json``) and, when given, the gateway on every other path.
+    ``/openapi.json``), the dashboard under ``/ui`` (unless ``dashboard`` is False) and, when
+    given, the gateway on every other path.
 
     With a ``token`` every route but ``/v1/store/health`` requires it (:class:`BearerAuth`
     around the whole app). ``max_wait_s`` caps long-poll requests (the store server's default
     when None). Anything unexpected, in the gateway too, answers 500 as JSON.
     """
+    from voltrl.dashboard import Catalog, dashboard_app
     from voltrl.store.server import store_app
 
     options: dict[str, Any] = {} if max_wait_s is None else {"max_wait_s": max_wait_s}
     root = None if gateway is None else gateway.app
-    return store_app(store, token=token, root=root, **options)
+    ui = dashboard_app(Catalog([store]), token=token) if dashboard else None
+    return store_app(store, token=token, root=root, ui=ui, **options)
 
 
 async def wait_for_signal() -> None:
@@ -85,7 +89,9 @@ async def wait_for_signal() -> None:
 
 
 @contextlib.asynccontextmanager
-async def _served(app: ASGIApp, host: str, port: int, graceful_s: float) -> AsyncIterator[str]:
+async def served(app: ASGIApp, host: str, port: int, graceful_s: float) -> AsyncIterator[str]:
+    """Serve ``app`` on the running loop while the block runs; yields its URL. A port that
+    cannot be bound is a :class:`VoltRLError` saying so."""
     from voltrl.server import serve
 
     try:
@@ -199,12 +205,13 @@ async def run_server(
     )
     try:
         app = server_app(store, token=token, gateway=gw)
-        async with _served(app, host, port, graceful_s) as url:
+        async with served(app, host, port, graceful_s) as url:
             print(f"voltrl store: {url}{API_PREFIX} ({_describe(store_spec)})", flush=True)
             if gw is not None:
                 print(f"voltrl gateway: {url}/v1 -> {', '.join(gw.backends)}", flush=True)
             auth = "bearer token" if token else "none"
             print(f"OpenAPI spec: {url}/openapi.json; auth: {auth}", flush=True)
+            print(f"dashboard: {url}/ui/", flush=True)
             await wait_for_signal()
     finally:
         if gw is not None:

@@ -1,4 +1,5 @@
-"""The wheel: built without setuptools warnings, with the local engine's tokenizer assets."""
+"""The wheel: built without setuptools warnings, with the local engine's tokenizer assets and
+the dashboard's pages and scripts."""
 
 from __future__ import annotations
 
@@ -32,3 +33,6 @@ def test_wheel_builds_without_warnings_and_ships_the_tiny_tokenizer(tmp_path: Pa
     assets = "voltrl/algorithms/local/assets/tiny-tokenizer/"
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {assets + "tokenizer.json", assets + "tokenizer_config.json"} <= names
+    ui = "voltrl/dashboard/"  # the dashboard works offline: its pages and scripts ship with it
+    assert {ui + "templates/rollout.html", ui + "static/dashboard.js"} <= names
+    assert {ui + "static/vendor/htmx-2.0.11.min.js", ui + "static/vendor/LICENSES.txt"} <= names

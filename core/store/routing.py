@@ -278,23 +278,31 @@ class StoreApp(FastAPI):
 
 
 class BearerAuth:
-    """ASGI middleware: every HTTP request but those for ``open_paths`` needs
+    """ASGI middleware: every HTTP request but those for ``open_paths`` (and paths under
+    ``open_prefixes``, whose app checks the token itself) needs
     ``Authorization: Bearer <token>`` (compared in constant time).
 
     Refusals are 401 with the store's JSON error body, whichever app is behind.
     """
 
-    def __init__(self, app: ASGIApp, token: str, open_paths: Sequence[str] = (HEALTH_PATH,)):
+    def __init__(
+        self,
+        app: ASGIApp,
+        token: str,
+        open_paths: Sequence[str] = (HEALTH_PATH,),
+        open_prefixes: Sequence[str] = (),
+    ):
         if not token:
             raise ValueError("BearerAuth needs a non-empty token")
         self.app = app
         self._expected = token.encode()
         self._open = frozenset(open_paths)
+        self._open_prefixes = tuple(open_prefixes)
         refusal = ErrorDetail(type="Unauthorized", message="missing or wrong bearer token")
         self._refusal = ErrorResponse(error=refusal).model_dump_json().encode()
 
     def _allowed(self, scope: Scope) -> bool:
-        if scope["path"] in self._open:
+        if scope["path"] in self._open or scope["path"].startswith(self._open_prefixes):
             return True
         for name, value in scope["headers"]:
             if name == b"authorization":

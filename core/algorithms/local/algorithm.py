@@ -20,6 +20,8 @@ Checkpoints go to ``<run dir>/checkpoints`` (with LoRA: the adapters and the opt
 saved to ``<run dir>/final``, which ``AutoModelForCausalLM.from_pretrained`` loads (with LoRA,
 the merged model); with LoRA the adapter alone goes to ``<run dir>/final/adapter``, which
 ``PeftModel.from_pretrained(base_model, ...)`` loads onto the model training started from.
+The tokenizer is saved to ``<run dir>/tokenizer`` at setup, so the dashboard can decode the
+token ids of a run still training.
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ if TYPE_CHECKING:
 
 
 LOCAL_EXTRA = ("torch", "transformers", "tokenizers", "peft")
+TOKENIZER_DIR = "tokenizer"
+"""``<run dir>/tokenizer``: the run's tokenizer, saved at setup for tools that decode its ids."""
 """What the ``[local]`` extra installs for LocalRL."""
 
 
@@ -213,6 +217,8 @@ class LocalRL(Algorithm):
 
         use_threads(self.threads, report=ctx.progress)
         model, tokenizer = await asyncio.to_thread(self._load)
+        # The dashboard and ``voltrl show`` decode the run's token ids with it.
+        await asyncio.to_thread(tokenizer.save_pretrained, ctx.run_dir / TOKENIZER_DIR)
         ckpt = latest_checkpoint(ctx.run_dir / "checkpoints") if self.resume else None
         if self.warm_start is not None:
             await self._warm_start(ctx, model, tokenizer, resumed=ckpt is not None)
@@ -419,6 +425,7 @@ class LocalRL(Algorithm):
         stats = summarize(rollouts)
         record = ctx.log(step, **stats.flat("val/"))
         self.history.append(record)
+        await ctx.log_rollouts(step, rollouts)
         if ctx.progress:
             print(f"validation @ {step}: reward {stats.reward_mean or 0:.3f}", flush=True)
         return rollouts

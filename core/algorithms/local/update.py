@@ -130,6 +130,24 @@ class _Prepared:
     ref_logprobs: Tensor | None = None  # (B, R) when kl_coef > 0
 
 
+def batch_advantages(
+    batch: TrainingBatch, config: PolicyUpdateConfig, rewards: Tensor | None = None
+) -> Tensor:
+    """Each row's advantage in an update of ``batch``: GRPO over its group (the task), with
+    rollout weights when ``config.rollout_weighting`` (the dashboard shows the same numbers).
+    ``rewards``: the batch's rewards already as a tensor (on the update's device)."""
+    r = torch.tensor(batch.rewards, dtype=torch.float32) if rewards is None else rewards
+    w = rollout_weights(batch.rollout_ids).to(r.device) if config.rollout_weighting else None
+    adv = grpo_advantages(
+        r,
+        batch.group_ids,
+        norm_by_std=config.norm_adv_by_std,
+        eps=config.adv_eps,
+        weights=w,
+    )
+    return adv if w is None else weight_advantages(adv, w)
+
+
 def latest_checkpoint(directory: str | Path) -> Path | None:
     """The checkpoint with the highest step under ``directory`` (``step_00000012/``...), or
     ``None`` when there is none."""
@@ -268,16 +286,7 @@ class PolicyTrainer:
     def _prepare(self, batch: TrainingBatch) -> _Prepared:
         cfg = self.config
         t = batch.to_torch(self.device)
-        w = rollout_weights(batch.rollout_ids).to(self.device) if cfg.rollout_weighting else None
-        adv = grpo_advantages(
-            t["rewards"],
-            batch.group_ids,
-            norm_by_std=cfg.norm_adv_by_std,
-            eps=cfg.adv_eps,
-            weights=w,
-        )
-        if w is not None:
-            adv = weight_advantages(adv, w)
+        adv = batch_advantages(batch, cfg, t["rewards"])
         mask = t["response_mask"]
         r = mask.shape[1]
         last = r - torch.flip(mask, dims=[1]).argmax(dim=1)

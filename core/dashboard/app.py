@@ -1,0 +1,394 @@
+"""The dashboard's web app: server-rendered pages over :mod:`voltrl.dashboard.data`.
+
+Pages (under the mount point, ``/`` for ``voltrl dashboard``, ``/ui`` in ``voltrl serve``):
+
+===========================  ==============================================================
+``/``                        runs: status, steps, reward, duration; pick two to compare
+``/runs/{run_id}``           a run: a chart per metric, rollouts per resources version
+``/compare?run=A&run=B``     two runs' metrics on shared charts
+``/rollouts``                rollouts: filters, sorting and pages answered by the store
+``/rollouts/{rollout_id}``   a rollout: attempts, spans, calls as conversations, token views
+``/group``                   a GRPO group (run, task, resources version) side by side
+``/workers``                 running attempts: claims, heartbeats, leases
+``/api/runs/{run_id}``       a run's metric series as JSON (the charts poll it while it runs)
+===========================  ==============================================================
+
+Charts are uPlot and live updates htmx (both vendored under ``static/vendor``: the dashboard
+works offline). A page of a run that is still running refreshes its tables every few seconds
+and its charts poll the JSON series; nothing reloads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
+from fastapi.templating import Jinja2Templates
+from pydantic import ValidationError
+
+from voltrl.dashboard import data
+from voltrl.errors import NotFoundError, StoreError
+from voltrl.store.browse import RolloutQuery, duration
+
+HERE = Path(__file__).resolve().parent
+REFRESH_S = 3
+"""How often a live page polls."""
+TOKEN_COOKIE = "voltrl_token"
+
+
+def dashboard_app(catalog: data.Catalog, *, token: str | None = None) -> FastAPI:
+    """The dashboard over ``catalog``'s stores. With a ``token``, pages need the cookie that
+    ``/login`` sets once given the token (or an ``Authorization: Bearer`` header)."""
+    app = FastAPI(title="VoltRL dashboard", docs_url=None, redoc_url=None, openapi_url=None)
+    templates = Jinja2Templates(directory=HERE / "templates")
+    templates.env.filters["ago"] = _ago
+    templates.env.filters["seconds"] = _seconds
+    templates.env.filters["num"] = _num
+    templates.env.filters["pretty"] = data.pretty
+    templates.env.globals["REFRESH_S"] = REFRESH_S
+    app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
+
+    def page(request: Request, name: str, status: int = 200, **context: Any) -> HTMLResponse:
+        context.setdefault("sources", catalog.describe())
+        return templates.TemplateResponse(request, name, context, status_code=status)
+
+    if token:
+
+        @app.middleware("http")
+        async def require_token(request: Request, call_next: Any) -> Response:
+            path = request.url.path.removeprefix(request.scope.get("root_path", ""))
+            if path.startswith(("/login", "/static/")) or _authorized(request, token):
+                return await call_next(request)
+            if request.method == "GET" and not path.startswith("/api/"):
+                return RedirectResponse(
+                    str(request.url_for("login")) + "?" + urlencode({"next": str(request.url)})
+                )
+            return JSONResponse({"error": "missing or wrong token"}, status_code=401)
+
+    @app.get("/login", response_class=HTMLResponse, name="login")
+    async def login_form(request: Request, next: str = "") -> HTMLResponse:
+        return page(request, "login.html", next=next, wrong=False)
+
+    @app.post("/login", response_class=HTMLResponse)
+    async def login(request: Request) -> Response:
+        form = await request.form()
+        given, target = (
+            str(form.get("token", "")),
+            str(form.get("next", "")) or str(request.url_for("runs")),
+        )
+        if not token or not hmac.compare_digest(given.encode(), token.encode()):
+            return page(request, "login.html", 401, next=target, wrong=True)
+        response = RedirectResponse(target, status_code=303)
+        response.set_cookie(TOKEN_COOKIE, given, httponly=True, samesite="strict")
+        return response
+
+    @app.exception_handler(NotFoundError)
+    async def not_found(request: Request, exc: NotFoundError) -> HTMLResponse:
+        return page(request, "error.html", 404, title="Not found", message=str(exc))
+
+    @app.exception_handler(StoreError)
+    async def store_error(request: Request, exc: StoreError) -> HTMLResponse:
+        return page(request, "error.html", 502, title="The store did not answer", message=str(exc))
+
+    @app.get("/", response_class=HTMLResponse, name="runs")
+    async def runs(request: Request) -> HTMLResponse:
+        entries = await catalog.runs()
+        rows = []
+        for entry in entries:
+            counts = await entry.store.rollout_counts(entry.run.run_id)
+            rows.append(_run_row(entry, counts))
+        live = any(e.run.status == "running" for e in entries)
+        return page(request, "runs.html", rows=rows, live=live)
+
+    @app.get("/runs/{run_id}", response_class=HTMLResponse)
+    async def run(request: Request, run_id: str) -> HTMLResponse:
+        entry = await catalog.run(run_id)
+        counts = await entry.store.rollout_counts(run_id)
+        versions = _versions(counts)
+        series = _series(entry, counts)
+        return page(
+            request,
+            "run.html",
+            entry=entry,
+            row=_run_row(entry, counts),
+            versions=versions,
+            series=series,
+            config=json.dumps(entry.run.config, indent=2, default=str),
+            live=entry.run.status == "running",
+        )
+
+    @app.get("/api/runs/{run_id}")
+    async def run_series(run_id: str) -> JSONResponse:
+        entry = await catalog.run(run_id)
+        counts = await entry.store.rollout_counts(run_id)
+        return JSONResponse({"status": entry.run.status, "series": _series(entry, counts)})
+
+    @app.get("/compare", response_class=HTMLResponse)
+    async def compare(request: Request) -> HTMLResponse:
+        ids = request.query_params.getlist("run")
+        if len(ids) < 2:
+            return page(
+                request,
+                "error.html",
+                400,
+                title="Pick two runs",
+                message="tick two runs on the runs page to compare them",
+            )
+        entries = [await catalog.run(i) for i in ids]
+        series = [_series(e, await e.store.rollout_counts(e.run.run_id)) for e in entries]
+        return page(request, "compare.html", entries=entries, series=series)
+
+    @app.get("/rollouts", response_class=HTMLResponse)
+    async def rollouts(request: Request) -> HTMLResponse:
+        params = request.query_params
+        try:
+            query = _rollout_query(params)
+        except (ValidationError, ValueError) as e:
+            message = str(e).splitlines()
+            return page(request, "error.html", 400, title="Bad filter", message="; ".join(message))
+        entries = await catalog.runs()
+        names = {e.run.run_id: e.run.name for e in entries}
+        stores = catalog.stores
+        if query.run_id is None and len(stores) > 1 and entries:  # a page comes from one store
+            query = query.model_copy(update={"run_id": entries[0].run.run_id})
+        if query.run_id is not None:
+            store = (await catalog.run(query.run_id)).store
+        elif stores:
+            store = stores[0][1]
+        else:
+            raise NotFoundError(f"no store in {catalog.describe()}")
+        pages = [await store.browse_rollouts(query)]
+        found = pages[0].rollouts
+        total = sum(p.total for p in pages)
+        capped = any(p.total_capped for p in pages)
+        live = any(r.status in ("queued", "running") for r in found) or any(
+            e.run.status == "running" for e in entries if query.run_id in (None, e.run.run_id)
+        )
+        return page(
+            request,
+            "rollouts.html",
+            query=query,
+            rollouts=found,
+            total=total,
+            capped=capped,
+            names=names,
+            runs=entries,
+            live=live,
+            link=_link(params),
+            duration=duration,
+        )
+
+    @app.get("/rollouts/{rollout_id}", response_class=HTMLResponse)
+    async def rollout(request: Request, rollout_id: str) -> HTMLResponse:
+        store, ro, entry = await catalog.rollout(rollout_id)
+        attempts, calls, spans, rewards = await asyncio.gather(
+            store.get_attempts(rollout_id),
+            store.get_llm_calls(rollout_id),
+            store.get_spans(rollout_id),
+            store.get_rewards(rollout_id),
+        )
+        tokenizer, token_note = data.load_tokenizer(entry)
+        rows, rows_note = ([], "the rollout's run is not in these stores")
+        if entry is not None and ro.finished:
+            rows, rows_note = await data.training_rows(entry, ro, tokenizer)
+        elif entry is not None:
+            rows_note = "training rows appear once the rollout has finished"
+        return page(
+            request,
+            "rollout.html",
+            ro=ro,
+            entry=entry,
+            attempts=attempts,
+            calls=calls,
+            spans=data.span_tree(spans),
+            rewards=rewards,
+            rows=rows,
+            rows_note=rows_note,
+            token_note=token_note,
+            tokens=lambda ids: data.tokens(ids or [], tokenizer),
+            response_message=data.response_message,
+            live=not ro.finished,
+            exp=_prob,
+        )
+
+    @app.get("/group", response_class=HTMLResponse)
+    async def group(
+        request: Request, run_id: str, task_id: str, version: int | None = None
+    ) -> HTMLResponse:
+        entry = await catalog.run(run_id)
+        query = RolloutQuery(
+            run_id=run_id, task_id=task_id, resources_version=version, sort="reward", limit=500
+        )
+        members = (await entry.store.browse_rollouts(query)).rollouts
+        if not members:
+            raise NotFoundError(
+                f"no rollouts of task {task_id!r} at version {version} in run {run_id!r}"
+            )
+        tokenizer, _ = data.load_tokenizer(entry)
+        cards = []
+        for ro in members:
+            calls = await entry.store.get_llm_calls(ro.rollout_id)
+            rows, note = await data.training_rows(entry, ro, tokenizer) if ro.finished else ([], "")
+            last = data.response_message(calls[-1]) if calls else {}
+            cards.append(
+                {
+                    "ro": ro,
+                    "calls": len(calls),
+                    "tokens": sum(len(c.response_token_ids or []) for c in calls),
+                    "advantage": rows[0].advantage if rows else None,
+                    "note": note,
+                    "answer": data.pretty(last.get("content") or last.get("tool_calls") or ""),
+                }
+            )
+        return page(
+            request,
+            "group.html",
+            entry=entry,
+            task_id=task_id,
+            version=version,
+            cards=cards,
+            task=members[0].task,
+        )
+
+    @app.get("/workers", response_class=HTMLResponse)
+    async def workers(request: Request) -> HTMLResponse:
+        return page(request, "workers.html", workers=await data.workers(catalog), live=True)
+
+    return app
+
+
+def _authorized(request: Request, token: str) -> bool:
+    given = request.cookies.get(TOKEN_COOKIE, "")
+    header = request.headers.get("authorization", "")
+    if header.lower().startswith("bearer "):
+        given = header[7:].strip()
+    return bool(given) and hmac.compare_digest(given.encode(), token.encode())
+
+
+def _rollout_query(params: Any) -> RolloutQuery:
+    """The store query of the rollouts page's filter form (empty fields do not filter)."""
+    fields: dict[str, Any] = {k: v for k, v in params.items() if v != "" and k != "status"}
+    fields["status"] = [s for s in params.getlist("status") if s]
+    fields["descending"] = fields.get("descending", "true") not in ("false", "0")
+    page_no = int(fields.pop("page", 1) or 1)
+    limit = int(fields.get("limit", 50))
+    fields["offset"] = max(0, page_no - 1) * limit
+    return RolloutQuery(**fields)
+
+
+def _link(params: Any) -> Any:
+    """``link(key=value, ...)``: this page's query with some parameters changed."""
+
+    def link(**changes: Any) -> str:
+        items = [(k, v) for k, v in params.multi_items() if k not in changes]
+        for key, value in changes.items():
+            if value is not None:
+                items.append((key, str(value).lower() if isinstance(value, bool) else value))
+        return "?" + urlencode(items)
+
+    return link
+
+
+def _run_row(entry: data.RunEntry, counts: list[Any]) -> dict[str, Any]:
+    """A run's line on the runs page."""
+    train = [c for c in counts if c.mode == "train"]
+    versions = {c.resources_version for c in train if c.resources_version is not None}
+    by_status: dict[str, int] = {}
+    for c in counts:
+        by_status[c.status] = by_status.get(c.status, 0) + c.count
+    rewarded = [c for c in counts if c.rewarded]
+    mean = (
+        sum(c.reward_sum for c in rewarded) / sum(c.rewarded for c in rewarded)
+        if rewarded
+        else None
+    )
+    end = entry.run.finished_at or (time.time() if entry.run.status == "running" else None)
+    return {
+        "entry": entry,
+        "run": entry.run,
+        "steps": len(versions),
+        "by_status": by_status,
+        "rollouts": sum(by_status.values()),
+        "reward": mean,
+        "duration": None if end is None else end - entry.run.created_at,
+        "spark": _spark([c for c in counts if c.mode in ("train", "dev")]),
+    }
+
+
+def _spark(counts: list[Any]) -> list[float]:
+    """Mean reward per resources version (train or dev rollouts), for the runs table."""
+    per: dict[int, list[float]] = {}
+    for c in counts:
+        if c.rewarded and c.resources_version is not None:
+            s = per.setdefault(c.resources_version, [0.0, 0.0])
+            s[0] += c.reward_sum
+            s[1] += c.rewarded
+    return [per[v][0] / per[v][1] for v in sorted(per)]
+
+
+def _versions(counts: list[Any]) -> list[dict[str, Any]]:
+    """One line per resources version: rollouts per mode and status, mean rewards."""
+    table: dict[int | None, dict[str, Any]] = {}
+    for c in counts:
+        row = table.setdefault(
+            c.resources_version, {"version": c.resources_version, "status": {}, "modes": {}}
+        )
+        row["status"][c.status] = row["status"].get(c.status, 0) + c.count
+        m = row["modes"].setdefault(c.mode, {"count": 0, "sum": 0.0, "rewarded": 0})
+        m["count"] += c.count
+        m["sum"] += c.reward_sum
+        m["rewarded"] += c.rewarded
+    for row in table.values():
+        for m in row["modes"].values():
+            m["mean"] = m["sum"] / m["rewarded"] if m["rewarded"] else None
+    return sorted(table.values(), key=lambda r: (r["version"] is not None, r["version"] or 0))
+
+
+def _series(entry: data.RunEntry, counts: list[Any]) -> data.Series:
+    """The run's charts: every metric of ``metrics.jsonl``; without one, the mean reward per
+    resources version and mode from the store."""
+    series = data.metric_series(data.read_metrics(entry))
+    names = {name for name, _, _ in series}
+    for mode in ("train", "val", "dev"):
+        rows = [r for r in _versions(counts) if r["version"] is not None and mode in r["modes"]]
+        points = [(r["version"], r["modes"][mode]["mean"]) for r in rows]
+        points = [(v, m) for v, m in points if m is not None]
+        if points and f"{mode}/reward_mean" not in names:
+            xs, ys = [p[0] for p in points], [p[1] for p in points]
+            series.append((f"store/{mode}_reward_by_version", xs, ys))
+    return series
+
+
+def _prob(logprob: float | None) -> float:
+    """A token's probability from its logprob (1 when unknown, so it shades fully)."""
+    import math
+
+    return 1.0 if logprob is None else math.exp(max(-50.0, logprob))
+
+
+def _ago(t: float | None) -> str:
+    if t is None:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+def _seconds(s: float | None) -> str:
+    if s is None:
+        return "-"
+    if s < 1:
+        return f"{s * 1000:.0f} ms"
+    if s < 120:
+        return f"{s:.1f} s"
+    return f"{s / 60:.1f} min" if s < 7200 else f"{s / 3600:.1f} h"
+
+
+def _num(x: float | None, digits: int = 3) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"

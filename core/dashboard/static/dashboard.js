@@ -1,0 +1,117 @@
+// VoltRL dashboard: the charts (uPlot) and the runs table's sparklines. Tables update
+// through htmx attributes in the pages; the charts poll the run's JSON series while it runs.
+"use strict";
+
+const COLORS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea"];
+
+// uPlot lays ticks from the range's width: a width of zero (one step, a constant metric) or of
+// rounding noise (a ratio of 1 and 1.0000000000000002) would never end, so pad it out.
+function padded(lo, hi, nice) {
+  if (lo == null || hi == null) return [0, 1];
+  const size = Math.max(Math.abs(lo), Math.abs(hi));
+  if (hi - lo <= size * 1e-6) {
+    const pad = size * 0.1 || 1;
+    return [lo - pad, hi + pad];
+  }
+  return nice ? uPlot.rangeNum(lo, hi, 0.1, true) : [lo, hi];
+}
+
+function chartOptions(name, labels, width) {
+  return {
+    width: width, height: 180,
+    legend: { show: labels.length > 1 },
+    scales: { x: { time: false, range: (u, lo, hi) => padded(lo, hi, false) }, y: { range: (u, lo, hi) => padded(lo, hi, true) } },
+    axes: [{ label: "step", size: 36 }, { size: 56 }],
+    series: [{ label: "step" }].concat(labels.map((label, i) => ({
+      label: label, stroke: COLORS[i % COLORS.length], width: 1.5,
+      points: { show: true, size: 3 }, spanGaps: true,
+    }))),
+  };
+}
+
+// [[name, steps, values], ...] per run -> {name: [steps, values]} per run, and every name in
+// the order the runs list them (the server puts rewards, loss and KL first).
+function byName(perRun) {
+  const names = [];
+  const maps = perRun.map(series => {
+    const m = new Map();
+    for (const [name, xs, ys] of series) {
+      if (!names.includes(name)) names.push(name);
+      m.set(name, [xs, ys]);
+    }
+    return m;
+  });
+  return { names, maps };
+}
+
+// One metric of several runs -> uPlot's aligned data: one x axis, one column per run.
+function aligned(columns) {
+  const xs = Array.from(new Set(columns.flatMap(s => (s ? s[0] : [])))).sort((a, b) => a - b);
+  const ys = columns.map(s => {
+    if (!s) return xs.map(() => null);
+    const at = new Map(s[0].map((x, i) => [x, s[1][i]]));
+    return xs.map(x => (at.has(x) ? at.get(x) : null));
+  });
+  return [xs].concat(ys);
+}
+
+function drawCharts(root, perRun, labels) {
+  const { names, maps } = byName(perRun);
+  const columnsWide = Math.max(1, Math.floor(root.clientWidth / 400));
+  const width = Math.max(340, Math.min(root.clientWidth, 1500) / columnsWide - 24);
+  const plots = new Map();
+  root.innerHTML = "";
+  for (const name of names) {
+    const box = document.createElement("div");
+    box.className = "chart";
+    box.dataset.metric = name;
+    const title = document.createElement("h4");
+    title.textContent = name;
+    box.appendChild(title);
+    root.appendChild(box);
+    const data = aligned(maps.map(m => m.get(name)));
+    plots.set(name, new uPlot(chartOptions(name, labels, width), data, box));
+  }
+  return plots;
+}
+
+function startCharts() {
+  const root = document.getElementById("charts");
+  const script = document.getElementById("series");
+  if (!root || !script) return;
+  const payload = JSON.parse(script.textContent);
+  const perRun = payload.compare || [payload.series];
+  let plots = drawCharts(root, perRun, payload.labels);
+  if (root.dataset.live !== "true" || !root.dataset.src) return;
+  const timer = setInterval(async () => {
+    try {
+      const answer = await (await fetch(root.dataset.src, { credentials: "same-origin" })).json();
+      const { names, maps } = byName([answer.series]);
+      if (names.length !== plots.size || names.some(n => !plots.has(n))) {
+        plots.forEach(p => p.destroy());
+        plots = drawCharts(root, [answer.series], payload.labels);
+      } else {
+        for (const n of names) plots.get(n).setData(aligned([maps[0].get(n)]));
+      }
+      const status = document.getElementById("run-status");
+      if (status) { status.textContent = answer.status; status.className = "status " + answer.status; }
+      if (answer.status !== "running") clearInterval(timer);
+    } catch (err) {
+      console.warn("chart update failed", err);
+    }
+  }, 3000);
+}
+
+function drawSparks(root) {
+  for (const el of root.querySelectorAll(".spark[data-values]")) {
+    const values = JSON.parse(el.dataset.values || "[]");
+    if (values.length < 2) { el.textContent = values.length ? values[0].toFixed(2) : ""; continue; }
+    const w = 120, h = 24, lo = Math.min(...values), hi = Math.max(...values), span = hi - lo || 1;
+    const pts = values.map((v, i) => `${(i / (values.length - 1)) * w},${h - 2 - ((v - lo) / span) * (h - 4)}`);
+    el.innerHTML = `<svg width="${w}" height="${h}" role="img" aria-label="reward by step">` +
+      `<polyline fill="none" stroke="#2563eb" stroke-width="1.5" points="${pts.join(" ")}"/></svg>`;
+  }
+}
+
+document.addEventListener("DOMContentLoaded", () => { startCharts(); drawSparks(document); });
+document.addEventListener("htmx:afterSettle", () => drawSparks(document));

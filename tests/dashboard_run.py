@@ -1,0 +1,76 @@
+"""A real short LocalRL run for the dashboard's tests: two agents, a tool span, rewards, a
+failed attempt that is retried, validation; recorded in ``<dir>/dash/``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from openai import AsyncOpenAI
+
+import voltrl as vl
+from voltrl.algorithms.local.tiny import build_tiny_model, build_tiny_tokenizer
+from voltrl.algorithms.local.update import PolicyUpdateConfig
+from voltrl.trajectory import TrajectoryConfig
+
+RUN_NAME = "dash"
+ROWS = [{"letter": c, "n": i} for i, c in enumerate("abcd")]
+_failed_once: set[str] = set()
+
+
+@vl.rollout
+async def writer_checker(task: dict, llm: vl.LLM) -> float:
+    """Two writer calls (one conversation: trajectory mode merges them, the user's second
+    turn fed in with mask 0), a tool span, a checker call; the first try of task ``d``
+    raises."""
+    writer = llm.for_agent("writer")
+    client = AsyncOpenAI(base_url=writer.endpoint, api_key=llm.api_key, max_retries=0)
+    messages = [{"role": "user", "content": f"Say {task['letter']}."}]
+    for follow_up in ("Again.", None):
+        answer = await client.chat.completions.create(
+            model=llm.model, messages=messages, **llm.sampling_parameters
+        )
+        text = answer.choices[0].message.content or ""
+        messages.append({"role": "assistant", "content": text})
+        if follow_up:
+            messages.append({"role": "user", "content": follow_up})
+    with vl.span("tool.lookup", letter=task["letter"]):
+        found = task["letter"] in text
+    vl.emit_reward(0.5 if found else 0.0, name="found", agents="writer")
+    if task["letter"] == "d" and vl.current_rollout().rollout_id not in _failed_once:
+        _failed_once.add(vl.current_rollout().rollout_id)
+        raise RuntimeError("the checker tool is down (a test failure, retried)")
+    checker = llm.for_agent("checker")
+    client = AsyncOpenAI(base_url=checker.endpoint, api_key=llm.api_key, max_retries=0)
+    question = [{"role": "user", "content": f"Does {text!r} say {task['letter']}?"}]
+    second = await client.chat.completions.create(
+        model=llm.model, messages=question, **llm.sampling_parameters
+    )
+    return float(task["letter"] in (second.choices[0].message.content or "")) + 0.5 * found
+
+
+def make_run(run_dir: Path, *, steps: int = 2, name: str = RUN_NAME) -> vl.LocalRL:
+    """Train a tiny model for ``steps`` steps; returns the algorithm (its history)."""
+    tok = build_tiny_tokenizer()
+    algorithm = vl.LocalRL(
+        build_tiny_model(tok, seed=0),
+        tokenizer=tok,
+        steps=steps,
+        tasks_per_step=2,
+        group_size=3,
+        val_every=steps,
+        sampling={"temperature": 1.0, "max_tokens": 6},
+        val_sampling={"max_tokens": 6},
+        update=PolicyUpdateConfig(lr=1e-3, micro_batch_size=8),
+        trajectory=TrajectoryConfig(mode="trajectory"),
+    )
+    trainer = vl.Trainer(
+        algorithm, n_runners=1, max_concurrency=6, run_dir=run_dir, name=name, progress=False
+    )
+    trainer.fit(writer_checker, ROWS, val_dataset=ROWS[:2])
+    return algorithm
+
+
+if __name__ == "__main__":  # the browser test trains one while the dashboard is open
+    import sys
+
+    make_run(Path(sys.argv[1]), steps=int(sys.argv[2]), name=sys.argv[3])

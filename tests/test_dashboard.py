@@ -1,0 +1,120 @@
+"""The dashboard over HTTP: sign-in with a token, ``voltrl serve``'s ``/ui``, store URLs as
+sources, clear answers to bad input. (Pages in a real browser: test_dashboard_browser.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from voltrl.cli import main
+from voltrl.dashboard import Catalog, dashboard_app
+from voltrl.errors import VoltRLError
+from voltrl.serve import server_app
+from voltrl.server import serve_in_thread
+from voltrl.store.server import store_app
+from voltrl.store.sql import SQLStore
+
+TOKEN = "s3cret-dashboard-token"
+
+
+@pytest.fixture(scope="module")
+def runs_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from dashboard_run import make_run
+
+    root = tmp_path_factory.mktemp("dashboard-http")
+    make_run(root, steps=1)
+    return root
+
+
+@pytest.fixture
+def client(runs_dir: Path) -> Iterator[httpx.Client]:
+    with (
+        serve_in_thread(dashboard_app(Catalog([runs_dir]), token=TOKEN)) as server,
+        httpx.Client(base_url=server.url) as c,
+    ):
+        yield c
+
+
+def test_pages_need_the_token_and_sign_in_sets_a_cookie(client: httpx.Client) -> None:
+    page = client.get("/rollouts", follow_redirects=True)
+    assert page.status_code == 200 and "needs its token" in page.text  # the sign-in form
+    assert page.url.path == "/login" and page.url.params["next"].endswith("/rollouts")
+    assert client.get("/api/runs/x").status_code == 401
+    wrong = client.post("/login", data={"token": "nope", "next": "/rollouts"})
+    assert wrong.status_code == 401 and "not the one" in wrong.text
+    signed = client.post("/login", data={"token": TOKEN, "next": "/rollouts"})
+    assert signed.status_code == 303 and signed.headers["location"] == "/rollouts"
+    cookie = signed.headers["set-cookie"].lower()
+    assert "httponly" in cookie and "samesite=strict" in cookie
+    assert "rollout-row" in client.get("/rollouts").text
+    assert TOKEN not in client.get("/").text  # never echoed into a page
+
+
+def test_a_bearer_header_also_opens_the_pages(client: httpx.Client) -> None:
+    page = client.get("/", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert page.status_code == 200 and "run-row" in page.text
+
+
+def test_bad_input_gets_a_clear_answer(client: httpx.Client) -> None:
+    client.post("/login", data={"token": TOKEN})
+    bad = client.get("/rollouts?limit=100000")
+    assert bad.status_code == 400 and "less than or equal to 500" in bad.text
+    bad = client.get("/rollouts?reward_min=lots")
+    assert bad.status_code == 400 and "reward_min" in bad.text
+    missing = client.get("/rollouts/ro-nope")
+    assert missing.status_code == 404 and "no rollout &#39;ro-nope&#39;" in missing.text
+    assert client.get("/runs/run-nope").status_code == 404
+    assert client.get("/compare?run=a").status_code == 400
+
+
+def test_voltrl_serve_mounts_the_dashboard_under_ui_behind_its_token(runs_dir: Path) -> None:
+    store = SQLStore(runs_dir / "dash" / "store.sqlite")
+    try:
+        with (
+            serve_in_thread(server_app(store, token=TOKEN)) as server,
+            httpx.Client(base_url=server.url) as c,
+        ):
+            assert c.get("/v1/store/runs").status_code == 401  # the API still needs it
+            assert "needs its token" in c.get("/ui/", follow_redirects=True).text
+            c.post("/ui/login", data={"token": TOKEN, "next": "/ui/"})
+            page = c.get("/ui/")
+            assert "run-row" in page.text and '/ui/rollouts"' in page.text
+            assert c.get("/ui/static/dashboard.js").status_code == 200
+            assert c.get("/v1/store/runs").status_code == 401  # the cookie opens only /ui
+    finally:
+        asyncio.run(store.close())
+
+
+def test_a_store_server_url_is_a_source(runs_dir: Path) -> None:
+    store = SQLStore(runs_dir / "dash" / "store.sqlite")
+    try:
+        with serve_in_thread(store_app(store, token=TOKEN)) as served:
+            catalog = Catalog([served.url], token=TOKEN)
+            with (
+                serve_in_thread(dashboard_app(catalog)) as server,
+                httpx.Client(base_url=server.url) as c,
+            ):
+                assert "run-row" in c.get("/").text
+                rows = c.get("/rollouts?mode=train").text
+                rollout = re.findall(r"/rollouts/(ro-[0-9a-f]+)", rows)[0]
+                page = c.get(f"/rollouts/{rollout}").text
+                assert "the run directory is unknown" in page and "#" in page
+    finally:
+        asyncio.run(store.close())
+
+
+def test_a_source_that_is_not_a_store_is_refused(tmp_path: Path, capsys) -> None:
+    with pytest.raises(VoltRLError, match="no store at"):
+        Catalog([tmp_path / "missing"])
+    assert main(["dashboard", str(tmp_path / "missing"), "--port", "0"]) == 2
+    assert "no store at" in capsys.readouterr().err
+
+
+def test_binding_beyond_loopback_needs_a_token(runs_dir: Path, capsys) -> None:
+    assert main(["dashboard", str(runs_dir), "--host", "0.0.0.0", "--port", "0"]) == 2
+    assert "--token" in capsys.readouterr().err

@@ -1,0 +1,220 @@
+"""The dashboard in a real browser (headless Chromium through Selenium) against the store of
+a real short LocalRL run: every page renders without console errors, filters and sorting
+change the rows, the token view shows the loss mask, and pages update while a run trains.
+
+Screenshots of every page are saved to ``.artifacts/dashboard/`` for review. Chromium comes
+from Debian (``apt-get install -y chromium chromium-driver``, which ``make test`` runs); when it
+is missing these tests fail with that command, they never skip."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from voltrl.dashboard import Catalog, dashboard_app
+from voltrl.server import serve_in_thread
+
+HERE = Path(__file__).resolve().parent
+SHOTS = HERE.parent / ".artifacts" / "dashboard"
+INSTALL = "apt-get install -y chromium chromium-driver"
+WAIT_S = 60.0
+
+
+def _browser_paths() -> tuple[str, str]:
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = shutil.which("chromedriver")
+    if not browser or not driver:
+        pytest.fail(f"the dashboard's browser tests need Chromium and its driver: {INSTALL}")
+    return browser, driver
+
+
+@pytest.fixture(scope="module")
+def runs_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from dashboard_run import make_run
+
+    root = tmp_path_factory.mktemp("dashboard-runs")
+    make_run(root, steps=2)
+    return root
+
+
+@pytest.fixture(scope="module")
+def url(runs_dir: Path) -> Iterator[str]:
+    with serve_in_thread(dashboard_app(Catalog([runs_dir]))) as server:
+        yield server.url
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    binary, driver_path = _browser_paths()
+    options = webdriver.ChromeOptions()
+    options.binary_location = binary
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
+        options.add_argument(flag)
+    options.add_argument("--window-size=1400,1000")
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(options=options, service=Service(driver_path))
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def visit(driver, url: str, shot: str):
+    """Open ``url``, wait until loaded, save a screenshot, and fail on console errors."""
+    driver.get(url)
+    until(driver, lambda: driver.execute_script("return document.readyState") == "complete")
+    time.sleep(0.3)  # the deferred chart script draws after the load event
+    driver.save_screenshot(str(SHOTS / f"{shot}.png"))
+    errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    assert not errors, f"console errors on {url}: {errors}"
+    return driver
+
+
+def until(driver, condition, timeout: float = WAIT_S) -> None:
+    deadline = time.time() + timeout
+    while not condition():
+        if time.time() > deadline:
+            raise AssertionError(f"timed out on {driver.current_url}")
+        time.sleep(0.2)
+
+
+def css(driver, selector: str) -> list:
+    from selenium.webdriver.common.by import By
+
+    return driver.find_elements(By.CSS_SELECTOR, selector)
+
+
+def test_every_page_renders_without_console_errors(browser, url: str) -> None:
+    d = visit(browser, url + "/", "runs")
+    rows = css(d, "tr.run-row")
+    assert len(rows) == 1 and "dash" in rows[0].text and "finished" in rows[0].text
+    assert css(d, ".spark svg polyline"), "the reward sparkline is drawn"
+
+    css(d, "tr.run-row a")[0].click()
+    until(d, lambda: css(d, ".chart canvas"))
+    visit(d, d.current_url, "run")
+    charts = {c.get_attribute("data-metric") for c in css(d, ".chart")}
+    assert {"train/reward_mean", "val/reward_mean", "update/loss"} <= charts
+    run_id = d.current_url.rstrip("/").rsplit("/", 1)[1]
+
+    visit(d, f"{url}/compare?run={run_id}&run={run_id}", "compare")
+    assert css(d, ".chart canvas")
+
+    visit(d, f"{url}/rollouts", "rollouts")
+    assert len(css(d, "tr.rollout-row")) == 16  # 2 steps of 2 tasks x 3, 2 validations of 2
+
+    link = css(d, "tr.rollout-row[data-status='succeeded'] a")[0]
+    link.click()
+    visit(d, d.current_url, "rollout")
+    assert css(d, "section.call") and css(d, "tr.attempt")
+    assert "tool.lookup" in d.page_source
+
+    visit(d, f"{url}/workers", "workers")
+    assert "No attempt is running" in d.page_source
+
+
+def stored(runs_dir: Path, where: str) -> int:
+    """Rollouts of the first run matching a SQL condition, counted in its SQLite file."""
+    import sqlite3
+
+    with sqlite3.connect(runs_dir / "dash" / "store.sqlite") as db:
+        return db.execute(f"SELECT COUNT(*) FROM rollouts WHERE {where}").fetchone()[0]
+
+
+def test_filters_and_sorting_change_the_rows(browser, url: str, runs_dir: Path) -> None:
+    from selenium.webdriver.support.ui import Select
+
+    d = visit(browser, f"{url}/rollouts", "rollouts-all")
+    Select(css(d, "select[name=mode]")[0]).select_by_visible_text("val")
+    css(d, "form.filters button[type=submit]")[0].click()
+    until(d, lambda: "mode=val" in d.current_url)
+    visit(d, d.current_url, "rollouts-val")
+    rows = css(d, "tr.rollout-row")
+    assert len(rows) == 4 and all(" val " in f" {r.text} " for r in rows)
+
+    visit(d, f"{url}/rollouts?mode=train&min_attempts=2", "rollouts-retried")
+    retried = stored(runs_dir, "mode = 'train' AND json_extract(data, '$.attempt_count') >= 2")
+    assert retried >= 1 and len(css(d, "tr.rollout-row")) == retried  # task d's first tries
+
+    d = visit(d, f"{url}/rollouts?mode=train", "rollouts-train")
+    header = next(a for a in css(d, "a.sort") if a.text.startswith("reward"))
+    header.click()
+    until(d, lambda: "sort=reward" in d.current_url)
+    rewards = [float(c.text) for c in css(d, "tr.rollout-row td.reward")]
+    assert rewards == sorted(rewards, reverse=True) and len(rewards) == 12
+
+    d = visit(d, f"{url}/rollouts?agent=checker&mode=val", "rollouts-agent")
+    assert len(css(d, "tr.rollout-row")) == 4
+    d = visit(d, f"{url}/rollouts?agent=nobody", "rollouts-none")
+    assert not css(d, "tr.rollout-row") and "No rollouts match" in d.page_source
+
+
+def test_token_view_shows_the_loss_mask_and_advantages(browser, url: str) -> None:
+    d = visit(browser, f"{url}/rollouts?mode=train&status=succeeded", "rollouts-succeeded")
+    links = [a.get_attribute("href") for a in css(d, "tr.rollout-row a[href*='/rollouts/']")]
+    merged = None  # a rollout whose two writer calls merged into one row (most do)
+    for link in links:
+        d.get(link)
+        until(d, lambda: css(d, "section.row") or "no training row" in d.page_source)
+        rows = [r for r in css(d, "section.row") if css(r, ".tok.ctx[data-mask='0']")]
+        if rows:
+            merged = rows[0]
+            break
+    assert merged is not None, "no merged row in the run's training rollouts"
+    visit(d, d.current_url, "token-view")
+    merged = next(r for r in css(d, "section.row") if css(r, ".tok.ctx[data-mask='0']"))
+    trained = css(merged, ".tok.gen[data-mask='1']")
+    fed_in = css(merged, ".tok.ctx[data-mask='0']")
+    assert trained and "writer" in merged.text, "the writer's answers are trained"
+    assert "Again." in "".join(t.get_attribute("textContent") for t in fed_in)
+    assert "advantage" in merged.text and "over the step's batch" in d.page_source
+    assert css(d, ".tokenview .tok.prompt")
+
+    group = next(a for a in css(d, "a") if a.text == "its group")
+    group.click()
+    until(d, lambda: css(d, ".group .card"))
+    visit(d, d.current_url, "group")
+    assert len(css(d, ".group .card")) == 3
+
+
+def test_pages_update_while_a_run_trains(browser, url: str, runs_dir: Path) -> None:
+    d = visit(browser, url + "/", "live-before")
+    d.execute_script("window.__notReloaded = true")
+    env = {**os.environ, "PYTHONPATH": str(HERE)}
+    training = subprocess.Popen(
+        [sys.executable, str(HERE / "dashboard_run.py"), str(runs_dir), "6", "live"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        until(d, lambda: len(css(d, "tr.run-row")) == 2 and "running" in d.page_source)
+        d.save_screenshot(str(SHOTS / "live-runs.png"))
+        run_link = next(a for a in css(d, "tr.run-row a") if a.text == "live")
+        assert d.execute_script("return window.__notReloaded === true"), "the page reloaded"
+        run_link.click()
+        until(d, lambda: css(d, "#versions tbody tr"))
+        d.execute_script("window.__notReloaded = true")
+        seen = len(css(d, "#versions tbody tr"))
+        until(d, lambda: len(css(d, "#versions tbody tr")) > seen)
+        until(d, lambda: css(d, ".chart[data-metric='train/reward_mean'] canvas"))
+        d.save_screenshot(str(SHOTS / "live-run.png"))
+        assert d.execute_script("return window.__notReloaded === true"), "the page reloaded"
+        assert training.wait(timeout=300) == 0
+        until(d, lambda: d.find_element("id", "run-status").text == "finished")
+        errors = [e for e in d.get_log("browser") if e["level"] == "SEVERE"]
+        assert not errors, errors
+    finally:
+        if training.poll() is None:
+            training.kill()
