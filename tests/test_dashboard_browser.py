@@ -172,8 +172,10 @@ def test_token_view_shows_the_loss_mask_and_advantages(browser, url: str) -> Non
             merged = rows[0]
             break
     assert merged is not None, "no merged row in the run's training rollouts"
-    visit(d, d.current_url, "token-view")
+    visit(d, d.current_url, "rollout-calls")
     merged = next(r for r in css(d, "section.row") if css(r, ".tok.ctx[data-mask='0']"))
+    d.execute_script("arguments[0].scrollIntoView()", css(d, "h2")[-1])  # training rows
+    d.save_screenshot(str(SHOTS / "token-view.png"))
     trained = css(merged, ".tok.gen[data-mask='1']")
     fed_in = css(merged, ".tok.ctx[data-mask='0']")
     assert trained and "writer" in merged.text, "the writer's answers are trained"
