@@ -50,6 +50,11 @@ SEEDS ?= 0
 learn: $(VENV)/.test-deps
 	$(PY) benchmarks/learning.py $(SAMPLE) --seeds $(SEEDS)
 
+## make bench-dashboard: the rollouts page on a store of 100,000 rollouts and 1,000,000 calls
+## (p50/p99 per kind of page), and what an open dashboard costs a LocalRL run (~8 minutes)
+bench-dashboard: $(VENV)/.test-deps
+	$(PY) benchmarks/dashboard_bench.py
+
 ## make bench-peer-store: our store server against agentlightning 0.3.0's in the peer harness
 ## (../shared/bench/peer), rollouts/s at 1, 8 and 32 workers and server memory (~5 minutes)
 bench-peer-store: $(VENV)/.test-deps .venv-peer/.deps

@@ -342,7 +342,11 @@ class Trackers:
         wanted = max((logger.rollouts_wanted() for logger in self._started), default=0)
         if not wanted:
             return
-        rows = [await _row(store, r) for r in rollouts[:wanted]]
+        try:
+            rows = [await _row(store, r) for r in rollouts[:wanted]]
+        except Exception as exc:  # the loggers' trouble never stops the run
+            self._warn("log_rollouts", f"no sample rollouts: {type(exc).__name__}: {exc}")
+            return
         self._each(
             "log_rollouts",
             lambda logger: logger.log_rollouts(step, rows[: logger.rollouts_wanted()]),

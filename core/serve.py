@@ -56,7 +56,7 @@ def server_app(
     token: str | None = None,
     gateway: Gateway | None = None,
     max_wait_s: float | None = None,
-    dashboard: bool = True,
+    dashboard: bool | str = True,
 ) -> ASGIApp:
     """The app of ``voltrl serve``: the store API under ``/v1/store`` (its OpenAPI spec at
     ``/openapi.json``), the dashboard under ``/ui`` (unless ``dashboard`` is False) and, when
@@ -64,14 +64,18 @@ def server_app(
 
     With a ``token`` every route but ``/v1/store/health`` requires it (:class:`BearerAuth`
     around the whole app). ``max_wait_s`` caps long-poll requests (the store server's default
-    when None). Anything unexpected, in the gateway too, answers 500 as JSON.
+    when None). Anything unexpected, in the gateway too, answers 500 as JSON. ``dashboard``:
+    the dashboard under ``/ui`` reads the served store (True), the store at this spec with a
+    connection of its own (``voltrl serve`` passes its SQLite file: pages are read on a thread,
+    never holding up the runners' requests), or is left out (False).
     """
     from voltrl.dashboard import Catalog, dashboard_app
     from voltrl.store.server import store_app
 
     options: dict[str, Any] = {} if max_wait_s is None else {"max_wait_s": max_wait_s}
     root = None if gateway is None else gateway.app
-    ui = dashboard_app(Catalog([store]), token=token) if dashboard else None
+    source = store if dashboard is True else dashboard
+    ui = dashboard_app(Catalog([source]), token=token) if dashboard else None
     return store_app(store, token=token, root=root, ui=ui, **options)
 
 
@@ -204,7 +208,8 @@ async def run_server(
         else None
     )
     try:
-        app = server_app(store, token=token, gateway=gw)
+        ui = store_spec if isinstance(store, SQLStore) and store.path is not None else True
+        app = server_app(store, token=token, gateway=gw, dashboard=ui)
         async with served(app, host, port, graceful_s) as url:
             print(f"voltrl store: {url}{API_PREFIX} ({_describe(store_spec)})", flush=True)
             if gw is not None:

@@ -32,6 +32,7 @@ from voltrl.errors import NotFoundError, VoltRLError
 from voltrl.failures import agent_frames, traceback_frames
 from voltrl.metrics import format_stats_table, summarize
 from voltrl.store.base import Store
+from voltrl.store.dialects import redact
 from voltrl.types import Attempt, LLMCall, Reward, Rollout, Run, Span
 
 BARS = "▁▂▃▄▅▆▇█"
@@ -50,6 +51,7 @@ class Found:
     store: Store
     run: Run
     where: str
+    """The store's spec, a URL's password hidden."""
     path: Path | None
     note: str | None = None
 
@@ -123,7 +125,7 @@ async def find_run(
             f"(started {_when(chosen.created_at)}); the others: {others}"
         )
     opened, path = _open(spec, token)
-    return Found(opened, chosen, spec, path, note)
+    return Found(opened, chosen, redact(spec), path, note)
 
 
 async def load_run(found: Found, run_dir: str | Path = "runs") -> RunView:

@@ -118,3 +118,43 @@ def test_a_source_that_is_not_a_store_is_refused(tmp_path: Path, capsys) -> None
 def test_binding_beyond_loopback_needs_a_token(runs_dir: Path, capsys) -> None:
     assert main(["dashboard", str(runs_dir), "--host", "0.0.0.0", "--port", "0"]) == 2
     assert "--token" in capsys.readouterr().err
+
+
+def test_sign_in_returns_only_to_pages_of_this_site(client: httpx.Client) -> None:
+    for elsewhere in ("https://evil.example/x", "//evil.example/x", "/\\evil.example"):
+        answer = client.post("/login", data={"token": TOKEN, "next": elsewhere})
+        assert answer.status_code == 303 and answer.headers["location"] == "/", elsewhere
+
+
+def test_passwords_in_store_urls_are_never_shown(tmp_path: Path) -> None:
+    catalog = Catalog(["http://user:hunter2@127.0.0.1:9/"])  # nothing listens there
+    assert "hunter2" not in catalog.describe() and "***" in catalog.describe()
+    with (
+        serve_in_thread(dashboard_app(catalog, token=TOKEN)) as server,
+        httpx.Client(base_url=server.url) as c,
+    ):
+        assert "hunter2" not in c.get("/login").text
+        c.post("/login", data={"token": TOKEN})
+        page = c.get("/")
+        assert page.status_code == 502 and "hunter2" not in page.text  # the store is away
+
+
+def test_workers_shows_running_attempts_with_their_leases() -> None:
+    from voltrl.store.memory import InMemoryStore
+    from voltrl.types import Task
+
+    store = InMemoryStore()
+
+    async def claimed() -> str:
+        await store.enqueue([Task(input={"q": 1})])
+        claim = await store.claim("runner-7", lease_s=30)
+        assert claim is not None
+        return claim.rollout.rollout_id
+
+    rollout_id = asyncio.run(claimed())
+    with (
+        serve_in_thread(dashboard_app(Catalog([store]))) as server,
+        httpx.Client(base_url=server.url) as c,
+    ):
+        page = c.get("/workers").text
+    assert "runner-7" in page and rollout_id in page and "expired" not in page

@@ -220,3 +220,24 @@ def test_pages_update_while_a_run_trains(browser, url: str, runs_dir: Path) -> N
     finally:
         if training.poll() is None:
             training.kill()
+    # ticked runs stay ticked while the table refreshes, and compare on shared charts
+    d = visit(d, url + "/", "runs-two")
+    for box in css(d, "tr.run-row input[type=checkbox]"):
+        box.click()
+    marker = css(d, "tr.run-row")[0]
+    until(d, lambda: _stale(marker))  # the table was swapped by a refresh
+    assert all(b.is_selected() for b in css(d, "tr.run-row input[type=checkbox]"))
+    css(d, "#runs-form button[type=submit]")[0].click()
+    until(d, lambda: "/compare" in d.current_url and css(d, ".chart canvas"))
+    visit(d, d.current_url, "compare-two")
+    assert len(css(d, "h1 a")) == 2
+
+
+def _stale(element) -> bool:
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    try:
+        element.is_displayed()
+    except StaleElementReferenceException:
+        return True
+    return False

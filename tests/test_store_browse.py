@@ -145,3 +145,36 @@ def test_reference_sort_is_total() -> None:
         tuple(x.rollout_id for x in page_of(p, q).rollouts) for p in itertools.permutations(rs)
     }
     assert len(orders) == 1
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+async def test_a_version_1_store_is_upgraded_on_open_and_browses_the_same(
+    kind: str, store_factory
+) -> None:
+    """A store written before the browsing columns (schema version 1: the rollouts' fields
+    only in their JSON) gets the columns, filled from the JSON, when it is opened."""
+    store = await store_factory(kind)
+    run_id, _ = await fill(store)
+    q = RolloutQuery(run_id=run_id, sort="reward", reward_min=0.25, agent="writer")
+    before = await store.browse_rollouts(q)
+    counts = await store.rollout_counts(run_id)
+    target = store._target
+    with store._write() as conn:  # back to version 1's schema
+        conn.execute("DROP INDEX llm_calls_agent")
+        for column in store._sql.ROLLOUT_COLUMNS:
+            conn.execute(f"ALTER TABLE rollouts DROP COLUMN {column}")
+        conn.execute("UPDATE schema_version SET version = 1")
+    await store.close()
+
+    from voltrl.store.sql import SQLStore
+
+    upgraded = SQLStore(target)
+    try:
+        with upgraded._read() as conn:
+            assert conn.execute("SELECT version FROM schema_version").fetchone()[0] == 2
+        after = await upgraded.browse_rollouts(q)
+        assert [r.rollout_id for r in after.rollouts] == [r.rollout_id for r in before.rollouts]
+        assert after.total == before.total > 0
+        assert await upgraded.rollout_counts(run_id) == counts
+    finally:
+        await upgraded.close()

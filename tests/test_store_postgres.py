@@ -225,7 +225,7 @@ async def test_schema_is_created_on_first_open_and_reopening_keeps_everything() 
     assert [rw.value for rw in await reopened.get_rewards(r.rollout_id)] == [0.5]
     await reopened.close()
     with psycopg.connect(url) as conn:
-        assert conn.execute("SELECT version FROM schema_version").fetchall() == [(1,)]
+        assert conn.execute("SELECT version FROM schema_version").fetchall() == [(2,)]
         conn.execute("UPDATE schema_version SET version = 99")
     with pytest.raises(StoreError, match="schema version 99"):
         SQLStore(url)
@@ -235,7 +235,7 @@ async def test_stores_opening_a_new_database_at_once_create_the_schema_once() ->
     url = new_database_url()
     stores = await asyncio.gather(*(asyncio.to_thread(SQLStore, url) for _ in range(4)))
     with psycopg.connect(url) as conn:
-        assert conn.execute("SELECT version FROM schema_version").fetchall() == [(1,)]
+        assert conn.execute("SELECT version FROM schema_version").fetchall() == [(2,)]
     for store in stores:
         await store.close()
 

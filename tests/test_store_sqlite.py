@@ -254,7 +254,7 @@ async def test_store_file_uses_wal_journal_and_records_schema_version(tmp_path: 
     await SQLStore(path).close()
     conn = sqlite3.connect(path)
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert conn.execute("SELECT version FROM schema_version").fetchall() == [(1,)]
+    assert conn.execute("SELECT version FROM schema_version").fetchall() == [(2,)]
     conn.execute("UPDATE schema_version SET version = 99")
     conn.commit()
     conn.close()

@@ -26,8 +26,9 @@ import json
 import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import parse_qs, urlencode
 
+import jinja2
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
@@ -54,11 +55,23 @@ def dashboard_app(catalog: data.Catalog, *, token: str | None = None) -> FastAPI
     templates.env.filters["num"] = _num
     templates.env.filters["pretty"] = data.pretty
     templates.env.globals["REFRESH_S"] = REFRESH_S
+    templates.env.globals["url_for"] = _url_path
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
+    counts_of_finished: dict[str, list[Any]] = {}  # a finished run's counts never change
 
     def page(request: Request, name: str, status: int = 200, **context: Any) -> HTMLResponse:
         context.setdefault("sources", catalog.describe())
+        context["here"] = _here(request)
         return templates.TemplateResponse(request, name, context, status_code=status)
+
+    async def counts(entry: data.RunEntry) -> list[Any]:
+        run_id = entry.run.run_id
+        if run_id in counts_of_finished:
+            return counts_of_finished[run_id]
+        found = await entry.store.rollout_counts(run_id)
+        if entry.run.status != "running":
+            counts_of_finished[run_id] = found
+        return found
 
     if token:
 
@@ -68,9 +81,8 @@ def dashboard_app(catalog: data.Catalog, *, token: str | None = None) -> FastAPI
             if path.startswith(("/login", "/static/")) or _authorized(request, token):
                 return await call_next(request)
             if request.method == "GET" and not path.startswith("/api/"):
-                return RedirectResponse(
-                    str(request.url_for("login")) + "?" + urlencode({"next": str(request.url)})
-                )
+                login_page = request.url_for("login").path
+                return RedirectResponse(f"{login_page}?{urlencode({'next': _here(request)})}")
             return JSONResponse({"error": "missing or wrong token"}, status_code=401)
 
     @app.get("/login", response_class=HTMLResponse, name="login")
@@ -79,15 +91,23 @@ def dashboard_app(catalog: data.Catalog, *, token: str | None = None) -> FastAPI
 
     @app.post("/login", response_class=HTMLResponse)
     async def login(request: Request) -> Response:
-        form = await request.form()
-        given, target = (
-            str(form.get("token", "")),
-            str(form.get("next", "")) or str(request.url_for("runs")),
-        )
+        form = parse_qs((await request.body()).decode(errors="replace"))
+        given = (form.get("token") or [""])[0]
+        target = (form.get("next") or [""])[0]
+        home = request.url_for("runs").path
+        if not target.startswith("/") or target.startswith("//") or "\\" in target:
+            target = home  # only a page of this site: no redirect elsewhere after sign-in
         if not token or not hmac.compare_digest(given.encode(), token.encode()):
             return page(request, "login.html", 401, next=target, wrong=True)
         response = RedirectResponse(target, status_code=303)
-        response.set_cookie(TOKEN_COOKIE, given, httponly=True, samesite="strict")
+        response.set_cookie(
+            TOKEN_COOKIE,
+            given,
+            path=home,  # the dashboard's pages only (under voltrl serve: /ui/, not the gateway)
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",
+        )
         return response
 
     @app.exception_handler(NotFoundError)
@@ -103,22 +123,21 @@ def dashboard_app(catalog: data.Catalog, *, token: str | None = None) -> FastAPI
         entries = await catalog.runs()
         rows = []
         for entry in entries:
-            counts = await entry.store.rollout_counts(entry.run.run_id)
-            rows.append(_run_row(entry, counts))
+            rows.append(_run_row(entry, await counts(entry)))
         live = any(e.run.status == "running" for e in entries)
         return page(request, "runs.html", rows=rows, live=live)
 
     @app.get("/runs/{run_id}", response_class=HTMLResponse)
     async def run(request: Request, run_id: str) -> HTMLResponse:
         entry = await catalog.run(run_id)
-        counts = await entry.store.rollout_counts(run_id)
-        versions = _versions(counts)
-        series = _series(entry, counts)
+        found = await counts(entry)
+        versions = _versions(found)
+        series = _series(entry, found)
         return page(
             request,
             "run.html",
             entry=entry,
-            row=_run_row(entry, counts),
+            row=_run_row(entry, found),
             versions=versions,
             series=series,
             config=json.dumps(entry.run.config, indent=2, default=str),
@@ -128,8 +147,8 @@ def dashboard_app(catalog: data.Catalog, *, token: str | None = None) -> FastAPI
     @app.get("/api/runs/{run_id}")
     async def run_series(run_id: str) -> JSONResponse:
         entry = await catalog.run(run_id)
-        counts = await entry.store.rollout_counts(run_id)
-        return JSONResponse({"status": entry.run.status, "series": _series(entry, counts)})
+        series = _series(entry, await counts(entry))
+        return JSONResponse({"status": entry.run.status, "series": series})
 
     @app.get("/compare", response_class=HTMLResponse)
     async def compare(request: Request) -> HTMLResponse:
@@ -143,7 +162,7 @@ def dashboard_app(catalog: data.Catalog, *, token: str | None = None) -> FastAPI
                 message="tick two runs on the runs page to compare them",
             )
         entries = [await catalog.run(i) for i in ids]
-        series = [_series(e, await e.store.rollout_counts(e.run.run_id)) for e in entries]
+        series = [_series(e, await counts(e)) for e in entries]
         return page(request, "compare.html", entries=entries, series=series)
 
     @app.get("/rollouts", response_class=HTMLResponse)
@@ -165,10 +184,8 @@ def dashboard_app(catalog: data.Catalog, *, token: str | None = None) -> FastAPI
             store = stores[0][1]
         else:
             raise NotFoundError(f"no store in {catalog.describe()}")
-        pages = [await store.browse_rollouts(query)]
-        found = pages[0].rollouts
-        total = sum(p.total for p in pages)
-        capped = any(p.total_capped for p in pages)
+        found_page = await store.browse_rollouts(query)
+        found, total, capped = found_page.rollouts, found_page.total, found_page.total_capped
         live = any(r.status in ("queued", "running") for r in found) or any(
             e.run.status == "running" for e in entries if query.run_id in (None, e.run.run_id)
         )
@@ -181,6 +198,7 @@ def dashboard_app(catalog: data.Catalog, *, token: str | None = None) -> FastAPI
             capped=capped,
             names=names,
             runs=entries,
+            any_run=len(stores) == 1,
             live=live,
             link=_link(params),
             duration=duration,
@@ -195,12 +213,35 @@ def dashboard_app(catalog: data.Catalog, *, token: str | None = None) -> FastAPI
             store.get_spans(rollout_id),
             store.get_rewards(rollout_id),
         )
-        tokenizer, token_note = data.load_tokenizer(entry)
-        rows, rows_note = ([], "the rollout's run is not in these stores")
+        rows: list[data.TrainingRow] = []
+        rows_note = "the rollout's run is not in these stores"
         if entry is not None and ro.finished:
-            rows, rows_note = await data.training_rows(entry, ro, tokenizer)
+            step = await data.step_rows(entry, ro)
+            rows = step.rows.get(ro.rollout_id, [])
+            rows_note = step.note
+            if ro.rollout_id in step.dropped:
+                why = step.dropped[ro.rollout_id]
+                rows_note = f"the trajectory builder makes no training row of it ({why})"
         elif entry is not None:
             rows_note = "training rows appear once the rollout has finished"
+
+        def decode() -> tuple[str, dict[str, Any], list[Any]]:  # on a thread: it may be slow
+            tokenizer, note = data.load_tokenizer(entry)
+            texts = {
+                c.call_id: (
+                    data.tokens(c.prompt_token_ids or [], tokenizer),
+                    data.tokens(c.response_token_ids or [], tokenizer),
+                )
+                for c in calls
+                if c.has_token_ids
+            }
+            decoded = [
+                (r, data.tokens(r.prompt, tokenizer), data.tokens(r.response, tokenizer))
+                for r in rows
+            ]
+            return note, texts, decoded
+
+        token_note, call_tokens, decoded_rows = await asyncio.to_thread(decode)
         return page(
             request,
             "rollout.html",
@@ -210,10 +251,10 @@ def dashboard_app(catalog: data.Catalog, *, token: str | None = None) -> FastAPI
             calls=calls,
             spans=data.span_tree(spans),
             rewards=rewards,
-            rows=rows,
+            rows=decoded_rows,
             rows_note=rows_note,
             token_note=token_note,
-            tokens=lambda ids: data.tokens(ids or [], tokenizer),
+            call_tokens=call_tokens,
             response_message=data.response_message,
             live=not ro.finished,
             exp=_prob,
@@ -225,26 +266,31 @@ def dashboard_app(catalog: data.Catalog, *, token: str | None = None) -> FastAPI
     ) -> HTMLResponse:
         entry = await catalog.run(run_id)
         query = RolloutQuery(
-            run_id=run_id, task_id=task_id, resources_version=version, sort="reward", limit=500
+            run_id=run_id,
+            mode="train",
+            task_id=task_id,
+            resources_version=version,
+            sort="reward",
+            limit=500,
         )
         members = (await entry.store.browse_rollouts(query)).rollouts
         if not members:
             raise NotFoundError(
-                f"no rollouts of task {task_id!r} at version {version} in run {run_id!r}"
+                f"no train rollouts of task {task_id!r} at version {version} in run {run_id!r}"
             )
-        tokenizer, _ = data.load_tokenizer(entry)
+        finished = next((m for m in members if m.finished), None)
+        step = await data.step_rows(entry, finished) if finished else data.Step({}, {}, "")
         cards = []
         for ro in members:
             calls = await entry.store.get_llm_calls(ro.rollout_id)
-            rows, note = await data.training_rows(entry, ro, tokenizer) if ro.finished else ([], "")
+            rows = step.rows.get(ro.rollout_id, [])
             last = data.response_message(calls[-1]) if calls else {}
             cards.append(
                 {
                     "ro": ro,
                     "calls": len(calls),
                     "tokens": sum(len(c.response_token_ids or []) for c in calls),
-                    "advantage": rows[0].advantage if rows else None,
-                    "note": note,
+                    "advantages": [r.advantage for r in rows],
                     "answer": data.pretty(last.get("content") or last.get("tool_calls") or ""),
                 }
             )
@@ -256,6 +302,7 @@ def dashboard_app(catalog: data.Catalog, *, token: str | None = None) -> FastAPI
             version=version,
             cards=cards,
             task=members[0].task,
+            note=step.note,
         )
 
     @app.get("/workers", response_class=HTMLResponse)
@@ -263,6 +310,19 @@ def dashboard_app(catalog: data.Catalog, *, token: str | None = None) -> FastAPI
         return page(request, "workers.html", workers=await data.workers(catalog), live=True)
 
     return app
+
+
+@jinja2.pass_context
+def _url_path(context: Any, name: str, /, **params: Any) -> str:
+    """``url_for`` for the templates, as a path (``/ui/rollouts``): links that work behind a
+    proxy that serves the dashboard under another scheme or host."""
+    return context["request"].url_for(name, **params).path
+
+
+def _here(request: Request) -> str:
+    """This page's path and query (what a live page polls, where sign-in returns to)."""
+    query = request.url.query
+    return request.url.path + (f"?{query}" if query else "")
 
 
 def _authorized(request: Request, token: str) -> bool:
@@ -275,7 +335,8 @@ def _authorized(request: Request, token: str) -> bool:
 
 def _rollout_query(params: Any) -> RolloutQuery:
     """The store query of the rollouts page's filter form (empty fields do not filter)."""
-    fields: dict[str, Any] = {k: v for k, v in params.items() if v != "" and k != "status"}
+    known = set(RolloutQuery.model_fields) | {"page"}
+    fields = {k: v for k, v in params.items() if v != "" and k in known and k != "status"}
     fields["status"] = [s for s in params.getlist("status") if s]
     fields["descending"] = fields.get("descending", "true") not in ("false", "0")
     page_no = int(fields.pop("page", 1) or 1)

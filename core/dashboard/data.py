@@ -22,6 +22,7 @@ from voltrl.errors import NotFoundError, StoreError, VoltRLError
 from voltrl.store import open_store
 from voltrl.store.base import Store
 from voltrl.store.browse import RolloutQuery
+from voltrl.store.dialects import redact
 from voltrl.types import LLMCall, Rollout, Run, Span
 
 STORE_FILE = "store.sqlite"
@@ -84,6 +85,12 @@ class Catalog:
             from voltrl.store.client import HTTPStore
 
             return HTTPStore(spec, token=self._token)
+        if "://" not in spec or spec.startswith("sqlite:"):
+            from voltrl.store.sql import SQLStore
+
+            # Its own connection, read on a thread: a page's queries never hold up the event
+            # loop, nor a trainer serving the same file from another store object.
+            return SQLStore(spec, threaded=True)
         return open_store(spec)
 
     def _scan(self) -> None:
@@ -111,7 +118,7 @@ class Catalog:
                 errors.append(str(e))
                 continue
             for run in found:
-                entries.append(RunEntry(run, store, location, _run_dir(location, run)))
+                entries.append(RunEntry(run, store, redact(location), _run_dir(location, run)))
         if errors and not entries:
             raise StoreError("; ".join(errors))
         self._runs = {e.run.run_id: e for e in entries}
@@ -134,7 +141,7 @@ class Catalog:
     async def rollout(self, rollout_id: str) -> tuple[Store, Rollout, RunEntry | None]:
         """A rollout, its store and its run; raises :class:`NotFoundError`."""
         for _, store in self.stores:
-            with contextlib.suppress(NotFoundError):
+            with contextlib.suppress(NotFoundError, StoreError):  # another store may have it
                 rollout = await store.get_rollout(rollout_id)
                 entry = None
                 if rollout.run_id is not None:
@@ -144,8 +151,8 @@ class Catalog:
         raise NotFoundError(f"no rollout {rollout_id!r} in {self.describe()}")
 
     def describe(self) -> str:
-        """The sources, for messages and the page footer."""
-        return ", ".join(s.spec for s in self._sources)
+        """The sources, for messages and the page footer (passwords in URLs hidden)."""
+        return ", ".join(redact(s.spec) for s in self._sources)
 
     async def close(self) -> None:
         """Close every store this catalog opened."""
@@ -252,15 +259,15 @@ def tokens(ids: Sequence[int], tokenizer: Any | None) -> list[str]:
     """Each id as the text it stands for (``#id`` without a tokenizer)."""
     if tokenizer is None:
         return [f"#{i}" for i in ids]
-    return [tokenizer.decode([i]) for i in ids]
+    return tokenizer.batch_decode([[i] for i in ids])
 
 
 @dataclass
 class TrainingRow:
-    """One training row of a rollout, as the trainer saw it."""
+    """One training row of a rollout, as the trainer saw it (token ids, not yet decoded)."""
 
-    prompt: list[str]
-    response: list[str]
+    prompt: list[int]
+    response: list[int]
     mask: list[int]
     logprobs: list[float | None]
     reward: float | None
@@ -268,88 +275,124 @@ class TrainingRow:
     agent: str | None
 
 
-async def training_rows(
-    entry: RunEntry, rollout: Rollout, tokenizer: Any | None
-) -> tuple[list[TrainingRow], str]:
-    """The rows the trajectory builder makes of ``rollout`` with the run's trajectory settings,
-    each with the advantage LocalRL's update gives it in its step's batch (every train
-    rollout of the run at the rollout's resources version); and a note on what was shown."""
+@dataclass
+class Step:
+    """The training rows of a step's rollouts and the advantage of each, as LocalRL's update
+    computed them; ``note`` says how (or why there are none)."""
+
+    rows: dict[str, list[TrainingRow]]
+    dropped: dict[str, str]
+    note: str
+
+
+_STEPS: dict[tuple[str, int], Step] = {}  # finished steps never change: kept once built
+LOCAL_RL = "local_rl"
+
+
+async def step_rows(entry: RunEntry, rollout: Rollout) -> Step:
+    """The training rows of ``rollout``'s step (every train rollout of its run at its
+    resources version, any status, as LocalRL's step batches them), rebuilt with the run's
+    trajectory settings, and the advantage LocalRL's update gives each row in that batch.
+    A validation rollout is its own step, with no advantages."""
     from voltrl.trajectory import TrajectoryConfig, trajectories_from_store
 
-    config = entry.run.config
-    settings = config.get("trajectory") if isinstance(config.get("trajectory"), dict) else {}
+    run = entry.run
+    train = rollout.mode == "train" and rollout.resources_version is not None
+    key = (run.run_id, rollout.resources_version or 0)
+    if train and key in _STEPS:
+        return _STEPS[key]
+    settings = run.config.get("trajectory")
     try:
-        trajectory = TrajectoryConfig(**{**settings, "missing_token_ids": "drop"})
+        trajectory = TrajectoryConfig(**(settings if isinstance(settings, dict) else {}))
     except ValueError as e:
-        return [], f"the run's trajectory settings do not load: {e}"
-    mates = [rollout]
-    if rollout.mode == "train" and rollout.resources_version is not None:
-        query = RolloutQuery(
-            run_id=rollout.run_id,
-            mode="train",
-            resources_version=rollout.resources_version,
-            status=["succeeded"],
-            limit=500,
+        return Step({}, {}, f"the run's trajectory settings do not load here: {e}")
+    retokenized = trajectory.missing_token_ids == "retokenize"
+    if retokenized:  # needs the run's retokenizer: calls without token ids are left out here
+        trajectory = trajectory.model_copy(update={"missing_token_ids": "drop"})
+    mates, running = [rollout], False
+    if train:
+        mates = await _all_rollouts(
+            entry.store,
+            RolloutQuery(
+                run_id=run.run_id, mode="train", resources_version=rollout.resources_version
+            ),
         )
-        mates = (await entry.store.browse_rollouts(query)).rollouts or [rollout]
-        if all(m.rollout_id != rollout.rollout_id for m in mates):
-            mates.append(rollout)
+        running = any(not m.finished for m in mates)
+        mates = [m for m in mates if m.finished] or [rollout]
     built = await trajectories_from_store(entry.store, mates, trajectory)
-    mine = next(t for t in built if t.rollout_id == rollout.rollout_id)
-    if not mine.transitions:
-        reasons = ", ".join(k for k in mine.stats if k.startswith("dropped/")) or "no rows"
-        return [], f"the trajectory builder makes no training row of this rollout ({reasons})"
-    if rollout.mode == "train":
-        advantages, note = _advantages(config, built)
-    else:
-        advantages, note = {}, f"{rollout.mode} rollouts are not trained on: no advantage"
-    rows = []
-    for index, t in enumerate(mine.transitions):
-        adv = advantages.get((mine.rollout_id, index))
-        lps = list(t.response_logprobs or [])
-        rows.append(
-            TrainingRow(
-                prompt=tokens(t.prompt_token_ids, tokenizer),
-                response=tokens(t.response_token_ids, tokenizer),
-                mask=list(t.response_mask or [1] * len(t.response_token_ids)),
-                logprobs=[
-                    lps[i] if i < len(lps) else None for i in range(len(t.response_token_ids))
-                ],
-                reward=t.reward,
-                advantage=adv,
-                agent=t.agent_name,
-            )
+    rows: dict[str, list[TrainingRow]] = {}
+    dropped: dict[str, str] = {}
+    for t in built:
+        if not t.transitions:
+            dropped[t.rollout_id] = ", ".join(k for k in t.stats if k.startswith("dropped/"))
+        rows[t.rollout_id] = [_row(tr) for tr in t.transitions]
+    if not train:
+        return Step(rows, dropped, f"{rollout.mode} rollouts are not trained on: no advantage")
+    note = _advantages(run, trajectory, built, rows)
+    if running:
+        note += "; the step is still running: over the rollouts finished so far"
+    if retokenized:
+        note += "; the run re-tokenised calls without token ids, which are left out here"
+    step = Step(rows, dropped, note)
+    if not running:
+        _STEPS[key] = step
+    return step
+
+
+async def _all_rollouts(store: Store, query: RolloutQuery) -> list[Rollout]:
+    """Every rollout matching ``query``, page by page."""
+    found: list[Rollout] = []
+    while True:
+        page = await store.browse_rollouts(
+            query.model_copy(update={"offset": len(found), "limit": 500})
         )
-    return rows, note
+        found += page.rollouts
+        if len(page.rollouts) < 500:
+            return found
+
+
+def _row(t: Any) -> TrainingRow:
+    n = len(t.response_token_ids)
+    lps = list(t.response_logprobs or [])
+    return TrainingRow(
+        prompt=list(t.prompt_token_ids),
+        response=list(t.response_token_ids),
+        mask=list(t.response_mask or [1] * n),
+        logprobs=[lps[i] if i < len(lps) else None for i in range(n)],
+        reward=t.reward,
+        advantage=None,
+        agent=t.agent_name,
+    )
 
 
 def _advantages(
-    config: dict[str, Any], trajectories: Sequence[Any]
-) -> tuple[dict[tuple[str, int], float], str]:
-    """Each row's advantage (keyed by rollout id and row index) as LocalRL's update computes
-    it over this batch, and a note; none when the run is not LocalRL's or torch is missing."""
+    run: Run, trajectory: Any, built: Sequence[Any], rows: dict[str, list[TrainingRow]]
+) -> str:
+    """Set each row's advantage as LocalRL's update computes it over the step's batch
+    (``batch_advantages``, the update's own function); returns the note."""
     from voltrl.trajectory import collate
 
-    update = config.get("update")
-    if not isinstance(update, dict):
-        return {}, "advantages are shown for LocalRL runs"
+    if run.algorithm != LOCAL_RL or not isinstance(run.config.get("update"), dict):
+        return f"advantages are shown for LocalRL runs (this one is {run.algorithm or run.kind})"
     try:
         from voltrl.algorithms.local.update import PolicyUpdateConfig, batch_advantages
     except ImportError:
-        return {}, "advantages need torch (pip install 'voltrl[local]')"
-    batch = collate([t for t in trajectories if t.transitions])
-    if not len(batch):
-        return {}, ""
-    advantages = batch_advantages(batch, PolicyUpdateConfig(**update)).tolist()
-    keyed: dict[tuple[str, int], float] = {}
+        return "advantages need torch (pip install 'voltrl[local]')"
+    try:
+        batch = collate(built, trajectory)
+        if not len(batch):
+            return "no rollout of this step has a training row"
+        values = batch_advantages(batch, PolicyUpdateConfig(**run.config["update"])).tolist()
+    except (ValueError, TypeError) as e:  # settings of another VoltRL version, say
+        return f"advantages could not be computed here: {e}"
     seen: dict[str, int] = {}
-    for rid, adv in zip(batch.rollout_ids, advantages, strict=True):
+    for rid, value in zip(batch.rollout_ids, values, strict=True):
         index = seen.get(rid, 0)
         seen[rid] = index + 1
-        keyed[rid, index] = adv
+        rows[rid][index].advantage = value
     groups = len(set(batch.group_ids))
-    return keyed, (
-        f"advantages as LocalRL's update computes them over the step's batch "
+    return (
+        f"advantages as LocalRL's update computed them over the step's batch "
         f"({len(batch)} rows, {groups} groups)"
     )
 

@@ -45,10 +45,10 @@ class RolloutQuery(Model):
     """Only rollouts with an LLM call recorded under this agent name."""
     min_attempts: int | None = None
     text: str | None = None
-    """Case-insensitive substring of the task (its id, input and metadata as JSON)."""
+    """Substring of the task (its id, input and metadata as JSON), ASCII letters in any case."""
     sort: SortKey = "created_at"
     descending: bool = True
-    offset: int = Field(default=0, ge=0)
+    offset: int = Field(default=0, ge=0, le=2**53)
     limit: int = Field(default=50, ge=1, le=MAX_PAGE)
 
 
@@ -114,9 +114,18 @@ def matches(rollout: Rollout, query: RolloutQuery, agents: Iterable[str | None] 
         )
         and (query.task_id is None or rollout.task.task_id == query.task_id)
         and (query.min_attempts is None or rollout.attempt_count >= query.min_attempts)
-        and (not query.text or query.text.lower() in task_text(rollout).lower())
+        and (not query.text or _fold(query.text) in _fold(task_text(rollout)))
         and (query.agent is None or query.agent in set(agents))
     )
+
+
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+
+
+def _fold(text: str) -> str:
+    """Lower case for ASCII letters only, as SQLite's LIKE compares (PostgreSQL's ILIKE
+    folds other letters too)."""
+    return text.translate(_ASCII_LOWER)
 
 
 def sort_value(rollout: Rollout, key: SortKey) -> Any:

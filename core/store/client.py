@@ -46,6 +46,7 @@ from voltrl.resources import Resources
 from voltrl.retry import RETRY_STATUSES, Backoff, Retry
 from voltrl.store.base import DEFAULT_LEASE_S, Store
 from voltrl.store.browse import RolloutCount, RolloutPage, RolloutQuery
+from voltrl.store.dialects import redact
 from voltrl.types import (
     Attempt,
     AttemptResult,
@@ -254,6 +255,7 @@ class HTTPStore(Store):
         self.url = url.rstrip("/")
         self.token = token
         self._base = self.url + API_PREFIX
+        self._shown = redact(self.url)  # in messages: a password in the URL hidden
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._timeout_s = timeout_s
         self._timeout = self._request_timeout(0.0)
@@ -265,7 +267,7 @@ class HTTPStore(Store):
         self._session_loop: asyncio.AbstractEventLoop | None = None
 
     def __repr__(self) -> str:
-        return f"HTTPStore({self.url!r})"
+        return f"HTTPStore({self._shown!r})"
 
     # ---- transport ----------------------------------------------------------------------
     def _http(self) -> aiohttp.ClientSession:
@@ -320,7 +322,7 @@ class HTTPStore(Store):
             except _RETRY_ERRORS as exc:
                 problem = f"{type(exc).__name__}: {exc}"
                 error = StoreError(
-                    f"store server {self.url} unreachable: {problem} "
+                    f"store server {self._shown} unreachable: {problem} "
                     f"({method} {path}, {tried + 1} tries)"
                 )
                 error.__cause__ = exc
@@ -330,7 +332,7 @@ class HTTPStore(Store):
                     return adapter.validate_json(answer)
                 except ValidationError as exc:
                     raise StoreError(
-                        f"store server {self.url} answered {method} {path} with a body "
+                        f"store server {self._shown} answered {method} {path} with a body "
                         f"that is not what the route returns: {exc}"
                     ) from exc
             error = error_from_response(status, answer, f"{method} {path}")

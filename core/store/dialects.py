@@ -24,7 +24,9 @@ from urllib.parse import parse_qs, urlsplit
 from voltrl.errors import StoreError
 from voltrl.store.browse import RolloutQuery
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""Version 2 added the rollout columns that browsing filters and sorts on (reward, resources
+version, attempts, task id, start and end times), filled from each row's JSON on upgrade."""
 
 CHANNEL = "voltrl_changes"
 """The PostgreSQL notification channel on which commits that waiters care about are sent."""
@@ -347,7 +349,8 @@ class Statements:
         "created_at {float} NOT NULL, data TEXT NOT NULL)",
         "CREATE TABLE IF NOT EXISTS rollouts (seq {id}, rollout_id TEXT NOT NULL UNIQUE, "
         "run_id TEXT, status TEXT NOT NULL, mode TEXT NOT NULL, created_at {float} NOT NULL, "
-        "queue_seq {int}, data TEXT NOT NULL)",
+        "queue_seq {int}, data TEXT NOT NULL, task_id TEXT, resources_version {int}, "
+        "reward {float}, attempt_count {int}, started_at {float}, finished_at {float})",
         "CREATE INDEX IF NOT EXISTS rollouts_queue ON rollouts (status, queue_seq)",
         "CREATE INDEX IF NOT EXISTS rollouts_created ON rollouts (created_at)",
         "CREATE INDEX IF NOT EXISTS rollouts_run ON rollouts (run_id, created_at)",
@@ -387,10 +390,22 @@ class Statements:
     get_resources = "SELECT data FROM resources WHERE version = ?"
     latest_resources = "SELECT data FROM resources ORDER BY version DESC LIMIT 1"
     insert_rollout = (
-        "INSERT INTO rollouts (rollout_id, run_id, mode, created_at, status, queue_seq, data) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?)"
+        "INSERT INTO rollouts (rollout_id, run_id, mode, created_at, task_id, status, "
+        "queue_seq, data, resources_version, reward, attempt_count, started_at, finished_at) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
     )
-    update_rollout = "UPDATE rollouts SET status = ?, queue_seq = ?, data = ? WHERE rollout_id = ?"
+    update_rollout = (
+        "UPDATE rollouts SET status = ?, queue_seq = ?, data = ?, resources_version = ?, "
+        "reward = ?, attempt_count = ?, started_at = ?, finished_at = ? WHERE rollout_id = ?"
+    )
+    ROLLOUT_COLUMNS: ClassVar[dict[str, str]] = {  # added by version 2: name -> JSON path
+        "task_id": "task.task_id",
+        "resources_version": "resources_version",
+        "reward": "reward",
+        "attempt_count": "attempt_count",
+        "started_at": "started_at",
+        "finished_at": "finished_at",
+    }
     get_rollout = "SELECT data FROM rollouts WHERE rollout_id = ?{row_lock}"
     read_rollout = "SELECT data FROM rollouts WHERE rollout_id = ?"
     rollout_exists = "SELECT 1 FROM rollouts WHERE rollout_id = ?"
@@ -440,10 +455,25 @@ class Statements:
         # Browsing by agent (``RolloutQuery.agent``) finds a rollout's calls of an agent
         # through this index, without reading each call's JSON.
         agent = dialect.json_value("data", "agent_name")
-        self.schema += (
-            f"CREATE INDEX IF NOT EXISTS llm_calls_agent ON llm_calls (rollout_id, {agent})",
+        agent_index = (
+            f"CREATE INDEX IF NOT EXISTS llm_calls_agent ON llm_calls (rollout_id, {agent})"
         )
-        self.schema += dialect.schema_extra
+        self.schema += (agent_index, *dialect.schema_extra)
+        types = {"task_id": "TEXT", "resources_version": dialect.int_type}
+        self.upgrade_to_2 = (
+            *(
+                f"ALTER TABLE rollouts ADD COLUMN {c} {types.get(c, dialect.float_type)}"
+                for c in self.ROLLOUT_COLUMNS
+            ),
+            "UPDATE rollouts SET "
+            + ", ".join(
+                f"{c} = {dialect.json_value('data', path, number=c != 'task_id')}"
+                for c, path in self.ROLLOUT_COLUMNS.items()
+            ),
+            agent_index,
+            "UPDATE schema_version SET version = 2",
+        )
+        """Statements that bring a version 1 store to version 2."""
         self.records_of = {
             (table, by_attempt): dialect.render(
                 f"SELECT data FROM {table} WHERE rollout_id = ?"
@@ -498,15 +528,15 @@ class Statements:
         if q.mode is not None:
             add("mode = ?", q.mode)
         if q.reward_min is not None:
-            add(f"{num('reward')} >= ?", q.reward_min)
+            add("reward >= ?", q.reward_min)
         if q.reward_max is not None:
-            add(f"{num('reward')} <= ?", q.reward_max)
+            add("reward <= ?", q.reward_max)
         if q.resources_version is not None:
-            add(f"{num('resources_version')} = ?", q.resources_version)
+            add("resources_version = ?", q.resources_version)
         if q.task_id is not None:
-            add(f"{d.json_value('data', 'task.task_id')} = ?", q.task_id)
+            add("task_id = ?", q.task_id)
         if q.min_attempts is not None:
-            add(f"{num('attempt_count')} >= ?", q.min_attempts)
+            add("attempt_count >= ?", q.min_attempts)
         if q.text:
             escaped = q.text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
             add(f"{d.json_text('data', 'task')} {d.like} ? ESCAPE '\\'", f"%{escaped}%")
@@ -520,15 +550,16 @@ class Statements:
         sort = {
             "created_at": "created_at",
             "status": "status",
-            "reward": num("reward"),
-            "attempts": num("attempt_count"),
-            "resources_version": num("resources_version"),
-            "duration": f"({num('finished_at')} - {num('started_at')})",
+            "reward": "reward",
+            "attempts": "attempt_count",
+            "resources_version": "resources_version",
+            "duration": "(finished_at - started_at)",
         }[q.sort]
         way = "DESC" if q.descending else "ASC"
         filters = f" WHERE {' AND '.join(where)}" if where else ""
+        nulls = "" if q.sort in ("created_at", "status") else f"({sort}) IS NULL, "  # NOT NULL
         page = (
-            f"SELECT data FROM rollouts{filters} ORDER BY ({sort}) IS NULL, {sort} {way}, "
+            f"SELECT data FROM rollouts{filters} ORDER BY {nulls}{sort} {way}, "
             f"created_at {way}, rollout_id {way} LIMIT ? OFFSET ?"
         )
         count = f"SELECT COUNT(*) FROM (SELECT 1 FROM rollouts{filters} LIMIT ?) AS matched"
@@ -539,15 +570,13 @@ class Statements:
         """The query of :meth:`Store.rollout_counts` (one parameter: the run id): rows of
         mode, resources version, status, count, rewarded, reward sum, sum of squares."""
         d = self._dialect
-        reward = d.json_value("data", "reward", number=True)
-        version = d.json_value("data", "resources_version", number=True)
-        ok = f"status = 'succeeded' AND {reward} IS NOT NULL"
+        ok = "status = 'succeeded' AND reward IS NOT NULL"
         sql = (
-            f"SELECT mode, {version}, status, COUNT(*), "
+            "SELECT mode, resources_version, status, COUNT(*), "
             f"SUM(CASE WHEN {ok} THEN 1 ELSE 0 END), "
-            f"SUM(CASE WHEN {ok} THEN {reward} ELSE 0 END), "
-            f"SUM(CASE WHEN {ok} THEN {reward} * {reward} ELSE 0 END) "
-            f"FROM rollouts WHERE run_id = ? GROUP BY mode, {version}, status"
+            f"SUM(CASE WHEN {ok} THEN reward ELSE 0 END), "
+            f"SUM(CASE WHEN {ok} THEN reward * reward ELSE 0 END) "
+            "FROM rollouts WHERE run_id = ? GROUP BY mode, resources_version, status"
         )
         return sql.replace("?", d.placeholder)
 

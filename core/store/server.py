@@ -104,7 +104,14 @@ from voltrl.store.client import (
     WaitRequest,
 )
 from voltrl.store.otlp import OTLP_PATH, OTLP_REQUEST_BODY, export_traces
-from voltrl.store.routing import BearerAuth, StoreApp, error_parts, http_exception, route_class
+from voltrl.store.routing import (
+    HEALTH_PATH,
+    BearerAuth,
+    StoreApp,
+    error_parts,
+    http_exception,
+    route_class,
+)
 from voltrl.store.routing import error_response as error_response
 from voltrl.types import Attempt, AttemptResult, Claim, LLMCall, Reward, Rollout, Run, Span
 
@@ -507,7 +514,9 @@ def store_app(
     app.index_routes("", otlp)
     if not token:
         return app
-    return BearerAuth(app, token, open_prefixes=(f"{UI_PATH}/",) if ui is not None else ())
+    if ui is None:
+        return BearerAuth(app, token)
+    return BearerAuth(app, token, (HEALTH_PATH, UI_PATH), open_prefixes=(f"{UI_PATH}/",))
 
 
 def otlp_router(store: Store, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> APIRouter:

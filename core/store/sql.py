@@ -111,9 +111,23 @@ def _shared_notifier(key: str) -> Notifier:
 
 
 def _rollout_row(r: Rollout, queue_seq: int | None) -> tuple[Any, ...]:
-    """A rollout's columns in the order of ``Statements.insert_rollout``; the last three
+    """A rollout's columns in the order of ``Statements.insert_rollout``; the last eight
     are the ones ``Statements.update_rollout`` sets."""
-    return (r.rollout_id, r.run_id, r.mode, r.created_at, r.status, queue_seq, r.model_dump_json())
+    return (
+        r.rollout_id,
+        r.run_id,
+        r.mode,
+        r.created_at,
+        r.task.task_id,
+        r.status,
+        queue_seq,
+        r.model_dump_json(),
+        r.resources_version,
+        r.reward,
+        r.attempt_count,
+        r.started_at,
+        r.finished_at,
+    )
 
 
 def _attempt_row(a: Attempt) -> tuple[Any, ...]:
@@ -177,9 +191,11 @@ class SQLStore(LocalStore):
     ``SQLStore("sqlite:///runs/store.sqlite")``) or a PostgreSQL database
     (``SQLStore("postgresql://user:password@host:5432/voltrl")``, needs the ``postgres``
     extra). The file and the schema are created on open; several store objects and
-    processes may open the same database at once."""
+    processes may open the same database at once. ``threaded``: run SQLite calls on a worker
+    thread too, as PostgreSQL's are (a reader beside a busy event loop, like the dashboard's).
+    A version 1 store (from before the browsing columns) is upgraded on open."""
 
-    def __init__(self, path_or_url: str | Path) -> None:
+    def __init__(self, path_or_url: str | Path, *, threaded: bool = False) -> None:
         super().__init__()
         text = str(path_or_url)
         self.path: Path | None
@@ -207,7 +223,7 @@ class SQLStore(LocalStore):
         except BaseException:
             self._disconnect()
             raise
-        if self._dialect.in_thread:
+        if self._dialect.in_thread or threaded:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="voltrl-store")
         self._changed = _shared_notifier(notifier_key)
         self._listener = self._dialect.listen(self._target, self._changed.notify, self._own)
@@ -391,11 +407,26 @@ class SQLStore(LocalStore):
                 if row is None:
                     conn.execute(self._sql.set_schema_version, (SCHEMA_VERSION,))
                     row = (SCHEMA_VERSION,)
+        if row[0] == 1:
+            row = self._upgrade_to_2()
         if row[0] != SCHEMA_VERSION:
             raise StoreError(
                 f"store {self.location} has schema version {row[0]}; this VoltRL reads version "
                 f"{SCHEMA_VERSION}"
             )
+
+    def _upgrade_to_2(self) -> tuple[int]:
+        """Add version 2's rollout columns to a version 1 store, filled from each rollout's
+        JSON (once: a store another process upgraded meanwhile is left as it is)."""
+        with self._write() as conn:
+            if self._dialect.schema_lock:
+                conn.execute(self._dialect.schema_lock)
+            row = conn.execute(self._sql.schema_version).fetchone()
+            if row[0] == 1:
+                for statement in self._sql.upgrade_to_2:
+                    conn.execute(statement)
+                row = (2,)
+        return row
 
     async def close(self) -> None:
         self._commit_group()  # what calls wrote before the close is kept
@@ -423,7 +454,7 @@ class SQLStore(LocalStore):
     def _update_rollout(self, conn: Connection, r: Rollout) -> None:
         """Write a changed rollout; one that became queued goes to the back of the queue."""
         queue_seq = self._bump(conn, "queue", 1) if r.status == "queued" else None
-        conn.execute(self._sql.update_rollout, (*_rollout_row(r, queue_seq)[-3:], r.rollout_id))
+        conn.execute(self._sql.update_rollout, (*_rollout_row(r, queue_seq)[-8:], r.rollout_id))
 
     def _update_attempt(self, conn: Connection, a: Attempt) -> None:
         conn.execute(self._sql.update_attempt, (*_attempt_row(a)[-3:], a.attempt_id))

@@ -53,9 +53,9 @@ if TYPE_CHECKING:
 
 
 LOCAL_EXTRA = ("torch", "transformers", "tokenizers", "peft")
+"""What the ``[local]`` extra installs for LocalRL."""
 TOKENIZER_DIR = "tokenizer"
 """``<run dir>/tokenizer``: the run's tokenizer, saved at setup for tools that decode its ids."""
-"""What the ``[local]`` extra installs for LocalRL."""
 
 
 class LocalRL(Algorithm):

@@ -114,4 +114,25 @@ function drawSparks(root) {
 }
 
 document.addEventListener("DOMContentLoaded", () => { startCharts(); drawSparks(document); });
-document.addEventListener("htmx:afterSettle", () => drawSparks(document));
+// A live region is swapped every few seconds: keep what the reader ticked or opened in it.
+let kept = null;
+document.addEventListener("htmx:beforeSwap", e => {
+  const root = e.detail.target;
+  kept = {
+    checked: Array.from(root.querySelectorAll("input[type=checkbox]:checked"), i => `${i.name}=${i.value}`),
+    open: Array.from(root.querySelectorAll("details[id]"), d => [d.id, d.open]),
+  };
+});
+document.addEventListener("htmx:afterSettle", () => {
+  if (kept) {
+    for (const box of document.querySelectorAll("input[type=checkbox]")) {
+      if (kept.checked.includes(`${box.name}=${box.value}`)) box.checked = true;
+    }
+    for (const [id, open] of kept.open) {
+      const el = document.getElementById(id);
+      if (el) el.open = open;
+    }
+    kept = null;
+  }
+  drawSparks(document);
+});
