@@ -39,6 +39,10 @@ from voltrl.types import Reward, RolloutMode, Span, Task, new_id, now
 
 _T = TypeVar("_T")
 
+_current_span: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar(
+    "voltrl_span", default=None
+)
+"""The attempt and span id of the innermost :meth:`RolloutContext.span` open here."""
 _current: contextvars.ContextVar[RolloutContext | None] = contextvars.ContextVar(
     "voltrl_rollout", default=None
 )
@@ -136,14 +140,18 @@ class RolloutContext:
     @contextlib.contextmanager
     def span(self, name: str, **attributes: Any) -> Iterator[Span]:
         """Time a block as a span. It ends ``ok`` unless the block set ``span.status`` itself
-        or raised, which marks it ``error`` (the exception is re-raised)."""
+        or raised, which marks it ``error`` (the exception is re-raised). A span opened inside
+        another (in the same task, or a task started inside it) is its child."""
+        parent = _current_span.get()
         span = Span(
             rollout_id=self.rollout_id,
             attempt_id=self.attempt_id,
             trace_id=self.trace_id,
+            parent_id=parent[1] if parent is not None and parent[0] == self.attempt_id else None,
             name=name,
             attributes=attributes,
         )
+        entered = _current_span.set((self.attempt_id, span.span_id))
         try:
             yield span
             if span.status == "unset":
@@ -160,6 +168,7 @@ class RolloutContext:
             )
             raise
         finally:
+            _current_span.reset(entered)
             span.end_time = now()
             self.add_span(span)
 

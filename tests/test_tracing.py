@@ -154,3 +154,24 @@ def test_a_reward_for_some_agents_carries_their_pattern():
 def test_an_agents_pattern_given_in_metadata_is_checked_too():
     with activate(ctx("r2")), pytest.raises(ValueError, match="must be a regex string"):
         vl.emit_reward(1.0, metadata={"agents": ["a", "b"]})
+
+
+async def test_spans_opened_inside_a_span_are_its_children():
+    c = ctx("ro-tree")
+    with activate(c):
+        with vl.span("agent") as agent:
+            with vl.span("tool:search") as search:
+                pass
+
+            async def step() -> None:
+                with vl.span("tool:fetch"):
+                    pass
+
+            await asyncio.gather(step(), step())  # tasks started inside the span
+        with vl.span("after") as after:
+            pass
+    spans = {s.span_id: s for s in c.spans}
+    assert agent.parent_id is None and after.parent_id is None
+    assert search.parent_id == agent.span_id
+    fetches = [s for s in spans.values() if s.name == "tool:fetch"]
+    assert len(fetches) == 2 and all(s.parent_id == agent.span_id for s in fetches)
