@@ -438,6 +438,16 @@ class Statements:
     )
     insert_reward = "INSERT INTO rewards (rollout_id, attempt_id, data) VALUES (?, ?, ?)"
 
+    BROWSE_FILTERS: ClassVar[dict[str, str]] = {  # RolloutQuery field -> its condition
+        "run_id": "run_id = ?",
+        "mode": "mode = ?",
+        "reward_min": "reward >= ?",
+        "reward_max": "reward <= ?",
+        "resources_version": "resources_version = ?",
+        "task_id": "task_id = ?",
+        "min_attempts": "attempt_count >= ?",
+    }
+
     FILTERS: ClassVar[dict[str, str]] = {
         "run_id": "run_id = ?",
         "mode": "mode = ?",
@@ -521,22 +531,12 @@ class Statements:
             params.extend(values)
 
         q = query
-        if q.run_id is not None:
-            add("run_id = ?", q.run_id)
+        for name, condition in self.BROWSE_FILTERS.items():
+            value = getattr(q, name)
+            if value is not None:
+                add(condition, value)
         if q.status:
             add(f"status IN ({', '.join('?' * len(q.status))})", *q.status)
-        if q.mode is not None:
-            add("mode = ?", q.mode)
-        if q.reward_min is not None:
-            add("reward >= ?", q.reward_min)
-        if q.reward_max is not None:
-            add("reward <= ?", q.reward_max)
-        if q.resources_version is not None:
-            add("resources_version = ?", q.resources_version)
-        if q.task_id is not None:
-            add("task_id = ?", q.task_id)
-        if q.min_attempts is not None:
-            add("attempt_count >= ?", q.min_attempts)
         if q.text:
             escaped = q.text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
             add(f"{d.json_text('data', 'task')} {d.like} ? ESCAPE '\\'", f"%{escaped}%")
