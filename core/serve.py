@@ -45,8 +45,8 @@ def require_token_off_loopback(host: str, token: str | None) -> None:
     """Raise :class:`VoltRLError` if ``host`` is not loopback and there is no token."""
     if not token and not is_loopback(host):
         raise VoltRLError(
-            f"binding {host} exposes the server beyond this machine: pass --token or set "
-            "VOLTRL_TOKEN (or bind 127.0.0.1)"
+            f"binding {host} exposes the server beyond this machine: pass --token-file FILE (or "
+            "--token) or set VOLTRL_TOKEN, or bind 127.0.0.1"
         )
 
 

@@ -12,10 +12,12 @@ Loading (:func:`find_run`, :func:`load_run`, :func:`load_rollout`) is apart from
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import json
 import math
 import os
+import re
 import time
 from collections import defaultdict
 from collections.abc import Iterable
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -244,7 +247,10 @@ def _status(status: str) -> Text:
 
 
 def _fold(text: str, full: bool, lines: int = 12, chars: int = 800, style: str = "") -> Text:
-    """``text``, its middle folded away when longer than ``lines`` lines or ``chars``."""
+    """``text``, its middle folded away when longer than ``lines`` lines or ``chars``; text
+    of whitespace alone is shown as what it is."""
+    if text and not text.strip():
+        return Text(f"(whitespace only: {text!r})", style="dim")
     split = text.splitlines()
     if full or (len(text) <= chars and len(split) <= lines):
         return Text(text, style=style)
@@ -253,6 +259,27 @@ def _fold(text: str, full: bool, lines: int = 12, chars: int = 800, style: str =
     out = Text(head, style=style)
     out.append(f"\n… {len(text) - len(head) - len(tail):,} characters folded …\n", style="dim")
     return out.append(tail, style=style)
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(value: Any) -> Any:
+    """``value`` (a view, a record, its fields) with every terminal control character in its
+    text written as an escape (``\\x1b``): what a store holds came from agents and models, and
+    must not reach the terminal as commands (colours, titles, cursor moves)."""
+    if isinstance(value, str):
+        return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", value)
+    if isinstance(value, list | tuple):
+        return type(value)(printable(v) for v in value)
+    if isinstance(value, dict):
+        return {printable(k): printable(v) for k, v in value.items()}
+    if isinstance(value, BaseModel):
+        return value.model_copy(update={k: printable(v) for k, v in value.__dict__.items()})
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = {f.name: printable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return dataclasses.replace(value, **fields)
+    return value
 
 
 def _table(title: str | Text | None, *columns: str, **options: Any) -> Table:
@@ -544,7 +571,7 @@ def show(
         finally:
             await found.store.close()
 
-    view = asyncio.run(load())
+    view = printable(asyncio.run(load()))
     console = console or Console(highlight=False, markup=False)
     if isinstance(view, RunView):
         render_run(view, console, full=full)

@@ -158,3 +158,41 @@ def test_workers_shows_running_attempts_with_their_leases() -> None:
     ):
         page = c.get("/workers").text
     assert "runner-7" in page and rollout_id in page and "expired" not in page
+
+
+def test_errors_are_pages_that_say_what_is_wrong(client: httpx.Client) -> None:
+    client.post("/login", data={"token": TOKEN})
+    bad = client.get("/rollouts?reward_min=lots")
+    assert bad.status_code == 400 and "reward_min: Input should be a valid number" in bad.text
+    assert "errors.pydantic.dev" not in bad.text
+    missing = client.get("/nope")
+    assert missing.status_code == 404 and "<h1>Not found</h1>" in missing.text
+    no_task = client.get("/group?run_id=x")
+    assert no_task.status_code == 400 and "task_id: Field required" in no_task.text
+    past = client.get("/rollouts?page=999").text
+    assert "page 999 is past the last one" in past
+
+
+def test_only_train_rollouts_link_to_a_group(client: httpx.Client) -> None:
+    client.post("/login", data={"token": TOKEN})
+    assert "/group?" not in client.get("/rollouts?mode=val").text
+    assert "/group?" in client.get("/rollouts?mode=train").text
+
+
+def test_a_run_started_after_the_dashboard_is_found_by_rollout_id(runs_dir: Path) -> None:
+    import shutil
+    import sqlite3
+
+    root = runs_dir.parent / "later-runs"
+    root.mkdir(exist_ok=True)
+    with (
+        serve_in_thread(dashboard_app(Catalog([root]))) as server,
+        httpx.Client(base_url=server.url) as c,
+    ):
+        assert "No runs yet" in c.get("/").text
+        assert "No rollouts match" in c.get("/rollouts").text  # an empty directory: no error
+        shutil.copytree(runs_dir / "dash", root / "dash")  # a run appears
+        with sqlite3.connect(root / "dash" / "store.sqlite") as db:
+            (rollout_id,) = db.execute("SELECT rollout_id FROM rollouts LIMIT 1").fetchone()
+        page = c.get(f"/rollouts/{rollout_id}")  # straight there, no listing first
+        assert page.status_code == 200 and rollout_id in page.text

@@ -77,7 +77,7 @@ def test_serving_beyond_loopback_without_a_token_is_refused(tmp_path):
             cwd=tmp_path,
         )
         assert out.returncode == 2, out.stderr
-        assert out.stderr.count("\n") == 1 and "pass --token or set VOLTRL_TOKEN" in out.stderr
+        assert out.stderr.count("\n") == 1 and "or set VOLTRL_TOKEN" in out.stderr
 
 
 def test_serve_errors_are_one_line(tmp_path):

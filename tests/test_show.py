@@ -280,3 +280,20 @@ def test_sparkline_scales_to_its_range_and_width() -> None:
     assert sparkline([0, 1, 2, 3, 4, 5, 6, 7]) == "▁▂▃▄▅▆▇█"
     assert sparkline([2.0, 2.0]) == "▄▄" and sparkline([]) == ""
     assert sparkline(range(1000), width=10) == "▁▂▃▃▄▅▆▆▇█"
+
+
+def test_control_characters_in_stored_text_never_reach_the_terminal() -> None:
+    from voltrl.show import printable
+    from voltrl.types import Attempt
+
+    attempt = Attempt(
+        rollout_id="ro-x",
+        index=1,
+        worker_id="w",
+        lease_expires_at=0,
+        error="boom \x1b[41;97mRED\x1b[0m \x1b]0;title\x07 \x0f",
+    )
+    shown = printable({"attempts": [attempt], "text": "tab\tand\nnewline"})
+    assert shown["attempts"][0].error == "boom \\x1b[41;97mRED\\x1b[0m \\x1b]0;title\\x07 \\x0f"
+    assert shown["text"] == "tab\tand\nnewline"  # layout characters stay
+    assert attempt.error.startswith("boom \x1b")  # the record itself is left alone

@@ -24,25 +24,30 @@ import asyncio
 import hmac
 import json
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlencode
 
 import jinja2
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from voltrl.dashboard import data
 from voltrl.errors import NotFoundError, StoreError
-from voltrl.store.browse import RolloutQuery, duration
+from voltrl.store.browse import RolloutPage, RolloutQuery, duration
 
 HERE = Path(__file__).resolve().parent
 REFRESH_S = 3
 """How often a live page polls."""
 TOKEN_COOKIE = "voltrl_token"
+STORE_CURVES = tuple(f"store/{mode}_reward_by_version" for mode in ("train", "val", "dev"))
+"""The reward curves drawn from the store where no metrics.jsonl is known."""
 
 
 def dashboard_app(catalog: data.Catalog, *, token: str | None = None) -> FastAPI:
@@ -55,6 +60,7 @@ def dashboard_app(catalog: data.Catalog, *, token: str | None = None) -> FastAPI
     templates.env.filters["num"] = _num
     templates.env.filters["pretty"] = data.pretty
     templates.env.globals["REFRESH_S"] = REFRESH_S
+    templates.env.globals["first_metrics"] = [*data.FIRST_METRICS, *STORE_CURVES]
     templates.env.globals["url_for"] = _url_path
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     counts_of_finished: dict[str, list[Any]] = {}  # a finished run's counts never change
@@ -114,6 +120,16 @@ def dashboard_app(catalog: data.Catalog, *, token: str | None = None) -> FastAPI
     async def not_found(request: Request, exc: NotFoundError) -> HTMLResponse:
         return page(request, "error.html", 404, title="Not found", message=str(exc))
 
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> HTMLResponse:
+        title = "Not found" if exc.status_code == 404 else f"Error {exc.status_code}"
+        return page(request, "error.html", exc.status_code, title=title, message=str(exc.detail))
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_request(request: Request, exc: RequestValidationError) -> HTMLResponse:
+        message = "; ".join(_problem(e) for e in exc.errors())
+        return page(request, "error.html", 400, title="Bad request", message=message)
+
     @app.exception_handler(StoreError)
     async def store_error(request: Request, exc: StoreError) -> HTMLResponse:
         return page(request, "error.html", 502, title="The store did not answer", message=str(exc))
@@ -170,9 +186,11 @@ def dashboard_app(catalog: data.Catalog, *, token: str | None = None) -> FastAPI
         params = request.query_params
         try:
             query = _rollout_query(params)
-        except (ValidationError, ValueError) as e:
-            message = str(e).splitlines()
-            return page(request, "error.html", 400, title="Bad filter", message="; ".join(message))
+        except ValidationError as e:
+            message = "; ".join(_problem(err) for err in e.errors())
+            return page(request, "error.html", 400, title="Bad filter", message=message)
+        except ValueError as e:  # a page number that is not one
+            return page(request, "error.html", 400, title="Bad filter", message=str(e))
         entries = await catalog.runs()
         names = {e.run.run_id: e.run.name for e in entries}
         stores = catalog.stores
@@ -182,9 +200,11 @@ def dashboard_app(catalog: data.Catalog, *, token: str | None = None) -> FastAPI
             store = (await catalog.run(query.run_id)).store
         elif stores:
             store = stores[0][1]
-        else:
-            raise NotFoundError(f"no store in {catalog.describe()}")
-        found_page = await store.browse_rollouts(query)
+        else:  # a directory with no run yet
+            store = None
+        found_page = (
+            await store.browse_rollouts(query) if store else RolloutPage(rollouts=[], total=0)
+        )
         found, total, capped = found_page.rollouts, found_page.total, found_page.total_capped
         live = any(r.status in ("queued", "running") for r in found) or any(
             e.run.status == "running" for e in entries if query.run_id in (None, e.run.run_id)
@@ -255,6 +275,7 @@ def dashboard_app(catalog: data.Catalog, *, token: str | None = None) -> FastAPI
             rows_note=rows_note,
             token_note=token_note,
             call_tokens=call_tokens,
+            attempt_index={a.attempt_id: a.index for a in attempts},
             response_message=data.response_message,
             live=not ro.finished,
             exp=_prob,
@@ -290,7 +311,7 @@ def dashboard_app(catalog: data.Catalog, *, token: str | None = None) -> FastAPI
                     "ro": ro,
                     "calls": len(calls),
                     "tokens": sum(len(c.response_token_ids or []) for c in calls),
-                    "advantages": [r.advantage for r in rows],
+                    "advantages": [(r.agent, r.advantage) for r in rows],
                     "answer": data.pretty(last.get("content") or last.get("tool_calls") or ""),
                 }
             )
@@ -323,6 +344,12 @@ def _here(request: Request) -> str:
     """This page's path and query (what a live page polls, where sign-in returns to)."""
     query = request.url.query
     return request.url.path + (f"?{query}" if query else "")
+
+
+def _problem(error: Mapping[str, Any]) -> str:
+    """One validation error as a reader wants it: ``reward_min: Input should be a number``."""
+    where = ".".join(str(p) for p in error.get("loc", ()) if p not in ("query", "body"))
+    return f"{where}: {error.get('msg', 'invalid')}" if where else str(error.get("msg"))
 
 
 def _authorized(request: Request, token: str) -> bool:
@@ -365,7 +392,7 @@ def _run_row(entry: data.RunEntry, counts: list[Any]) -> dict[str, Any]:
     by_status: dict[str, int] = {}
     for c in counts:
         by_status[c.status] = by_status.get(c.status, 0) + c.count
-    rewarded = [c for c in counts if c.rewarded]
+    rewarded = [c for c in counts if c.rewarded and c.mode in ("train", "dev")]
     mean = (
         sum(c.reward_sum for c in rewarded) / sum(c.rewarded for c in rewarded)
         if rewarded
@@ -424,7 +451,7 @@ def _series(entry: data.RunEntry, counts: list[Any]) -> data.Series:
         points = [(v, m) for v, m in points if m is not None]
         if points and f"{mode}/reward_mean" not in names:
             xs, ys = [p[0] for p in points], [p[1] for p in points]
-            series.append((f"store/{mode}_reward_by_version", xs, ys))
+            series.append((f"store/{mode}_reward_by_version", xs, ys))  # STORE_CURVES
     return series
 
 

@@ -74,8 +74,9 @@ class Catalog:
         if path.is_dir():
             path = path / STORE_FILE
         if not path.exists():
+            hint = " (no run was trained here yet: `make demo` makes one)" if spec == "runs" else ""
             raise VoltRLError(
-                f"no store at {spec}: expected a run directory, a directory of them, "
+                f"no store at {spec}{hint}: expected a run directory, a directory of them, "
                 "a store file or a store URL"
             )
         return _Source(spec, stores={str(path): self._open(str(path))})
@@ -140,6 +141,7 @@ class Catalog:
 
     async def rollout(self, rollout_id: str) -> tuple[Store, Rollout, RunEntry | None]:
         """A rollout, its store and its run; raises :class:`NotFoundError`."""
+        self._scan()  # a run started since the last listing has a store of its own
         for _, store in self.stores:
             with contextlib.suppress(NotFoundError, StoreError):  # another store may have it
                 rollout = await store.get_rollout(rollout_id)
@@ -151,8 +153,12 @@ class Catalog:
         raise NotFoundError(f"no rollout {rollout_id!r} in {self.describe()}")
 
     def describe(self) -> str:
-        """The sources, for messages and the page footer (passwords in URLs hidden)."""
-        return ", ".join(redact(s.spec) for s in self._sources)
+        """The sources, for messages and the page footer (passwords in URLs hidden, paths
+        absolute)."""
+        return ", ".join(
+            str(Path(s.spec).expanduser().resolve()) if Path(s.spec).exists() else redact(s.spec)
+            for s in self._sources
+        )
 
     async def close(self) -> None:
         """Close every store this catalog opened."""
@@ -258,7 +264,7 @@ def load_tokenizer(entry: RunEntry | None) -> tuple[Any | None, str]:
 def tokens(ids: Sequence[int], tokenizer: Any | None) -> list[str]:
     """Each id as the text it stands for (``#id`` without a tokenizer)."""
     if tokenizer is None:
-        return [f"#{i}" for i in ids]
+        return [f"#{i} " for i in ids]
     return tokenizer.batch_decode([[i] for i in ids])
 
 

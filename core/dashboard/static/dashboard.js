@@ -16,12 +16,23 @@ function padded(lo, hi, nice) {
   return nice ? uPlot.rangeNum(lo, hi, 0.1, true) : [lo, hi];
 }
 
+// A tick label with the digits its neighbours need to differ (1e-8, 6.0581, 0.001).
+function tick(v) {
+  if (v === 0) return "0";
+  const a = Math.abs(v);
+  if (a >= 1e5 || a < 1e-3) return v.toExponential(2);
+  return String(+v.toPrecision(6));
+}
+
 function chartOptions(name, labels, width) {
   return {
     width: width, height: 180,
-    legend: { show: labels.length > 1 },
+    legend: { show: true, live: true },
     scales: { x: { time: false, range: (u, lo, hi) => padded(lo, hi, false) }, y: { range: (u, lo, hi) => padded(lo, hi, true) } },
-    axes: [{ label: "step", size: 36 }, { size: 56 }],
+    axes: [
+      { label: "step", size: 36, incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000] },
+      { size: 64, values: (u, splits) => splits.map(tick) },
+    ],
     series: [{ label: "step" }].concat(labels.map((label, i) => ({
       label: label, stroke: COLORS[i % COLORS.length], width: 1.5,
       points: { show: true, size: 3 }, spanGaps: true,
@@ -55,23 +66,36 @@ function aligned(columns) {
   return [xs].concat(ys);
 }
 
-function drawCharts(root, perRun, labels) {
+// The main metrics (rewards, loss, KL, entropy...: the server's list) get a chart each in
+// view; the rest (counts, timings, settings) are folded under "more metrics".
+function drawCharts(root, perRun, labels, first) {
   const { names, maps } = byName(perRun);
   const columnsWide = Math.max(1, Math.floor(root.clientWidth / 400));
   const width = Math.max(340, Math.min(root.clientWidth, 1500) / columnsWide - 24);
   const plots = new Map();
+  const wasOpen = root.querySelector("details.more-charts")?.open || false;
   root.innerHTML = "";
-  for (const name of names) {
+  const main = names.filter(n => first.includes(n));
+  const rest = names.filter(n => !first.includes(n));
+  let more = null;
+  if (rest.length) {
+    more = document.createElement("details");
+    more.className = "more-charts";
+    more.open = wasOpen || !main.length;
+    more.innerHTML = `<summary>${rest.length} more metrics</summary><div class="charts"></div>`;
+  }
+  for (const name of main.concat(rest)) {
     const box = document.createElement("div");
     box.className = "chart";
     box.dataset.metric = name;
     const title = document.createElement("h4");
     title.textContent = name;
     box.appendChild(title);
-    root.appendChild(box);
+    (first.includes(name) ? root : more.lastElementChild).appendChild(box);
     const data = aligned(maps.map(m => m.get(name)));
     plots.set(name, new uPlot(chartOptions(name, labels, width), data, box));
   }
+  if (more) root.appendChild(more);
   return plots;
 }
 
@@ -81,7 +105,8 @@ function startCharts() {
   if (!root || !script) return;
   const payload = JSON.parse(script.textContent);
   const perRun = payload.compare || [payload.series];
-  let plots = drawCharts(root, perRun, payload.labels);
+  const first = payload.first || [];
+  let plots = drawCharts(root, perRun, payload.labels, first);
   if (root.dataset.live !== "true" || !root.dataset.src) return;
   const timer = setInterval(async () => {
     try {
@@ -89,15 +114,16 @@ function startCharts() {
       const { names, maps } = byName([answer.series]);
       if (names.length !== plots.size || names.some(n => !plots.has(n))) {
         plots.forEach(p => p.destroy());
-        plots = drawCharts(root, [answer.series], payload.labels);
+        plots = drawCharts(root, [answer.series], payload.labels, first);
       } else {
         for (const n of names) plots.get(n).setData(aligned([maps[0].get(n)]));
       }
       const status = document.getElementById("run-status");
       if (status) { status.textContent = answer.status; status.className = "status " + answer.status; }
       if (answer.status !== "running") clearInterval(timer);
+      liveBadge(true);
     } catch (err) {
-      console.warn("chart update failed", err);
+      liveBadge(false);
     }
   }, 3000);
 }
@@ -136,3 +162,14 @@ document.addEventListener("htmx:afterSettle", () => {
   }
   drawSparks(document);
 });
+
+// The "live" badge says whether the page still hears from the dashboard.
+function liveBadge(ok) {
+  const badge = document.querySelector("nav .live");
+  if (!badge) return;
+  badge.textContent = ok ? "● live" : "● offline: the dashboard does not answer";
+  badge.classList.toggle("offline", !ok);
+}
+document.addEventListener("htmx:sendError", () => liveBadge(false));
+document.addEventListener("htmx:responseError", () => liveBadge(false));
+document.addEventListener("htmx:afterRequest", e => { if (e.detail.successful) liveBadge(true); });
