@@ -89,14 +89,68 @@ class MetricsLog:
         (lines of other runs are skipped), else the ones logged here."""
         if self.path is None or not self.path.exists():
             return list(self.records)
-        lines = (json.loads(line) for line in self.path.read_text().splitlines() if line)
-        return [r for r in lines if self.run_id is None or r.get("run_id") == self.run_id]
+        return read_metrics(self.path, self.run_id)
 
     def close(self) -> None:
         """Close the file."""
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+def read_metrics(path: Path, run_id: str | None = None) -> list[dict[str, Any]]:
+    """The records of a ``metrics.jsonl`` (of ``run_id`` when given: lines of other runs are
+    skipped, lines without a run id kept); a line cut short by a crash is skipped."""
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(record, dict):
+            continue
+        if run_id is None or record.get("run_id") in (None, run_id):
+            records.append(record)
+    return records
+
+
+FIRST_METRICS = (
+    "train/reward_mean",
+    "val/reward_mean",
+    "dev/reward_mean",
+    "train/reward_std",
+    "update/loss",
+    "update/approx_kl",
+    "update/kl",
+    "update/entropy",
+    "update/clip_frac",
+    "update/grad_norm",
+    "update/tokens_per_s",
+    "rollout_s",
+    "update_s",
+    "sft/loss",
+)
+"""The metrics shown first (the dashboard's charts, ``voltrl show``'s sparklines), in order."""
+
+Series = list[tuple[str, list[int], list[float]]]
+
+
+def metric_series(records: Iterable[dict[str, Any]]) -> Series:
+    """Every numeric metric as ``(name, steps, values)`` over the steps that logged it
+    (several records of one step: the last wins), :data:`FIRST_METRICS` first, then by name."""
+    by_name: dict[str, dict[int, float]] = {}
+    for record in records:
+        step = record.get("step")
+        if not isinstance(step, int):
+            continue
+        for name, value in record.items():
+            if name in ("step", "time", "run_id") or isinstance(value, bool):
+                continue
+            if isinstance(value, int | float) and math.isfinite(value):
+                by_name.setdefault(name, {})[step] = float(value)
+    first = {name: i for i, name in enumerate(FIRST_METRICS)}
+    order = sorted(by_name, key=lambda n: (first.get(n, len(first)), n))
+    return [(n, sorted(by_name[n]), [by_name[n][k] for k in sorted(by_name[n])]) for n in order]
 
 
 def format_stats_table(title: str, rows: dict[str, RewardStats]) -> Any:

@@ -33,7 +33,7 @@ from rich.tree import Tree
 
 from voltrl.errors import NotFoundError, VoltRLError
 from voltrl.failures import agent_frames, traceback_frames
-from voltrl.metrics import format_stats_table, summarize
+from voltrl.metrics import format_stats_table, read_metrics, summarize
 from voltrl.store.base import Store
 from voltrl.store.dialects import redact
 from voltrl.types import Attempt, LLMCall, Reward, Rollout, Run, Span
@@ -41,7 +41,7 @@ from voltrl.types import Attempt, LLMCall, Reward, Rollout, Run, Span
 BARS = "▁▂▃▄▅▆▇█"
 ROLES = {"system": "magenta", "user": "green", "assistant": "cyan", "tool": "yellow"}
 GOOD = {"succeeded": "green", "finished": "green", "running": "blue", "queued": "blue"}
-FIRST_METRICS = ("train/reward_mean", "val/reward_mean", "dev/reward_mean")
+REWARD_METRICS = ("train/reward_mean", "val/reward_mean", "dev/reward_mean")
 KEY_CONFIG = ("model", "steps", "tasks_per_step", "group_size", "n_repeats", "update.lr", "lr")
 MAX_SPANS = 80
 
@@ -140,14 +140,7 @@ async def load_run(found: Found, run_dir: str | Path = "runs") -> RunView:
     if found.path is not None:
         candidates.insert(0, found.path.parent / "metrics.jsonl")
     for path in candidates:
-        records = []
-        for line in path.read_text(encoding="utf-8").splitlines() if path.is_file() else []:
-            try:
-                record = json.loads(line)
-            except ValueError:  # a line cut short by a crash
-                continue
-            if isinstance(record, dict) and record.get("run_id", run.run_id) == run.run_id:
-                records.append(record)
+        records = read_metrics(path, run.run_id) if path.is_file() else []
         if records or path.is_file():
             view.metrics, view.metrics_path = records or None, path
         if records:
@@ -199,7 +192,8 @@ def sparkline(values: Iterable[float], width: int = 60) -> str:
 
 
 def metric_series(records: Iterable[dict[str, Any]]) -> dict[str, list[float]]:
-    """Each numeric metric's values over the records, the reward means first."""
+    """Each numeric metric's values over the records, the reward means first, then in the
+    order the log first has them (one line each: the dashboard charts them by step)."""
     series: dict[str, list[float]] = {}
     for record in records:
         for key, value in record.items():
@@ -207,7 +201,7 @@ def metric_series(records: Iterable[dict[str, Any]]) -> dict[str, list[float]]:
                 continue
             if isinstance(value, int | float) and math.isfinite(value):
                 series.setdefault(key, []).append(value)
-    first = [k for k in FIRST_METRICS if k in series]
+    first = [k for k in REWARD_METRICS if k in series]
     return {k: series[k] for k in first + [k for k in series if k not in first]}
 
 

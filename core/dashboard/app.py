@@ -40,6 +40,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from voltrl.dashboard import data
 from voltrl.errors import NotFoundError, StoreError
+from voltrl.metrics import FIRST_METRICS, Series, metric_series
 from voltrl.store.browse import RolloutPage, RolloutQuery, duration
 
 HERE = Path(__file__).resolve().parent
@@ -60,7 +61,7 @@ def dashboard_app(catalog: data.Catalog, *, token: str | None = None) -> FastAPI
     templates.env.filters["num"] = _num
     templates.env.filters["pretty"] = data.pretty
     templates.env.globals["REFRESH_S"] = REFRESH_S
-    templates.env.globals["first_metrics"] = [*data.FIRST_METRICS, *STORE_CURVES]
+    templates.env.globals["first_metrics"] = [*FIRST_METRICS, *STORE_CURVES]
     templates.env.globals["url_for"] = _url_path
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     counts_of_finished: dict[str, list[Any]] = {}  # a finished run's counts never change
@@ -440,10 +441,10 @@ def _versions(counts: list[Any]) -> list[dict[str, Any]]:
     return sorted(table.values(), key=lambda r: (r["version"] is not None, r["version"] or 0))
 
 
-def _series(entry: data.RunEntry, counts: list[Any]) -> data.Series:
+def _series(entry: data.RunEntry, counts: list[Any]) -> Series:
     """The run's charts: every metric of ``metrics.jsonl``; without one, the mean reward per
     resources version and mode from the store."""
-    series = data.metric_series(data.read_metrics(entry))
+    series = metric_series(data.read_metrics(entry))
     names = {name for name, _, _ in series}
     for mode in ("train", "val", "dev"):
         rows = [r for r in _versions(counts) if r["version"] is not None and mode in r["modes"]]

@@ -11,13 +11,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from voltrl import metrics
 from voltrl.errors import NotFoundError, StoreError, VoltRLError
 from voltrl.store import open_store
 from voltrl.store.base import Store
@@ -192,52 +192,8 @@ def read_metrics(entry: RunEntry) -> list[dict[str, Any]]:
     key = (stat.st_mtime, stat.st_size)
     cached = _METRICS_CACHE.get(path)
     if cached is None or cached[0] != key:
-        records = []
-        for line in path.read_text(encoding="utf-8").splitlines():
-            with contextlib.suppress(ValueError):  # a line being written
-                records.append(json.loads(line))
-        _METRICS_CACHE[path] = cached = (key, records)
+        _METRICS_CACHE[path] = cached = (key, metrics.read_metrics(path))
     return [r for r in cached[1] if r.get("run_id") in (None, entry.run.run_id)]
-
-
-FIRST_METRICS = (
-    "train/reward_mean",
-    "val/reward_mean",
-    "dev/reward_mean",
-    "train/reward_std",
-    "update/loss",
-    "update/approx_kl",
-    "update/kl",
-    "update/entropy",
-    "update/clip_frac",
-    "update/grad_norm",
-    "update/tokens_per_s",
-    "rollout_s",
-    "update_s",
-    "sft/loss",
-)
-"""Metrics charted first, in this order; the others follow by name."""
-
-
-Series = list[tuple[str, list[int], list[float]]]
-
-
-def metric_series(records: Sequence[dict[str, Any]]) -> Series:
-    """Every numeric metric as ``(name, steps, values)`` over the steps that logged it
-    (several records of one step: the last wins), :data:`FIRST_METRICS` first."""
-    by_name: dict[str, dict[int, float]] = {}
-    for record in records:
-        step = record.get("step")
-        if not isinstance(step, int):
-            continue
-        for name, value in record.items():
-            if name in ("step", "time", "run_id") or isinstance(value, bool):
-                continue
-            if isinstance(value, int | float) and math.isfinite(value):
-                by_name.setdefault(name, {})[step] = float(value)
-    first = {name: i for i, name in enumerate(FIRST_METRICS)}
-    order = sorted(by_name, key=lambda n: (first.get(n, len(first)), n))
-    return [(n, sorted(by_name[n]), [by_name[n][k] for k in sorted(by_name[n])]) for n in order]
 
 
 # ---- tokens -------------------------------------------------------------------------------------
@@ -292,6 +248,7 @@ class Step:
 
 
 _STEPS: dict[tuple[str, int], Step] = {}  # finished steps never change: kept once built
+STEPS_KEPT = 64
 LOCAL_RL = "local_rl"
 
 
@@ -342,6 +299,8 @@ async def step_rows(entry: RunEntry, rollout: Rollout) -> Step:
     step = Step(rows, dropped, note)
     if not running:
         _STEPS[key] = step
+        if len(_STEPS) > STEPS_KEPT:
+            del _STEPS[next(iter(_STEPS))]  # the oldest built
     return step
 
 
