@@ -62,6 +62,7 @@ class TrainContext:
         backends: Sequence[str],
         *,
         model: str | None = None,
+        model_for_agent: Callable[[str | None], str | None] | None = None,
         backend_api_key: str | None = None,
         request_token_ids: bool = True,
         retry: GatewayRetry | None = None,
@@ -73,7 +74,9 @@ class TrainContext:
         the run's), checks the run's token (refused off loopback without one), records each
         call's resources version, and stops when the run ends. ``retry`` overrides the
         trainer's retry settings; ``reasoning_split`` moves the thinking a model writes into
-        its content to ``reasoning_content`` (:mod:`voltrl.reasoning`). Publish an
+        its content to ``reasoning_content`` (:mod:`voltrl.reasoning`); ``model_for_agent``
+        names the model each call is forwarded with, by its agent name (LoRA adapters per
+        role). Publish an
         ``LLM(endpoint=served.url, gateway=True)``: runners give it the token as its API
         key."""
         from voltrl.serve import start_gateway
@@ -85,6 +88,7 @@ class TrainContext:
             token=self.token,
             retry=retry or self.gateway_retry,
             model=model,
+            model_for_agent=model_for_agent,
             backend_api_key=backend_api_key,
             request_token_ids=request_token_ids,
             reasoning_split=reasoning_split,

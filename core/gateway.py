@@ -66,6 +66,9 @@ class Gateway:
             (``http://host:port/v1``).
         model: when set, forced as the ``model`` of every forwarded request and served by
             ``/v1/models``; else the client's model is forwarded and ``/v1/models`` is proxied.
+        model_for_agent: called with each call's agent name; a name it returns is forwarded as
+            the call's ``model`` instead (None: as without it). How LocalRL's per-role LoRA
+            adapters are served: the backend serves each adapter under its own name.
         resources_version: called at the start of each call; its value is recorded on it.
         trace_header: a header that carries the rollout id in the header form, besides
             ``x-rollout-id`` (e.g. ``trace_id``).
@@ -95,6 +98,7 @@ class Gateway:
         backends: Sequence[str],
         *,
         model: str | None = None,
+        model_for_agent: Callable[[str | None], str | None] | None = None,
         resources_version: Callable[[], int | None] | None = None,
         trace_header: str = "x-rollout-id",
         max_body_bytes: int = 32 * 1024 * 1024,
@@ -115,6 +119,7 @@ class Gateway:
         self.store = store
         self.backends = [b.rstrip("/") for b in backends]
         self.model = model
+        self.model_for_agent = model_for_agent
         self.resources_version = resources_version
         self.trace_header = trace_header.lower()
         self.max_body_bytes = max_body_bytes
@@ -486,6 +491,8 @@ class Gateway:
         body = dict(call.body)
         if self.model is not None:
             body["model"] = self.model
+        if self.model_for_agent is not None:
+            body["model"] = self.model_for_agent(call.agent_name) or body.get("model")
         if self.request_token_ids:
             body["return_token_ids"] = True
         if call.kind == "chat":

@@ -16,8 +16,9 @@ attempt, whatever agent made it and whether or not it is trained on.
 
 **Rows.** ``mode="transition"`` (default): one row per call. ``mode="trajectory"``: a call
 whose prompt ids start with the previous call's prompt + response ids (previous call of the
-same agent) extends that row: the tokens in between (tool results, the next user turn) join
-the response with loss mask 0 and logprob 0, the new generated tokens follow with mask 1. A
+same agent, sampled by the same model) extends that row: the tokens in between (tool results,
+the next user turn) join the response with loss mask 0 and logprob 0, the new generated
+tokens follow with mask 1. A row records its first call's ``model``. A
 call that does not extend its agent's open row starts a new row and counts one merge failure.
 Explicit transitions returned by the agent (``Attempt.transitions``) are used as-is instead.
 
@@ -75,7 +76,7 @@ import json
 import re
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -300,6 +301,7 @@ class _Row:
 
     prompt: list[int]
     agent_name: str | None
+    model: str | None
     first_turn: int
     response: list[int] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)
@@ -354,7 +356,10 @@ def _turns(calls: Sequence[LLMCall], config: TrajectoryConfig, stats: Counter[st
 
 
 def _row_of(turn: _Turn) -> _Row:
-    row = _Row(prompt=turn.prompt, agent_name=turn.call.agent_name, first_turn=turn.index)
+    call = turn.call
+    row = _Row(
+        prompt=turn.prompt, agent_name=call.agent_name, model=call.model, first_turn=turn.index
+    )
     _extend(row, turn, [])
     return row
 
@@ -376,7 +381,7 @@ def _merge_turns(turns: Sequence[_Turn], stats: Counter[str]) -> list[_Row]:
     open_rows: dict[str | None, _Row] = {}
     for turn in turns:
         row = open_rows.get(turn.call.agent_name)
-        if row is not None:
+        if row is not None and row.model == turn.call.model:
             full = row.prompt + row.response
             if turn.prompt[: len(full)] == full:
                 _extend(row, turn, turn.prompt[len(full) :])
@@ -451,7 +456,9 @@ def _rows_from_transitions(
         if logprobs is None or len(logprobs) != len(response):
             stats["missing_logprobs"] += 1
             logprobs = None
-        row = _Row(prompt=list(tr.prompt_token_ids), agent_name=tr.agent_name, first_turn=i)
+        row = _Row(
+            prompt=list(tr.prompt_token_ids), agent_name=tr.agent_name, model=tr.model, first_turn=i
+        )
         row.add(response, True, logprobs)
         row.mask = list(mask) if mask is not None else row.mask
         row.turns, row.reward = [i], tr.reward if tr.reward is not None else credit[i]
@@ -565,6 +572,7 @@ def _transition(row: _Row) -> Transition:
         response_mask=row.mask,
         reward=row.reward,
         agent_name=row.agent_name,
+        model=row.model,
         metadata=meta,
     )
 
@@ -596,10 +604,17 @@ class TrainingBatch:
     group_ids: list[str] = field(default_factory=list)
     rollout_ids: list[str] = field(default_factory=list)
     agent_names: list[str | None] = field(default_factory=list)
+    models: list[str | None] = field(default_factory=list)
     stats: dict[str, int] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.rewards)
+
+    def select(self, rows: Sequence[int]) -> TrainingBatch:
+        """A batch of these rows only, in this order, with the same widths and ``stats``."""
+        per_row = [f.name for f in fields(self) if isinstance(getattr(self, f.name), list)]
+        picked = {name: [getattr(self, name)[i] for i in rows] for name in per_row}
+        return replace(self, **picked, stats=dict(self.stats))
 
     def to_torch(self, device: Any = None) -> dict[str, Any]:
         """The tensor fields as torch tensors (needs torch), plus ``input_ids`` =
@@ -675,6 +690,7 @@ def collate(
         batch.group_ids.append(traj.task_id)
         batch.rollout_ids.append(traj.rollout_id)
         batch.agent_names.append(tr.agent_name)
+        batch.models.append(tr.model)
     stats["rows"] = len(rows)
     stats["rollouts"] = len(trajectories)
     stats["rollouts_with_rows"] = sum(1 for t in trajectories if t.transitions)

@@ -199,6 +199,9 @@ class Transition(Model):
     response_mask: list[int] | None = None
     reward: float | None = None
     agent_name: str | None = None
+    model: str | None = None
+    """The model that sampled it, as its calls recorded it (with per-role LoRA adapters:
+    the adapter's name, which the row trains)."""
     metadata: dict[str, Any] = Field(default_factory=dict)
 
 

@@ -60,12 +60,12 @@ def test_local_rl_with_lora_serves_merged_weights_checkpoints_resumes_and_saves(
     initial = untrained.state_dict()
     algo, result = fit(tmp_path, steps=2)
     assert updates(result) == [1, 2] and result.by_mode["train"].failed == 0
-    assert algo._engine is not None and algo._policy is not None
+    assert algo._engine is not None and algo._policies[None] is not None
     assert algo._engine.weights_version == 2
     # the engine serves a plain model with the adapters merged in
     served = algo._engine.model.state_dict()
     assert served.keys() == initial.keys()
-    for name, weight in algo._policy.merged_state_dict().items():
+    for name, weight in algo._policies[None].merged_state_dict().items():
         assert torch.equal(served[name], weight), name
     assert not torch.equal(served[Q_PROJ], initial[Q_PROJ])
     run = tmp_path / "lora"

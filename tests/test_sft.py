@@ -409,8 +409,7 @@ def test_a_resumed_lora_run_puts_its_adapters_back_on_the_warm_started_base(tmp_
     fresh = vl.LocalRL("tiny")._load()[0]
     resumed, sft = fit(2, resume=True)
     assert sft.losses == []  # not warmed again
-    assert resumed._policy is not None
-    base = resumed._policy.model.get_base_model().model.embed_tokens.weight
+    base = resumed._policies[None].model.get_base_model().model.embed_tokens.weight
     assert torch.equal(base, warmed.model.embed_tokens.weight)
     assert not torch.equal(base, fresh.model.embed_tokens.weight)
 

@@ -102,7 +102,7 @@ def test_local_rl_applies_records_and_reports_its_threads(tmp_path: Path, capsys
     assert capsys.readouterr().out.count("torch: 1 intra-op thread(s)") == 1
     assert torch.get_num_threads() == 1
     assert algo._engine is not None and algo._engine.threads == 1
-    assert algo._policy is not None and algo._policy.threads == 1
+    assert algo._policies[None].threads == 1
 
     async def runs() -> list[vl.Run]:
         store = SQLStore(tmp_path / "t" / "store.sqlite")

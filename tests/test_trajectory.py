@@ -162,6 +162,27 @@ def test_trajectory_mode_merges_each_agent_with_its_own_previous_call() -> None:
     ]
 
 
+def test_a_row_records_its_model_and_merges_only_calls_sampled_by_that_model() -> None:
+    """Per-role LoRA adapters: a row trains the adapter that sampled it, so calls of one agent
+    sampled by two adapters (say, before and after the patterns changed) are not merged."""
+    a0, a1 = call(0, [1], [2], agent="a"), call(1, [1, 2, 3], [4], agent="a")
+    a0.model, a1.model = "writer", "writer"
+    a2 = call(2, [1, 2, 3, 4, 5], [6], agent="a")
+    a2.model = "checker"
+    traj = build_trajectory(rollout(), [a0, a1, a2], config=TrajectoryConfig(mode="trajectory"))
+    assert [(r.model, r.response_token_ids) for r in traj.transitions] == [
+        ("writer", [2, 3, 4]),
+        ("checker", [6]),
+    ]
+    assert traj.merge_failures == 0  # another policy's row, not a prompt that failed to extend
+    batch = collate([traj])
+    assert batch.models == ["writer", "checker"]
+    picked = batch.select([1])
+    assert picked.models == ["checker"] and picked.response_ids == [batch.response_ids[1]]
+    assert (picked.prompt_length, picked.response_length) == (batch.prompt_length, 3)
+    assert len(picked) == 1 and picked.stats == batch.stats
+
+
 def test_transition_mode_makes_one_row_per_call_with_every_token_generated() -> None:
     calls = chain(3)
     traj = build_trajectory(rollout(), calls)

@@ -22,6 +22,14 @@ the merged model); with LoRA the adapter alone goes to ``<run dir>/final/adapter
 ``PeftModel.from_pretrained(base_model, ...)`` loads onto the model training started from.
 The tokenizer is saved to ``<run dir>/tokenizer`` at setup, so the dashboard can decode the
 token ids of a run still training.
+
+**A LoRA adapter per agent role** (``adapters={"writer": "write|rewrite", "checker":
+"check"}``, see :mod:`.adapters`): one base model, one adapter per name. The gateway sends each
+call to its adapter by the agent name, the engine serves every adapter at once (mixed-adapter
+batches), and each step trains each adapter on its own rows only: its own GRPO groups and
+advantages, its own optimizer. Checkpoints go to ``<run dir>/checkpoints/<adapter>/``; the
+base model is saved to ``<run dir>/final`` and each adapter to ``final/adapters/<adapter>``
+(a standard peft adapter). Metrics are logged per adapter (``update/<adapter>/loss``...).
 """
 
 from __future__ import annotations
@@ -37,10 +45,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from voltrl.algorithms.base import Algorithm
+from voltrl.algorithms.local.adapters import Adapters
 from voltrl.errors import VoltRLError
 from voltrl.metrics import RewardStats, summarize
 from voltrl.resources import LLM
-from voltrl.trajectory import TrajectoryConfig, collate, trajectories_from_store
+from voltrl.trajectory import TrainingBatch, TrajectoryConfig, collate, trajectories_from_store
 from voltrl.types import Rollout, Task
 
 if TYPE_CHECKING:
@@ -93,6 +102,11 @@ class LocalRL(Algorithm):
             measures the student after warm-up. It trains every weight, LoRA or not (the KL
             reference is then the warmed model). A resumed run skips it: a full checkpoint has
             the warmed weights; with LoRA they are kept in ``<run dir>/warm_start``.
+        adapters: a LoRA adapter per agent role, ``{adapter name: agent-name regex}``: a
+            call is served by, and trains, the first adapter whose regex fully matches its
+            agent name; calls matching none are served by the base model and not trained
+            (end with ``".*"`` for a catch-all adapter). Implies LoRA (``update``'s
+            ``lora_*`` settings apply to each adapter).
     """
 
     name = "local_rl"
@@ -121,6 +135,7 @@ class LocalRL(Algorithm):
         gateway_retry: GatewayRetry | dict[str, Any] | None = None,
         reasoning_split: bool = False,
         warm_start: SFT | None = None,
+        adapters: dict[str, str] | None = None,
     ) -> None:
         try:
             from voltrl.algorithms.local.threads import decide_threads
@@ -145,6 +160,11 @@ class LocalRL(Algorithm):
         if isinstance(update, dict):
             update = PolicyUpdateConfig.model_validate({"seed": seed, **update})
         self.update = update or PolicyUpdateConfig(seed=seed)
+        self.adapters = (
+            None if adapters is None else Adapters.parse(adapters, served_name=served_name)
+        )
+        if self.adapters is not None and not self.update.use_lora:
+            self.update = self.update.model_copy(update={"use_lora": True})
         if isinstance(trajectory, dict):
             trajectory = TrajectoryConfig.model_validate(trajectory)
         self.trajectory = trajectory or TrajectoryConfig()
@@ -170,7 +190,8 @@ class LocalRL(Algorithm):
         self._steps_done = 0
         self._engine: Engine | None = None
         self._gateway: Gateway | None = None
-        self._policy: PolicyTrainer | None = None
+        self._policies: dict[str | None, PolicyTrainer] = {}
+        """The trainers: one per adapter, or one under ``None`` (the model or its LoRA)."""
         self._llm: LLM | None = None
         self._stops: list[Any] = []
 
@@ -200,6 +221,7 @@ class LocalRL(Algorithm):
             "gateway_retry": self.gateway_retry and self.gateway_retry.model_dump(),
             "reasoning_split": self.reasoning_split,
             "warm_start": self.warm_start and self.warm_start.config(),
+            "adapters": self.adapters and self.adapters.config(),
         }
 
     # ---- setup: model, engine, gateway, resources ---------------------------------------
@@ -213,30 +235,42 @@ class LocalRL(Algorithm):
         from voltrl.algorithms.local.engine import Engine
         from voltrl.algorithms.local.server import serve_engine
         from voltrl.algorithms.local.threads import use_threads
-        from voltrl.algorithms.local.update import PolicyTrainer, latest_checkpoint
+        from voltrl.algorithms.local.update import PolicyTrainer
 
         use_threads(self.threads, report=ctx.progress)
         model, tokenizer = await asyncio.to_thread(self._load)
         # The dashboard and ``voltrl show`` decode the run's token ids with it.
         await asyncio.to_thread(tokenizer.save_pretrained, ctx.run_dir / TOKENIZER_DIR)
-        ckpt = latest_checkpoint(ctx.run_dir / "checkpoints") if self.resume else None
+        resume_step = self._resume_step(ctx.run_dir / "checkpoints") if self.resume else None
         if self.warm_start is not None:
-            await self._warm_start(ctx, model, tokenizer, resumed=ckpt is not None)
-        served = copy.deepcopy(model)  # a plain copy: with LoRA, peft wraps ``model`` in place
-        self._policy = PolicyTrainer(model, self.update)
+            await self._warm_start(ctx, model, tokenizer, resumed=resume_step is not None)
+        if self.adapters is None:
+            served = copy.deepcopy(model)  # a plain copy: with LoRA, peft wraps ``model``
+            self._policies = {None: PolicyTrainer(model, self.update)}
+        else:  # one peft model holding every adapter, each with a trainer of its own
+            for name in self.adapters.names:
+                self._policies[name] = PolicyTrainer(model, self.update, adapter=name)
+                model = self._policies[name].model
         self._start_step = 0
-        if ckpt is not None:
-            self._start_step = self._policy.load_checkpoint(ckpt)
-        served.load_state_dict(self._policy.merged_state_dict())
+        if resume_step is not None:
+            for key, policy in self._policies.items():
+                ckpt = self._checkpoint_dir(ctx.run_dir, key, resume_step)
+                self._start_step = policy.load_checkpoint(ckpt)
+        if self.adapters is None:
+            served.load_state_dict(self._policies[None].merged_state_dict())
+        else:  # the engine's copy: the same base and adapters, unmerged, served by name
+            served = copy.deepcopy(model).requires_grad_(False)
         self._engine = Engine(served, tokenizer, max_batch_size=self.max_batch_size, seed=self.seed)
         self.tokenizer = tokenizer
         engine_url, stop_engine = await serve_engine(
             self._engine, model_name=self.served_name, logprobs_mode="raw"
         )
         self._stops.append(stop_engine)
+        adapters = self.adapters
         served_gateway = await ctx.serve_gateway(
             [f"{engine_url}/v1"],
             model=self.served_name,
+            model_for_agent=None if adapters is None else adapters.adapter_for,
             retry=self.gateway_retry,
             reasoning_split=self.reasoning_split,
         )
@@ -246,8 +280,37 @@ class LocalRL(Algorithm):
             model=self.served_name,
             gateway=True,
             sampling_parameters=self.sampling,
+            adapters=self._adapter_versions(),
         )
         await ctx.publish({"main_llm": self._llm})
+
+    def _resume_step(self, root: Path) -> int | None:
+        """The step to resume from: the latest checkpoint, or with adapters the latest step
+        every adapter has a checkpoint of (an interrupted save may have left one ahead)."""
+        from voltrl.algorithms.local.update import checkpoint_steps
+
+        if self.adapters is None:
+            return max(checkpoint_steps(root), default=None)
+        common = set.intersection(*(checkpoint_steps(root / n) for n in self.adapters.names))
+        if not common and any(checkpoint_steps(root / n) for n in self.adapters.names):
+            raise VoltRLError(
+                f"cannot resume: the adapters' checkpoints in {root} share no step "
+                f"(adapters: {', '.join(self.adapters.names)})"
+            )
+        return max(common, default=None)
+
+    @staticmethod
+    def _checkpoint_dir(run_dir: Path, adapter: str | None, step: int | None = None) -> Path:
+        """``<run dir>/checkpoints`` (``/<adapter>`` with adapters; ``/step_N`` with ``step``)."""
+        from voltrl.algorithms.local.update import checkpoint_path
+
+        root = run_dir / "checkpoints"
+        root = root if adapter is None else root / adapter
+        return root if step is None else checkpoint_path(root, step)
+
+    def _adapter_versions(self) -> dict[str, int]:
+        """Each adapter's weights version: the updates it has had (resumed runs included)."""
+        return {k: p.global_step for k, p in self._policies.items() if k is not None}
 
     async def _warm_start(
         self, ctx: TrainContext, model: Any, tokenizer: Any, *, resumed: bool
@@ -299,7 +362,7 @@ class LocalRL(Algorithm):
 
     async def train(self, ctx: TrainContext, train: list[Task], val: list[Task] | None) -> None:
         """Run ``steps`` policy updates, validating every ``val_every`` steps."""
-        assert self._policy is not None and self._engine is not None
+        assert self._policies and self._engine is not None
         stream = self._task_stream(train)
         for _ in range(self._start_step * self.tasks_per_step):
             next(stream)  # a resumed run continues the same task order
@@ -315,14 +378,16 @@ class LocalRL(Algorithm):
                 self._steps_done = step + 1
                 self.history.append(record)
                 if self.checkpoint_every and (step + 1) % self.checkpoint_every == 0:
-                    await asyncio.to_thread(self._checkpoint, ctx.run_dir / "checkpoints")
+                    await asyncio.to_thread(self._checkpoint, ctx.run_dir)
                 if val and self.val_every and (step + 1) % self.val_every == 0:
                     await self.validate(ctx, val, step + 1)
             if val and self.val_every and self.steps % self.val_every:
                 await self.validate(ctx, val, self.steps)
             await asyncio.to_thread(self._save_final, ctx.run_dir / "final")
+            if ctx.progress and self.adapters is not None:
+                print(self._adapters_summary(), flush=True)
         except asyncio.CancelledError:  # Ctrl-C: keep what was learned, resume continues
-            path = await asyncio.to_thread(self._checkpoint, ctx.run_dir / "checkpoints")
+            path = await asyncio.to_thread(self._checkpoint, ctx.run_dir)
             print(f"interrupted: checkpoint of step {self._steps_done} in {path}", flush=True)
             raise
         finally:
@@ -338,49 +403,89 @@ class LocalRL(Algorithm):
         except Exception as exc:
             print(f"warning: reward_curve.png not drawn: {type(exc).__name__}: {exc}", flush=True)
 
-    def _update(self, batch: Any, step: int) -> dict[str, Any]:
-        """The policy update of ``step`` (on a worker thread; a checkpoint waits for it)."""
-        assert self._policy is not None
+    def _update(
+        self, parts: dict[str | None, TrainingBatch], step: int
+    ) -> dict[str | None, dict[str, Any]]:
+        """The policy update of ``step``: each trainer on its part of the batch (on a worker
+        thread; a checkpoint waits for it). Returns each trainer's metrics."""
         with self._policy_lock:
-            metrics = self._policy.step(batch)
+            metrics = {key: self._policies[key].step(part) for key, part in parts.items()}
             self._steps_done = step + 1
             return metrics
 
-    def _checkpoint(self, directory: Path) -> Path:
-        """Save a checkpoint of the steps done, once no update is running."""
-        assert self._policy is not None
+    def _checkpoint(self, run_dir: Path) -> Path:
+        """Save a checkpoint of the steps done, once no update is running (with adapters,
+        one per adapter, under ``checkpoints/<adapter>/``); returns where."""
         with self._policy_lock:
-            return self._policy.save_checkpoint(directory, self._steps_done)
+            for key, policy in self._policies.items():
+                path = policy.save_checkpoint(self._checkpoint_dir(run_dir, key), self._steps_done)
+        return path if self.adapters is None else path.parent.parent
+
+    def _parts(self, batch: TrainingBatch) -> tuple[dict[str | None, TrainingBatch], int]:
+        """The batch per trainer: whole, or each adapter's rows; and the rows no adapter
+        trains (served by the base model)."""
+        if self.adapters is None:
+            return ({None: batch} if len(batch) else {}), 0
+        rows = self.adapters.rows_by_adapter(batch)
+        untrained = len(rows.pop(None, []))
+        parts = {name: batch.select(rows[name]) for name in self.adapters.names if name in rows}
+        return parts, untrained
+
+    async def _serve_new_weights(self, ctx: TrainContext, trained: list[str | None]) -> None:
+        """Load the trained weights into the engine while the gateway is paused (calls in
+        flight finish first), then publish a new resources version."""
+        assert self._engine is not None and self._gateway is not None and self._llm is not None
+        weights = {
+            key: await asyncio.to_thread(
+                self._policies[key].merged_state_dict
+                if key is None
+                else self._policies[key].adapter_state_dict
+            )
+            for key in trained
+        }
+        async with self._gateway.paused():
+            for key, state in weights.items():
+                await self._engine.aupdate_weights(state, adapter=key)
+            self._llm = self._llm.model_copy(update={"adapters": self._adapter_versions()})
+            await ctx.publish({"main_llm": self._llm})
 
     async def train_step(self, ctx: TrainContext, tasks: list[Task], step: int) -> dict[str, Any]:
-        """Roll out, build the batch, update the policy, serve the new weights."""
-        assert self._policy is not None and self._engine is not None and self._gateway is not None
+        """Roll out, build the batch, update the policy (each adapter on its own rows), serve
+        the new weights."""
+        assert self._policies
         t0 = time.perf_counter()
         rollouts = await ctx.run_rollouts(tasks, mode="train", desc=f"step {step + 1}/{self.steps}")
         t1 = time.perf_counter()
         trajectories = await trajectories_from_store(ctx.store, rollouts, self.trajectory)
         batch = collate(trajectories, self.trajectory)
+        parts, untrained = self._parts(batch)
         stats = summarize(rollouts)
-        metrics: dict[str, Any] = {}
-        if len(batch) and stats.succeeded:  # rows of failed rollouts alone teach nothing
-            metrics = await asyncio.to_thread(self._update, batch, step)
-            weights = await asyncio.to_thread(self._policy.merged_state_dict)
-            async with self._gateway.paused():
-                await self._engine.aupdate_weights(weights)
-                await ctx.publish({"main_llm": self._llm})
+        trained: dict[str | None, dict[str, Any]] = {}
+        if parts and stats.succeeded:  # rows of failed rollouts alone teach nothing
+            trained = await asyncio.to_thread(self._update, parts, step)
+            await self._serve_new_weights(ctx, list(trained))
         t2 = time.perf_counter()
+        metrics = {
+            f"update/{k}" if key is None else f"update/{key}/{k}": v
+            for key, m in trained.items()
+            for k, v in m.items()
+        }
+        if self.adapters is not None:
+            metrics.update({f"adapter/{k}/version": v for k, v in self._adapter_versions().items()})
+            metrics["batch/rows_no_adapter"] = untrained
         record = ctx.log(
             step + 1,
             **stats.flat("train/"),
-            **{f"update/{k}": v for k, v in metrics.items()},
+            **metrics,
             **{f"batch/{k}": v for k, v in batch.stats.items()},
             rollout_s=t1 - t0,
             update_s=t2 - t1,
             resources_version=ctx.resources_version,
         )
         if ctx.progress:
-            print(self._step_line(step, stats, metrics, t1 - t0, t2 - t1), flush=True)
-        if metrics and not metrics["adv_tokens"] and not self._warned_same_reward:
+            print(self._step_line(step, stats, trained, t1 - t0, t2 - t1), flush=True)
+        adv_tokens = sum(m["adv_tokens"] for m in trained.values())
+        if trained and not adv_tokens and not self._warned_same_reward:
             self._warned_same_reward = True
             print(
                 f"warning: in step {step + 1} every group had the same reward, so no token has"
@@ -395,24 +500,45 @@ class LocalRL(Algorithm):
         self,
         step: int,
         stats: RewardStats,
-        metrics: dict[str, Any],
+        trained: dict[str | None, dict[str, Any]],
         rollout_s: float,
         update_s: float,
     ) -> str:
-        """The console line of a training step."""
+        """The console line of a training step (with adapters, the update of each)."""
         head = f"step {step + 1}/{self.steps}  reward {stats.reward_mean or 0:.3f}"
         times = f"  rollouts {rollout_s:.1f}s  update {update_s:.1f}s"
         if not stats.succeeded:
             return f"{head}  every rollout failed: not trained{times}"
-        if not metrics:
+        if not trained:
             return f"{head}  no trainable rows: not trained{times}"
-        trained = (
-            f"trained {metrics['adv_tokens']:.0f} tok ({metrics['tokens_per_s']:.0f}/s)"
-            if metrics["adv_tokens"]
-            else "trained 0 tokens with non-zero advantage"
-        )
-        loss = f"  loss {metrics['loss']:.4f}  entropy {metrics['entropy']:.3f}"
-        return f"{head}{loss}  {trained}{times}"
+        parts = []
+        for key, m in trained.items():
+            done = (
+                f"trained {m['adv_tokens']:.0f} tok ({m['tokens_per_s']:.0f}/s)"
+                if m["adv_tokens"]
+                else "trained 0 tokens with non-zero advantage"
+            )
+            name = "" if key is None else f"[{key}] reward {m['reward_mean']:.3f}  "
+            parts.append(f"{name}loss {m['loss']:.4f}  entropy {m['entropy']:.3f}  {done}")
+        return f"{head}  {'  '.join(parts)}{times}"
+
+    def _adapters_summary(self) -> str:
+        """What each adapter got over the run: updates, tokens trained, its rows' reward
+        (first and last update), and where it was saved."""
+        lines = ["adapters:"]
+        for name in self.adapters.names if self.adapters else []:
+            rewards = [
+                h[f"update/{name}/reward_mean"]
+                for h in self.history
+                if f"update/{name}/reward_mean" in h
+            ]
+            tokens = sum(h.get(f"update/{name}/adv_tokens", 0) for h in self.history)
+            trend = f"{rewards[0]:.3f} -> {rewards[-1]:.3f}" if rewards else "-"
+            lines.append(
+                f"  {name}: {self._policies[name].global_step} updates, {tokens:.0f} tokens "
+                f"trained, its rows' reward {trend}, saved in final/adapters/{name}"
+            )
+        return "\n".join(lines)
 
     async def validate(self, ctx: TrainContext, tasks: list[Task], step: int) -> list[Rollout]:
         """Run every validation task once with ``val_sampling``; logs ``val/*`` metrics."""
@@ -433,10 +559,22 @@ class LocalRL(Algorithm):
     def _save_final(self, directory: Path) -> None:
         """Save the served model (LoRA merged in) and the tokenizer to ``directory``, which
         ``from_pretrained`` loads; with LoRA also the adapter alone to ``directory/adapter``,
-        which ``PeftModel.from_pretrained(base_model, ...)`` loads."""
-        assert self._engine is not None and self._policy is not None
-        self._engine.model.save_pretrained(directory)
+        which ``PeftModel.from_pretrained(base_model, ...)`` loads. With adapters: the base
+        model to ``directory`` and each adapter to ``directory/adapters/<name>``."""
+        assert self._engine is not None and self._policies
         if self.tokenizer is not None:
             self.tokenizer.save_pretrained(directory)
-        if self.update.use_lora:
-            self._policy.model.save_pretrained(directory / "adapter")
+        if self.adapters is None:
+            self._engine.model.save_pretrained(directory)
+            if self.update.use_lora:
+                self._policies[None].model.save_pretrained(directory / "adapter")
+            return
+        peft_model = self._policies[self.adapters.names[0]].model
+        base = peft_model.get_base_model()
+        weights = {
+            k.replace(".base_layer", ""): v
+            for k, v in base.state_dict().items()
+            if "lora_" not in k
+        }
+        base.save_pretrained(directory, state_dict=weights)
+        peft_model.save_pretrained(directory / "adapters", selected_adapters=self.adapters.names)

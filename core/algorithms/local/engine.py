@@ -20,6 +20,13 @@ text (with the rest of the text after it), and EOS / ``stop_token_ids`` tokens a
 :meth:`Engine.update_weights` swaps weights at a step boundary; choices in flight go on with
 the new weights (their cached keys and values stay), and each delta records the
 ``weights_version`` that sampled it.
+
+**LoRA adapters.** Given a ``peft`` model holding several LoRA adapters (one per agent role),
+the engine serves them all at once: each request names its adapter (``adapter=``; None: the
+base model), and requests for different adapters share one decode batch: a forward pass runs
+the base weights once for every row and each adapter's low-rank update on its own rows (peft's
+mixed-adapter batches). ``update_weights(state, adapter=name)`` swaps one adapter's weights
+and leaves the others, and the base, as they are.
 """
 
 from __future__ import annotations
@@ -67,13 +74,23 @@ class EngineError(RuntimeError):
     """The engine failed a request: closed, or the model raised while serving it."""
 
 
+BASE = "__base__"
+"""peft's name for "no adapter" in a mixed-adapter batch."""
+
+
 class _Request:
     """A submitted request, shared between its event loop and the engine thread."""
 
     def __init__(
-        self, rid: str, prompt: list[int], params: SamplingParams, max_tokens: int
+        self,
+        rid: str,
+        prompt: list[int],
+        params: SamplingParams,
+        max_tokens: int,
+        adapter: str | None = None,
     ) -> None:
         self.id, self.prompt, self.params, self.max_tokens = rid, prompt, params, max_tokens
+        self.adapter = adapter or BASE
         self.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue[list[Choice] | BaseException] = asyncio.Queue()
         self.aborted = False
@@ -115,7 +132,8 @@ class Engine:
 
     Args:
         model: a Hugging Face causal LM whose cache layers are full-attention
-            ``DynamicLayer``s (Llama, Qwen2, Mistral without sliding window, ...).
+            ``DynamicLayer``s (Llama, Qwen2, Mistral without sliding window, ...), or a
+            ``peft`` model of one with LoRA adapters, served by name (unmerged).
         tokenizer: its tokenizer (for detokenisation and stop strings).
         max_batch_size: most choices decoded together; more requests wait their turn.
         max_prefill_tokens: most padded prompt tokens prefilled in one step (at least one
@@ -139,6 +157,10 @@ class Engine:
         threads: int | None = None,
     ) -> None:
         self.model = model.eval()
+        self.adapters = frozenset(getattr(model, "peft_config", None) or ())
+        """The LoRA adapters requests may name (empty for a plain model)."""
+        self.adapter_versions = dict.fromkeys(sorted(self.adapters), 0)
+        """Each adapter's weights version: its :meth:`update_weights` so far."""
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
         self.max_batch_size = max_batch_size
@@ -161,7 +183,9 @@ class Engine:
         self._gen.manual_seed(seed if seed is not None else secrets.randbits(63))
         self._cv = threading.Condition()
         self._waiting: collections.deque[_Request] = collections.deque()
-        self._updates: list[tuple[Mapping[str, torch.Tensor], bool, threading.Event, list]] = []
+        self._updates: list[
+            tuple[Mapping[str, torch.Tensor], bool, str | None, threading.Event, list]
+        ] = []
         self._thread: threading.Thread | None = None
         self._closing = False
         # The running batch: its rows (one per choice), KV cache, left padding per row, cache
@@ -210,15 +234,18 @@ class Engine:
         params: SamplingParams | None = None,
         *,
         request_id: str | None = None,
+        adapter: str | None = None,
     ) -> AsyncIterator[list[Choice]]:
         """Submit a request now; iterate the result for each step's deltas (one per choice
         that changed) until all ``n`` choices have a ``finish_reason``. Call it on the event
         loop that will iterate it; closing the iterator early aborts the request.
+        ``adapter``: the LoRA adapter generating it (None: the base model).
 
-        Raises ``ValueError`` at once for a bad prompt or bad parameters (see :meth:`check`);
-        the iteration raises ``EngineError`` if the engine is closed or the model fails.
+        Raises ``ValueError`` at once for a bad prompt, bad parameters or an unknown adapter
+        (see :meth:`check`); the iteration raises ``EngineError`` if the engine is closed or
+        the model fails.
         """
-        req = self._submit(list(prompt_token_ids), params or SamplingParams(), request_id)
+        req = self._submit(list(prompt_token_ids), params or SamplingParams(), request_id, adapter)
         return self._iterate(req)
 
     async def _iterate(self, req: _Request) -> AsyncIterator[list[Choice]]:
@@ -242,23 +269,31 @@ class Engine:
         params: SamplingParams | None = None,
         *,
         request_id: str | None = None,
+        adapter: str | None = None,
     ) -> RequestOutput:
-        """Generate all ``n`` choices of one prompt and return them when finished."""
+        """Generate all ``n`` choices of one prompt (with ``adapter``, as :meth:`stream`)
+        and return them when finished."""
         params = params or SamplingParams()
         rid = request_id or f"req-{uuid.uuid4().hex[:16]}"
         choices = [Choice(index=i) for i in range(params.n)]
-        async with contextlib.aclosing(self.stream(prompt_token_ids, params, request_id=rid)) as it:
+        stream = self.stream(prompt_token_ids, params, request_id=rid, adapter=adapter)
+        async with contextlib.aclosing(stream) as it:
             async for deltas in it:
                 for d in deltas:
                     choices[d.index].add(d)
         return RequestOutput(rid, list(prompt_token_ids), choices)
 
-    def check(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> int:
+    def check(
+        self, prompt_token_ids: Sequence[int], params: SamplingParams, adapter: str | None = None
+    ) -> int:
         """Validate a request without submitting it; return how many tokens it may generate.
 
         Raises ``ValueError`` with a message fit for the caller (an HTTP 400).
         """
         params.validate()
+        if adapter is not None and adapter not in self.adapters:
+            served = ", ".join(sorted(self.adapters)) or "none"
+            raise ValueError(f"no LoRA adapter {adapter!r} (adapters served: {served})")
         prompt = prompt_token_ids
         if not prompt:
             raise ValueError("the prompt is empty")
@@ -279,9 +314,12 @@ class Engine:
             raise ValueError(f"n={params.n} exceeds the engine's batch size {self.max_batch_size}")
         return params.max_tokens or room
 
-    def _submit(self, prompt: list[int], params: SamplingParams, rid: str | None) -> _Request:
-        max_tokens = self.check(prompt, params)
-        req = _Request(rid or f"req-{uuid.uuid4().hex[:16]}", prompt, params, max_tokens)
+    def _submit(
+        self, prompt: list[int], params: SamplingParams, rid: str | None, adapter: str | None
+    ) -> _Request:
+        max_tokens = self.check(prompt, params, adapter)
+        rid = rid or f"req-{uuid.uuid4().hex[:16]}"
+        req = _Request(rid, prompt, params, max_tokens, adapter)
         self.start()
         with self._cv:
             self._waiting.append(req)
@@ -290,20 +328,28 @@ class Engine:
 
     # ---- weights --------------------------------------------------------------------------
     def update_weights(
-        self, weights: Mapping[str, torch.Tensor] | nn.Module, *, strict: bool = True
+        self,
+        weights: Mapping[str, torch.Tensor] | nn.Module,
+        *,
+        strict: bool = True,
+        adapter: str | None = None,
     ) -> int:
         """Load new weights (a state dict, or a module whose ``state_dict()`` matches) at the
-        next step boundary and return the new ``weights_version``. Blocks until applied; call
+        next step boundary and return the new ``weights_version``. With ``adapter``, only
+        that LoRA adapter's weights, as ``peft``'s ``get_peft_model_state_dict`` gives them
+        (every one of them, whatever ``strict``). Blocks until applied; call
         :meth:`aupdate_weights` from async code."""
         state = weights.state_dict() if isinstance(weights, nn.Module) else weights
+        if adapter is not None and adapter not in self.adapters:
+            raise ValueError(f"no LoRA adapter {adapter!r} to update")
         if not self.running or threading.current_thread() is self._thread:
-            self._load(state, strict)
+            self._load(state, strict, adapter)
             return self.weights_version
         done, box = threading.Event(), []
         with self._cv:
             if self._closing:
                 raise EngineError("the engine is closed")
-            self._updates.append((state, strict, done, box))
+            self._updates.append((state, strict, adapter, done, box))
             self._cv.notify_all()
         done.wait()
         if box and isinstance(box[0], BaseException):
@@ -311,14 +357,30 @@ class Engine:
         return self.weights_version
 
     async def aupdate_weights(
-        self, weights: Mapping[str, torch.Tensor] | nn.Module, *, strict: bool = True
+        self,
+        weights: Mapping[str, torch.Tensor] | nn.Module,
+        *,
+        strict: bool = True,
+        adapter: str | None = None,
     ) -> int:
         """:meth:`update_weights` without blocking the event loop."""
-        return await asyncio.to_thread(self.update_weights, weights, strict=strict)
+        return await asyncio.to_thread(self.update_weights, weights, strict=strict, adapter=adapter)
 
-    def _load(self, state: Mapping[str, torch.Tensor], strict: bool) -> None:
+    def _load(self, state: Mapping[str, torch.Tensor], strict: bool, adapter: str | None) -> None:
         with torch.no_grad():
-            self.model.load_state_dict(state, strict=strict)
+            if adapter is None:
+                self.model.load_state_dict(state, strict=strict)
+            else:
+                from peft import set_peft_model_state_dict
+
+                result = set_peft_model_state_dict(self.model, state, adapter_name=adapter)
+                missing = [k for k in result.missing_keys if f".{adapter}." in k]
+                if result.unexpected_keys or missing:
+                    raise ValueError(
+                        f"adapter {adapter!r}: weights do not match (unexpected "
+                        f"{result.unexpected_keys[:3]}, missing {missing[:3]})"
+                    )
+                self.adapter_versions[adapter] += 1
         self.weights_version += 1
 
     # ---- the engine thread ----------------------------------------------------------------
@@ -334,9 +396,9 @@ class Engine:
                         break
                     updates, self._updates = self._updates, []
                     new = self._admit()
-                for state, strict, done, box in updates:
+                for state, strict, adapter, done, box in updates:
                     try:
-                        self._load(state, strict)
+                        self._load(state, strict, adapter)
                     except BaseException as e:
                         box.append(e)
                     done.set()
@@ -366,7 +428,7 @@ class Engine:
                 self._closing = True
                 pending = [*new, *self._waiting]
                 self._waiting.clear()
-                for _, _, done, box in self._updates:
+                for *_, done, box in self._updates:
                     box.append(error)
                     done.set()
             for req in self._requests_of(pending):
@@ -402,8 +464,15 @@ class Engine:
         self._last = self._last[:0]
 
     def _forward(
-        self, ids: torch.Tensor, mask: torch.Tensor | None, pos: torch.Tensor, cache: DynamicCache
+        self,
+        ids: torch.Tensor,
+        mask: torch.Tensor | None,
+        pos: torch.Tensor,
+        cache: DynamicCache,
+        reqs: Sequence[_Request],
     ) -> torch.Tensor:
+        """Next-token logits of each row; ``reqs``: each row's request (its adapter)."""
+        adapters = {"adapter_names": [r.adapter for r in reqs]} if self.adapters else {}
         out = self.model(
             input_ids=ids,
             attention_mask=mask,
@@ -411,6 +480,7 @@ class Engine:
             past_key_values=cache,
             use_cache=True,
             logits_to_keep=1,
+            **adapters,
         )
         return out.logits[:, -1].float()
 
@@ -426,7 +496,7 @@ class Engine:
         ids, mask = ids.to(self.device), mask.to(self.device)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache()
-        logits = self._forward(ids, mask, pos, cache)
+        logits = self._forward(ids, mask, pos, cache, new)
         self.stats["prefill_tokens"] += sum(lengths)
         rows = [i for i, r in enumerate(new) for _ in range(r.params.n)]
         if rows != list(range(len(new))):
@@ -484,7 +554,8 @@ class Engine:
             cols = torch.arange(self._len + 1, device=self.device)
             mask = (cols[None, :] >= self._pad[:, None]).long()
         pos = (self._len - self._pad)[:, None]
-        logits = self._forward(self._last[:, None], mask, pos, self._cache)
+        reqs = [s.req for s in self._seqs]
+        logits = self._forward(self._last[:, None], mask, pos, self._cache, reqs)
         self._len += 1
         self.stats["steps"] += 1
         self.stats["decode_tokens"] += len(self._seqs)
@@ -602,6 +673,7 @@ class Engine:
             "running": len(self._seqs),
             "waiting": waiting,
             "weights_version": self.weights_version,
+            **({"adapter_versions": dict(self.adapter_versions)} if self.adapters else {}),
         }
 
 

@@ -9,7 +9,11 @@ the raw model logprobs at temperature 1 unless the app is built with
 ``logprobs_mode="processed"`` (see :mod:`.sampling`).
 
 Any ``model`` name is accepted (the gateway forces its own); ``/v1/models`` reports the served
-name. Unsupported or malformed parameters get a 400 with an OpenAI-shaped error. There is no
+name. An engine serving LoRA adapters serves each under its own name, as vLLM's multi-LoRA
+does: a request whose ``model`` names an adapter is generated with it (and its response says
+that name), any other with the base model; ``/v1/models`` lists the adapters too.
+
+Unsupported or malformed parameters get a 400 with an OpenAI-shaped error. There is no
 guided decoding: ``tool_choice`` ``"required"`` or a named function is treated as ``"auto"``
 (the model's output is parsed for calls); ``"none"`` turns parsing off.
 
@@ -200,6 +204,11 @@ class _Server:
         except ValueError as e:
             raise BadRequest(str(e)) from None
 
+    def adapter(self, body: dict[str, Any]) -> str | None:
+        """The LoRA adapter a request's ``model`` names, or None (the base model)."""
+        model = body.get("model")
+        return model if isinstance(model, str) and model in self.engine.adapters else None
+
     # ---- response pieces ---------------------------------------------------------------
     def _values(self, lps: list[float], slps: list[float]) -> list[float]:
         return slps if self.logprobs_mode == "processed" else lps
@@ -234,12 +243,12 @@ class _Server:
             "text_offset": offsets,
         }
 
-    def head(self, prefix: str, obj: str) -> dict[str, Any]:
+    def head(self, prefix: str, obj: str, body: dict[str, Any]) -> dict[str, Any]:
         return {
             "id": f"{prefix}-{uuid.uuid4().hex[:24]}",
             "object": obj,
             "created": int(time.time()),
-            "model": self.model_name,
+            "model": self.adapter(body) or self.model_name,
         }
 
     # ---- chat ----------------------------------------------------------------------------
@@ -251,7 +260,7 @@ class _Server:
         want_ids, want_lps = bool(body.get("return_token_ids")), bool(body.get("logprobs"))
         if body.get("stream"):
             return _EventStream(self.chat_stream(body, prompt, params, tools, want_ids, want_lps))
-        out = await self.engine.generate(prompt, params)
+        out = await self.engine.generate(prompt, params, adapter=self.adapter(body))
         choices = []
         for c in out.choices:
             message: dict[str, Any] = {"role": "assistant", "content": c.text, "tool_calls": []}
@@ -271,7 +280,7 @@ class _Server:
             if want_ids:
                 choice["token_ids"] = c.token_ids
             choices.append(choice)
-        resp = {**self.head("chatcmpl", "chat.completion"), "choices": choices}
+        resp = {**self.head("chatcmpl", "chat.completion", body), "choices": choices}
         resp["usage"] = _usage(len(prompt), sum(len(c.token_ids) for c in out.choices))
         if want_ids:
             resp["prompt_token_ids"] = prompt
@@ -292,7 +301,7 @@ class _Server:
         want_ids: bool,
         want_lps: bool,
     ) -> AsyncGenerator[bytes, None]:
-        head = self.head("chatcmpl", "chat.completion.chunk")
+        head = self.head("chatcmpl", "chat.completion.chunk", body)
         opts = body.get("stream_options")
         want_usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
         states = [ToolStream(tools) for _ in range(params.n)]
@@ -304,7 +313,8 @@ class _Server:
                 if want_ids and i == 0:
                     chunk["prompt_token_ids"] = prompt
                 yield _sse(chunk)
-            async with contextlib.aclosing(self.engine.stream(prompt, params)) as stream:
+            chunks = self.engine.stream(prompt, params, adapter=self.adapter(body))
+            async with contextlib.aclosing(chunks) as stream:
                 async for deltas in stream:
                     for d in deltas:
                         generated += len(d.token_ids)
@@ -348,7 +358,10 @@ class _Server:
         want_ids, want_lps = bool(body.get("return_token_ids")), body.get("logprobs") is not None
         if body.get("stream"):
             return _EventStream(self.completions_stream(body, prompts, params, want_ids, want_lps))
-        outs = await asyncio.gather(*(self.engine.generate(p, params) for p in prompts))
+        adapter = self.adapter(body)
+        outs = await asyncio.gather(
+            *(self.engine.generate(p, params, adapter=adapter) for p in prompts)
+        )
         choices = []
         for k, out in enumerate(outs):
             for c in out.choices:
@@ -363,7 +376,7 @@ class _Server:
                     choice["prompt_token_ids"] = out.prompt_token_ids
                     choice["token_ids"] = c.token_ids
                 choices.append(choice)
-        resp = {**self.head("cmpl", "text_completion"), "choices": choices}
+        resp = {**self.head("cmpl", "text_completion", body), "choices": choices}
         generated = sum(len(c.token_ids) for out in outs for c in out.choices)
         resp["usage"] = _usage(sum(len(p) for p in prompts), generated)
         return resp
@@ -376,14 +389,15 @@ class _Server:
         want_ids: bool,
         want_lps: bool,
     ) -> AsyncGenerator[bytes, None]:
-        head = self.head("cmpl", "text_completion")
+        head = self.head("cmpl", "text_completion", body)
         opts = body.get("stream_options")
         want_usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
         queue: asyncio.Queue[tuple[int, list[Choice]] | BaseException | None] = asyncio.Queue()
 
         async def pump(k: int, prompt: list[int]) -> None:
             try:
-                async with contextlib.aclosing(self.engine.stream(prompt, params)) as stream:
+                chunks = self.engine.stream(prompt, params, adapter=self.adapter(body))
+                async with contextlib.aclosing(chunks) as stream:
                     async for deltas in stream:
                         queue.put_nowait((k, deltas))
             except Exception as e:
@@ -441,7 +455,11 @@ class _Server:
             "root": self.model_name,
             "max_model_len": self.engine.max_model_len,
         }
-        return {"object": "list", "data": [card]}
+        adapters = [
+            {**card, "id": name, "root": name, "parent": self.model_name}
+            for name in sorted(self.engine.adapters)
+        ]
+        return {"object": "list", "data": [card, *adapters]}
 
 
 def _is_count(x: Any) -> bool:

@@ -148,16 +148,56 @@ def batch_advantages(
     return adv if w is None else weight_advantages(adv, w)
 
 
+def _with_lora(model: Any, cfg: PolicyUpdateConfig, adapter: str | None) -> Any:
+    """``model`` with a LoRA adapter named ``adapter`` (peft's ``"default"`` when None),
+    added when missing: a plain model is wrapped by peft (in place), a ``PeftModel`` gets one
+    more adapter."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    lora = LoraConfig(
+        r=cfg.lora_r,
+        lora_alpha=cfg.lora_alpha,
+        lora_dropout=cfg.lora_dropout,
+        target_modules=cfg.lora_target_modules,
+        task_type="CAUSAL_LM",
+    )
+    name = adapter or "default"
+    if not isinstance(model, PeftModel):
+        return get_peft_model(model, lora, adapter_name=name)
+    if adapter is not None and adapter not in model.peft_config:
+        model.add_adapter(adapter, lora)
+    return model
+
+
+def _adapter_of(parameter_name: str) -> str | None:
+    """The LoRA adapter a parameter belongs to (``...q_proj.lora_A.writer.weight`` ->
+    ``writer``), or None for a base weight."""
+    parts = parameter_name.split(".")
+    for i, part in enumerate(parts[:-1]):
+        if part.startswith("lora_"):
+            return parts[i + 1]
+    return None
+
+
+def checkpoint_path(directory: str | Path, step: int) -> Path:
+    """Where :meth:`PolicyTrainer.save_checkpoint` puts the checkpoint of ``step``."""
+    return Path(directory) / f"{CHECKPOINT_PREFIX}{step:08d}"
+
+
+def checkpoint_steps(directory: str | Path) -> set[int]:
+    """The steps of the complete checkpoints under ``directory``."""
+    return {
+        int(p.name[len(CHECKPOINT_PREFIX) :])
+        for p in Path(directory).glob(f"{CHECKPOINT_PREFIX}*")
+        if p.is_dir() and p.name[len(CHECKPOINT_PREFIX) :].isdigit() and (p / "state.pt").exists()
+    }
+
+
 def latest_checkpoint(directory: str | Path) -> Path | None:
     """The checkpoint with the highest step under ``directory`` (``step_00000012/``...), or
     ``None`` when there is none."""
-    root = Path(directory)
-    found = [
-        p
-        for p in root.glob(f"{CHECKPOINT_PREFIX}*")
-        if p.is_dir() and p.name[len(CHECKPOINT_PREFIX) :].isdigit() and (p / "state.pt").exists()
-    ]
-    return max(found, key=lambda p: int(p.name[len(CHECKPOINT_PREFIX) :]), default=None)
+    steps = checkpoint_steps(directory)
+    return checkpoint_path(directory, max(steps)) if steps else None
 
 
 class PolicyTrainer:
@@ -180,20 +220,14 @@ class PolicyTrainer:
         *,
         ref_model: Any = None,
         threads: int | None = None,
+        adapter: str | None = None,
     ) -> None:
         self.config = cfg = config or PolicyUpdateConfig()
+        if adapter is not None and not cfg.use_lora:
+            raise ValueError("a named adapter needs use_lora=True")
+        self.adapter = adapter
         if cfg.use_lora:
-            from peft import LoraConfig, PeftModel, get_peft_model
-
-            if not isinstance(model, PeftModel):
-                lora = LoraConfig(
-                    r=cfg.lora_r,
-                    lora_alpha=cfg.lora_alpha,
-                    lora_dropout=cfg.lora_dropout,
-                    target_modules=cfg.lora_target_modules,
-                    task_type="CAUSAL_LM",
-                )
-                model = get_peft_model(model, lora)
+            model = _with_lora(model, cfg, adapter)
         self.model = model
         if cfg.gradient_checkpointing:
             model.gradient_checkpointing_enable(
@@ -203,7 +237,15 @@ class PolicyTrainer:
         if cfg.kl_coef > 0 and not cfg.use_lora:
             self.ref_model = ref_model if ref_model is not None else copy.deepcopy(model)
             self.ref_model.requires_grad_(False).eval()
-        self.params = [p for p in model.parameters() if p.requires_grad]
+        if adapter is None:
+            self.params = [p for p in model.parameters() if p.requires_grad]
+        else:  # this adapter's weights only: others sharing the model have trainers of their own
+            self.params = [p for n, p in model.named_parameters() if _adapter_of(n) == adapter]
+            self._lora = [
+                (p, _adapter_of(n) == adapter)
+                for n, p in model.named_parameters()
+                if _adapter_of(n) is not None
+            ]
         self.optimizer = torch.optim.AdamW(
             self.params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay
         )
@@ -234,6 +276,7 @@ class PolicyTrainer:
         use_threads(self.threads)
         start = time.perf_counter()
         cfg = self.config
+        self._activate()
         data = self._prepare(batch)
         sums: dict[str, float] = {}
         grad_norms: list[float] = []
@@ -281,7 +324,17 @@ class PolicyTrainer:
         """Run the whole batch as one mini-batch and leave its gradient in the parameters'
         ``.grad``, without an optimizer step (for custom loops and tests). Returns the raw
         sums :meth:`step` turns into its metrics."""
+        self._activate()
         return self._accumulate(self._prepare(batch), list(range(len(batch))))
+
+    def _activate(self) -> None:
+        """With a named adapter: make it the model's active adapter and the only one whose
+        weights take gradients (another trainer may have activated its own since)."""
+        if self.adapter is None:
+            return
+        self.model.set_adapter(self.adapter)
+        for p, own in self._lora:
+            p.requires_grad_(own)
 
     def _prepare(self, batch: TrainingBatch) -> _Prepared:
         cfg = self.config
@@ -489,11 +542,20 @@ class PolicyTrainer:
                     out[f"{name}.weight"] = weight.detach().clone()
         return out
 
+    def adapter_state_dict(self) -> dict[str, Tensor]:
+        """The LoRA weights this trainer trains (its named adapter, else the model's only
+        one), as ``peft`` saves them: what the engine loads with ``update_weights(...,
+        adapter=name)``. The tensors are the model's own: copy them if they must outlive the
+        next step."""
+        from peft import get_peft_model_state_dict
+
+        if not self.config.use_lora:
+            raise ValueError("adapter_state_dict needs use_lora=True")
+        return get_peft_model_state_dict(self.model, adapter_name=self.adapter or "default")
+
     def _trainable_state(self) -> dict[str, Tensor]:
         if self.config.use_lora:
-            from peft import get_peft_model_state_dict
-
-            return get_peft_model_state_dict(self.model)
+            return self.adapter_state_dict()
         return self.model.state_dict()
 
     def save_checkpoint(self, directory: str | Path, step: int | None = None) -> Path:
@@ -505,7 +567,7 @@ class PolicyTrainer:
         step = self.global_step if step is None else step
         root = Path(directory)
         root.mkdir(parents=True, exist_ok=True)
-        final = root / f"{CHECKPOINT_PREFIX}{step:08d}"
+        final = checkpoint_path(root, step)
         tmp = root / f".tmp-{final.name}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
@@ -539,7 +601,7 @@ class PolicyTrainer:
         if self.config.use_lora:
             from peft import set_peft_model_state_dict
 
-            set_peft_model_state_dict(self.model, weights)
+            set_peft_model_state_dict(self.model, weights, adapter_name=self.adapter or "default")
         else:
             self.model.load_state_dict(weights)
         self.optimizer.load_state_dict(

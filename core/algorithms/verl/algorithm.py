@@ -35,7 +35,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from voltrl.algorithms.base import Algorithm
-from voltrl.algorithms.verl.config import ConfigSource, VoltrlSection, compose_config
+from voltrl.algorithms.verl.config import (
+    ADAPTERS_REFUSED,
+    ConfigSource,
+    VoltrlSection,
+    compose_config,
+)
 from voltrl.errors import VoltRLError
 from voltrl.metrics import summarize
 from voltrl.resources import LLM
@@ -56,6 +61,7 @@ class VERL(Algorithm):
         sampling: extra sampling parameters for training rollouts' ``LLM`` (verl's
             ``rollout.temperature`` and ``top_p`` are the defaults).
         val_sampling: the same for validation (verl's ``rollout.val_kwargs``).
+        adapters: refused: per-role LoRA adapters are LocalRL's (verl trains one model).
 
     The config is composed and validated here, so a bad key fails before anything starts.
     """
@@ -71,7 +77,10 @@ class VERL(Algorithm):
         preset: str | None = None,
         sampling: dict[str, Any] | None = None,
         val_sampling: dict[str, Any] | None = None,
+        adapters: Any = None,
     ) -> None:
+        if adapters is not None:
+            raise VoltRLError(ADAPTERS_REFUSED)
         self.verl_config, self.voltrl = compose_config(config, overrides, preset=preset)
         self.trajectory = self.voltrl.trajectory_config(self.verl_config)
         rollout = self.verl_config.actor_rollout_ref.rollout

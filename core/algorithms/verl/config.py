@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from voltrl.algorithms.verl.version import require_verl
 from voltrl.retry import GatewayRetry
@@ -35,6 +35,12 @@ from voltrl.trajectory import TrajectoryConfig
 from voltrl.types import Model
 
 ConfigSource = Mapping[str, Any] | str | Path | Any
+
+ADAPTERS_REFUSED = (
+    "adapters (a LoRA adapter per agent role) are LocalRL's: verl trains one model, so every "
+    "agent's calls train the same weights. Use vl.LocalRL(..., adapters={...}), or train one "
+    "role per verl run with voltrl.trajectory.agent_filter (see docs/adapters.md)"
+)
 
 
 class VoltrlSection(Model):
@@ -78,6 +84,13 @@ class VoltrlSection(Model):
     reasoning_split: bool = False
     served_model_name: str | None = None
     max_wait_s: float | None = Field(None, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_adapters(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and "adapters" in data:
+            raise ValueError(ADAPTERS_REFUSED)
+        return data
 
     def trajectory_config(self, verl_config: Any) -> TrajectoryConfig:
         """The trajectory builder's config, with verl's length limits as defaults."""

@@ -1,0 +1,89 @@
+"""Per-role LoRA adapters: which adapter serves, and trains on, each agent's calls.
+
+``LocalRL(adapters={"writer": "write|rewrite", "checker": "check"})`` gives every adapter
+name a regex; a call goes to the first adapter (in the order given) whose regex fully matches
+its recorded agent name (``""`` when it has none). A call no pattern matches is served by the
+base model and not trained; end with ``".*"`` to send the rest to a catch-all adapter.
+
+The gateway forwards each call with its adapter's name as the model (vLLM's multi-LoRA
+convention), so the call's recorded ``model`` says which adapter sampled it, and the engine
+generates it with that adapter. A training row trains the adapter that sampled it
+(``TrainingBatch.models``); rows with no recorded model (explicit transitions) go by their
+agent name.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from voltrl.trajectory import TrainingBatch
+
+_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
+
+
+@dataclass(frozen=True)
+class Adapters:
+    """Adapter names and the agent-name regexes routed to them, in match order."""
+
+    patterns: dict[str, re.Pattern[str]]
+
+    @classmethod
+    def parse(cls, mapping: Mapping[str, str], *, served_name: str) -> Adapters:
+        """Check ``{name: regex}``: names are identifiers peft can use as module keys
+        (letters, digits, ``_``, ``-``; not ``served_name``, not inside ``"lora_"``, which
+        peft mistakes for its own prefix) and every regex compiles. Raises ``ValueError``."""
+        if not isinstance(mapping, Mapping) or not mapping:
+            raise ValueError(
+                "adapters must map adapter names to agent-name regexes, e.g. "
+                '{"writer": "write|rewrite", "checker": "check"}'
+            )
+        patterns: dict[str, re.Pattern[str]] = {}
+        for name, pattern in mapping.items():
+            if not isinstance(name, str) or not _NAME.fullmatch(name) or name in "lora_":
+                raise ValueError(
+                    f"adapter name {name!r}: use letters, digits, '_' or '-', starting with a "
+                    "letter (and not a piece of 'lora_')"
+                )
+            if name == served_name:
+                raise ValueError(f"adapter name {name!r} is the served model's name")
+            if not isinstance(pattern, str):
+                raise ValueError(f"adapter {name!r}: the agent-name pattern must be a string")
+            try:
+                patterns[name] = re.compile(pattern)
+            except re.error as e:
+                raise ValueError(
+                    f"adapter {name!r}: {pattern!r} is not a valid regex: {e}"
+                ) from None
+        return cls(patterns)
+
+    @property
+    def names(self) -> list[str]:
+        """The adapter names, in match order."""
+        return list(self.patterns)
+
+    def adapter_for(self, agent_name: str | None) -> str | None:
+        """The adapter serving ``agent_name``'s calls, or None (the base model)."""
+        for name, pattern in self.patterns.items():
+            if pattern.fullmatch(agent_name or ""):
+                return name
+        return None
+
+    def rows_by_adapter(self, batch: TrainingBatch) -> dict[str | None, list[int]]:
+        """The batch's row indices per adapter they train (None: served by the base model,
+        not trained): the adapter that sampled the row, from its recorded model, else the
+        one its agent name routes to."""
+        out: dict[str | None, list[int]] = {}
+        for i, (model, agent) in enumerate(zip(batch.models, batch.agent_names, strict=True)):
+            adapter = model if model in self.patterns else None
+            if model is None:
+                adapter = self.adapter_for(agent)
+            out.setdefault(adapter, []).append(i)
+        return out
+
+    def config(self) -> dict[str, str]:
+        """``{name: regex}`` as given."""
+        return {name: p.pattern for name, p in self.patterns.items()}
