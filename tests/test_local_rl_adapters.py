@@ -22,11 +22,11 @@ from test_policy_update import agent_batch
 from transformers import AutoModelForCausalLM
 
 import voltrl as vl
-from voltrl.algorithms.local.adapters import Adapters
+from voltrl.algorithms.local.adapters import Adapters, adapter_of
 from voltrl.algorithms.local.engine import Engine, SamplingParams
 from voltrl.algorithms.local.server import serve_engine
 from voltrl.algorithms.local.tiny import build_tiny_model, build_tiny_tokenizer
-from voltrl.algorithms.local.update import PolicyTrainer, PolicyUpdateConfig, _adapter_of
+from voltrl.algorithms.local.update import PolicyTrainer, PolicyUpdateConfig
 from voltrl.serve import start_gateway
 from voltrl.store.memory import InMemoryStore
 from voltrl.store.sql import SQLStore
@@ -46,8 +46,10 @@ def adapted_model(scale: float = 2.0) -> tuple[Any, Any]:
     outputs (fresh LoRA adapters start as the identity: lora_B is 0)."""
     tok = build_tiny_tokenizer()
     model = build_tiny_model(tok, seed=0)
-    for name in ROUTES:
-        model = PolicyTrainer(model, LORA, adapter=name).model
+    with torch.random.fork_rng():  # peft draws lora_A from the global generator
+        torch.manual_seed(0)
+        for name in ROUTES:
+            model = PolicyTrainer(model, LORA, adapter=name).model
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -143,6 +145,8 @@ async def test_engine_refuses_an_unknown_adapter_and_the_server_lists_the_adapte
             engine.stream([1, 2], SamplingParams(max_tokens=2), adapter="planner")
         with pytest.raises(ValueError, match="no LoRA adapter"):
             engine.update_weights({}, adapter="planner")
+        with pytest.raises(ValueError, match="do not match its parameters"):
+            engine.update_weights({"lora_A.weight": torch.zeros(1)}, adapter="writer")
         url, stop = await serve_engine(engine, model_name=SERVED)
         try:
             client = AsyncOpenAI(base_url=f"{url}/v1", api_key="x")
@@ -171,7 +175,7 @@ async def test_two_adapters_sharing_a_decode_batch_sample_what_each_samples_alon
         assert engine.stats["steps"] - steps == 11  # 12 tokens: 1 from prefill, 11 shared steps
     for a in adapters:
         assert together[a] == alone[a].token_ids, a
-    assert alone["writer"].token_ids != alone["checker"].token_ids
+    assert alone["writer"].logprobs != alone["checker"].logprobs  # two policies
 
 
 # ---- updates ----------------------------------------------------------------------------------
@@ -191,11 +195,11 @@ def test_an_update_of_one_adapter_leaves_the_other_and_the_base_bit_identical():
     writer.step(batch)
     after_writer = snapshot()
     changed = {n for n in params if not torch.equal(before[n], after_writer[n])}
-    assert changed and {_adapter_of(n) for n in changed} == {"writer"}
-    assert all(p.grad is None for n, p in params.items() if _adapter_of(n) != "writer")
+    assert changed and {adapter_of(n) for n in changed} == {"writer"}
+    assert all(p.grad is None for n, p in params.items() if adapter_of(n) != "writer")
     checker.step(batch)
     changed = {n for n in params if not torch.equal(after_writer[n], params[n])}
-    assert changed and {_adapter_of(n) for n in changed} == {"checker"}
+    assert changed and {adapter_of(n) for n in changed} == {"checker"}
     assert writer.global_step == checker.global_step == 1
 
 

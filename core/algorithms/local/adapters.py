@@ -87,3 +87,23 @@ class Adapters:
     def config(self) -> dict[str, str]:
         """``{name: regex}`` as given."""
         return {name: p.pattern for name, p in self.patterns.items()}
+
+
+def adapter_of(parameter_name: str) -> str | None:
+    """The LoRA adapter a peft parameter belongs to (``...q_proj.lora_A.writer.weight`` ->
+    ``writer``), or None for a base weight."""
+    parts = parameter_name.split(".")
+    for i, part in enumerate(parts[:-1]):
+        if part.startswith("lora_"):
+            return parts[i + 1]
+    return None
+
+
+def adapter_key(parameter_name: str) -> str:
+    """A peft parameter's name without its adapter's, as ``get_peft_model_state_dict``
+    keys it (``...lora_A.writer.weight`` -> ``...lora_A.weight``)."""
+    parts = parameter_name.split(".")
+    for i, part in enumerate(parts[:-1]):
+        if part.startswith("lora_"):
+            return ".".join(parts[: i + 1] + parts[i + 2 :])
+    return parameter_name

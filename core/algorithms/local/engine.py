@@ -46,6 +46,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
+from voltrl.algorithms.local.adapters import adapter_key, adapter_of
 from voltrl.algorithms.local.sampling import (
     MAX_TOP_LOGPROBS,
     Choice,
@@ -370,16 +371,20 @@ class Engine:
         with torch.no_grad():
             if adapter is None:
                 self.model.load_state_dict(state, strict=strict)
-            else:
-                from peft import set_peft_model_state_dict
-
-                result = set_peft_model_state_dict(self.model, state, adapter_name=adapter)
-                missing = [k for k in result.missing_keys if f".{adapter}." in k]
-                if result.unexpected_keys or missing:
+            else:  # copied in place: no pass over the rest of the model
+                params = {
+                    adapter_key(name): p
+                    for name, p in self.model.named_parameters()
+                    if adapter_of(name) == adapter
+                }
+                if params.keys() != state.keys():
                     raise ValueError(
-                        f"adapter {adapter!r}: weights do not match (unexpected "
-                        f"{result.unexpected_keys[:3]}, missing {missing[:3]})"
+                        f"adapter {adapter!r}: the weights given do not match its parameters "
+                        f"(missing {sorted(params.keys() - state.keys())[:3]}, unexpected "
+                        f"{sorted(state.keys() - params.keys())[:3]})"
                     )
+                for key, value in state.items():
+                    params[key].copy_(value)
                 self.adapter_versions[adapter] += 1
         self.weights_version += 1
 

@@ -52,6 +52,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
+from voltrl.algorithms.local.adapters import adapter_of
 from voltrl.algorithms.local.loss import (
     KLKind,
     LossAgg,
@@ -169,16 +170,6 @@ def _with_lora(model: Any, cfg: PolicyUpdateConfig, adapter: str | None) -> Any:
     return model
 
 
-def _adapter_of(parameter_name: str) -> str | None:
-    """The LoRA adapter a parameter belongs to (``...q_proj.lora_A.writer.weight`` ->
-    ``writer``), or None for a base weight."""
-    parts = parameter_name.split(".")
-    for i, part in enumerate(parts[:-1]):
-        if part.startswith("lora_"):
-            return parts[i + 1]
-    return None
-
-
 def checkpoint_path(directory: str | Path, step: int) -> Path:
     """Where :meth:`PolicyTrainer.save_checkpoint` puts the checkpoint of ``step``."""
     return Path(directory) / f"{CHECKPOINT_PREFIX}{step:08d}"
@@ -240,11 +231,11 @@ class PolicyTrainer:
         if adapter is None:
             self.params = [p for p in model.parameters() if p.requires_grad]
         else:  # this adapter's weights only: others sharing the model have trainers of their own
-            self.params = [p for n, p in model.named_parameters() if _adapter_of(n) == adapter]
+            self.params = [p for n, p in model.named_parameters() if adapter_of(n) == adapter]
             self._lora = [
-                (p, _adapter_of(n) == adapter)
+                (p, adapter_of(n) == adapter)
                 for n, p in model.named_parameters()
-                if _adapter_of(n) is not None
+                if adapter_of(n) is not None
             ]
         self.optimizer = torch.optim.AdamW(
             self.params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay

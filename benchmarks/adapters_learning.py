@@ -1,0 +1,207 @@
+"""Per-role LoRA adapters against one shared adapter and full fine-tuning, on the SQL agent.
+
+The LangGraph SQL agent has three roles: ``write`` and ``rewrite`` produce the query,
+``check`` reviews its result and decides whether to rewrite. Its CPU recipe
+(``samples/sql_agent/recipe.py``) records a scripted teacher through the real graph, warms a
+tiny student up on it with SFT, then trains it with LocalRL. Here, per seed, one warm-up is
+shared by three RL arms that start from the same warmed weights and train every role's calls
+(no agent filter) with the recipe's RL settings:
+
+- **two adapters**: ``adapters={"writer": "write|rewrite", "checker": "check"}``;
+- **one shared adapter**: plain LoRA (``use_lora=True``), every role on the same adapter;
+- **full fine-tuning**: every weight.
+
+Held-out reward is measured after the warm-up (once per seed: the arms share it) and after
+RL. The table (arm, seed, after warm-up, after RL, change, minutes) and a plot of the
+held-out curves go to ``<out>/adapters/``.
+
+    python benchmarks/adapters_learning.py --seeds 0 1 2
+    make bench-adapters-learning SEEDS="0 1 2"
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "samples"), str(ROOT / "benchmarks")]
+
+ROLES = {"writer": "write|rewrite", "checker": "check"}
+LORA = {"use_lora": True, "lora_r": 16, "lora_alpha": 32}
+ARMS: dict[str, dict[str, Any]] = {
+    "two adapters": {"adapters": ROLES, "update": LORA},
+    "one shared adapter": {"update": LORA},
+    "full fine-tuning": {"update": {}},
+}
+
+
+def warm_up(recipe: Any, seed: int, out: Path, steps: int | None) -> tuple[Path, float]:
+    """The seed's SFT warm-up on the recorded teacher runs, saved to ``<run>/final``
+    (reused when it exists); returns that directory and the minutes it took."""
+    from recipe_runner import record_teacher, student
+
+    import voltrl as vl
+
+    name = f"sql_agent-adapters-warm-seed{seed}-{steps or recipe.sft['steps']}"
+    final = out / name / "final"
+    if (final / "config.json").exists():
+        print(f"warm-up: using {final}", flush=True)
+        return final, 0.0
+    teachers = [record_teacher(recipe, out, s) for s in recipe.teacher_seeds]
+    sft = {**recipe.sft, **({"steps": steps} if steps else {})}
+    started = time.time()
+    algorithm = vl.SFT(**student(recipe, seed), source=teachers, retokenize=True, seed=seed, **sft)
+    vl.Trainer(algorithm, run_dir=out, name=name).fit(recipe.agent, [{"question": "-"}])
+    return final, (time.time() - started) / 60
+
+
+def run_arm(
+    recipe: Any, arm: str, seed: int, warmed: Path, out: Path, rl_steps: int | None
+) -> dict[str, Any]:
+    """One RL arm from the warmed model; its row of the table."""
+    from transformers import AutoTokenizer
+
+    import voltrl as vl
+
+    _, train, val = recipe.tasks(seed)
+    rl = dict(recipe.rl)
+    rl["trajectory"] = {k: v for k, v in rl["trajectory"].items() if k != "agent_filter"}
+    if rl_steps:
+        rl["steps"] = rl["val_every"] = rl_steps
+    options = ARMS[arm]
+    lr = rl["update"]["lr"] * (10 if options["update"].get("use_lora") else 1)
+    rl["update"] = {**rl["update"], **options["update"], "lr": lr}
+    algorithm = vl.LocalRL(
+        str(warmed),
+        tokenizer=AutoTokenizer.from_pretrained(warmed),
+        seed=seed,
+        adapters=options.get("adapters"),
+        **rl,
+    )
+    name = f"sql_agent-{arm.replace(' ', '-')}-seed{seed}"
+    started = time.time()
+    trainer = vl.Trainer(
+        algorithm, n_runners=1, max_concurrency=recipe.concurrency, run_dir=out, name=name
+    )
+    trainer.fit(recipe.agent, train, val)
+    history = algorithm.history
+    val_points = [(h["step"], h["val/reward_mean"]) for h in history if "val/reward_mean" in h]
+    tokens: dict[str, float] = {}  # tokens with a non-zero advantage, per adapter
+    for h in history:
+        for key, value in h.items():
+            parts = key.split("/")
+            if parts[0] == "update" and parts[-1] == "adv_tokens":
+                who = parts[1] if len(parts) == 3 else "all"
+                tokens[who] = tokens.get(who, 0.0) + value
+    return {
+        "arm": arm,
+        "seed": seed,
+        "after_sft": val_points[0][1],
+        "after_rl": val_points[-1][1],
+        "val_curve": val_points,
+        "minutes": (time.time() - started) / 60,
+        "tokens": tokens,
+        "lr": lr,
+    }
+
+
+def table(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per arm and seed, then each arm's mean."""
+    lines = [
+        "| arm | seed | after warm-up | after RL | change | RL minutes | tokens trained |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for arm in ARMS:
+        runs = [r for r in rows if r["arm"] == arm]
+        for r in runs:
+            tokens = ", ".join(f"{k} {v:,.0f}" for k, v in r["tokens"].items())
+            lines.append(
+                f"| {arm} | {r['seed']} | {r['after_sft']:.1%} | {r['after_rl']:.1%} "
+                f"| {(r['after_rl'] - r['after_sft']) * 100:+.1f} pts | {r['minutes']:.1f} "
+                f"| {tokens} |"
+            )
+        if len(runs) > 1:
+            before = statistics.mean(r["after_sft"] for r in runs)
+            after = statistics.mean(r["after_rl"] for r in runs)
+            lines.append(
+                f"| **{arm}** | mean of {len(runs)} | {before:.1%} | {after:.1%} "
+                f"| **{(after - before) * 100:+.1f} pts** "
+                f"| {statistics.mean(r['minutes'] for r in runs):.1f} | |"
+            )
+    return lines
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    """Held-out reward per update, one colour per arm, one line per seed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for colour, arm in zip(("C0", "C1", "C2"), ARMS, strict=True):
+        for k, r in enumerate(r for r in rows if r["arm"] == arm):
+            ax.plot(
+                *zip(*r["val_curve"], strict=True),
+                "o-",
+                color=colour,
+                alpha=0.8,
+                label=arm if k == 0 else None,
+            )
+    ax.set(
+        xlabel="policy update (0: after the shared SFT warm-up)",
+        ylabel="held-out execution match",
+        title="SQL agent (LangGraph): per-role adapters vs shared vs full FT",
+        ylim=(-0.02, 1.02),
+    )
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
+    parser.add_argument("--sft-steps", type=int, help="default: the recipe's")
+    parser.add_argument("--rl-steps", type=int, help="default: the recipe's")
+    parser.add_argument("--out", type=Path, default=Path("runs"))
+    args = parser.parse_args(argv)
+    from learning import load_recipe
+
+    recipe = load_recipe("sql_agent")
+    report = args.out / "adapters"
+    report.mkdir(parents=True, exist_ok=True)
+    saved = report / "rows.json"
+    rows = json.loads(saved.read_text()) if saved.exists() else []
+    for seed in args.seeds:
+        warmed, warm_minutes = warm_up(recipe, seed, args.out, args.sft_steps)
+        for arm in args.arms:
+            row = run_arm(recipe, arm, seed, warmed, args.out, args.rl_steps)
+            row["warm_minutes"] = warm_minutes
+            rows = [r for r in rows if (r["arm"], r["seed"]) != (arm, seed)] + [row]
+            saved.write_text(json.dumps(rows, indent=1))
+            print(
+                f"{arm}, seed {seed}: held-out {row['after_sft']:.1%} -> {row['after_rl']:.1%} "
+                f"({row['minutes']:.1f} min)",
+                flush=True,
+            )
+    rows.sort(key=lambda r: (list(ARMS).index(r["arm"]), r["seed"]))
+    lines = table(rows)
+    (report / "table.md").write_text("\n".join(lines) + "\n")
+    plot(rows, report / "held_out.png")
+    print("\n".join(lines))
+    print(f"table and plot in {report}/")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
