@@ -43,8 +43,8 @@ class LLM(Model):
     """Have the trainer's gateway in front of this endpoint hand agents the ``<think>...``
     the model writes into its content as ``reasoning_content`` (:mod:`voltrl.reasoning`);
     the recorded calls keep the response as sampled."""
-    adapters: dict[str, int] = Field(default_factory=dict)
-    """The LoRA adapters the endpoint serves per agent role (LocalRL's ``adapters=``), each
+    lora_adapters: dict[str, int] = Field(default_factory=dict)
+    """The LoRA adapters the endpoint serves per agent role (LocalRL's ``lora_adapters=``), each
     with its weights version (updates so far): a call's recorded ``model`` names the adapter
     that sampled it, and its resources version says which version of it that was."""
 

@@ -23,8 +23,8 @@ the merged model); with LoRA the adapter alone goes to ``<run dir>/final/adapter
 The tokenizer is saved to ``<run dir>/tokenizer`` at setup, so the dashboard can decode the
 token ids of a run still training.
 
-**A LoRA adapter per agent role** (``adapters={"writer": "write|rewrite", "checker":
-"check"}``, see :mod:`.adapters`): one base model, one adapter per name. The gateway sends each
+**A LoRA adapter per agent role** (``lora_adapters={"writer": "write|rewrite", "checker":
+"check"}``, see :mod:`.lora_adapters`): one base model, one adapter per name. The gateway sends each
 call to its adapter by the agent name, the engine serves every adapter at once (mixed-adapter
 batches), and each step trains each adapter on its own rows only: its own GRPO groups and
 advantages, its own optimizer. Checkpoints go to ``<run dir>/checkpoints/<adapter>/``; the
@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from voltrl.algorithms.base import Algorithm
-from voltrl.algorithms.local.adapters import Adapters
+from voltrl.algorithms.local.lora_adapters import LoraAdapters
 from voltrl.errors import VoltRLError
 from voltrl.metrics import RewardStats, summarize
 from voltrl.resources import LLM
@@ -102,7 +102,7 @@ class LocalRL(Algorithm):
             measures the student after warm-up. It trains every weight, LoRA or not (the KL
             reference is then the warmed model). A resumed run skips it: a full checkpoint has
             the warmed weights; with LoRA they are kept in ``<run dir>/warm_start``.
-        adapters: a LoRA adapter per agent role, ``{adapter name: agent-name regex}``: a
+        lora_adapters: a LoRA adapter per agent role, ``{adapter name: agent-name regex}``: a
             call is served by, and trains, the first adapter whose regex fully matches its
             agent name; calls matching none are served by the base model and not trained
             (end with ``".*"`` for a catch-all adapter). Implies LoRA (``update``'s
@@ -135,7 +135,7 @@ class LocalRL(Algorithm):
         gateway_retry: GatewayRetry | dict[str, Any] | None = None,
         reasoning_split: bool = False,
         warm_start: SFT | None = None,
-        adapters: dict[str, str] | None = None,
+        lora_adapters: dict[str, str] | None = None,
     ) -> None:
         try:
             from voltrl.algorithms.local.threads import decide_threads
@@ -161,7 +161,9 @@ class LocalRL(Algorithm):
             update = PolicyUpdateConfig.model_validate({"seed": seed, **update})
         self.update = update or PolicyUpdateConfig(seed=seed)
         self.adapters = (
-            None if adapters is None else Adapters.parse(adapters, served_name=served_name)
+            None
+            if lora_adapters is None
+            else LoraAdapters.parse(lora_adapters, served_name=served_name)
         )
         if self.adapters is not None and not self.update.use_lora:
             self.update = self.update.model_copy(update={"use_lora": True})
@@ -221,7 +223,7 @@ class LocalRL(Algorithm):
             "gateway_retry": self.gateway_retry and self.gateway_retry.model_dump(),
             "reasoning_split": self.reasoning_split,
             "warm_start": self.warm_start and self.warm_start.config(),
-            "adapters": self.adapters and self.adapters.config(),
+            "lora_adapters": self.adapters and self.adapters.config(),
         }
 
     # ---- setup: model, engine, gateway, resources ---------------------------------------
@@ -280,7 +282,7 @@ class LocalRL(Algorithm):
             model=self.served_name,
             gateway=True,
             sampling_parameters=self.sampling,
-            adapters=self._adapter_versions(),
+            lora_adapters=self._adapter_versions(),
         )
         await ctx.publish({"main_llm": self._llm})
 
@@ -446,7 +448,7 @@ class LocalRL(Algorithm):
         async with self._gateway.paused():
             for key, state in weights.items():
                 await self._engine.aupdate_weights(state, adapter=key)
-            self._llm = self._llm.model_copy(update={"adapters": self._adapter_versions()})
+            self._llm = self._llm.model_copy(update={"lora_adapters": self._adapter_versions()})
             await ctx.publish({"main_llm": self._llm})
 
     async def train_step(self, ctx: TrainContext, tasks: list[Task], step: int) -> dict[str, Any]:
@@ -471,7 +473,9 @@ class LocalRL(Algorithm):
             for k, v in m.items()
         }
         if self.adapters is not None:
-            metrics.update({f"adapter/{k}/version": v for k, v in self._adapter_versions().items()})
+            metrics.update(
+                {f"lora_adapter/{k}/version": v for k, v in self._adapter_versions().items()}
+            )
             metrics["batch/rows_no_adapter"] = untrained
         record = ctx.log(
             step + 1,

@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
-from voltrl.algorithms.local.adapters import adapter_key, adapter_of
+from voltrl.algorithms.local.lora_adapters import adapter_key, adapter_of
 from voltrl.algorithms.local.sampling import (
     MAX_TOP_LOGPROBS,
     Choice,

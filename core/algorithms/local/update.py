@@ -52,7 +52,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from voltrl.algorithms.local.adapters import adapter_of
+from voltrl.algorithms.local.lora_adapters import adapter_of
 from voltrl.algorithms.local.loss import (
     KLKind,
     LossAgg,

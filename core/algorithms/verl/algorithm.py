@@ -61,7 +61,7 @@ class VERL(Algorithm):
         sampling: extra sampling parameters for training rollouts' ``LLM`` (verl's
             ``rollout.temperature`` and ``top_p`` are the defaults).
         val_sampling: the same for validation (verl's ``rollout.val_kwargs``).
-        adapters: refused: per-role LoRA adapters are LocalRL's (verl trains one model).
+        lora_adapters: refused: per-role LoRA adapters are LocalRL's (verl trains one model).
 
     The config is composed and validated here, so a bad key fails before anything starts.
     """
@@ -77,9 +77,9 @@ class VERL(Algorithm):
         preset: str | None = None,
         sampling: dict[str, Any] | None = None,
         val_sampling: dict[str, Any] | None = None,
-        adapters: Any = None,
+        lora_adapters: Any = None,
     ) -> None:
-        if adapters is not None:
+        if lora_adapters is not None:
             raise VoltRLError(ADAPTERS_REFUSED)
         self.verl_config, self.voltrl = compose_config(config, overrides, preset=preset)
         self.trajectory = self.voltrl.trajectory_config(self.verl_config)

@@ -37,9 +37,9 @@ from voltrl.types import Model
 ConfigSource = Mapping[str, Any] | str | Path | Any
 
 ADAPTERS_REFUSED = (
-    "adapters (a LoRA adapter per agent role) are LocalRL's: verl trains one model, so every "
-    "agent's calls train the same weights. Use vl.LocalRL(..., adapters={...}), or train one "
-    "role per verl run with voltrl.trajectory.agent_filter (see docs/adapters.md)"
+    "lora_adapters (a LoRA adapter per agent role) are LocalRL's: verl trains one model, so every "
+    "agent's calls train the same weights. Use vl.LocalRL(..., lora_adapters={...}), or train one "
+    "role per verl run with voltrl.trajectory.agent_filter (see docs/lora_adapters.md)"
 )
 
 
@@ -88,7 +88,7 @@ class VoltrlSection(Model):
     @model_validator(mode="before")
     @classmethod
     def _no_adapters(cls, data: Any) -> Any:
-        if isinstance(data, Mapping) and "adapters" in data:
+        if isinstance(data, Mapping) and "lora_adapters" in data:
             raise ValueError(ADAPTERS_REFUSED)
         return data
 

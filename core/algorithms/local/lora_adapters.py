@@ -1,6 +1,6 @@
 """Per-role LoRA adapters: which adapter serves, and trains on, each agent's calls.
 
-``LocalRL(adapters={"writer": "write|rewrite", "checker": "check"})`` gives every adapter
+``LocalRL(lora_adapters={"writer": "write|rewrite", "checker": "check"})`` gives every adapter
 name a regex; a call goes to the first adapter (in the order given) whose regex fully matches
 its recorded agent name (``""`` when it has none). A call no pattern matches is served by the
 base model and not trained; end with ``".*"`` to send the rest to a catch-all adapter.
@@ -26,19 +26,19 @@ _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
 
 
 @dataclass(frozen=True)
-class Adapters:
+class LoraAdapters:
     """Adapter names and the agent-name regexes routed to them, in match order."""
 
     patterns: dict[str, re.Pattern[str]]
 
     @classmethod
-    def parse(cls, mapping: Mapping[str, str], *, served_name: str) -> Adapters:
+    def parse(cls, mapping: Mapping[str, str], *, served_name: str) -> LoraAdapters:
         """Check ``{name: regex}``: names are identifiers peft can use as module keys
         (letters, digits, ``_``, ``-``; not ``served_name``, not inside ``"lora_"``, which
         peft mistakes for its own prefix) and every regex compiles. Raises ``ValueError``."""
         if not isinstance(mapping, Mapping) or not mapping:
             raise ValueError(
-                "adapters must map adapter names to agent-name regexes, e.g. "
+                "lora_adapters must map adapter names to agent-name regexes, e.g. "
                 '{"writer": "write|rewrite", "checker": "check"}'
             )
         patterns: dict[str, re.Pattern[str]] = {}

@@ -7,7 +7,7 @@ tiny student up on it with SFT, then trains it with LocalRL. Here, per seed, one
 shared by three RL arms that start from the same warmed weights and train every role's calls
 (no agent filter) with the recipe's RL settings:
 
-- **two adapters**: ``adapters={"writer": "write|rewrite", "checker": "check"}``;
+- **two adapters**: ``lora_adapters={"writer": "write|rewrite", "checker": "check"}``;
 - **one shared adapter**: plain LoRA (``use_lora=True``), every role on the same adapter;
 - **full fine-tuning**: every weight.
 
@@ -15,8 +15,8 @@ Held-out reward is measured after the warm-up (once per seed: the arms share it)
 RL. The table (arm, seed, after warm-up, after RL, change, minutes) and a plot of the
 held-out curves go to ``<out>/adapters/``.
 
-    python benchmarks/adapters_learning.py --seeds 0 1 2
-    make bench-adapters-learning SEEDS="0 1 2"
+    python benchmarks/lora_adapters_learning.py --seeds 0 1 2
+    make bench-lora-learning SEEDS="0 1 2"
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ sys.path[:0] = [str(ROOT / "samples"), str(ROOT / "benchmarks")]
 ROLES = {"writer": "write|rewrite", "checker": "check"}
 LORA = {"use_lora": True, "lora_r": 16, "lora_alpha": 32}
 ARMS: dict[str, dict[str, Any]] = {
-    "two adapters": {"adapters": ROLES, "update": LORA},
+    "two adapters": {"lora_adapters": ROLES, "update": LORA},
     "one shared adapter": {"update": LORA},
     "full fine-tuning": {"update": {}},
 }
@@ -81,7 +81,7 @@ def run_arm(
         str(warmed),
         tokenizer=AutoTokenizer.from_pretrained(warmed),
         seed=seed,
-        adapters=options.get("adapters"),
+        lora_adapters=options.get("lora_adapters"),
         **rl,
     )
     name = f"sql_agent-{arm.replace(' ', '-')}-seed{seed}"
@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     from learning import load_recipe
 
     recipe = load_recipe("sql_agent")
-    report = args.out / "adapters"
+    report = args.out / "lora_adapters"
     report.mkdir(parents=True, exist_ok=True)
     saved = report / "rows.json"
     rows = json.loads(saved.read_text()) if saved.exists() else []

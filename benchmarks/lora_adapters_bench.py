@@ -13,7 +13,7 @@ The base model decoding every row in one pass is the floor. Times are medians ov
 ``--repeats``, configurations taking turns; the ratios are per adapter and merged copies over
 mixed (above 1: mixed is faster).
 
-**Training.** N roles trained as N LoRA adapters on one base model (LocalRL's ``adapters=``)
+**Training.** N roles trained as N LoRA adapters on one base model (LocalRL's ``lora_adapters=``)
 against N full copies of the model, each trained on its own rows (the same ``--batch`` rows
 split evenly): the memory the weights and optimizer state hold between steps (counted from
 the tensors themselves, with the engine's serving copy: the base and N adapters, or N models)
@@ -22,8 +22,8 @@ and the time of one update of every role. N = 1, 2, 4.
 **Swap.** How long the engine takes to load one adapter's new weights (LocalRL's pause
 between steps), against loading a full model's.
 
-    .venv/bin/python benchmarks/adapters_bench.py [--hidden 256] [--layers 4] [--rows 32]
-    make bench-adapters
+    .venv/bin/python benchmarks/lora_adapters_bench.py [--hidden 256] [--layers 4] [--rows 32]
+    make bench-lora-adapters
 """
 
 from __future__ import annotations

@@ -22,8 +22,8 @@ from test_policy_update import agent_batch
 from transformers import AutoModelForCausalLM
 
 import voltrl as vl
-from voltrl.algorithms.local.adapters import Adapters, adapter_of
 from voltrl.algorithms.local.engine import Engine, SamplingParams
+from voltrl.algorithms.local.lora_adapters import LoraAdapters, adapter_of
 from voltrl.algorithms.local.server import serve_engine
 from voltrl.algorithms.local.tiny import build_tiny_model, build_tiny_tokenizer
 from voltrl.algorithms.local.update import PolicyTrainer, PolicyUpdateConfig
@@ -74,11 +74,11 @@ def logprobs_under(model: Any, adapter: str | None, prompt: list[int], ids: list
 
 
 def test_adapters_route_each_agent_name_to_the_first_pattern_that_fully_matches_it():
-    routes = Adapters.parse({"writer": "write|rewrite", "rest": ".*"}, served_name=SERVED)
+    routes = LoraAdapters.parse({"writer": "write|rewrite", "rest": ".*"}, served_name=SERVED)
     assert routes.adapter_for("rewrite") == "writer"
     assert routes.adapter_for("rewriter") == "rest"  # full match, not a search
     assert routes.adapter_for(None) == "rest"
-    assert Adapters.parse(ROUTES, served_name=SERVED).adapter_for("judge") is None
+    assert LoraAdapters.parse(ROUTES, served_name=SERVED).adapter_for("judge") is None
     bad = [
         ({}, "must map adapter names"),
         ({"a.b": "x"}, "letters, digits"),
@@ -89,7 +89,7 @@ def test_adapters_route_each_agent_name_to_the_first_pattern_that_fully_matches_
     ]
     for mapping, message in bad:
         with pytest.raises(ValueError, match=message):
-            Adapters.parse(mapping, served_name=SERVED)  # type: ignore[arg-type]
+            LoraAdapters.parse(mapping, served_name=SERVED)  # type: ignore[arg-type]
 
 
 async def test_a_call_is_generated_by_the_adapter_its_agent_name_routes_to():
@@ -99,7 +99,7 @@ async def test_a_call_is_generated_by_the_adapter_its_agent_name_routes_to():
     engine = Engine(copy.deepcopy(model).requires_grad_(False), tok, seed=0)
     url, stop_engine = await serve_engine(engine, model_name=SERVED)
     store = InMemoryStore()
-    routes = Adapters.parse(ROUTES, served_name=SERVED)
+    routes = LoraAdapters.parse(ROUTES, served_name=SERVED)
     served = await start_gateway(
         store, [f"{url}/v1"], model=SERVED, model_for_agent=routes.adapter_for
     )
@@ -226,7 +226,7 @@ ROWS = [{"letter": c} for c in "abcd"]
 
 
 def fit(tmp_path: Path, name: str = "roles", **overrides: Any) -> tuple[vl.LocalRL, vl.RunResult]:
-    options: dict[str, Any] = {"update": LORA, "adapters": ROUTES, "steps": 2, **overrides}
+    options: dict[str, Any] = {"update": LORA, "lora_adapters": ROUTES, "steps": 2, **overrides}
     algo = make_algorithm(**options)
     trainer = vl.Trainer(algo, n_runners=1, inline=True, run_dir=tmp_path, name=name)
     return algo, trainer.fit(three_roles, ROWS, val_dataset=ROWS[:2])
@@ -253,12 +253,14 @@ def test_local_rl_trains_each_adapter_on_its_agents_calls_and_saves_peft_adapter
     for m in steps:  # each adapter has its own update; the judge's rows train nothing
         assert m["update/writer/rows"] == m["update/checker/rows"] == m["batch/rows_no_adapter"]
         assert m["update/writer/loss"] != 0 and "update/loss" not in m
-    assert steps[-1]["adapter/writer/version"] == steps[-1]["adapter/checker/version"] == 2
+    assert (
+        steps[-1]["lora_adapter/writer/version"] == steps[-1]["lora_adapter/checker/version"] == 2
+    )
     out = capsys.readouterr().out
     assert "[writer] reward" in out and "checker: 2 updates" in out
 
     rollouts, calls, resources = asyncio.run(stored(run / "store.sqlite"))
-    assert resources.items["main_llm"].adapters == {"writer": 2, "checker": 2}
+    assert resources.items["main_llm"].lora_adapters == {"writer": 2, "checker": 2}
     models = {(c.agent_name, c.model) for cs in calls.values() for c in cs}
     assert models == {("write", "writer"), ("check", "checker"), ("judge", SERVED)}
 
@@ -283,7 +285,7 @@ def test_local_rl_trains_each_adapter_on_its_agents_calls_and_saves_peft_adapter
     newest = max(c.resources_version or 0 for c in val_calls)
     last = [c for c in val_calls if c.resources_version == newest]
     assert {c.agent_name for c in last} == {"write", "check", "judge"}
-    routes = Adapters.parse(ROUTES, served_name=SERVED)
+    routes = LoraAdapters.parse(ROUTES, served_name=SERVED)
     for adapter in [*ROUTES, None]:
         model = AutoModelForCausalLM.from_pretrained(run / "final").eval()
         if adapter is not None:
@@ -306,7 +308,7 @@ def test_local_rl_resumes_each_adapter_from_the_last_step_all_adapters_saved(tmp
     ckpts = tmp_path / "roles" / "checkpoints"
     at_1 = {a: torch.load(ckpts / a / "step_00000001" / "model.pt") for a in ROUTES}
     shutil.rmtree(ckpts / "checker" / "step_00000002")  # as if interrupted while saving
-    resumed = make_algorithm(update=LORA, adapters=ROUTES, steps=3, resume=True)
+    resumed = make_algorithm(update=LORA, lora_adapters=ROUTES, steps=3, resume=True)
     trainer = vl.Trainer(resumed, n_runners=1, inline=True, run_dir=tmp_path, name="roles")
     started: dict[str, dict[str, torch.Tensor]] = {}
     original = resumed.train_step
@@ -326,7 +328,7 @@ def test_local_rl_resumes_each_adapter_from_the_last_step_all_adapters_saved(tmp
 
 
 def test_agents_matching_no_adapter_are_trained_by_a_catch_all_pattern(tmp_path: Path):
-    _, result = fit(tmp_path, adapters={"writer": "write", "rest": ".*"}, steps=1)
+    _, result = fit(tmp_path, lora_adapters={"writer": "write", "rest": ".*"}, steps=1)
     (m,) = [m for m in result.metrics if "update_s" in m]
     assert m["batch/rows_no_adapter"] == 0
     assert m["update/rest/rows"] == 2 * m["update/writer/rows"]  # check and judge
@@ -336,6 +338,6 @@ def test_verl_refuses_adapters_with_a_clear_message():
     from voltrl.algorithms.verl.config import VoltrlSection
 
     with pytest.raises(vl.VoltRLError, match="LocalRL's: verl trains one model"):
-        vl.VERL({}, adapters=ROUTES)
+        vl.VERL({}, lora_adapters=ROUTES)
     with pytest.raises(ValueError, match="LocalRL's: verl trains one model"):
-        VoltrlSection.model_validate({"adapters": ROUTES})
+        VoltrlSection.model_validate({"lora_adapters": ROUTES})
