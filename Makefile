@@ -17,7 +17,7 @@ VERL_VERSION := 0.9.1
 AS_VENV := .venv-agentscope
 AS_PY   := $(AS_VENV)/bin/python
 
-.PHONY: test test-verl test-vllm test-agentscope demo demo-seeds learn lint format clean postgres chromium bench-peer-store bench-dashboard
+.PHONY: test test-verl test-vllm test-agentscope demo demo-seeds learn lint format clean postgres chromium bench-peer-store bench-dashboard bench-lora-adapters bench-lora-learning
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -54,6 +54,17 @@ learn: $(VENV)/.test-deps
 ## (p50/p99 per kind of page), and what an open dashboard costs a LocalRL run (~8 minutes)
 bench-dashboard: $(VENV)/.test-deps
 	$(PY) benchmarks/dashboard_bench.py
+
+## make bench-lora-adapters: per-role LoRA adapters' cost: decode with a mixed-adapter batch vs
+## per-adapter batches vs merged copies, the weight swap, and the memory and update time of
+## 1, 2 and 4 adapters vs as many full copies of the model (~3 minutes)
+bench-lora-adapters: $(VENV)/.test-deps
+	$(PY) benchmarks/lora_adapters_bench.py
+
+## make bench-lora-learning: the SQL agent's roles trained as two LoRA adapters vs one shared
+## adapter vs full fine-tuning, from one SFT warm-up per seed (SEEDS="0 1 2"; ~35 min a seed)
+bench-lora-learning: $(VENV)/.test-deps
+	$(PY) benchmarks/lora_adapters_learning.py --seeds $(SEEDS) --rl-steps 20
 
 ## make bench-peer-store: our store server against agentlightning 0.3.0's in the peer harness
 ## (../shared/bench/peer), rollouts/s at 1, 8 and 32 workers and server memory (~5 minutes)

@@ -11,9 +11,10 @@ shared by three RL arms that start from the same warmed weights and train every 
 - **one shared adapter**: plain LoRA (``use_lora=True``), every role on the same adapter;
 - **full fine-tuning**: every weight.
 
-Held-out reward is measured after the warm-up (once per seed: the arms share it) and after
-RL. The table (arm, seed, after warm-up, after RL, change, minutes) and a plot of the
-held-out curves go to ``<out>/adapters/``.
+Held-out reward is measured after the warm-up (the arms of a seed share it) and after RL.
+The table (arm, seed, after warm-up, after RL, change, minutes) and a plot of the held-out
+curves go to ``<out>/lora_adapters/``, with every row run so far (one JSON file per arm and
+seed, so seeds can run in parallel processes).
 
     python benchmarks/lora_adapters_learning.py --seeds 0 1 2
     make bench-lora-learning SEEDS="0 1 2"
@@ -73,7 +74,7 @@ def run_arm(
     rl = dict(recipe.rl)
     rl["trajectory"] = {k: v for k, v in rl["trajectory"].items() if k != "agent_filter"}
     if rl_steps:
-        rl["steps"] = rl["val_every"] = rl_steps
+        rl["steps"] = rl_steps
     options = ARMS[arm]
     lr = rl["update"]["lr"] * (10 if options["update"].get("use_lora") else 1)
     rl["update"] = {**rl["update"], **options["update"], "lr": lr}
@@ -180,20 +181,19 @@ def main(argv: list[str] | None = None) -> int:
     recipe = load_recipe("sql_agent")
     report = args.out / "lora_adapters"
     report.mkdir(parents=True, exist_ok=True)
-    saved = report / "rows.json"
-    rows = json.loads(saved.read_text()) if saved.exists() else []
     for seed in args.seeds:
         warmed, warm_minutes = warm_up(recipe, seed, args.out, args.sft_steps)
         for arm in args.arms:
             row = run_arm(recipe, arm, seed, warmed, args.out, args.rl_steps)
             row["warm_minutes"] = warm_minutes
-            rows = [r for r in rows if (r["arm"], r["seed"]) != (arm, seed)] + [row]
-            saved.write_text(json.dumps(rows, indent=1))
+            # one file per arm and seed: several seeds may run at once, in separate processes
+            (report / f"{arm.replace(' ', '-')}-seed{seed}.json").write_text(json.dumps(row))
             print(
                 f"{arm}, seed {seed}: held-out {row['after_sft']:.1%} -> {row['after_rl']:.1%} "
                 f"({row['minutes']:.1f} min)",
                 flush=True,
             )
+    rows = [json.loads(p.read_text()) for p in sorted(report.glob("*-seed*.json"))]
     rows.sort(key=lambda r: (list(ARMS).index(r["arm"]), r["seed"]))
     lines = table(rows)
     (report / "table.md").write_text("\n".join(lines) + "\n")

@@ -352,12 +352,26 @@ def _add_token_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _gateway_options(args: argparse.Namespace) -> dict[str, Any]:
-    return {
+    options = {
         "model": args.model,
         "backend_api_key": args.backend_api_key,
         "request_token_ids": not args.no_token_ids,
         "reasoning_split": args.reasoning_split,
     }
+    if args.lora_adapter:
+        from voltrl.algorithms.local.lora_adapters import LoraAdapters
+
+        pairs = [a.partition("=") for a in args.lora_adapter]
+        if any(not sep for _, sep, _ in pairs):
+            raise VoltRLError("--lora-adapter takes NAME=REGEX (e.g. writer='write|rewrite')")
+        try:
+            routes = LoraAdapters.parse(
+                {name: regex for name, _, regex in pairs}, served_name=args.model or ""
+            )
+        except ValueError as exc:
+            raise VoltRLError(f"--lora-adapter: {exc}") from None
+        options["model_for_agent"] = routes.adapter_for
+    return options
 
 
 def _gateway_retry(args: argparse.Namespace) -> Any:
@@ -547,6 +561,13 @@ def _add_serving_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend-api-key", default=None, help="gateway: key for the backends")
     parser.add_argument(
         "--no-token-ids", action="store_true", help="gateway: do not ask backends for token ids"
+    )
+    parser.add_argument(
+        "--lora-adapter",
+        action="append",
+        metavar="NAME=REGEX",
+        help="gateway: send the calls of agents REGEX fully matches to the LoRA adapter NAME "
+        "(as the model; first match wins; repeat for each adapter)",
     )
     parser.add_argument(
         "--reasoning-split",

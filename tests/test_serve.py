@@ -93,6 +93,8 @@ def test_serve_errors_are_one_line(tmp_path):
                 ["--store", "postgresql://u:secret@127.0.0.1:1/db", "--port", "0"],
                 "cannot connect to PostgreSQL at 127.0.0.1:1/db",
             ),
+            (["--store", "memory", "--lora-adapter", "writer"], "takes NAME=REGEX"),
+            (["--store", "memory", "--lora-adapter", "w=("], "not a valid regex"),
         ]:
             out = subprocess.run(
                 [sys.executable, "-m", "voltrl.cli", "serve", *args],
@@ -173,13 +175,15 @@ def test_bearer_auth_needs_a_token():
 
 
 async def test_voltrl_gateway_records_into_a_separate_store_server(tmp_path):
-    """``voltrl serve --no-gateway`` holds the store; ``voltrl gateway`` records into it."""
+    """``voltrl serve --no-gateway`` holds the store; ``voltrl gateway`` records into it, and
+    with ``--lora-adapter`` forwards an agent's calls to its LoRA adapter (as the model)."""
     async with FakeBackend() as backend:
         env = {"VOLTRL_TOKEN": TOKEN}
         store_args = ["serve", "--store", str(tmp_path / "s.sqlite"), "--no-gateway"]
         server, store_url = await asyncio.to_thread(start, *store_args, env=env)
         try:
             gw_args = ["gateway", "--store", store_url, "--backend", backend.url]
+            gw_args += ["--lora-adapter", "writer=write|rewrite"]  # vLLM multi-LoRA routing
             gateway, gateway_url = await asyncio.to_thread(start, *gw_args, env=env)
             try:
                 store = HTTPStore(store_url, TOKEN)
@@ -191,8 +195,14 @@ async def test_voltrl_gateway_records_into_a_separate_store_server(tmp_path):
                 client = AsyncOpenAI(base_url=llm.endpoint, api_key=TOKEN, max_retries=0)
                 await client.completions.create(model="m", prompt="2+2=", max_tokens=2)
                 await client.close()
-                [call] = await store.get_llm_calls(rollout.rollout_id)
+                writer = llm.for_agent("rewrite")
+                client = AsyncOpenAI(base_url=writer.endpoint, api_key=TOKEN, max_retries=0)
+                await client.completions.create(model="m", prompt="2+2=", max_tokens=2)
+                await client.close()
+                call, rewrite = await store.get_llm_calls(rollout.rollout_id)
                 assert call.attempt_id == claim.attempt.attempt_id and call.has_token_ids
+                assert (call.model, rewrite.model) == ("m", "writer")
+                assert [r["body"]["model"] for r in backend.requests] == ["m", "writer"]
                 health = httpx.get(f"{store_url}/v1/store/health", timeout=10)
                 assert health.status_code == 200
                 await store.close()
