@@ -42,7 +42,9 @@ ARMS: dict[str, dict[str, Any]] = {
 }
 
 
-def warm_up(recipe: Any, seed: int, out: Path, steps: int | None) -> tuple[Path, float]:
+def warm_up(
+    recipe: Any, seed: int, out: Path, steps: int | None, threads: int | None
+) -> tuple[Path, float]:
     """The seed's SFT warm-up on the recorded teacher runs, saved to ``<run>/final``
     (reused when it exists); returns that directory and the minutes it took."""
     from recipe_runner import record_teacher, student
@@ -56,6 +58,8 @@ def warm_up(recipe: Any, seed: int, out: Path, steps: int | None) -> tuple[Path,
         return final, 0.0
     teachers = [record_teacher(recipe, out, s) for s in recipe.teacher_seeds]
     sft = {**recipe.sft, **({"steps": steps} if steps else {})}
+    if threads:
+        sft["threads"] = threads
     started = time.time()
     algorithm = vl.SFT(**student(recipe, seed), source=teachers, retokenize=True, seed=seed, **sft)
     vl.Trainer(algorithm, run_dir=out, name=name).fit(recipe.agent, [{"question": "-"}])
@@ -63,7 +67,13 @@ def warm_up(recipe: Any, seed: int, out: Path, steps: int | None) -> tuple[Path,
 
 
 def run_arm(
-    recipe: Any, arm: str, seed: int, warmed: Path, out: Path, rl_steps: int | None
+    recipe: Any,
+    arm: str,
+    seed: int,
+    warmed: Path,
+    out: Path,
+    rl_steps: int | None,
+    threads: int | None,
 ) -> dict[str, Any]:
     """One RL arm from the warmed model; its row of the table."""
     from transformers import AutoTokenizer
@@ -82,6 +92,7 @@ def run_arm(
         str(warmed),
         tokenizer=AutoTokenizer.from_pretrained(warmed),
         seed=seed,
+        threads=threads,
         lora_adapters=options.get("lora_adapters"),
         **rl,
     )
@@ -175,6 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sft-steps", type=int, help="default: the recipe's")
     parser.add_argument("--rl-steps", type=int, help="default: the recipe's")
     parser.add_argument("--out", type=Path, default=Path("runs"))
+    parser.add_argument(
+        "--threads", type=int, help="torch threads (1 when seeds run in parallel processes)"
+    )
     args = parser.parse_args(argv)
     from learning import load_recipe
 
@@ -182,9 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     report = args.out / "lora_adapters"
     report.mkdir(parents=True, exist_ok=True)
     for seed in args.seeds:
-        warmed, warm_minutes = warm_up(recipe, seed, args.out, args.sft_steps)
+        warmed, warm_minutes = warm_up(recipe, seed, args.out, args.sft_steps, args.threads)
         for arm in args.arms:
-            row = run_arm(recipe, arm, seed, warmed, args.out, args.rl_steps)
+            row = run_arm(recipe, arm, seed, warmed, args.out, args.rl_steps, args.threads)
             row["warm_minutes"] = warm_minutes
             # one file per arm and seed: several seeds may run at once, in separate processes
             (report / f"{arm.replace(' ', '-')}-seed{seed}.json").write_text(json.dumps(row))
