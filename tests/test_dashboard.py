@@ -196,3 +196,43 @@ def test_a_run_started_after_the_dashboard_is_found_by_rollout_id(runs_dir: Path
             (rollout_id,) = db.execute("SELECT rollout_id FROM rollouts LIMIT 1").fetchone()
         page = c.get(f"/rollouts/{rollout_id}")  # straight there, no listing first
         assert page.status_code == 200 and rollout_id in page.text
+
+
+def test_advantages_of_a_run_with_lora_adapters_are_computed_per_adapter():
+    """Each adapter's rows are normalised within its own GRPO groups, as LocalRL's update
+    does; rows of no adapter get none (they are not trained)."""
+    from voltrl.algorithms.local.update import PolicyUpdateConfig, batch_advantages
+    from voltrl.dashboard.data import TrainingRow, _advantages
+    from voltrl.trajectory import TrajectoryConfig, collate
+    from voltrl.types import Run, Trajectory, Transition
+
+    def row(agent: str, model: str, reward: float) -> Transition:
+        return Transition(
+            prompt_token_ids=[1], response_token_ids=[2], reward=reward, agent_name=agent,
+            model=model,
+        )  # fmt: skip
+
+    built = [
+        Trajectory(
+            rollout_id=f"r{i}",
+            task_id="t",
+            transitions=[
+                row("write", "writer", float(i)),
+                row("check", "checker", float(i % 2)),
+                row("judge", "voltrl-local", 1.0),
+            ],
+        )
+        for i in range(4)
+    ]
+    config = {"update": {}, "lora_adapters": {"writer": "write", "checker": "check"}}
+    run = Run(name="x", kind="fit", algorithm="local_rl", config=config)
+    rows = {t.rollout_id: [TrainingRow([1], [2], [1], [None], 0, None, None) for _ in range(3)]
+            for t in built}  # fmt: skip
+    note = _advantages(run, TrajectoryConfig(), built, rows)
+    assert "each LoRA adapter over its own rows" in note and "writer 4" in note
+    batch = collate(built)
+    for k in (0, 1):  # the writer's rows, then the checker's
+        expected = batch_advantages(batch.select(range(k, 12, 3)), PolicyUpdateConfig()).tolist()
+        assert [rows[f"r{i}"][k].advantage for i in range(4)] == expected
+        assert expected != batch_advantages(batch, PolicyUpdateConfig()).tolist()[k::3]
+    assert all(rows[f"r{i}"][2].advantage is None for i in range(4))

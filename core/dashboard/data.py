@@ -235,6 +235,8 @@ class TrainingRow:
     reward: float | None
     advantage: float | None
     agent: str | None
+    model: str | None = None
+    """The model that sampled the row (with per-role LoRA adapters: the adapter it trains)."""
 
 
 @dataclass
@@ -327,6 +329,7 @@ def _row(t: Any) -> TrainingRow:
         reward=t.reward,
         advantage=None,
         agent=t.agent_name,
+        model=t.model,
     )
 
 
@@ -347,7 +350,13 @@ def _advantages(
         batch = collate(built, trajectory)
         if not len(batch):
             return "no rollout of this step has a training row"
-        values = batch_advantages(batch, PolicyUpdateConfig(**run.config["update"])).tolist()
+        config = PolicyUpdateConfig(**run.config["update"])
+        parts = _parts(run, batch)
+        values: list[float | None] = [None] * len(batch)
+        for indices in parts.values():
+            part = batch_advantages(batch.select(indices), config).tolist()
+            for i, value in zip(indices, part, strict=True):
+                values[i] = value
     except (ValueError, TypeError) as e:  # settings of another VoltRL version, say
         return f"advantages could not be computed here: {e}"
     seen: dict[str, int] = {}
@@ -356,10 +365,30 @@ def _advantages(
         seen[rid] = index + 1
         rows[rid][index].advantage = value
     groups = len(set(batch.group_ids))
+    if len(parts) == 1 and None in parts:
+        return (
+            f"advantages as LocalRL's update computed them over the step's batch "
+            f"({len(batch)} rows, {groups} groups)"
+        )
+    sizes = ", ".join(f"{name} {len(i)}" for name, i in parts.items())
     return (
-        f"advantages as LocalRL's update computed them over the step's batch "
-        f"({len(batch)} rows, {groups} groups)"
+        f"advantages as LocalRL's update computed them, each LoRA adapter over its own rows "
+        f"of the step's batch ({sizes} rows; rows of no adapter are not trained)"
     )
+
+
+def _parts(run: Run, batch: Any) -> dict[str | None, list[int]]:
+    """The rows each trainer of the run's update took: all of them, or, with per-role LoRA
+    adapters, each adapter's (rows of no adapter are left out: not trained)."""
+    mapping = run.config.get("lora_adapters")
+    if not mapping:
+        return {None: list(range(len(batch)))}
+    from voltrl.algorithms.local.lora_adapters import LoraAdapters
+
+    served = str(run.config.get("served_name") or "")
+    parts = LoraAdapters.parse(mapping, served_name=served).rows_by_adapter(batch)
+    parts.pop(None, None)
+    return parts
 
 
 # ---- spans, calls, workers ----------------------------------------------------------------------
