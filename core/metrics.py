@@ -137,7 +137,9 @@ Series = list[tuple[str, list[int], list[float]]]
 
 def metric_series(records: Iterable[dict[str, Any]]) -> Series:
     """Every numeric metric as ``(name, steps, values)`` over the steps that logged it
-    (several records of one step: the last wins), :data:`FIRST_METRICS` first, then by name."""
+    (several records of one step: the last wins), :data:`FIRST_METRICS` first (each LoRA
+    adapter's ``update/<adapter>/<metric>`` beside its ``update/<metric>``, its rows'
+    ``reward_mean`` beside the training reward), then by name."""
     by_name: dict[str, dict[int, float]] = {}
     for record in records:
         step = record.get("step")
@@ -149,7 +151,15 @@ def metric_series(records: Iterable[dict[str, Any]]) -> Series:
             if isinstance(value, int | float) and math.isfinite(value):
                 by_name.setdefault(name, {})[step] = float(value)
     first = {name: i for i, name in enumerate(FIRST_METRICS)}
-    order = sorted(by_name, key=lambda n: (first.get(n, len(first)), n))
+
+    def rank(name: str) -> tuple[int, str]:
+        parts = name.split("/")
+        if len(parts) == 3 and parts[0] == "update":  # a LoRA adapter's: update/<adapter>/loss
+            base = "train/reward_mean" if parts[2] == "reward_mean" else f"update/{parts[2]}"
+            return first.get(base, len(first)), name
+        return first.get(name, len(first)), name
+
+    order = sorted(by_name, key=rank)
     return [(n, sorted(by_name[n]), [by_name[n][k] for k in sorted(by_name[n])]) for n in order]
 
 

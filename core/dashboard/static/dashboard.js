@@ -75,8 +75,14 @@ function drawCharts(root, perRun, labels, first) {
   const plots = new Map();
   const wasOpen = root.querySelector("details.more-charts")?.open || false;
   root.innerHTML = "";
-  const main = names.filter(n => first.includes(n));
-  const rest = names.filter(n => !first.includes(n));
+  // A LoRA adapter's update/<adapter>/<metric> is main when update/<metric> is.
+  const isMain = n => {
+    const adapter = /^update\/[^/]+\/(.+)$/.exec(n);
+    return first.includes(n) || (adapter !== null &&
+      (adapter[1] === "reward_mean" || first.includes(`update/${adapter[1]}`)));
+  };
+  const main = names.filter(isMain);
+  const rest = names.filter(n => !isMain(n));
   let more = null;
   if (rest.length) {
     more = document.createElement("details");
@@ -91,7 +97,7 @@ function drawCharts(root, perRun, labels, first) {
     const title = document.createElement("h4");
     title.textContent = name;
     box.appendChild(title);
-    (first.includes(name) ? root : more.lastElementChild).appendChild(box);
+    (isMain(name) ? root : more.lastElementChild).appendChild(box);
     const data = aligned(maps.map(m => m.get(name)));
     plots.set(name, new uPlot(chartOptions(name, labels, width), data, box));
   }
