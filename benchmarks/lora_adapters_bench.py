@@ -138,7 +138,7 @@ def swaps(base: Any, args: argparse.Namespace) -> list[str]:
 
     tok = build_tiny_tokenizer()
     model, trainers = with_adapters(base, 2)
-    engine = Engine(copy.deepcopy(model).requires_grad_(False), tok)
+    engine = Engine(copy.deepcopy(model).requires_grad_(False), tok, lora_adapters=True)
     plain = Engine(copy.deepcopy(base), tok)
     adapter, full = trainers[0].adapter_state_dict(), copy.deepcopy(base.state_dict())
     times = timed(

@@ -18,8 +18,9 @@ attempt, whatever agent made it and whether or not it is trained on.
 whose prompt ids start with the previous call's prompt + response ids (previous call of the
 same agent, sampled by the same model) extends that row: the tokens in between (tool results,
 the next user turn) join the response with loss mask 0 and logprob 0, the new generated
-tokens follow with mask 1. A row records its first call's ``model``. A
-call that does not extend its agent's open row starts a new row and counts one merge failure.
+tokens follow with mask 1. A row records its first call's ``model``. A call that does not
+extend its agent's open row starts a new row and counts one merge failure; a call sampled by
+another model (another LoRA adapter) starts a new row without counting one.
 Explicit transitions returned by the agent (``Attempt.transitions``) are used as-is instead.
 
 **Calls without token ids** (``missing_token_ids``): ``"drop"`` (default; counted as
@@ -611,8 +612,13 @@ class TrainingBatch:
         return len(self.rewards)
 
     def select(self, rows: Sequence[int]) -> TrainingBatch:
-        """A batch of these rows only, in this order, with the same widths and ``stats``."""
-        per_row = [f.name for f in fields(self) if isinstance(getattr(self, f.name), list)]
+        """A batch of these rows only, in this order, with the same widths and ``stats``
+        (per-row lists left empty in this batch stay empty)."""
+        per_row = [
+            f.name
+            for f in fields(self)
+            if isinstance(getattr(self, f.name), list) and len(getattr(self, f.name)) == len(self)
+        ]
         picked = {name: [getattr(self, name)[i] for i in rows] for name in per_row}
         return replace(self, **picked, stats=dict(self.stats))
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -82,7 +83,8 @@ def test_adapters_route_each_agent_name_to_the_first_pattern_that_fully_matches_
     bad = [
         ({}, "must map adapter names"),
         ({"a.b": "x"}, "letters, digits"),
-        ({"ora": "x"}, "'lora_'"),
+        ({"ora": "x"}, "reserved by peft"),
+        ({"default": "x"}, "reserved by peft"),
         ({SERVED: "x"}, "served model's name"),
         ({"writer": "("}, "not a valid regex"),
         ({"writer": 3}, "must be a string"),
@@ -96,7 +98,7 @@ async def test_a_call_is_generated_by_the_adapter_its_agent_name_routes_to():
     """Gateway → engine server → engine, real HTTP: each call's recorded model names its
     adapter, and its recorded logprobs are that adapter's (not another's, not the base's)."""
     model, tok = adapted_model()
-    engine = Engine(copy.deepcopy(model).requires_grad_(False), tok, seed=0)
+    engine = Engine(copy.deepcopy(model).requires_grad_(False), tok, seed=0, lora_adapters=True)
     url, stop_engine = await serve_engine(engine, model_name=SERVED)
     store = InMemoryStore()
     routes = LoraAdapters.parse(ROUTES, served_name=SERVED)
@@ -140,7 +142,7 @@ async def test_a_call_is_generated_by_the_adapter_its_agent_name_routes_to():
 
 async def test_engine_refuses_an_unknown_adapter_and_the_server_lists_the_adapters():
     model, tok = adapted_model()
-    with Engine(model, tok) as engine:
+    with Engine(model, tok, lora_adapters=True) as engine:
         with pytest.raises(ValueError, match="no LoRA adapter 'planner'"):
             engine.stream([1, 2], SamplingParams(max_tokens=2), adapter="planner")
         with pytest.raises(ValueError, match="no LoRA adapter"):
@@ -160,28 +162,75 @@ async def test_engine_refuses_an_unknown_adapter_and_the_server_lists_the_adapte
 
 async def test_two_adapters_sharing_a_decode_batch_sample_what_each_samples_alone():
     model, tok = adapted_model()
-    params = SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True, seed=5)
+    params = SamplingParams(n=2, temperature=1.0, max_tokens=12, ignore_eos=True, seed=5)
     prompt = tok.encode("Say a.", add_special_tokens=False)
     adapters = ["writer", "checker", None]
-    with Engine(model, tok, seed=0) as engine:
-        alone = {a: (await engine.generate(prompt, params, adapter=a)).choices[0] for a in adapters}
+    with Engine(model, tok, seed=0, lora_adapters=True) as engine:
+        alone = {a: (await engine.generate(prompt, params, adapter=a)).choices for a in adapters}
         steps = engine.stats["steps"]
         with engine._cv:  # queued together: one prefill, then every decode step shared
             streams = {a: engine.stream(prompt, params, adapter=a) for a in adapters}
-        together: dict[str | None, list[int]] = {a: [] for a in adapters}
+        together: dict[tuple[str | None, int], list[int]] = {}
         for a, stream in streams.items():
             async for deltas in stream:
-                together[a] += [t for d in deltas for t in d.token_ids]
+                for d in deltas:
+                    together.setdefault((a, d.index), []).extend(d.token_ids)
         assert engine.stats["steps"] - steps == 11  # 12 tokens: 1 from prefill, 11 shared steps
     for a in adapters:
-        assert together[a] == alone[a].token_ids, a
-    assert alone["writer"].logprobs != alone["checker"].logprobs  # two policies
+        for choice in alone[a]:  # each of a request's n choices, rows of the shared batch too
+            assert together[a, choice.index] == choice.token_ids, (a, choice.index)
+    assert alone["writer"][0].logprobs != alone["checker"][0].logprobs  # two policies
+
+
+async def test_the_server_streams_and_completes_several_prompts_with_the_named_adapter():
+    model, tok = adapted_model()
+    prompts = ["Say a.", "Say b."]
+    with Engine(model, tok, seed=0, lora_adapters=True) as engine:
+        greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+        expected = []
+        for p in prompts:
+            ids = tok.encode(p, add_special_tokens=False)
+            out = await engine.generate(ids, greedy, adapter="checker")
+            expected.append(out.choices[0].token_ids)
+        url, stop = await serve_engine(engine, model_name=SERVED)
+        client = AsyncOpenAI(base_url=f"{url}/v1", api_key="x")
+        try:
+            extra = {"return_token_ids": True, "ignore_eos": True}
+            both = await client.completions.create(
+                model="checker", prompt=prompts, max_tokens=6, temperature=0, extra_body=extra
+            )
+            streamed: list[int] = []
+            stream = await client.completions.create(
+                model="checker", prompt=prompts[0], max_tokens=6, temperature=0, stream=True,
+                extra_body=extra,
+            )  # fmt: skip
+            async for chunk in stream:
+                streamed += (chunk.choices[0].model_extra or {}).get("token_ids") or []
+        finally:
+            await client.close()
+            await stop()
+    assert [(c.model_extra or {})["token_ids"] for c in both.choices] == expected
+    assert streamed == expected[0]
+
+
+def test_an_engine_given_one_peft_model_without_lora_adapters_serves_its_active_adapter():
+    model, tok = adapted_model()
+    model.set_adapter("checker")
+    prompt = tok.encode("Say a.", add_special_tokens=False)
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    with Engine(model, tok) as engine:
+        assert engine.adapters == frozenset()
+        out = asyncio.run(engine.generate(prompt, params)).choices[0]
+    expected = logprobs_under(model, "checker", prompt, out.token_ids)
+    torch.testing.assert_close(torch.tensor(out.logprobs), expected, atol=2e-4, rtol=0)
+    with pytest.raises(ValueError, match="needs a peft model"):
+        Engine(build_tiny_model(tok), tok, lora_adapters=True)
 
 
 # ---- updates ----------------------------------------------------------------------------------
 
 
-def test_an_update_of_one_adapter_leaves_the_other_and_the_base_bit_identical():
+def test_an_update_of_one_adapter_leaves_the_other_and_the_base_bit_identical(tmp_path: Path):
     tok = build_tiny_tokenizer()
     writer = PolicyTrainer(build_tiny_model(tok, seed=0), LORA, adapter="writer")
     checker = PolicyTrainer(writer.model, LORA, adapter="checker")
@@ -201,6 +250,45 @@ def test_an_update_of_one_adapter_leaves_the_other_and_the_base_bit_identical():
     changed = {n for n in params if not torch.equal(after_writer[n], params[n])}
     assert changed and {adapter_of(n) for n in changed} == {"checker"}
     assert writer.global_step == checker.global_step == 1
+
+    # a checkpoint keeps the run's step and the adapter's own update count apart
+    path = writer.save_checkpoint(tmp_path / "writer", step=5)
+    again = PolicyTrainer(copy.deepcopy(writer.model), LORA, adapter="writer")
+    assert again.load_checkpoint(path) == 5 and again.global_step == 1
+
+
+def test_each_adapter_takes_its_own_rows_and_normalises_advantages_over_them():
+    from voltrl.algorithms.local.update import batch_advantages
+    from voltrl.trajectory import collate
+    from voltrl.types import Trajectory, Transition
+
+    def row(model: str | None, agent: str, reward: float) -> Transition:
+        return Transition(
+            prompt_token_ids=[1], response_token_ids=[2], reward=reward, model=model,
+            agent_name=agent,
+        )  # fmt: skip
+
+    batch = collate(
+        [
+            Trajectory(
+                rollout_id=f"r{i}",
+                task_id="t",
+                transitions=[
+                    row("writer", "write", float(i)),  # varied: advantages
+                    row("checker", "check", 1.0),  # all equal: no advantage for the checker
+                    row(SERVED, "judge", float(i)),  # the base model's: not trained
+                    row(None, "rewrite", float(i)),  # explicit: goes by its agent name
+                ],
+            )
+            for i in range(4)
+        ]
+    )
+    algo = make_algorithm(update=LORA, lora_adapters=ROUTES)
+    parts, untrained = algo._parts(batch)
+    assert untrained == 4 and list(parts) == ["writer", "checker"]
+    assert parts["writer"].agent_names == ["write", "rewrite"] * 4
+    assert batch_advantages(parts["checker"], LORA).abs().sum() == 0
+    assert batch_advantages(batch, LORA)[1::4].abs().sum() > 0  # one shared batch would train it
 
 
 # ---- LocalRL end to end ---------------------------------------------------------------------
@@ -326,12 +414,27 @@ def test_local_rl_resumes_each_adapter_from_the_last_step_all_adapters_saved(tmp
         assert all(torch.equal(started[a][k], at_1[a][k]) for k in at_1[a]), a
         assert resumed._policies[a].global_step == 3
 
+    # resuming with other adapters, or none, says why it cannot
+    for adapters, message in [
+        ({**ROUTES, "judge": "judge"}, "adapter(s) judge have no checkpoint"),
+        (None, "per LoRA adapter (checker, writer); pass the run's lora_adapters"),
+    ]:
+        other = make_algorithm(update=LORA, lora_adapters=adapters, steps=4, resume=True)
+        trainer = vl.Trainer(other, n_runners=1, inline=True, run_dir=tmp_path, name="roles")
+        with pytest.raises(vl.VoltRLError, match=re.escape(message)):
+            trainer.fit(three_roles, ROWS)
+
 
 def test_agents_matching_no_adapter_are_trained_by_a_catch_all_pattern(tmp_path: Path):
     _, result = fit(tmp_path, lora_adapters={"writer": "write", "rest": ".*"}, steps=1)
     (m,) = [m for m in result.metrics if "update_s" in m]
     assert m["batch/rows_no_adapter"] == 0
     assert m["update/rest/rows"] == 2 * m["update/writer/rows"]  # check and judge
+
+
+def test_lora_adapters_refuse_an_explicit_use_lora_false():
+    with pytest.raises(ValueError, match="leave use_lora out"):
+        make_algorithm(update={"use_lora": False}, lora_adapters=ROUTES)
 
 
 def test_verl_refuses_adapters_with_a_clear_message():

@@ -166,6 +166,8 @@ class LocalRL(Algorithm):
             else LoraAdapters.parse(lora_adapters, served_name=served_name)
         )
         if self.adapters is not None and not self.update.use_lora:
+            if "use_lora" in self.update.model_fields_set:
+                raise ValueError("lora_adapters trains LoRA adapters: leave use_lora out (or True)")
             self.update = self.update.model_copy(update={"use_lora": True})
         if isinstance(trajectory, dict):
             trajectory = TrajectoryConfig.model_validate(trajectory)
@@ -262,7 +264,13 @@ class LocalRL(Algorithm):
             served.load_state_dict(self._policies[None].merged_state_dict())
         else:  # the engine's copy: the same base and adapters, unmerged, served by name
             served = copy.deepcopy(model).requires_grad_(False)
-        self._engine = Engine(served, tokenizer, max_batch_size=self.max_batch_size, seed=self.seed)
+        self._engine = Engine(
+            served,
+            tokenizer,
+            max_batch_size=self.max_batch_size,
+            seed=self.seed,
+            lora_adapters=self.adapters is not None,
+        )
         self.tokenizer = tokenizer
         engine_url, stop_engine = await serve_engine(
             self._engine, model_name=self.served_name, logprobs_mode="raw"
@@ -291,15 +299,33 @@ class LocalRL(Algorithm):
         every adapter has a checkpoint of (an interrupted save may have left one ahead)."""
         from voltrl.algorithms.local.update import checkpoint_steps
 
+        names = self.adapters.names if self.adapters is not None else []
+        per_adapter = {name: checkpoint_steps(root / name) for name in names}
+        whole = checkpoint_steps(root)
+        other = [p.name for p in root.glob("*/") if p.is_dir() and checkpoint_steps(p)]
         if self.adapters is None:
-            return max(checkpoint_steps(root), default=None)
-        common = set.intersection(*(checkpoint_steps(root / n) for n in self.adapters.names))
-        if not common and any(checkpoint_steps(root / n) for n in self.adapters.names):
+            if other and not whole:
+                raise VoltRLError(
+                    f"cannot resume: the checkpoints in {root} are per LoRA adapter "
+                    f"({', '.join(sorted(other))}); pass the run's lora_adapters"
+                )
+            return max(whole, default=None)
+        if whole and not any(per_adapter.values()):
             raise VoltRLError(
-                f"cannot resume: the adapters' checkpoints in {root} share no step "
-                f"(adapters: {', '.join(self.adapters.names)})"
+                f"cannot resume: the checkpoints in {root} are of a run without lora_adapters"
             )
-        return max(common, default=None)
+        if not any(per_adapter.values()):
+            return None
+        missing = [name for name, steps in per_adapter.items() if not steps]
+        if missing:
+            raise VoltRLError(
+                f"cannot resume: adapter(s) {', '.join(missing)} have no checkpoint in {root} "
+                f"(an adapter added since the run started cannot resume with it)"
+            )
+        common = set.intersection(*per_adapter.values())
+        if not common:
+            raise VoltRLError(f"cannot resume: the adapters' checkpoints in {root} share no step")
+        return max(common)
 
     @staticmethod
     def _checkpoint_dir(run_dir: Path, adapter: str | None, step: int | None = None) -> Path:

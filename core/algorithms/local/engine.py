@@ -21,12 +21,12 @@ text (with the rest of the text after it), and EOS / ``stop_token_ids`` tokens a
 the new weights (their cached keys and values stay), and each delta records the
 ``weights_version`` that sampled it.
 
-**LoRA adapters.** Given a ``peft`` model holding several LoRA adapters (one per agent role),
-the engine serves them all at once: each request names its adapter (``adapter=``; None: the
-base model), and requests for different adapters share one decode batch: a forward pass runs
-the base weights once for every row and each adapter's low-rank update on its own rows (peft's
-mixed-adapter batches). ``update_weights(state, adapter=name)`` swaps one adapter's weights
-and leaves the others, and the base, as they are.
+**LoRA adapters.** Given a ``peft`` model holding several LoRA adapters (one per agent role)
+and ``lora_adapters=True``, the engine serves them all at once: each request names its adapter
+(``adapter=``; None: the base model), and requests for different adapters share one decode
+batch: a forward pass runs the base weights once for every row and each adapter's low-rank
+update on its own rows (peft's mixed-adapter batches). ``update_weights(state,
+adapter=name)`` swaps one adapter's weights and leaves the others, and the base, as they are.
 """
 
 from __future__ import annotations
@@ -134,7 +134,7 @@ class Engine:
     Args:
         model: a Hugging Face causal LM whose cache layers are full-attention
             ``DynamicLayer``s (Llama, Qwen2, Mistral without sliding window, ...), or a
-            ``peft`` model of one with LoRA adapters, served by name (unmerged).
+            ``peft`` model of one.
         tokenizer: its tokenizer (for detokenisation and stop strings).
         max_batch_size: most choices decoded together; more requests wait their turn.
         max_prefill_tokens: most padded prompt tokens prefilled in one step (at least one
@@ -144,6 +144,9 @@ class Engine:
         seed: seeds the sampling of requests that give no seed of their own.
         threads: torch intra-op threads of the engine thread (default: the count in effect
             in the thread that builds the engine, e.g. as LocalRL set it).
+        lora_adapters: serve the ``peft`` model's LoRA adapters by name, unmerged (a request
+            naming none gets the base model). Without it a peft model is served as it is,
+            its active adapter applied to every request.
     """
 
     def __init__(
@@ -156,9 +159,12 @@ class Engine:
         max_model_len: int | None = None,
         seed: int | None = None,
         threads: int | None = None,
+        lora_adapters: bool = False,
     ) -> None:
         self.model = model.eval()
-        self.adapters = frozenset(getattr(model, "peft_config", None) or ())
+        if lora_adapters and not getattr(model, "peft_config", None):
+            raise ValueError("lora_adapters=True needs a peft model holding LoRA adapters")
+        self.adapters = frozenset(model.peft_config if lora_adapters else ())
         """The LoRA adapters requests may name (empty for a plain model)."""
         self.adapter_versions = dict.fromkeys(sorted(self.adapters), 0)
         """Each adapter's weights version: its :meth:`update_weights` so far."""

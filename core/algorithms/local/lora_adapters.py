@@ -34,8 +34,9 @@ class LoraAdapters:
     @classmethod
     def parse(cls, mapping: Mapping[str, str], *, served_name: str) -> LoraAdapters:
         """Check ``{name: regex}``: names are identifiers peft can use as module keys
-        (letters, digits, ``_``, ``-``; not ``served_name``, not inside ``"lora_"``, which
-        peft mistakes for its own prefix) and every regex compiles. Raises ``ValueError``."""
+        (letters, digits, ``_``, ``-``), not ``served_name``, not peft's own ``default`` and
+        not a piece of ``lora_`` (peft warns that such an adapter may be reinitialised when
+        loaded); every regex compiles. Raises ``ValueError``."""
         if not isinstance(mapping, Mapping) or not mapping:
             raise ValueError(
                 "lora_adapters must map adapter names to agent-name regexes, e.g. "
@@ -43,10 +44,15 @@ class LoraAdapters:
             )
         patterns: dict[str, re.Pattern[str]] = {}
         for name, pattern in mapping.items():
-            if not isinstance(name, str) or not _NAME.fullmatch(name) or name in "lora_":
+            if not isinstance(name, str) or not _NAME.fullmatch(name):
                 raise ValueError(
                     f"adapter name {name!r}: use letters, digits, '_' or '-', starting with a "
-                    "letter (and not a piece of 'lora_')"
+                    "letter"
+                )
+            if name in "lora_" or name == "default":
+                raise ValueError(
+                    f"adapter name {name!r} is reserved by peft ('default' is its own adapter's "
+                    "name; a piece of 'lora_' may be reinitialised when loaded): pick another"
                 )
             if name == served_name:
                 raise ValueError(f"adapter name {name!r} is the served model's name")
@@ -77,7 +83,8 @@ class LoraAdapters:
         not trained): the adapter that sampled the row, from its recorded model, else the
         one its agent name routes to."""
         out: dict[str | None, list[int]] = {}
-        for i, (model, agent) in enumerate(zip(batch.models, batch.agent_names, strict=True)):
+        models = batch.models or [None] * len(batch)  # a batch built by hand may have none
+        for i, (model, agent) in enumerate(zip(models, batch.agent_names, strict=True)):
             adapter = model if model in self.patterns else None
             if model is None:
                 adapter = self.adapter_for(agent)

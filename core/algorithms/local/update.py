@@ -198,6 +198,9 @@ class PolicyTrainer:
     wrapped by ``peft`` (only the adapters train) and the reference policy is the same model
     with its adapters disabled: no second copy. peft adds its layers to ``model`` in place, so
     take an inference copy before; :meth:`merged_state_dict` loads into that plain copy.
+    With ``adapter``, the trainer trains the LoRA adapter of that name, added to ``model``
+    (a ``PeftModel`` already holding others is shared: one trainer per adapter, each with its
+    own optimizer; :meth:`adapter_state_dict` is what an engine serving them loads).
     Without LoRA and with ``kl_coef > 0``, the reference is ``ref_model`` when given, else a
     frozen copy of ``model`` taken here. :meth:`step` runs torch with ``threads`` intra-op
     threads in whichever thread calls it (default: the count in effect where the trainer is
@@ -232,11 +235,6 @@ class PolicyTrainer:
             self.params = [p for p in model.parameters() if p.requires_grad]
         else:  # this adapter's weights only: others sharing the model have trainers of their own
             self.params = [p for n, p in model.named_parameters() if adapter_of(n) == adapter]
-            self._lora = [
-                (p, adapter_of(n) == adapter)
-                for n, p in model.named_parameters()
-                if adapter_of(n) is not None
-            ]
         self.optimizer = torch.optim.AdamW(
             self.params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay
         )
@@ -324,8 +322,9 @@ class PolicyTrainer:
         if self.adapter is None:
             return
         self.model.set_adapter(self.adapter)
-        for p, own in self._lora:
-            p.requires_grad_(own)
+        for name, p in self.model.named_parameters():
+            if (adapter := adapter_of(name)) is not None:
+                p.requires_grad_(adapter == self.adapter)
 
     def _prepare(self, batch: TrainingBatch) -> _Prepared:
         cfg = self.config
@@ -527,7 +526,7 @@ class PolicyTrainer:
             for name, module in base.named_modules():
                 if isinstance(module, LoraLayer):
                     weight = module.get_base_layer().weight
-                    for adapter in module.active_adapters:
+                    for adapter in [self.adapter] if self.adapter else module.active_adapters:
                         if adapter in module.lora_A:
                             weight = weight + module.get_delta_weight(adapter)
                     out[f"{name}.weight"] = weight.detach().clone()
@@ -552,7 +551,8 @@ class PolicyTrainer:
     def save_checkpoint(self, directory: str | Path, step: int | None = None) -> Path:
         """Save to ``directory/step_{step:08d}/`` (``step`` defaults to the updates done):
         ``model.pt`` (the adapter weights with LoRA, else the full model), ``optimizer.pt``
-        and ``state.pt`` (step, the torch/CUDA/Python RNG states, the mini-batch shuffle
+        and ``state.pt`` (step, the updates this trainer did, the torch/CUDA/Python RNG
+        states, the mini-batch shuffle
         generator, the config). Written to a temporary folder and renamed, so a crash never
         leaves a half checkpoint that :func:`latest_checkpoint` would pick."""
         step = self.global_step if step is None else step
@@ -566,6 +566,7 @@ class PolicyTrainer:
         torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
         state = {
             "step": step,
+            "updates": self.global_step,
             "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
             "python_rng": random.getstate(),
@@ -579,8 +580,10 @@ class PolicyTrainer:
 
     def load_checkpoint(self, path: str | Path) -> int:
         """Restore weights, optimizer, step and RNG states from a checkpoint folder, or from
-        the latest one under ``path``. Returns the step restored. The model must be built as
-        for the run that saved it (with LoRA, the same base model: only adapters are saved).
+        the latest one under ``path``. Returns the step restored (the run's, which
+        ``global_step`` may not equal: it counts this trainer's own updates). The model must be
+        built as for the run that saved it (with LoRA, the same base model: only adapters are
+        saved).
         Raises ``FileNotFoundError`` when there is no checkpoint."""
         folder = Path(path)
         if not (folder / "state.pt").exists():
@@ -605,5 +608,6 @@ class PolicyTrainer:
         version, internal, gauss = state["python_rng"]
         random.setstate((version, tuple(internal), gauss))
         self.generator.set_state(state["generator"])
-        self.global_step = int(state["step"])
-        return self.global_step
+        # a trainer of one LoRA adapter may have done fewer updates than the run has steps
+        self.global_step = int(state.get("updates", state["step"]))
+        return int(state["step"])
