@@ -364,6 +364,9 @@ def _gateway_options(args: argparse.Namespace) -> dict[str, Any]:
         pairs = [a.partition("=") for a in args.lora_adapter]
         if any(not sep for _, sep, _ in pairs):
             raise VoltRLError("--lora-adapter takes NAME=REGEX (e.g. writer='write|rewrite')")
+        names = [name for name, _, _ in pairs]
+        if len(set(names)) < len(names):
+            raise VoltRLError(f"--lora-adapter: an adapter is given twice ({', '.join(names)})")
         try:
             routes = LoraAdapters.parse(
                 {name: regex for name, _, regex in pairs}, served_name=args.model or ""

@@ -322,7 +322,9 @@ class Trainer:
         }
         path = run_dir / "train.yaml"
         header = "# Runs this training again: voltrl train " + str(path) + "\n"
-        path.write_text(header + "".join(n + "\n" for n in notes) + yaml.safe_dump(config))
+        # in the order given: mappings such as lora_adapters route by their order
+        body = yaml.safe_dump(config, sort_keys=False)
+        path.write_text(header + "".join(n + "\n" for n in notes) + body)
         return path
 
     def _config(self, run_dir: Path) -> dict[str, Any]:

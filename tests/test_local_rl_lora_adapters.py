@@ -83,8 +83,10 @@ def test_adapters_route_each_agent_name_to_the_first_pattern_that_fully_matches_
     bad = [
         ({}, "must map adapter names"),
         ({"a.b": "x"}, "letters, digits"),
-        ({"ora": "x"}, "reserved by peft"),
-        ({"default": "x"}, "reserved by peft"),
+        ({"ora": "x"}, "a piece of peft's prefix 'lora_'"),
+        ({"default": "x"}, "'default' is peft's own"),
+        ({"writer": "x", "Writer": "y"}, "differ only by case"),
+        ({"writer": ""}, "pattern is empty"),
         ({SERVED: "x"}, "served model's name"),
         ({"writer": "("}, "not a valid regex"),
         ({"writer": 3}, "must be a string"),
@@ -285,7 +287,7 @@ def test_each_adapter_takes_its_own_rows_and_normalises_advantages_over_them():
     )
     algo = make_algorithm(update=LORA, lora_adapters=ROUTES)
     parts, untrained = algo._parts(batch)
-    assert untrained == 4 and list(parts) == ["writer", "checker"]
+    assert untrained == [2, 6, 10, 14] and list(parts) == ["writer", "checker"]
     assert parts["writer"].agent_names == ["write", "rewrite"] * 4
     assert batch_advantages(parts["checker"], LORA).abs().sum() == 0
     assert batch_advantages(batch, LORA)[1::4].abs().sum() > 0  # one shared batch would train it
@@ -346,6 +348,7 @@ def test_local_rl_trains_each_adapter_on_its_agents_calls_and_saves_peft_adapter
     )
     out = capsys.readouterr().out
     assert "[writer] reward" in out and "checker: 2 updates" in out
+    assert out.count("matched no LoRA adapter (agents: judge;") == 1  # said once
 
     rollouts, calls, resources = asyncio.run(stored(run / "store.sqlite"))
     assert resources.items["main_llm"].lora_adapters == {"writer": 2, "checker": 2}
@@ -435,6 +438,15 @@ def test_agents_matching_no_adapter_are_trained_by_a_catch_all_pattern(tmp_path:
 def test_lora_adapters_refuse_an_explicit_use_lora_false():
     with pytest.raises(ValueError, match="leave use_lora out"):
         make_algorithm(update={"use_lora": False}, lora_adapters=ROUTES)
+
+
+def test_train_yaml_keeps_the_adapters_in_their_matching_order(tmp_path: Path):
+    """The first pattern that matches wins, so the recorded config keeps the order given."""
+    import yaml
+
+    _, result = fit(tmp_path, lora_adapters={"writer": "write", "rest": ".*"}, steps=0)
+    config = yaml.safe_load((Path(result.run_dir) / "train.yaml").read_text())
+    assert list(config["algorithm"]["lora_adapters"]) == ["writer", "rest"]
 
 
 def test_verl_refuses_adapters_with_a_clear_message():

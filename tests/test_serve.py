@@ -95,6 +95,7 @@ def test_serve_errors_are_one_line(tmp_path):
             ),
             (["--store", "memory", "--lora-adapter", "writer"], "takes NAME=REGEX"),
             (["--store", "memory", "--lora-adapter", "w=("], "not a valid regex"),
+            (["--store", "memory", "--lora-adapter", "w=a", "--lora-adapter", "w=b"], "twice"),
         ]:
             out = subprocess.run(
                 [sys.executable, "-m", "voltrl.cli", "serve", *args],

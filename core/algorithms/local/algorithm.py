@@ -190,6 +190,7 @@ class LocalRL(Algorithm):
         self.warm_start = warm_start
         self.history: list[dict[str, Any]] = []
         self._warned_same_reward = False
+        self._warned_untrained = False
         self._policy_lock = threading.Lock()
         self._steps_done = 0
         self._engine: Engine | None = None
@@ -260,6 +261,9 @@ class LocalRL(Algorithm):
             for key, policy in self._policies.items():
                 ckpt = self._checkpoint_dir(ctx.run_dir, key, resume_step)
                 self._start_step = policy.load_checkpoint(ckpt)
+            if ctx.progress:
+                where = ctx.run_dir / "checkpoints"
+                print(f"resuming from the checkpoint of step {resume_step} in {where}", flush=True)
         if self.adapters is None:
             served.load_state_dict(self._policies[None].merged_state_dict())
         else:  # the engine's copy: the same base and adapters, unmerged, served by name
@@ -449,15 +453,30 @@ class LocalRL(Algorithm):
                 path = policy.save_checkpoint(self._checkpoint_dir(run_dir, key), self._steps_done)
         return path if self.adapters is None else path.parent.parent
 
-    def _parts(self, batch: TrainingBatch) -> tuple[dict[str | None, TrainingBatch], int]:
+    def _parts(self, batch: TrainingBatch) -> tuple[dict[str | None, TrainingBatch], list[int]]:
         """The batch per trainer: whole, or each adapter's rows; and the rows no adapter
         trains (served by the base model)."""
         if self.adapters is None:
-            return ({None: batch} if len(batch) else {}), 0
+            return ({None: batch} if len(batch) else {}), []
         rows = self.adapters.rows_by_adapter(batch)
-        untrained = len(rows.pop(None, []))
+        untrained = rows.pop(None, [])
         parts = {name: batch.select(rows[name]) for name in self.adapters.names if name in rows}
         return parts, untrained
+
+    def _warn_untrained(self, batch: TrainingBatch, untrained: list[int], step: int) -> None:
+        """Say once which agents' rows matched no adapter (a typo in a pattern, say)."""
+        if not untrained or self._warned_untrained or self.adapters is None:
+            return
+        self._warned_untrained = True
+        agents = sorted({str(batch.agent_names[i]) for i in untrained})
+        patterns = ", ".join(f"{k}={v!r}" for k, v in self.adapters.config().items())
+        print(
+            f"warning: in step {step + 1}, {len(untrained)} of {len(batch)} rows matched no LoRA "
+            f"adapter (agents: {', '.join(agents)}; adapters: {patterns}): the base model served "
+            'them and they train nothing. Add an adapter for them (".*" last catches the rest) '
+            "if they should train (this warning is shown once)",
+            flush=True,
+        )
 
     async def _serve_new_weights(self, ctx: TrainContext, trained: list[str | None]) -> None:
         """Load the trained weights into the engine while the gateway is paused (calls in
@@ -502,7 +521,7 @@ class LocalRL(Algorithm):
             metrics.update(
                 {f"lora_adapter/{k}/version": v for k, v in self._adapter_versions().items()}
             )
-            metrics["batch/rows_no_adapter"] = untrained
+            metrics["batch/rows_no_adapter"] = len(untrained)
         record = ctx.log(
             step + 1,
             **stats.flat("train/"),
@@ -514,6 +533,7 @@ class LocalRL(Algorithm):
         )
         if ctx.progress:
             print(self._step_line(step, stats, trained, t1 - t0, t2 - t1), flush=True)
+            self._warn_untrained(batch, untrained, step)
         adv_tokens = sum(m["adv_tokens"] for m in trained.values())
         if trained and not adv_tokens and not self._warned_same_reward:
             self._warned_same_reward = True
@@ -553,9 +573,10 @@ class LocalRL(Algorithm):
         return f"{head}  {'  '.join(parts)}{times}"
 
     def _adapters_summary(self) -> str:
-        """What each adapter got over the run: updates, tokens trained, its rows' reward
-        (first and last update), and where it was saved."""
-        lines = ["adapters:"]
+        """What each adapter got: its updates in all, and in this session (since the start
+        or the resume) the tokens it trained with a non-zero advantage and its rows' reward
+        at the first and last update; where it was saved."""
+        lines = ["LoRA adapters (tokens and reward: this session):"]
         for name in self.adapters.names if self.adapters else []:
             rewards = [
                 h[f"update/{name}/reward_mean"]
@@ -564,9 +585,10 @@ class LocalRL(Algorithm):
             ]
             tokens = sum(h.get(f"update/{name}/adv_tokens", 0) for h in self.history)
             trend = f"{rewards[0]:.3f} -> {rewards[-1]:.3f}" if rewards else "-"
+            updates = self._policies[name].global_step
             lines.append(
-                f"  {name}: {self._policies[name].global_step} updates, {tokens:.0f} tokens "
-                f"trained, its rows' reward {trend}, saved in final/adapters/{name}"
+                f"  {name}: {updates} update{'s' * (updates != 1)}, {tokens:.0f} tokens trained "
+                f"with an advantage, its rows' reward {trend}; saved in final/adapters/{name}"
             )
         return "\n".join(lines)
 

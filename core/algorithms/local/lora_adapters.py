@@ -34,30 +34,48 @@ class LoraAdapters:
     @classmethod
     def parse(cls, mapping: Mapping[str, str], *, served_name: str) -> LoraAdapters:
         """Check ``{name: regex}``: names are identifiers peft can use as module keys
-        (letters, digits, ``_``, ``-``), not ``served_name``, not peft's own ``default`` and
-        not a piece of ``lora_`` (peft warns that such an adapter may be reinitialised when
-        loaded); every regex compiles. Raises ``ValueError``."""
+        (letters, digits, ``_``, ``-``), distinct ignoring case (they name folders), not
+        ``served_name``, not peft's own ``default`` and not a piece of ``lora_`` (peft warns
+        that such an adapter may be reinitialised when loaded); every regex compiles and is
+        not empty. Raises ``ValueError``."""
         if not isinstance(mapping, Mapping) or not mapping:
             raise ValueError(
                 "lora_adapters must map adapter names to agent-name regexes, e.g. "
                 '{"writer": "write|rewrite", "checker": "check"}'
             )
         patterns: dict[str, re.Pattern[str]] = {}
+        seen: dict[str, str] = {}
         for name, pattern in mapping.items():
             if not isinstance(name, str) or not _NAME.fullmatch(name):
                 raise ValueError(
                     f"adapter name {name!r}: use letters, digits, '_' or '-', starting with a "
                     "letter"
                 )
-            if name in "lora_" or name == "default":
+            if name == "default":
+                raise ValueError("adapter name 'default' is peft's own: pick another")
+            if name in "lora_":
                 raise ValueError(
-                    f"adapter name {name!r} is reserved by peft ('default' is its own adapter's "
-                    "name; a piece of 'lora_' may be reinitialised when loaded): pick another"
+                    f"adapter name {name!r} is a piece of peft's prefix 'lora_' (peft may "
+                    "reinitialise such an adapter when it loads it): pick a longer name"
                 )
             if name == served_name:
-                raise ValueError(f"adapter name {name!r} is the served model's name")
+                raise ValueError(
+                    f"adapter name {name!r} is the served model's name (served_name="
+                    f"{served_name!r}): pick another"
+                )
+            if name.lower() in seen:
+                raise ValueError(
+                    f"adapter names {seen[name.lower()]!r} and {name!r} differ only by case "
+                    "(they name folders)"
+                )
+            seen[name.lower()] = name
             if not isinstance(pattern, str):
                 raise ValueError(f"adapter {name!r}: the agent-name pattern must be a string")
+            if not pattern:
+                raise ValueError(
+                    f'adapter {name!r}: the agent-name pattern is empty ("^$" matches calls '
+                    "with no agent name)"
+                )
             try:
                 patterns[name] = re.compile(pattern)
             except re.error as e:
