@@ -30,6 +30,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from transformers import AutoTokenizer
+
+import voltrl as vl
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "samples"), str(ROOT / "benchmarks")]
 
@@ -48,8 +52,6 @@ def warm_up(
     """The seed's SFT warm-up on the recorded teacher runs, saved to ``<run>/final``
     (reused when it exists); returns that directory and the minutes it took."""
     from recipe_runner import record_teacher, student
-
-    import voltrl as vl
 
     name = f"sql_agent-adapters-warm-seed{seed}-{steps or recipe.sft['steps']}"
     final = out / name / "final"
@@ -76,10 +78,6 @@ def run_arm(
     threads: int | None,
 ) -> dict[str, Any]:
     """One RL arm from the warmed model; its row of the table."""
-    from transformers import AutoTokenizer
-
-    import voltrl as vl
-
     _, train, val = recipe.tasks(seed)
     rl = dict(recipe.rl)
     rl["trajectory"] = {k: v for k, v in rl["trajectory"].items() if k != "agent_filter"}
@@ -121,6 +119,89 @@ def run_arm(
         "tokens": tokens,
         "lr": lr,
     }
+
+
+def final_of(out: Path, arm: str, seed: int) -> Path:
+    """The newest ``final/`` of the arm's runs for ``seed``."""
+    found = sorted(
+        out.glob(f"sql_agent-{arm.replace(' ', '-')}-seed{seed}*/final/config.json"),
+        key=lambda p: p.stat().st_mtime,
+    )
+    if not found:
+        raise SystemExit(f"no finished run of {arm!r} for seed {seed} in {out}")
+    return found[-1].parent
+
+
+def evaluate(recipe: Any, seed: int, out: Path, repeats: int, threads: int | None) -> None:
+    """Held-out reward of the warmed model and of each arm's final weights, each held-out
+    task sampled ``repeats`` times (the 26 held-out tasks sampled once, as the runs
+    validate, move by 3.8 points a task): LocalRL with ``steps=0`` validates once."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    _, _, val = recipe.tasks(seed)
+    sampling = recipe.rl["val_sampling"]
+    warm = out / f"sql_agent-adapters-warm-seed{seed}-{recipe.sft['steps']}" / "final"
+    models: dict[str, Any] = {"after warm-up": (str(warm), None)}
+    for arm in ARMS:
+        final = final_of(out, arm, seed)
+        if arm != "two adapters":
+            models[arm] = (str(final), None)  # full weights (LoRA merged in)
+            continue
+        model: Any = AutoModelForCausalLM.from_pretrained(final)
+        for k, name in enumerate(ROLES):
+            path = final / "adapters" / name
+            if k == 0:
+                model = PeftModel.from_pretrained(model, path, adapter_name=name)
+            else:
+                model.load_adapter(path, adapter_name=name)
+        models[arm] = (model, ROLES)
+    report = out / "lora_adapters"
+    for label, (model, roles) in models.items():
+        algorithm = vl.LocalRL(
+            model,
+            tokenizer=AutoTokenizer.from_pretrained(warm),
+            steps=0,
+            val_every=1,
+            sampling=sampling,
+            val_sampling=sampling,
+            lora_adapters=roles,
+            seed=seed,
+            threads=threads,
+        )
+        name = f"sql_agent-eval-{label.replace(' ', '-')}-seed{seed}"
+        trainer = vl.Trainer(
+            algorithm, n_runners=1, max_concurrency=recipe.concurrency, run_dir=out, name=name
+        )
+        trainer.fit(recipe.agent, val[:1], val * repeats)
+        (reward,) = [h["val/reward_mean"] for h in algorithm.history if "val/reward_mean" in h]
+        row = {"model": label, "seed": seed, "held_out": reward, "samples": len(val) * repeats}
+        (report / f"eval-{label.replace(' ', '-')}-seed{seed}.json").write_text(json.dumps(row))
+        print(f"{label}, seed {seed}: {reward:.1%} of {len(val) * repeats} samples", flush=True)
+
+
+def eval_table(out: Path) -> list[str]:
+    """The evaluations: one column per seed, then the mean."""
+    rows = [json.loads(p.read_text()) for p in (out / "lora_adapters").glob("eval-*.json")]
+    if not rows:
+        return []
+    seeds = sorted({r["seed"] for r in rows})
+    lines = [
+        "| held-out, sampled "
+        f"{rows[0]['samples'] // 26 if rows[0]['samples'] % 26 == 0 else '?'}x | "
+        + " | ".join(f"seed {s}" for s in seeds)
+        + " | mean |",
+        "|---|" + "---|" * (len(seeds) + 1),
+    ]
+    for label in ["after warm-up", *ARMS]:
+        got = {r["seed"]: r["held_out"] for r in rows if r["model"] == label}
+        if not got:
+            continue
+        cells = [f"{got[s]:.1%}" if s in got else "-" for s in seeds]
+        lines.append(
+            f"| {label} | " + " | ".join(cells) + f" | {statistics.mean(got.values()):.1%} |"
+        )
+    return lines
 
 
 def table(rows: list[dict[str, Any]]) -> list[str]:
@@ -189,13 +270,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--threads", type=int, help="torch threads (1 when seeds run in parallel processes)"
     )
+    parser.add_argument(
+        "--evaluate",
+        type=int,
+        metavar="N",
+        help="then evaluate the warm-up and each arm on every held-out task sampled N times",
+    )
+    parser.add_argument(
+        "--evaluate-only", action="store_true", help="evaluate the seeds' finished runs only"
+    )
     args = parser.parse_args(argv)
     from learning import load_recipe
 
     recipe = load_recipe("sql_agent")
     report = args.out / "lora_adapters"
     report.mkdir(parents=True, exist_ok=True)
-    for seed in args.seeds:
+    for seed in [] if args.evaluate_only else args.seeds:
         warmed, warm_minutes = warm_up(recipe, seed, args.out, args.sft_steps, args.threads)
         for arm in args.arms:
             row = run_arm(recipe, arm, seed, warmed, args.out, args.rl_steps, args.threads)
@@ -207,9 +297,13 @@ def main(argv: list[str] | None = None) -> int:
                 f"({row['minutes']:.1f} min)",
                 flush=True,
             )
+    if args.evaluate or args.evaluate_only:
+        for seed in args.seeds:
+            evaluate(recipe, seed, args.out, args.evaluate or 8, args.threads)
     rows = [json.loads(p.read_text()) for p in sorted(report.glob("*-seed*.json"))]
+    rows = [r for r in rows if "arm" in r]
     rows.sort(key=lambda r: (list(ARMS).index(r["arm"]), r["seed"]))
-    lines = table(rows)
+    lines = [*table(rows), "", *eval_table(args.out)]
     (report / "table.md").write_text("\n".join(lines) + "\n")
     plot(rows, report / "held_out.png")
     print("\n".join(lines))
