@@ -251,7 +251,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         xlabel="policy update (0: after the shared SFT warm-up)",
         ylabel="held-out execution match",
         title="SQL agent (LangGraph): per-role adapters vs shared vs full FT",
-        ylim=(-0.02, 1.02),
+        ylim=(-0.02, max(0.3, max(y for r in rows for _, y in r["val_curve"]) + 0.05)),
     )
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
