@@ -64,7 +64,7 @@ bench-lora-adapters: $(VENV)/.test-deps
 ## make bench-lora-learning: the SQL agent's roles trained as two LoRA adapters vs one shared
 ## adapter vs full fine-tuning, from one SFT warm-up per seed (SEEDS="0 1 2"; ~35 min a seed)
 bench-lora-learning: $(VENV)/.test-deps
-	$(PY) benchmarks/lora_adapters_learning.py --seeds $(SEEDS) --rl-steps 20
+	$(PY) benchmarks/lora_adapters_learning.py --seeds $(SEEDS) --rl-steps 20 --evaluate 8
 
 ## make bench-peer-store: our store server against agentlightning 0.3.0's in the peer harness
 ## (../shared/bench/peer), rollouts/s at 1, 8 and 32 workers and server memory (~5 minutes)
