@@ -167,6 +167,10 @@ class Engine:
         self.adapters = frozenset(model.peft_config if lora_adapters else ())
         """The LoRA adapters requests may name (empty for a plain model)."""
         self.adapter_versions = dict.fromkeys(sorted(self.adapters), 0)
+        self._adapter_params: dict[str, dict[str, torch.Tensor]] = {a: {} for a in self.adapters}
+        for name, p in model.named_parameters():  # each adapter's weights, keyed as peft saves them
+            if (owner := adapter_of(name)) in self._adapter_params:
+                self._adapter_params[owner][adapter_key(name)] = p
         """Each adapter's weights version: its :meth:`update_weights` so far."""
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
@@ -378,11 +382,7 @@ class Engine:
             if adapter is None:
                 self.model.load_state_dict(state, strict=strict)
             else:  # copied in place: no pass over the rest of the model
-                params = {
-                    adapter_key(name): p
-                    for name, p in self.model.named_parameters()
-                    if adapter_of(name) == adapter
-                }
+                params = self._adapter_params[adapter]
                 if params.keys() != state.keys():
                     raise ValueError(
                         f"adapter {adapter!r}: the weights given do not match its parameters "
