@@ -3,8 +3,10 @@ through ``Trainer.dev`` against the scripted backend; the server is a real subpr
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
+import pytest
 from fake_openai_backend import FakeBackend, scripted_ids, tool_then_answer
 from helpers import fake_trainer, load_sample
 
@@ -36,3 +38,36 @@ async def test_sample_agent_runs_through_dev_with_the_mcp_server(tmp_path: Path)
     assert tool_span.attributes["gen_ai.tool.call.result"] == str(task["answer"])
     assert tool_span.status != "error"
     assert {"invoke_agent solver", "chat fake-model"} <= {s.name for s in spans}
+
+
+async def test_sample_agent_shares_one_mcp_server_over_http(tmp_path: Path) -> None:
+    """``calc_agent_at(url)``: every rollout calls the one server ``shared_calculator`` started
+    (streamable HTTP on loopback), which outlives them; stopping it ends the process."""
+    agent, data = load_sample("calc_mcp", "agent"), load_sample("calc_mcp", "data")
+    tasks = data.make_problems(3, seed=5)
+    store = InMemoryStore()
+    with agent.shared_calculator() as url:
+        assert url.startswith("http://127.0.0.1:") and url.endswith("/mcp")
+        async with FakeBackend() as fb:
+            fb.script = lambda req: tool_then_answer(
+                '{"expression": "' + _task_of(req, tasks)["expression"] + '"}',
+                f"Answer: {_task_of(req, tasks)['answer']}",
+            )(req)
+            llm = vl.LLM(endpoint=fb.url, model="fake-model")
+            trainer = fake_trainer(store, tmp_path, llm, name="calc-mcp-shared")
+            result = await trainer.dev_async(agent.calc_agent_at(url), tasks)
+        assert [r.reward for r in result.rollouts] == [1.0, 1.0, 1.0]
+        for rollout in result.rollouts:
+            spans = await store.get_spans(rollout.rollout_id)
+            [tool_span] = [s for s in spans if s.name == "execute_tool calculate"]
+            assert tool_span.status != "error"
+        port = int(url.rsplit(":", 1)[1].split("/")[0])
+    with pytest.raises(OSError):  # the server is gone with the block
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+
+
+def _task_of(req: dict, tasks: list[dict]) -> dict:
+    """The task whose question is the request's user message."""
+    question = next(m["content"] for m in req["messages"] if m["role"] == "user")
+    text = question if isinstance(question, str) else question[0]["text"]
+    return next(t for t in tasks if t["question"] == text)

@@ -1,20 +1,27 @@
 """An Agent Framework agent that solves arithmetic word problems with an MCP calculator.
 
 The agent is plain Microsoft Agent Framework: an ``Agent`` on a chat-completions client, with
-the calculator MCP server (``calculator_server.py``) started over stdio as its tool. VoltRL
-adds two lines: ``chat_client(llm, ...)`` points the agent at the rollout's LLM, and
-``instrument()`` records the framework's spans (agent run, model calls, tool calls) in the
-rollout. Reward 1 when the last number of the final answer equals the expected answer.
+the calculator MCP server (``calculator_server.py``) as its tool: started over stdio for each
+rollout (:data:`calc_agent`), or one server over streamable HTTP shared by every rollout of a
+run (:func:`shared_calculator` and :func:`calc_agent_at`). VoltRL adds two lines:
+``chat_client(llm, ...)`` points the agent at the rollout's LLM, and ``instrument()`` records
+the framework's spans (agent run, model calls, tool calls) in the rollout.
+Reward 1 when the last number of the final answer equals the expected answer.
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
+import socket
+import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from agent_framework import Agent, MCPStdioTool
+from agent_framework import Agent, MCPStdioTool, MCPStreamableHTTPTool
 
 import voltrl as vl
 from voltrl.adapters.agent_framework import chat_client, instrument
@@ -28,15 +35,49 @@ INSTRUCTIONS = (
 MAX_ROUND_TRIPS = 4
 
 
-def calculator() -> MCPStdioTool:
-    """The calculator MCP server as an Agent Framework tool (a subprocess over stdio)."""
-    return MCPStdioTool(
-        name="calculator",
-        command=sys.executable,
-        args=[str(SERVER)],
-        description="An exact calculator.",
-        load_prompts=False,
+def calculator(url: str | None = None) -> MCPStdioTool | MCPStreamableHTTPTool:
+    """The calculator MCP server as an Agent Framework tool: a subprocess over stdio of its
+    own, or the server at ``url`` (streamable HTTP)."""
+    if url is None:
+        return MCPStdioTool(
+            name="calculator",
+            command=sys.executable,
+            args=[str(SERVER)],
+            description="An exact calculator.",
+            load_prompts=False,
+        )
+    return MCPStreamableHTTPTool(
+        name="calculator", url=url, description="An exact calculator.", load_prompts=False
     )
+
+
+@contextlib.contextmanager
+def shared_calculator(timeout_s: float = 30.0) -> Iterator[str]:
+    """One calculator server over streamable HTTP on loopback for the ``with`` block; yields
+    its URL (``http://127.0.0.1:PORT/mcp``). Starting it once spares every rollout the second
+    of CPU its own stdio server costs."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = subprocess.Popen([sys.executable, str(SERVER), "--port", str(port)])
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+                break
+            if process.poll() is not None:
+                raise RuntimeError(f"the calculator server exited with code {process.returncode}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the calculator server did not listen within {timeout_s} s")
+            time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def last_number(text: str | None) -> float | None:
@@ -51,9 +92,9 @@ def score(text: str | None, answer: float) -> float:
     return float(value is not None and abs(value - float(answer)) < 1e-6)
 
 
-@vl.rollout
-async def calc_agent(task: dict[str, Any], llm: vl.LLM) -> float:
-    """Solve ``task["question"]``; the reward is whether the answer is ``task["answer"]``."""
+async def solve(task: dict[str, Any], llm: vl.LLM, mcp_url: str | None = None) -> float:
+    """Solve ``task["question"]`` with the calculator (its own over stdio, or the server at
+    ``mcp_url``); the reward is whether the answer is ``task["answer"]``."""
     instrument()
     client = chat_client(
         llm,
@@ -63,7 +104,23 @@ async def calc_agent(task: dict[str, Any], llm: vl.LLM) -> float:
             "include_detailed_errors": True,
         },
     )
-    agent = Agent(client=client, name="solver", instructions=INSTRUCTIONS, tools=calculator())
+    tools = calculator(mcp_url)
+    agent = Agent(client=client, name="solver", instructions=INSTRUCTIONS, tools=tools)
     async with client.client, agent:
         response = await agent.run(task["question"])
     return score(response.text, task["answer"])
+
+
+def calc_agent_at(mcp_url: str | None) -> vl.LitAgent:
+    """The agent, its calculator the server at ``mcp_url`` (None: its own over stdio)."""
+
+    @vl.rollout
+    async def calc_agent(task: dict[str, Any], llm: vl.LLM) -> float:
+        """Solve ``task["question"]``; the reward is whether the answer is ``task["answer"]``."""
+        return await solve(task, llm, mcp_url)
+
+    return calc_agent
+
+
+calc_agent = calc_agent_at(None)
+"""The agent, each rollout starting its own calculator server over stdio."""

@@ -2,9 +2,11 @@
 
 One tool, ``calculate(expression)``: ``+ - * / // % **`` and parentheses over integers and
 decimals, evaluated safely (no names, no calls). A bad expression raises ``ToolError``: the
-client gets an error result with the reason ("division by zero"). Run by the agent as a subprocess::
+client gets an error result with the reason ("division by zero"). Run by the agent as a
+subprocess over stdio, or once for every rollout of a run over streamable HTTP::
 
-    python samples/calc_mcp/calculator_server.py      # speaks MCP on stdin/stdout
+    python samples/calc_mcp/calculator_server.py              # MCP on stdin/stdout
+    python samples/calc_mcp/calculator_server.py --port 8931  # MCP at http://127.0.0.1:8931/mcp
 """
 
 from __future__ import annotations
@@ -77,5 +79,18 @@ def calculate(expression: str) -> str:
         raise ToolError(str(exc)) from exc
 
 
+def main(argv: list[str] | None = None) -> None:
+    """Serve over stdio, or over streamable HTTP on loopback with ``--port``."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="The calculator MCP server.")
+    parser.add_argument("--port", type=int, help="serve at http://127.0.0.1:PORT/mcp instead")
+    args = parser.parse_args(argv)
+    if args.port is None:
+        server.run("stdio")
+    else:
+        server.run("streamable-http", host="127.0.0.1", port=args.port, stateless_http=True)
+
+
 if __name__ == "__main__":
-    server.run("stdio")
+    main()

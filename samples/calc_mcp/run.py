@@ -3,21 +3,37 @@
 python samples/calc_mcp/run.py dev --endpoint http://127.0.0.1:8000/v1 --model NAME
 python samples/calc_mcp/run.py train                     # tiny random model, 2 steps, CPU
 python samples/calc_mcp/run.py train --model Qwen/Qwen2.5-0.5B-Instruct --steps 30
+
+``--shared-server``: one calculator server for the run, called by every rollout over
+streamable HTTP, instead of a stdio server started by each rollout.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from agent import calc_agent  # noqa: E402
+from agent import calc_agent, calc_agent_at, shared_calculator  # noqa: E402
 from data import make_problems  # noqa: E402
 
 import voltrl as vl  # noqa: E402
+
+
+@contextlib.contextmanager
+def the_agent(args: argparse.Namespace) -> Iterator[vl.LitAgent]:
+    """The agent: with the run's one calculator server (``--shared-server``), or its own."""
+    if not args.shared_server:
+        yield calc_agent
+        return
+    with shared_calculator() as url:
+        print(f"calculator MCP server at {url}", flush=True)
+        yield calc_agent_at(url)
 
 
 def dev(args: argparse.Namespace) -> vl.RunResult:
@@ -36,7 +52,8 @@ def dev(args: argparse.Namespace) -> vl.RunResult:
         name=args.name,
         request_token_ids=not args.no_token_ids,
     )
-    return trainer.dev(calc_agent, make_problems(args.tasks, seed=args.seed))
+    with the_agent(args) as agent:
+        return trainer.dev(agent, make_problems(args.tasks, seed=args.seed))
 
 
 def train(args: argparse.Namespace) -> vl.RunResult:
@@ -62,7 +79,8 @@ def train(args: argparse.Namespace) -> vl.RunResult:
         rollout_timeout_s=600,
     )
     problems = make_problems(args.train_tasks + args.val_tasks, seed=args.seed)
-    return trainer.fit(calc_agent, problems[args.val_tasks :], problems[: args.val_tasks])
+    with the_agent(args) as agent:
+        return trainer.fit(agent, problems[args.val_tasks :], problems[: args.val_tasks])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,6 +91,11 @@ def main(argv: list[str] | None = None) -> int:
     common.add_argument("--name", default=None, help="run name (default: a fresh one)")
     common.add_argument("--seed", type=int, default=0)
     common.add_argument("--concurrency", type=int, default=4, help="rollouts in flight")
+    common.add_argument(
+        "--shared-server",
+        action="store_true",
+        help="one calculator MCP server for the run (HTTP), not one per rollout (stdio)",
+    )
 
     d = sub.add_parser("dev", parents=[common], help="run against an OpenAI-compatible server")
     d.add_argument("--endpoint", required=True, help="base URL, e.g. http://127.0.0.1:8000/v1")
