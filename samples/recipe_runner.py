@@ -64,7 +64,7 @@ class Recipe:
     concurrency: int = 32
     agent_in: Callable[[Path], contextlib.AbstractContextManager[Any]] | None = None
     """When set, ``agent_in(run_dir)`` yields the agent for the run instead of ``agent``
-    (``agent_service`` starts its service here)."""
+    (``agent_service`` starts its service here, ``calc_mcp`` its one MCP server)."""
     simplified: str = ""
     """How the CPU recipe's tasks differ from the sample's own (empty: they don't)."""
 

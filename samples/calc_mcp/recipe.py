@@ -2,8 +2,9 @@
 ``samples/recipe_runner.py``).
 
 The agent, Agent Framework, the MCP server and the adapter run exactly as in ``run.py``; the
-task set is the sample's own. Each rollout starts its own MCP server process (about a second of
-CPU), so this recipe uses fewer teacher tasks and smaller steps than the AutoGen one.
+task set is the sample's own. The recipe starts one calculator server for each run and every
+rollout calls it over streamable HTTP (``run.py --shared-server``): a stdio server per rollout
+costs about a second of CPU, more than the rest of the rollout.
 Trajectory mode merges an episode's calls (Agent Framework resends the whole history) and every
 token shares the final reward (``credit="final"``): the reward says only whether the last
 number was right, and every step of a short episode decides it.
@@ -11,25 +12,35 @@ number was right, and every step of a short episode decides it.
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]
 
-from agent import calc_agent  # noqa: E402
+from agent import calc_agent_at, shared_calculator  # noqa: E402
 from data import make_problems  # noqa: E402
 from recipe_runner import Recipe, Rows  # noqa: E402
 
 
 def tasks(seed: int) -> tuple[Rows, Rows, Rows]:
-    """Teacher tasks (fixed), training tasks (by seed) and 64 held-out tasks (fixed), the
+    """Teacher tasks (fixed), training tasks (by seed) and 128 held-out tasks (fixed), the
     held-out questions in neither of the others."""
-    val = make_problems(64, seed=999_999)
+    val = make_problems(128, seed=999_999)
     held_out = {row["question"] for row in val}
-    teacher = [r for r in make_problems(300, seed=777) if r["question"] not in held_out]
+    teacher = [r for r in make_problems(6000, seed=777) if r["question"] not in held_out]
     train = [r for r in make_problems(2000, seed=seed) if r["question"] not in held_out]
     return teacher, train, val
+
+
+@contextlib.contextmanager
+def agent_with_shared_server(_run_dir: Path) -> Iterator[Any]:
+    """The agent, calling one calculator server started for the run."""
+    with shared_calculator() as url:
+        yield calc_agent_at(url)
 
 
 SAMPLING = {"temperature": 1.0, "max_tokens": 48}
@@ -37,19 +48,19 @@ SAMPLING = {"temperature": 1.0, "max_tokens": 48}
 RECIPE = Recipe(
     sample="calc_mcp",
     framework="Agent Framework 1.23 + MCP",
-    agent=calc_agent,
+    agent=None,
+    agent_in=agent_with_shared_server,
     tasks=tasks,
     sft={"steps": 1000, "batch_size": 32, "lr": 3e-3, "warmup_steps": 20, "threads": 2},
     rl={
-        "steps": 10,
-        "tasks_per_step": 6,
+        "steps": 40,
+        "tasks_per_step": 8,
         "group_size": 8,
         "sampling": SAMPLING,
         "val_sampling": SAMPLING,
-        "val_every": 5,
+        "val_every": 10,
         "update": {"lr": 2e-4, "micro_batch_size": 32, "clip_eps": 0.2},
         "trajectory": {"mode": "trajectory"},
     },
     credit="final: the reward only says whether the last number was right",
-    concurrency=16,
 )
