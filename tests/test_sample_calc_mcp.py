@@ -1,10 +1,12 @@
-"""samples/calc_mcp: the Agent Framework agent with its MCP stdio calculator server runs once
-through ``Trainer.dev`` against the scripted backend; the server is a real subprocess."""
+"""samples/calc_mcp: the Agent Framework agent with its MCP calculator server (its own over
+stdio, or one shared over streamable HTTP) runs through ``Trainer.dev`` against the scripted
+backend; the server is a real subprocess."""
 
 from __future__ import annotations
 
 import socket
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fake_openai_backend import FakeBackend, scripted_ids, tool_then_answer
@@ -64,9 +66,21 @@ async def test_sample_agent_shares_one_mcp_server_over_http(tmp_path: Path) -> N
         port = int(url.rsplit(":", 1)[1].split("/")[0])
     with pytest.raises(OSError):  # the server is gone with the block
         socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    # ...and the agent depends on it: with the server gone, its rollouts fail.
+    async with FakeBackend() as fb:
+        fb.script = lambda req: tool_then_answer(
+            '{"expression": "1 + 1"}', f"Answer: {_task_of(req, tasks)['answer']}"
+        )(req)
+        llm = vl.LLM(endpoint=fb.url, model="fake-model")
+        trainer = fake_trainer(store, tmp_path, llm, name="calc-mcp-server-gone")
+        with pytest.raises(vl.TooManyFailuresError, match="Failed to create MCP session"):
+            await trainer.dev_async(agent.calc_agent_at(url), tasks[:1])
+    [gone] = await store.query_rollouts(status="failed")
+    attempts = await store.get_attempts(gone.rollout_id)
+    assert "Failed to create MCP session" in (attempts[-1].error or "")
 
 
-def _task_of(req: dict, tasks: list[dict]) -> dict:
+def _task_of(req: dict[str, Any], tasks: list[dict[str, Any]]) -> dict[str, Any]:
     """The task whose question is the request's user message."""
     question = next(m["content"] for m in req["messages"] if m["role"] == "user")
     text = question if isinstance(question, str) else question[0]["text"]

@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import re
-import socket
 import subprocess
 import sys
-import time
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -52,32 +51,54 @@ def calculator(url: str | None = None) -> MCPStdioTool | MCPStreamableHTTPTool:
 
 
 @contextlib.contextmanager
-def shared_calculator(timeout_s: float = 30.0) -> Iterator[str]:
+def shared_calculator(log: Path | None = None, timeout_s: float = 30.0) -> Iterator[str]:
     """One calculator server over streamable HTTP on loopback for the ``with`` block; yields
     its URL (``http://127.0.0.1:PORT/mcp``). Starting it once spares every rollout the second
-    of CPU its own stdio server costs."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    process = subprocess.Popen([sys.executable, str(SERVER), "--port", str(port)])
-    try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
-                break
-            if process.poll() is not None:
-                raise RuntimeError(f"the calculator server exited with code {process.returncode}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the calculator server did not listen within {timeout_s} s")
-            time.sleep(0.1)
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        process.terminate()
+    of CPU its own stdio server costs. The server picks a free port and prints its URL; what
+    else it prints goes to ``log`` (default: this process's stderr)."""
+    with contextlib.ExitStack() as stack:
+        errors = stack.enter_context(log.open("ab")) if log is not None else None
+        process = subprocess.Popen(
+            [sys.executable, str(SERVER), "--port", "0"],
+            stdout=subprocess.PIPE,
+            stderr=errors,
+            text=True,
+        )
         try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+            yield _server_url(process, timeout_s)
+        finally:
+            died = process.poll()
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            if died is not None:
+                where = f" (its output: {log})" if log is not None else ""
+                print(
+                    f"warning: the calculator server had exited with code {died} before the "
+                    f"end of the run; calls after that failed{where}",
+                    file=sys.stderr,
+                )
+
+
+def _server_url(process: subprocess.Popen[str], timeout_s: float) -> str:
+    """The URL the server prints on its first line of stdout, within ``timeout_s``."""
+    assert process.stdout is not None
+    line: list[str] = []
+    reader = threading.Thread(target=lambda: line.append(process.stdout.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout_s)
+    if not line:
+        raise RuntimeError(f"the calculator server did not start within {timeout_s} s")
+    if line[0].startswith("http://"):
+        return line[0].strip()
+    try:
+        code = process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"the calculator server printed {line[0]!r}, not its URL") from None
+    raise RuntimeError(f"the calculator server exited with code {code}")
 
 
 def last_number(text: str | None) -> float | None:

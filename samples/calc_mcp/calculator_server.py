@@ -7,6 +7,7 @@ subprocess over stdio, or once for every rollout of a run over streamable HTTP::
 
     python samples/calc_mcp/calculator_server.py              # MCP on stdin/stdout
     python samples/calc_mcp/calculator_server.py --port 8931  # MCP at http://127.0.0.1:8931/mcp
+    python samples/calc_mcp/calculator_server.py --port 0     # a free port; prints the URL
 """
 
 from __future__ import annotations
@@ -79,17 +80,37 @@ def calculate(expression: str) -> str:
         raise ToolError(str(exc)) from exc
 
 
+def serve_http(port: int = 0) -> None:
+    """Serve over streamable HTTP at ``http://127.0.0.1:PORT/mcp`` (``port=0``: a free port),
+    after writing that URL as the first line on stdout: whoever started the server reads it
+    there, with no race for the port."""
+    import socket
+
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", port))
+    sock.listen(128)
+    print(f"http://127.0.0.1:{sock.getsockname()[1]}/mcp", flush=True)
+    app = server.streamable_http_app(stateless_http=True)
+    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
+
+
 def main(argv: list[str] | None = None) -> None:
     """Serve over stdio, or over streamable HTTP on loopback with ``--port``."""
     import argparse
 
     parser = argparse.ArgumentParser(description="The calculator MCP server.")
-    parser.add_argument("--port", type=int, help="serve at http://127.0.0.1:PORT/mcp instead")
+    parser.add_argument(
+        "--port",
+        type=int,
+        help="serve at http://127.0.0.1:PORT/mcp instead (0: a free port); the URL is printed",
+    )
     args = parser.parse_args(argv)
     if args.port is None:
         server.run("stdio")
     else:
-        server.run("streamable-http", host="127.0.0.1", port=args.port, stateless_http=True)
+        serve_http(args.port)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ import contextlib
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]
@@ -24,6 +23,8 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]
 from agent import calc_agent_at, shared_calculator  # noqa: E402
 from data import make_problems  # noqa: E402
 from recipe_runner import Recipe, Rows  # noqa: E402
+
+import voltrl as vl  # noqa: E402
 
 
 def tasks(seed: int) -> tuple[Rows, Rows, Rows]:
@@ -37,9 +38,11 @@ def tasks(seed: int) -> tuple[Rows, Rows, Rows]:
 
 
 @contextlib.contextmanager
-def agent_with_shared_server(_run_dir: Path) -> Iterator[Any]:
-    """The agent, calling one calculator server started for the run."""
-    with shared_calculator() as url:
+def agent_with_shared_server(run_dir: Path) -> Iterator[vl.LitAgent]:
+    """The agent, calling one calculator server started for the run (its output in
+    ``run_dir/calculator_server.log``)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with shared_calculator(log=run_dir / "calculator_server.log") as url:
         yield calc_agent_at(url)
 
 
