@@ -4,7 +4,9 @@ backend; the server is a real subprocess."""
 
 from __future__ import annotations
 
+import re
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -85,3 +87,33 @@ def _task_of(req: dict[str, Any], tasks: list[dict[str, Any]]) -> dict[str, Any]
     question = next(m["content"] for m in req["messages"] if m["role"] == "user")
     text = question if isinstance(question, str) else question[0]["text"]
     return next(t for t in tasks if t["question"] == text)
+
+
+def test_shared_calculator_that_cannot_start_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server that exits before printing its URL: an error naming its exit code and its log,
+    which holds what it printed."""
+    agent = load_sample("calc_mcp", "agent")
+    stub = tmp_path / "broken_server.py"
+    stub.write_text("import sys\nprint('no such port', file=sys.stderr)\nsys.exit(3)\n")
+    monkeypatch.setattr(agent, "SERVER", stub)
+    log = tmp_path / "server.log"
+    expected = f"exited with code 3 before it served.*{re.escape(str(log))}"
+    with pytest.raises(RuntimeError, match=expected), agent.shared_calculator(log=log):
+        pytest.fail("the block ran without a server")
+    assert "no such port" in log.read_text()
+
+
+def test_shared_calculator_warns_when_its_server_died_during_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Lines before the URL are skipped; a server gone before the block ends is reported."""
+    agent = load_sample("calc_mcp", "agent")
+    stub = tmp_path / "dying_server.py"
+    stub.write_text("print('starting')\nprint('http://127.0.0.1:9/mcp', flush=True)\n")
+    monkeypatch.setattr(agent, "SERVER", stub)
+    with agent.shared_calculator() as url:
+        assert url == "http://127.0.0.1:9/mcp"
+        time.sleep(1.0)  # the stub exits at once
+    assert "the calculator server had exited with code 0 before the end" in capfd.readouterr().err

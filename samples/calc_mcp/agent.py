@@ -54,28 +54,31 @@ def calculator(url: str | None = None) -> MCPStdioTool | MCPStreamableHTTPTool:
 def shared_calculator(log: Path | None = None, timeout_s: float = 30.0) -> Iterator[str]:
     """One calculator server over streamable HTTP on loopback for the ``with`` block; yields
     its URL (``http://127.0.0.1:PORT/mcp``). Starting it once spares every rollout the second
-    of CPU its own stdio server costs. The server picks a free port and prints its URL; what
-    else it prints goes to ``log`` (default: this process's stderr)."""
+    of CPU its own stdio server costs. The server picks a free port and prints its URL; the
+    rest of its output goes to ``log`` (default: this process's stderr). Raises
+    ``RuntimeError`` when it does not start; warns when it died before the block ended."""
+    where = f" (its output: {log})" if log is not None else ""
     with contextlib.ExitStack() as stack:
-        errors = stack.enter_context(log.open("ab")) if log is not None else None
-        process = subprocess.Popen(
-            [sys.executable, str(SERVER), "--port", "0"],
-            stdout=subprocess.PIPE,
-            stderr=errors,
-            text=True,
+        output = stack.enter_context(log.open("ab")) if log is not None else None
+        process = stack.enter_context(
+            subprocess.Popen(
+                [sys.executable, str(SERVER), "--port", "0"],
+                stdout=subprocess.PIPE,
+                stderr=output,
+                text=True,
+            )
         )
+        stack.callback(_stop, process)  # before Popen's own exit, which waits for it
+        url = _server_url(process, timeout_s, where)
+        interrupted = False
         try:
-            yield _server_url(process, timeout_s)
+            yield url
+        except KeyboardInterrupt:  # Ctrl-C reached the server too: no news
+            interrupted = True
+            raise
         finally:
             died = process.poll()
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-            if died is not None:
-                where = f" (its output: {log})" if log is not None else ""
+            if died is not None and not interrupted:
                 print(
                     f"warning: the calculator server had exited with code {died} before the "
                     f"end of the run; calls after that failed{where}",
@@ -83,22 +86,41 @@ def shared_calculator(log: Path | None = None, timeout_s: float = 30.0) -> Itera
                 )
 
 
-def _server_url(process: subprocess.Popen[str], timeout_s: float) -> str:
-    """The URL the server prints on its first line of stdout, within ``timeout_s``."""
-    assert process.stdout is not None
-    line: list[str] = []
-    reader = threading.Thread(target=lambda: line.append(process.stdout.readline()), daemon=True)
+def _server_url(process: subprocess.Popen[str], timeout_s: float, where: str) -> str:
+    """The URL the server prints on stdout, within ``timeout_s``."""
+    stdout = process.stdout
+    assert stdout is not None
+    lines: list[str] = []
+
+    def read() -> None:
+        with contextlib.suppress(OSError, ValueError):  # closed when the server is stopped
+            for line in stdout:
+                lines.append(line)
+                if line.startswith("http://"):
+                    return
+
+    reader = threading.Thread(target=read, daemon=True)
     reader.start()
     reader.join(timeout_s)
-    if not line:
-        raise RuntimeError(f"the calculator server did not start within {timeout_s} s")
-    if line[0].startswith("http://"):
-        return line[0].strip()
+    if lines and lines[-1].startswith("http://"):
+        return lines[-1].strip()
+    if reader.is_alive():
+        raise RuntimeError(f"the calculator server did not start within {timeout_s} s{where}")
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=10)
+    raise RuntimeError(
+        f"the calculator server exited with code {process.returncode} before it served{where}"
+    )
+
+
+def _stop(process: subprocess.Popen[str]) -> None:
+    """Terminate ``process``; kill it if it has not ended 10 s later."""
+    process.terminate()
     try:
-        code = process.wait(timeout=10)
+        process.wait(timeout=10)
     except subprocess.TimeoutExpired:
-        raise RuntimeError(f"the calculator server printed {line[0]!r}, not its URL") from None
-    raise RuntimeError(f"the calculator server exited with code {code}")
+        process.kill()
+        process.wait()
 
 
 def last_number(text: str | None) -> float | None:

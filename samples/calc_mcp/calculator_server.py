@@ -82,18 +82,22 @@ def calculate(expression: str) -> str:
 
 def serve_http(port: int = 0) -> None:
     """Serve over streamable HTTP at ``http://127.0.0.1:PORT/mcp`` (``port=0``: a free port),
-    after writing that URL as the first line on stdout: whoever started the server reads it
-    there, with no race for the port."""
+    after writing that URL as a line on stdout: whoever started the server reads it there,
+    with no race for the port. Everything printed after it goes to stderr."""
+    import os
     import socket
 
     import uvicorn
 
     sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", port))
     sock.listen(128)
     print(f"http://127.0.0.1:{sock.getsockname()[1]}/mcp", flush=True)
+    os.dup2(2, 1)  # nobody reads stdout after the URL: a full pipe would block the server
     app = server.streamable_http_app(stateless_http=True)
-    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
+    config = uvicorn.Config(app, log_level="warning", access_log=False)
+    uvicorn.Server(config).run(sockets=[sock])
 
 
 def main(argv: list[str] | None = None) -> None:
