@@ -49,4 +49,7 @@ RECIPE = Recipe(
         "trajectory": {"mode": "trajectory"},
     },
     credit="final: the reward only says whether the last number was right",
+    # Eight heads of 16 rather than four of 32 (same parameters): the student learns to copy
+    # the problem's numbers in its warm-up on every seed tried (see README.md).
+    model={"hidden": 128, "layers": 2, "heads": 8, "kv_heads": 4},
 )
