@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -18,6 +18,7 @@ from voltrl.algorithms.local.loss import (
     kl_penalty,
     policy_loss,
     rollout_weights,
+    split_common_prefix,
     token_logprobs,
     weight_advantages,
 )
@@ -75,6 +76,40 @@ def varied_batch() -> TrainingBatch:
         Trajectory(rollout_id="b3", task_id="b", transitions=[row([4], [25, 26], 2.0)]),
     ]
     return collate(trajectories)
+
+
+SYSTEM = list(range(100, 124))  # 24 tokens every prompt of shared_prompt_batch starts with
+
+
+def shared_prompt_batch() -> TrainingBatch:
+    """An agent's rows: every prompt starts with one system prompt, then a question of its
+    own length (each starting with a different token); trajectory-mode rows whose responses
+    hold mask-0 tool results; two rollouts of one task with the same prompt."""
+    config = TrajectoryConfig(mode="trajectory")
+    questions = {"r0": [1, 2, 3], "r1": [4], "r2": [5, 6, 7, 8, 9, 10], "r3": [5, 6, 7, 8, 9, 10]}
+    trajectories = []
+    for k, (rid, question) in enumerate(questions.items()):
+        first = [*SYSTEM, *question]
+        answer = [30 + k, 31]
+        calls = [
+            LLMCall(
+                rollout_id=rid,
+                attempt_id=f"{rid}-at",
+                sequence_id=0,
+                prompt_token_ids=first,
+                response_token_ids=answer,
+            ),
+            LLMCall(
+                rollout_id=rid,
+                attempt_id=f"{rid}-at",
+                sequence_id=1,
+                prompt_token_ids=[*first, *answer, 90, 91 + k],
+                response_token_ids=[40 + k] * (k + 1),
+            ),
+        ]
+        task = "a" if k < 2 else "b"  # r2 and r3: one task, one prompt
+        trajectories.append(build_trajectory(rollout(rid, task, float(k)), calls, config=config))
+    return collate(trajectories, config)
 
 
 def rollout(rid: str, task_id: str, reward: float) -> Rollout:
@@ -298,6 +333,57 @@ def test_token_logprobs_match_a_plain_forward() -> None:
             assert lp_kept[:, col].abs().sum() == 0 and ent_kept[:, col].abs().sum() == 0
 
 
+def test_a_shared_prompt_prefix_fed_once_gives_the_same_logprobs_and_gradients() -> None:
+    batch = shared_prompt_batch()
+    t = batch.to_torch()
+    lengths = t["prompt_mask"].sum(1).tolist()
+    inputs = t["input_ids"], t["attention_mask"], t["position_ids"]
+    prefix, ids, mask, positions = split_common_prefix(*inputs, lengths)
+    assert prefix is not None and prefix.tolist() == SYSTEM  # the questions differ at once
+    assert ids.shape[1] == t["input_ids"].shape[1] - len(SYSTEM)
+    trained = t["response_mask"].bool()
+    real = t["attention_mask"][:, -batch.response_length :].bool()  # context tokens too
+
+    def logprobs_and_grads(model: torch.nn.Module, **split: object) -> tuple[torch.Tensor, dict]:
+        args = (ids, mask, positions) if split else inputs
+        lp, _ = token_logprobs(
+            model,
+            *args,
+            batch.response_length,
+            keep=t["response_mask"],
+            **split,  # type: ignore[arg-type]
+        )
+        model.zero_grad(set_to_none=True)
+        (lp * trained).sum().backward()
+        return lp, grads(model)
+
+    model = tiny_model()
+    model.train()
+    want, want_grads = logprobs_and_grads(model)
+    for checkpointed in (False, True):  # checkpointing feeds the prefix in every row instead
+        if checkpointed:
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
+        got, got_grads = logprobs_and_grads(model, prefix=prefix)
+        torch.testing.assert_close(got[real], want[real], rtol=1e-5, atol=1e-5)
+        for name in want_grads:
+            torch.testing.assert_close(got_grads[name], want_grads[name], rtol=1e-4, atol=1e-6)
+
+
+def test_a_prefix_leaves_every_row_the_token_that_predicts_its_response() -> None:
+    ids = torch.tensor([[*SYSTEM, 7], [*SYSTEM, 7]])  # the same prompt twice (one task's group)
+    ones = torch.ones_like(ids)
+    prefix, rest, mask, positions = split_common_prefix(ids, ones, ones.cumsum(1) - 1, [25, 25])
+    assert mask.tolist() == [[1], [1]]
+    assert prefix is not None and prefix.tolist() == [*SYSTEM, 7][:24]
+    assert rest.tolist() == [[7], [7]] and positions.tolist() == [[24], [24]]
+    short = split_common_prefix(ids[:, -10:], ones[:, -10:], ones[:, -10:], [10, 10])
+    assert short[0] is None and short[1] is not None and short[1].shape[1] == 10  # under 16
+    alone = split_common_prefix(ids[:1], ones[:1], ones[:1], [25])
+    assert alone[0] is None
+
+
 # ---- the trainer ------------------------------------------------------------------------------
 
 
@@ -358,9 +444,14 @@ def test_steps_move_the_policy_toward_rewarded_completions(mode: str) -> None:
         {"gradient_checkpointing": True, "clip_eps_high": 0.28},
     ],
 )
-def test_gradient_does_not_depend_on_micro_batch_size(extra: dict[str, object]) -> None:
+@pytest.mark.parametrize("make_batch", [varied_batch, shared_prompt_batch])
+def test_gradient_does_not_depend_on_micro_batch_size(
+    extra: dict[str, object], make_batch: Callable[[], TrainingBatch]
+) -> None:
+    """Rows fed alone, in micro-batches, or all together (the shared batch's prompt prefix
+    then fed once for them all) give one gradient."""
     model = tiny_model()
-    batch = varied_batch()
+    batch = make_batch()
     set_sampling_logprobs(model, batch)
     # perturb the policy so ratios differ from 1 and some tokens clip
     with torch.no_grad():
@@ -376,6 +467,9 @@ def test_gradient_does_not_depend_on_micro_batch_size(extra: dict[str, object]) 
     results.append((budget.accumulate_gradients(batch)["loss"], grads(budget.model)))
     loss0, g0 = results[0]
     assert g0 and sums["clip_frac"] > 0  # some tokens clip: the test covers both branches
+    if make_batch is shared_prompt_batch:  # all rows in one micro-batch: the prefix fed once
+        width = batch.prompt_length + max(len(m) - m[::-1].index(1) for m in batch.response_mask)
+        assert sums["tokens_forward"] == len(batch) * (width - 1 - len(SYSTEM)) + len(SYSTEM)
     for loss, g in results[1:]:
         assert loss == pytest.approx(loss0, rel=1e-5, abs=1e-7)
         assert g.keys() == g0.keys()

@@ -23,6 +23,7 @@ from openai import AsyncOpenAI
 
 import voltrl as vl
 from voltrl.algorithms.local.chat import chat_retokenizer, render_chat
+from voltrl.algorithms.local.loss import split_common_prefix
 from voltrl.algorithms.local.tiny import build_tiny_model, build_tiny_tokenizer
 from voltrl.errors import VoltRLError
 from voltrl.store.sql import SQLStore
@@ -298,6 +299,10 @@ def test_the_sft_loss_is_the_mean_nll_of_the_masked_tokens_however_micro_batched
             n = sum(1 for x in labels if x != -100)
             out = model(input_ids=torch.tensor([prompt + response]), labels=torch.tensor([labels]))
             nll, tokens = nll + out.loss.item() * n, tokens + n
+    t = batch.to_torch()
+    lengths = t["prompt_mask"].sum(1).tolist()
+    shared = split_common_prefix(t["input_ids"], t["attention_mask"], t["position_ids"], lengths)
+    assert shared[0] is not None  # rows fed together feed their system prompt once; alone not
     for micro in (None, 1):
         sft = vl.SFT(
             "tiny", source=run_dir, steps=1, lr=0.0, batch_size=len(batch), micro_batch_size=micro

@@ -47,6 +47,7 @@ from torch import nn
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from voltrl.algorithms.local.lora_adapters import adapter_key, adapter_of
+from voltrl.algorithms.local.loss import cache_keyword
 from voltrl.algorithms.local.sampling import (
     MAX_TOP_LOGPROBS,
     Choice,
@@ -167,13 +168,14 @@ class Engine:
         self.adapters = frozenset(model.peft_config if lora_adapters else ())
         """The LoRA adapters requests may name (empty for a plain model)."""
         self.adapter_versions = dict.fromkeys(sorted(self.adapters), 0)
+        """Each adapter's weights version: its :meth:`update_weights` so far."""
         self._adapter_params: dict[str, dict[str, torch.Tensor]] = {a: {} for a in self.adapters}
         for name, p in model.named_parameters():  # each adapter's weights, keyed as peft saves them
             if (owner := adapter_of(name)) in self._adapter_params:
                 self._adapter_params[owner][adapter_key(name)] = p
-        """Each adapter's weights version: its :meth:`update_weights` so far."""
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
+        self._cache_keyword = cache_keyword(model)
         self.max_batch_size = max_batch_size
         self.threads = torch.get_num_threads() if threads is None else decide_threads(threads)
         self.max_prefill_tokens = max_prefill_tokens
@@ -488,8 +490,8 @@ class Engine:
             input_ids=ids,
             attention_mask=mask,
             position_ids=pos,
-            past_key_values=cache,
             use_cache=True,
+            **{self._cache_keyword: cache},
             logits_to_keep=1,
             **adapters,
         )

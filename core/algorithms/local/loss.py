@@ -20,6 +20,7 @@ with the PPO-clip term ``L_pg`` of :func:`policy_loss`, an estimator ``kl`` of
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Hashable, Sequence
 from typing import Any, Literal
 
@@ -118,6 +119,7 @@ def token_logprobs(
     keep: Tensor | None = None,
     with_entropy: bool = True,
     entropy_grad: bool = False,
+    prefix: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probabilities of the last ``response_length`` tokens of each row under ``model``
     (a Hugging Face causal LM, plain or ``peft``-wrapped), and their entropies.
@@ -139,16 +141,35 @@ def token_logprobs(
     without autograd, one row at a time, so its ``softmax`` temporary is ``(R, V)``, not
     ``(B, R, V)``. Returns ``(logprobs, entropy)``, both ``(B, R)`` float32; ``entropy`` is
     ``None`` when ``with_entropy`` is false.
+
+    ``prefix`` (``(L,)``, from :func:`split_common_prefix`) is a run of tokens that every row
+    starts with and that ``input_ids`` leaves out: it is fed once, and its keys and values are
+    repeated for every row, which gives the same logprobs (and gradients) as feeding it in
+    each row, at the cost of one row.
     """
     r = response_length
     fed = input_ids.shape[1] - 1
     cols = None if keep is None else keep.any(0).nonzero().squeeze(-1)
+    cache: dict[str, Any] = {}
+    if prefix is not None:
+        rows = input_ids.shape[0]
+        ones = attention_mask.new_ones(rows, len(prefix))
+        attention_mask = torch.cat([ones, attention_mask], dim=1)
+        if checkpointing(model):  # a recomputed layer would add its keys to the cache
+            # again: feed the prefix in every row instead
+            input_ids = torch.cat([prefix.expand(rows, -1), input_ids], dim=1)
+            positions = torch.arange(len(prefix), device=position_ids.device)
+            position_ids = torch.cat([positions.expand(rows, -1), position_ids], dim=1)
+            fed += len(prefix)
+        else:
+            cache = prefill(model, prefix, repeat=rows)
     out = model(
         input_ids=input_ids[:, :fed],
-        attention_mask=attention_mask[:, :fed],
+        attention_mask=attention_mask[:, : attention_mask.shape[1] - 1],
         position_ids=position_ids[:, :fed],
-        use_cache=False,
+        use_cache=bool(cache),
         logits_to_keep=r if cols is None else cols + (fed - r),
+        **cache,
     )
     logits = out.logits.float()
     lse = torch.logsumexp(logits, dim=-1)
@@ -167,6 +188,81 @@ def token_logprobs(
         logprobs = full.index_copy(1, cols, logprobs)
         entropy = None if entropy is None else full.index_copy(1, cols, entropy)
     return logprobs, entropy
+
+
+def cache_keyword(model: Any) -> str:
+    """The keyword under which ``model``'s forward takes a KV cache: ``cache`` in recent
+    transformers, ``past_key_values`` before (a ``peft`` wrapper is looked through)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    params = inspect.signature(type(base).forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def checkpointing(model: Any) -> bool:
+    """Whether some module of ``model`` recomputes its activations in the backward pass
+    (gradient checkpointing, under either of transformers' names for it)."""
+    return any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
+
+
+def prefill(model: Any, prefix: Tensor, *, repeat: int) -> dict[str, Any]:
+    """Feed ``prefix`` (``(L,)``) at positions ``0..L-1`` and return its KV cache, repeated
+    for ``repeat`` rows, as the keyword argument ``model``'s forward takes it. The cache keeps
+    its autograd graph: a loss on the rows that attend to it reaches the prefix's weights."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    positions = torch.arange(len(prefix), device=prefix.device)[None]
+    keyword = cache_keyword(model)
+    model(
+        input_ids=prefix[None],
+        position_ids=positions,
+        use_cache=True,
+        logits_to_keep=1,
+        **{keyword: cache},
+    )
+    cache.batch_repeat_interleave(repeat)
+    return {keyword: cache}
+
+
+def split_common_prefix(
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    position_ids: Tensor,
+    prompt_lengths: Sequence[int],
+    *,
+    min_length: int = 16,
+) -> tuple[Tensor | None, Tensor, Tensor, Tensor]:
+    """Take the prompt tokens that every row starts with out of the rows, to be fed once.
+
+    The rows are ``prompt + response`` (``(B, P + R)``), prompts left-padded to
+    ``P = max(prompt_lengths)``. With ``L`` the length of the longest run of tokens every
+    prompt starts with (an agent's system prompt and tool schemas), at most one less than the
+    shortest prompt (each row keeps the token that predicts its first response token)::
+
+        prefix          = the first L tokens of row 0's prompt          (L,)
+        row i, column j = the row without its first L columns           (B, P - L + R)
+        mask[i, j]      = 0 where j < P - p_i                           (row i's shared tokens)
+
+    The positions are the rows' own (the remaining tokens keep theirs, ``>= L``), so
+    ``token_logprobs(..., prefix=prefix)`` gives each row's logprobs as without the split.
+    Returns ``(prefix, input_ids, attention_mask, position_ids)``, with ``prefix`` ``None``
+    and the inputs unchanged when fewer than ``min_length`` tokens are shared.
+    """
+    longest = max(prompt_lengths)
+    most = min(prompt_lengths) - 1
+    unchanged = (None, input_ids, attention_mask, position_ids)
+    if most < min_length or len(prompt_lengths) < 2:
+        return unchanged
+    starts = longest - torch.tensor(prompt_lengths, device=input_ids.device)
+    heads = input_ids.gather(1, starts[:, None] + torch.arange(most, device=input_ids.device))
+    same = (heads == heads[:1]).all(0)
+    length = most if bool(same.all()) else int(same.int().argmin())
+    if length < min_length:
+        return unchanged
+    mask = attention_mask[:, length:].clone()
+    columns = torch.arange(longest - length, device=mask.device)
+    mask[:, : longest - length] *= (columns[None] >= starts[:, None]).to(mask.dtype)
+    return heads[0, :length], input_ids[:, length:], mask, position_ids[:, length:]
 
 
 # ---- aggregation ------------------------------------------------------------------------------

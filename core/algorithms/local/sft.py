@@ -361,10 +361,12 @@ class SFT(Algorithm):
         batch: TrainingBatch,
         log: Callable[[int, dict[str, float]], None] | None = None,
     ) -> list[float]:
-        """Train ``model`` on ``batch``'s masked response tokens; the loss per step."""
+        """Train ``model`` on ``batch``'s masked response tokens; the loss per step. The
+        prompt tokens a micro-batch's rows all start with (the agent's system prompt and
+        tools) are fed once for all of them."""
         import torch
 
-        from voltrl.algorithms.local.loss import token_logprobs
+        from voltrl.algorithms.local.loss import split_common_prefix, token_logprobs
 
         use_threads(self.threads)
         device = next(model.parameters()).device
@@ -398,6 +400,7 @@ class SFT(Algorithm):
                     order = rng.sample(rows, len(rows))
                 chosen.append(order.pop())
             tokens = float(sum(row_tokens[i] for i in chosen))
+            chosen.sort(key=lambda i: (prompt_lengths[i] + ends[i], i))  # less padding
             total = 0.0
             optimizer.zero_grad(set_to_none=True)
             for k in range(0, len(chosen), self.micro_batch_size):
@@ -405,14 +408,21 @@ class SFT(Algorithm):
                 idx = torch.tensor(part, device=device)
                 first = width - max(prompt_lengths[i] for i in part)
                 w = max(ends[i] for i in part)
-                logp, _ = token_logprobs(
-                    model,
+                prefix, ids, att, positions = split_common_prefix(
                     t["input_ids"][idx, first : width + w],
                     t["attention_mask"][idx, first : width + w],
                     t["position_ids"][idx, first : width + w],
+                    [prompt_lengths[i] for i in part],
+                )
+                logp, _ = token_logprobs(
+                    model,
+                    ids,
+                    att,
+                    positions,
                     w,
                     keep=mask[idx, :w],
                     with_entropy=False,
+                    prefix=prefix,
                 )
                 loss = -(logp * mask[idx, :w]).sum() / tokens
                 loss.backward()

@@ -22,8 +22,10 @@ What :meth:`PolicyTrainer.step` does, top to bottom (the maths lives in
 4. **Micro-batches.** Rows of a mini-batch are sorted by length and packed into micro-batches
    of at most ``micro_batch_size`` rows (and ``max_tokens_per_micro_batch`` padded tokens);
    each micro-batch drops the padding columns none of its rows needs (left of its longest
-   prompt, right of its last trained token), and only response columns holding a trained
-   token go through the LM head. Each micro-batch's loss is divided by the
+   prompt, right of its last trained token), the prompt tokens all its rows start with (an
+   agent's system prompt and tools) are fed once for all of them
+   (:func:`~voltrl.algorithms.local.loss.split_common_prefix`), and only response columns
+   holding a trained token go through the LM head. Each micro-batch's loss is divided by the
    *mini-batch's* normaliser (:func:`~voltrl.algorithms.local.loss.agg_normaliser`), so the
    accumulated gradient is the mini-batch's gradient whatever the micro-batch size.
    Rows whose loss is identically 0 (advantage 0 with no KL or entropy term: a GRPO group
@@ -63,6 +65,7 @@ from voltrl.algorithms.local.loss import (
     masked_mean,
     policy_loss,
     rollout_weights,
+    split_common_prefix,
     token_logprobs,
     weight_advantages,
 )
@@ -256,7 +259,8 @@ class PolicyTrainer:
         (rows with advantage 0), ``rows``, ``tokens`` (trained tokens, all epochs),
         ``adv_tokens`` (those with a non-zero advantage: 0 when every group's rewards were
         equal, so the policy gradient is zero),
-        ``tokens_forward`` (tokens fed to the model for training, padding included),
+        ``tokens_forward`` (tokens fed to the model for training, padding included, a shared
+        prompt prefix once per micro-batch),
         ``padding_frac``, ``tokens_per_s`` (trained tokens per second), ``seconds``,
         ``lr`` and ``step`` (updates done so far, this one included).
         """
@@ -401,19 +405,30 @@ class PolicyTrainer:
 
     def _forward(
         self, model: Any, data: _Prepared, idx: Tensor, first: int, width: int, **kw: Any
-    ) -> tuple[Tensor, Tensor | None]:
+    ) -> tuple[Tensor, Tensor | None, tuple[float, float]]:
         """Logprobs (and entropies) of the trained tokens of rows ``idx``, fed from column
-        ``first`` to the end of their trained responses."""
+        ``first`` to the end of their trained responses, the prompt tokens they all start
+        with fed once; and how many tokens were fed, and how many of them were padding."""
         end = data.prompt_width + width
-        return token_logprobs(
-            model,
+        prefix, ids, mask, positions = split_common_prefix(
             data.input_ids[idx, first:end],
             data.attention_mask[idx, first:end],
             data.position_ids[idx, first:end],
+            [data.prompt_lengths[i] for i in idx.tolist()],
+        )
+        logprobs, entropy = token_logprobs(
+            model,
+            ids,
+            mask,
+            positions,
             width,
             keep=data.response_mask[idx, :width],
+            prefix=prefix,
             **kw,
         )
+        fed = mask[:, :-1]
+        shared = 0 if prefix is None else len(prefix)
+        return logprobs, entropy, (float(fed.numel() + shared), float(fed.numel() - fed.sum()))
 
     def _logprobs_no_grad(self, data: _Prepared, rows: list[int], *, reference: bool) -> Tensor:
         """Logprobs of the trained tokens of ``rows`` (0 elsewhere) under the reference
@@ -426,7 +441,7 @@ class PolicyTrainer:
         self.model.eval()
         with torch.inference_mode(), ctx:
             for idx, first, width in self._micro_batches(data, rows):
-                logprobs, _ = self._forward(model, data, idx, first, width, with_entropy=False)
+                logprobs, _, _ = self._forward(model, data, idx, first, width, with_entropy=False)
                 out[idx, :width] = logprobs
         self.model.train(was_training)
         return out
@@ -453,7 +468,7 @@ class PolicyTrainer:
         sums["adv_tokens"] = float(mask[data.advantages[rows] != 0].sum())
         for idx, first, width in self._micro_batches(data, run):
             m = data.response_mask[idx, :width]
-            logprobs, entropy = self._forward(
+            logprobs, entropy, fed = self._forward(
                 self.model, data, idx, first, width, entropy_grad=cfg.entropy_coef != 0
             )
             assert entropy is not None
@@ -487,9 +502,7 @@ class PolicyTrainer:
             parts["entropy"] = float(masked_mean(entropy.detach(), m)) * tokens
             parts.update({k: float(v) * tokens for k, v in stats.items() if k != "known_frac"})
             parts["tokens_run"] = tokens
-            fed = data.attention_mask[idx, first : data.prompt_width + width - 1]
-            parts["tokens_forward"] = float(fed.numel())
-            parts["padding"] = float(fed.numel() - fed.sum())
+            parts["tokens_forward"], parts["padding"] = fed
             for k, v in parts.items():
                 sums[k] = sums.get(k, 0.0) + v
         return sums
