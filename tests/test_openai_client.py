@@ -4,12 +4,19 @@ with its own rollout (context variables), through the real gateway to a fake bac
 from __future__ import annotations
 
 import asyncio
+import ssl
 
 from fake_openai_backend import FakeBackend
 from helpers import context
 from test_gateway import new_rollout
 
-from voltrl.adapters.openai_client import async_openai, call_headers, request_headers, sync_openai
+from voltrl.adapters.openai_client import (
+    async_openai,
+    call_headers,
+    request_headers,
+    ssl_context,
+    sync_openai,
+)
 from voltrl.gateway import Gateway, serve_gateway
 from voltrl.resources import LLM
 from voltrl.store.memory import InMemoryStore
@@ -64,3 +71,13 @@ async def test_scoped_llm_needs_no_headers_and_sync_client_works() -> None:
         client.close()
         [call] = await store.get_llm_calls(rid)
         assert (call.attempt_id, call.agent_name) == (aid, "checker")
+
+
+def test_every_client_shares_one_tls_context() -> None:
+    """Building a TLS context reads the CA certificates (tens of ms): clients that framework
+    agents make in every rollout reuse one instead."""
+    llm = LLM(endpoint="https://example.invalid/v1", model="m")
+    clients = [async_openai(llm), async_openai(llm, agent_name="b"), sync_openai(llm)]
+    contexts = {id(c._client._transport._pool._ssl_context) for c in clients}
+    assert contexts == {id(ssl_context())}
+    assert ssl_context().verify_mode == ssl.CERT_REQUIRED and ssl_context().check_hostname

@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 
 import voltrl as vl
+from voltrl.adapters.openai_client import ssl_context
 
 SERVICE_URL_ENV = "VOLTRL_AGENT_SERVICE_URL"
 DEFAULT_SERVICE_URL = "http://127.0.0.1:8765"
@@ -35,7 +36,7 @@ class AgentClient:
         """Run the agent on ``row`` on behalf of trace ``trace_id`` (the rollout id); returns
         the service's reply: ``{"reward", "answer", "error"}``."""
         body = {"trace_id": trace_id, "sampling_params": sampling_params, "row": row}
-        async with httpx.AsyncClient(timeout=self.timeout) as http:
+        async with httpx.AsyncClient(timeout=self.timeout, verify=ssl_context()) as http:
             response = await http.post(f"{self.url}/chat", json=body)
         if response.status_code != 200:
             raise RuntimeError(f"agent service answered {response.status_code}: {response.text}")
