@@ -80,8 +80,9 @@ def sampling_kwargs(llm: LLM) -> dict[str, Any]:
 @functools.cache
 def ssl_context() -> ssl.SSLContext:
     """The TLS context of every client made here: ``httpx2``'s default (the system's CA
-    certificates, or ``SSL_CERT_FILE`` / ``SSL_CERT_DIR``), built once per process. Pass it as
-    ``verify=`` to an HTTP client your agent makes per rollout to skip that cost too."""
+    certificates, or ``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` as set when first called), built
+    once per process. Clients share it: configure none of them through it (an HTTP/2 client
+    or a client certificate needs a context of its own)."""
     return httpx2.create_ssl_context()
 
 

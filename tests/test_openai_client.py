@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import ssl
 
+import httpcore2
+import pytest
 from fake_openai_backend import FakeBackend
 from helpers import context
 from test_gateway import new_rollout
@@ -73,11 +75,22 @@ async def test_scoped_llm_needs_no_headers_and_sync_client_works() -> None:
         assert (call.attempt_id, call.agent_name) == (aid, "checker")
 
 
-def test_every_client_shares_one_tls_context() -> None:
+def test_every_client_shares_one_tls_context(monkeypatch: pytest.MonkeyPatch) -> None:
     """Building a TLS context reads the CA certificates (tens of ms): clients that framework
     agents make in every rollout reuse one instead."""
+    built: list[ssl.SSLContext] = []
+    default = httpcore2.default_ssl_context
+
+    def counted(**kwargs: object) -> ssl.SSLContext:
+        built.append(default(**kwargs))  # type: ignore[arg-type]
+        return built[-1]
+
+    monkeypatch.setattr(httpcore2, "default_ssl_context", counted)
+    ssl_context.cache_clear()
     llm = LLM(endpoint="https://example.invalid/v1", model="m")
     clients = [async_openai(llm), async_openai(llm, agent_name="b"), sync_openai(llm)]
-    contexts = {id(c._client._transport._pool._ssl_context) for c in clients}
-    assert contexts == {id(ssl_context())}
-    assert ssl_context().verify_mode == ssl.CERT_REQUIRED and ssl_context().check_hostname
+    assert len(built) == 1 and built[0] is ssl_context()
+    assert built[0].verify_mode == ssl.CERT_REQUIRED and built[0].check_hostname
+    clients[2].close()
+    asyncio.run(clients[0].close())
+    asyncio.run(clients[1].close())

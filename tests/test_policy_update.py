@@ -338,14 +338,14 @@ def test_a_shared_prompt_prefix_fed_once_gives_the_same_logprobs_and_gradients()
     t = batch.to_torch()
     lengths = t["prompt_mask"].sum(1).tolist()
     inputs = t["input_ids"], t["attention_mask"], t["position_ids"]
-    prefix, ids, mask, positions = split_common_prefix(*inputs, lengths)
+    model = tiny_model().train()
+    prefix, ids, mask, positions = split_common_prefix(model, *inputs, lengths)
     assert prefix is not None and prefix.tolist() == SYSTEM  # the questions differ at once
     assert ids.shape[1] == t["input_ids"].shape[1] - len(SYSTEM)
     trained = t["response_mask"].bool()
     real = t["attention_mask"][:, -batch.response_length :].bool()  # context tokens too
 
-    def logprobs_and_grads(model: torch.nn.Module, **split: object) -> tuple[torch.Tensor, dict]:
-        args = (ids, mask, positions) if split else inputs
+    def logprobs_and_grads(*args: torch.Tensor, **split: object) -> tuple[torch.Tensor, dict]:
         lp, _ = token_logprobs(
             model,
             *args,
@@ -357,31 +357,71 @@ def test_a_shared_prompt_prefix_fed_once_gives_the_same_logprobs_and_gradients()
         (lp * trained).sum().backward()
         return lp, grads(model)
 
+    want, want_grads = logprobs_and_grads(*inputs)
+    widths: list[int] = []
+    model.model.register_forward_pre_hook(
+        lambda _, args, kwargs: widths.append(kwargs["input_ids"].shape[1]), with_kwargs=True
+    )
+    got, got_grads = logprobs_and_grads(ids, mask, positions, prefix=prefix)
+    assert widths == [len(SYSTEM), ids.shape[1] - 1]  # the prefix once, then the rows
+    torch.testing.assert_close(got[real], want[real], rtol=1e-5, atol=1e-5)
+    for name in want_grads:
+        torch.testing.assert_close(got_grads[name], want_grads[name], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["checkpointed", "sliding window"])
+def test_rows_are_fed_whole_where_one_prefix_cache_cannot_serve_them(kind: str) -> None:
+    """A checkpointed layer would add its keys to the cache again when recomputed; a sliding
+    window would count the masked columns between the prefix and a row as distance."""
     model = tiny_model()
+    if kind == "checkpointed":
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.config.use_sliding_window, model.config.sliding_window = True, 8
+        model.config.layer_types = ["sliding_attention"] * 2
+        model = transformers.Qwen2ForCausalLM(model.config)
     model.train()
-    want, want_grads = logprobs_and_grads(model)
-    for checkpointed in (False, True):  # checkpointing feeds the prefix in every row instead
-        if checkpointed:
-            model.gradient_checkpointing_enable(
-                gradient_checkpointing_kwargs={"use_reentrant": False}
-            )
-        got, got_grads = logprobs_and_grads(model, prefix=prefix)
-        torch.testing.assert_close(got[real], want[real], rtol=1e-5, atol=1e-5)
-        for name in want_grads:
-            torch.testing.assert_close(got_grads[name], want_grads[name], rtol=1e-4, atol=1e-6)
+    t = shared_prompt_batch().to_torch()
+    inputs = t["input_ids"], t["attention_mask"], t["position_ids"]
+    lengths = t["prompt_mask"].sum(1).tolist()
+    prefix, *rows = split_common_prefix(model, *inputs, lengths)
+    assert prefix is None and all(a is b for a, b in zip(rows, inputs, strict=True))
+    with pytest.raises(ValueError, match="cannot share"):
+        token_logprobs(model, *inputs, 4, prefix=torch.tensor(SYSTEM))
+    if kind == "checkpointed":  # not recomputed without autograd: shared there
+        with torch.no_grad():
+            assert split_common_prefix(model, *inputs, lengths)[0] is not None
 
 
-def test_a_prefix_leaves_every_row_the_token_that_predicts_its_response() -> None:
-    ids = torch.tensor([[*SYSTEM, 7], [*SYSTEM, 7]])  # the same prompt twice (one task's group)
-    ones = torch.ones_like(ids)
-    prefix, rest, mask, positions = split_common_prefix(ids, ones, ones.cumsum(1) - 1, [25, 25])
-    assert mask.tolist() == [[1], [1]]
-    assert prefix is not None and prefix.tolist() == [*SYSTEM, 7][:24]
-    assert rest.tolist() == [[7], [7]] and positions.tolist() == [[24], [24]]
-    short = split_common_prefix(ids[:, -10:], ones[:, -10:], ones[:, -10:], [10, 10])
-    assert short[0] is None and short[1] is not None and short[1].shape[1] == 10  # under 16
-    alone = split_common_prefix(ids[:1], ones[:1], ones[:1], [25])
-    assert alone[0] is None
+def test_a_prefix_is_what_every_prompt_starts_with_less_the_token_before_the_response() -> None:
+    model = tiny_model()
+    ones = torch.ones(2, 27, dtype=torch.long)
+    ids = torch.tensor([[*SYSTEM, 1, 2, 3], [*SYSTEM, 1, 5, 6]])  # they part after 25 tokens
+    prefix, rest, mask, positions = split_common_prefix(
+        model, ids, ones, ones.cumsum(1) - 1, [27, 27]
+    )
+    assert prefix is not None and prefix.tolist() == [*SYSTEM, 1]
+    assert rest.tolist() == [[2, 3], [5, 6]] and positions.tolist() == [[25, 26], [25, 26]]
+    # the same prompt twice (one task's group): each row keeps its last prompt token
+    ids, ones = ids[[0, 0], :25], ones[:, :25]
+    prefix, rest, mask, positions = split_common_prefix(
+        model, ids, ones, ones.cumsum(1) - 1, [25, 25]
+    )
+    assert prefix is not None and prefix.tolist() == SYSTEM
+    assert rest.tolist() == [[1], [1]] and mask.tolist() == [[1], [1]]
+    assert positions.tolist() == [[24], [24]]
+    # a shorter prompt, left-padded: its padding and its copy of the prefix are masked out
+    ids = torch.tensor([[*SYSTEM, 1, 2, 3], [0, 0, *SYSTEM, 4]])
+    mask = torch.tensor([[1] * 27, [0, 0] + [1] * 25])
+    positions = (mask.cumsum(1) - 1).clamp(min=0)
+    prefix, rest, mask, positions = split_common_prefix(model, ids, mask, positions, [27, 25])
+    assert prefix is not None and prefix.tolist() == SYSTEM
+    assert rest.tolist() == [[1, 2, 3], [122, 123, 4]] and mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+    assert positions[:, -1].tolist() == [26, 24]
+    # too short a prefix (under 16 tokens) or one row: nothing is split
+    short = split_common_prefix(model, ids[:, -10:], mask[:, -10:], mask[:, -10:], [10, 10])
+    assert short[0] is None and short[1].shape[1] == 10
+    assert split_common_prefix(model, ids[:1], mask[:1], mask[:1], [27])[0] is None
 
 
 # ---- the trainer ------------------------------------------------------------------------------
@@ -469,7 +509,10 @@ def test_gradient_does_not_depend_on_micro_batch_size(
     assert g0 and sums["clip_frac"] > 0  # some tokens clip: the test covers both branches
     if make_batch is shared_prompt_batch:  # all rows in one micro-batch: the prefix fed once
         width = batch.prompt_length + max(len(m) - m[::-1].index(1) for m in batch.response_mask)
-        assert sums["tokens_forward"] == len(batch) * (width - 1 - len(SYSTEM)) + len(SYSTEM)
+        fed = len(batch) * (width - 1 - len(SYSTEM)) + len(SYSTEM)
+        if extra.get("gradient_checkpointing"):  # fed whole: a recomputed layer would add its
+            fed = len(batch) * (width - 1)  # keys to a shared cache again
+        assert sums["tokens_forward"] == fed
     for loss, g in results[1:]:
         assert loss == pytest.approx(loss0, rel=1e-5, abs=1e-7)
         assert g.keys() == g0.keys()

@@ -301,7 +301,8 @@ def test_the_sft_loss_is_the_mean_nll_of_the_masked_tokens_however_micro_batched
             nll, tokens = nll + out.loss.item() * n, tokens + n
     t = batch.to_torch()
     lengths = t["prompt_mask"].sum(1).tolist()
-    shared = split_common_prefix(t["input_ids"], t["attention_mask"], t["position_ids"], lengths)
+    inputs = t["input_ids"], t["attention_mask"], t["position_ids"]
+    shared = split_common_prefix(build_tiny_model(tok), *inputs, lengths)
     assert shared[0] is not None  # rows fed together feed their system prompt once; alone not
     for micro in (None, 1):
         sft = vl.SFT(

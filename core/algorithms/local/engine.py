@@ -175,7 +175,12 @@ class Engine:
                 self._adapter_params[owner][adapter_key(name)] = p
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
-        self._cache_keyword = cache_keyword(model)
+        keyword = cache_keyword(model)
+        if keyword is None:
+            raise ValueError(
+                f"{type(model).__name__}.forward takes no KV cache: the engine needs one"
+            )
+        self._cache_keyword = keyword
         self.max_batch_size = max_batch_size
         self.threads = torch.get_num_threads() if threads is None else decide_threads(threads)
         self.max_prefill_tokens = max_prefill_tokens

@@ -143,29 +143,23 @@ def token_logprobs(
     ``None`` when ``with_entropy`` is false.
 
     ``prefix`` (``(L,)``, from :func:`split_common_prefix`) is a run of tokens that every row
-    starts with and that ``input_ids`` leaves out: it is fed once, and its keys and values are
-    repeated for every row, which gives the same logprobs (and gradients) as feeding it in
-    each row, at the cost of one row.
+    starts with and that ``input_ids`` leaves out: it is fed once and its keys and values are
+    repeated for every row, which gives the same logprobs and gradients as feeding it in each
+    row (with dropout, one draw serves every row), at the cost of one row.
     """
     r = response_length
     fed = input_ids.shape[1] - 1
     cols = None if keep is None else keep.any(0).nonzero().squeeze(-1)
     cache: dict[str, Any] = {}
     if prefix is not None:
-        rows = input_ids.shape[0]
-        ones = attention_mask.new_ones(rows, len(prefix))
+        if not shares_prefix_cache(model):
+            raise ValueError("this model cannot share a prefix's KV cache among rows")
+        cache = prefill(model, prefix, repeat=input_ids.shape[0])
+        ones = attention_mask.new_ones(input_ids.shape[0], len(prefix))
         attention_mask = torch.cat([ones, attention_mask], dim=1)
-        if checkpointing(model):  # a recomputed layer would add its keys to the cache
-            # again: feed the prefix in every row instead
-            input_ids = torch.cat([prefix.expand(rows, -1), input_ids], dim=1)
-            positions = torch.arange(len(prefix), device=position_ids.device)
-            position_ids = torch.cat([positions.expand(rows, -1), position_ids], dim=1)
-            fed += len(prefix)
-        else:
-            cache = prefill(model, prefix, repeat=rows)
     out = model(
         input_ids=input_ids[:, :fed],
-        attention_mask=attention_mask[:, : attention_mask.shape[1] - 1],
+        attention_mask=attention_mask[:, :-1],
         position_ids=position_ids[:, :fed],
         use_cache=bool(cache),
         logits_to_keep=r if cols is None else cols + (fed - r),
@@ -190,18 +184,40 @@ def token_logprobs(
     return logprobs, entropy
 
 
-def cache_keyword(model: Any) -> str:
+def cache_keyword(model: Any) -> str | None:
     """The keyword under which ``model``'s forward takes a KV cache: ``cache`` in recent
-    transformers, ``past_key_values`` before (a ``peft`` wrapper is looked through)."""
+    transformers, ``past_key_values`` before (a ``peft`` wrapper is looked through); ``None``
+    when it names neither."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     params = inspect.signature(type(base).forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
+    return next((k for k in ("cache", "past_key_values") if k in params), None)
 
 
 def checkpointing(model: Any) -> bool:
-    """Whether some module of ``model`` recomputes its activations in the backward pass
-    (gradient checkpointing, under either of transformers' names for it)."""
-    return any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
+    """Whether ``model`` recomputes activations in this forward's backward pass: some module
+    has gradient checkpointing on (under either of transformers' names for it), the model is
+    training and autograd is recording."""
+    return (
+        model.training
+        and torch.is_grad_enabled()
+        and any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
+    )
+
+
+def shares_prefix_cache(model: Any) -> bool:
+    """Whether one KV cache of a prefix can serve rows that go on from it at their own
+    positions (:func:`split_common_prefix`): every layer attends to all earlier tokens (a
+    sliding window or a recurrent layer would count the masked columns between the prefix
+    and a row), the forward takes a cache, and no checkpointed layer would add its keys to it
+    again. Where it cannot, rows are fed whole."""
+    config = model.config
+    layers = getattr(config, "layer_types", None) or ["full_attention"]
+    return (
+        all(kind == "full_attention" for kind in layers)
+        and not getattr(config, "sliding_window", None)
+        and cache_keyword(model) is not None
+        and not checkpointing(model)
+    )
 
 
 def prefill(model: Any, prefix: Tensor, *, repeat: int) -> dict[str, Any]:
@@ -213,6 +229,8 @@ def prefill(model: Any, prefix: Tensor, *, repeat: int) -> dict[str, Any]:
     cache = DynamicCache()
     positions = torch.arange(len(prefix), device=prefix.device)[None]
     keyword = cache_keyword(model)
+    if keyword is None:
+        raise ValueError(f"{type(model).__name__}.forward takes no KV cache")
     model(
         input_ids=prefix[None],
         position_ids=positions,
@@ -225,6 +243,7 @@ def prefill(model: Any, prefix: Tensor, *, repeat: int) -> dict[str, Any]:
 
 
 def split_common_prefix(
+    model: Any,
     input_ids: Tensor,
     attention_mask: Tensor,
     position_ids: Tensor,
@@ -241,17 +260,18 @@ def split_common_prefix(
 
         prefix          = the first L tokens of row 0's prompt          (L,)
         row i, column j = the row without its first L columns           (B, P - L + R)
-        mask[i, j]      = 0 where j < P - p_i                           (row i's shared tokens)
+        mask[i, j]      = 0 where j < P - p_i        (row i's padding and copy of the prefix)
 
     The positions are the rows' own (the remaining tokens keep theirs, ``>= L``), so
-    ``token_logprobs(..., prefix=prefix)`` gives each row's logprobs as without the split.
-    Returns ``(prefix, input_ids, attention_mask, position_ids)``, with ``prefix`` ``None``
-    and the inputs unchanged when fewer than ``min_length`` tokens are shared.
+    ``token_logprobs(model, ..., prefix=prefix)`` gives each row's logprobs as without the
+    split. Returns ``(prefix, input_ids, attention_mask, position_ids)``, with ``prefix`` ``None``
+    and the inputs unchanged when fewer than ``min_length`` tokens are shared or ``model``
+    cannot share a prefix's KV cache (:func:`shares_prefix_cache`).
     """
     longest = max(prompt_lengths)
     most = min(prompt_lengths) - 1
     unchanged = (None, input_ids, attention_mask, position_ids)
-    if most < min_length or len(prompt_lengths) < 2:
+    if most < min_length or len(prompt_lengths) < 2 or not shares_prefix_cache(model):
         return unchanged
     starts = longest - torch.tensor(prompt_lengths, device=input_ids.device)
     heads = input_ids.gather(1, starts[:, None] + torch.arange(most, device=input_ids.device))

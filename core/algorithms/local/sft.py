@@ -409,6 +409,7 @@ class SFT(Algorithm):
                 first = width - max(prompt_lengths[i] for i in part)
                 w = max(ends[i] for i in part)
                 prefix, ids, att, positions = split_common_prefix(
+                    model,
                     t["input_ids"][idx, first : width + w],
                     t["attention_mask"][idx, first : width + w],
                     t["position_ids"][idx, first : width + w],

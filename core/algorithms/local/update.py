@@ -411,6 +411,7 @@ class PolicyTrainer:
         with fed once; and how many tokens were fed, and how many of them were padding."""
         end = data.prompt_width + width
         prefix, ids, mask, positions = split_common_prefix(
+            model,
             data.input_ids[idx, first:end],
             data.attention_mask[idx, first:end],
             data.position_ids[idx, first:end],
