@@ -20,6 +20,7 @@ with the PPO-clip term ``L_pg`` of :func:`policy_loss`, an estimator ``kl`` of
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Hashable, Sequence
 from typing import Any, Literal
@@ -189,7 +190,13 @@ def cache_keyword(model: Any) -> str | None:
     transformers, ``past_key_values`` before (a ``peft`` wrapper is looked through); ``None``
     when it names neither."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    params = inspect.signature(type(base).forward).parameters
+    return _cache_keyword_of(type(base))
+
+
+@functools.cache
+def _cache_keyword_of(cls: type) -> str | None:
+    """:func:`cache_keyword` for a model class (read once: it is asked per micro-batch)."""
+    params = inspect.signature(cls.forward).parameters
     return next((k for k in ("cache", "past_key_values") if k in params), None)
 
 
