@@ -474,6 +474,27 @@ def test_steps_move_the_policy_toward_rewarded_completions(mode: str) -> None:
     assert response_logprob(model, prompt, bad) < bad0 - 0.5
 
 
+REVIEWER = list(range(150, 174))  # the second agent of two_agent_batch: nothing like SYSTEM
+
+
+def two_agent_batch() -> TrainingBatch:
+    """Two agents' calls, interleaved: a writer whose prompts start with SYSTEM and a reviewer
+    whose prompts start with REVIEWER, transition-mode rows, two tasks."""
+    calls = []
+    for k in range(6):
+        system = SYSTEM if k % 2 else REVIEWER
+        call = LLMCall(
+            rollout_id=f"r{k}",
+            attempt_id=f"r{k}-at",
+            sequence_id=0,
+            prompt_token_ids=[*system, 10 + k, *range(1, 1 + k)],
+            response_token_ids=[30 + k] * (1 + k % 3),
+        )
+        trajectory = build_trajectory(rollout(f"r{k}", "ab"[k % 2], float(k in (2, 3, 4))), [call])
+        calls.append(trajectory)
+    return collate(calls)
+
+
 @pytest.mark.parametrize(
     "extra",
     [
@@ -484,12 +505,12 @@ def test_steps_move_the_policy_toward_rewarded_completions(mode: str) -> None:
         {"gradient_checkpointing": True, "clip_eps_high": 0.28},
     ],
 )
-@pytest.mark.parametrize("make_batch", [varied_batch, shared_prompt_batch])
+@pytest.mark.parametrize("make_batch", [varied_batch, shared_prompt_batch, two_agent_batch])
 def test_gradient_does_not_depend_on_micro_batch_size(
     extra: dict[str, object], make_batch: Callable[[], TrainingBatch]
 ) -> None:
-    """Rows fed alone, in micro-batches, or all together (the shared batch's prompt prefix
-    then fed once for them all) give one gradient."""
+    """Rows fed alone, in micro-batches, or all together (each agent's rows then in one
+    micro-batch, their prompt prefix fed once) give one gradient."""
     model = tiny_model()
     batch = make_batch()
     set_sampling_logprobs(model, batch)
@@ -507,11 +528,19 @@ def test_gradient_does_not_depend_on_micro_batch_size(
     results.append((budget.accumulate_gradients(batch)["loss"], grads(budget.model)))
     loss0, g0 = results[0]
     assert g0 and sums["clip_frac"] > 0  # some tokens clip: the test covers both branches
-    if make_batch is shared_prompt_batch:  # all rows in one micro-batch: the prefix fed once
-        width = batch.prompt_length + max(len(m) - m[::-1].index(1) for m in batch.response_mask)
-        fed = len(batch) * (width - 1 - len(SYSTEM)) + len(SYSTEM)
-        if extra.get("gradient_checkpointing"):  # fed whole: a recomputed layer would add its
-            fed = len(batch) * (width - 1)  # keys to a shared cache again
+    if make_batch is not varied_batch:  # each agent's rows together, its prefix fed once
+        fed = 0
+        for system in (SYSTEM, REVIEWER):
+            rows = [i for i, p in enumerate(batch.prompt_ids) if system[0] in p]
+            if rows:
+                prompt = max(sum(batch.prompt_mask[i]) for i in rows)
+                ends = (len(m) - m[::-1].index(1) for m in (batch.response_mask[i] for i in rows))
+                fed += len(rows) * (prompt + max(ends) - 1) - (len(rows) - 1) * len(system)
+        if extra.get("gradient_checkpointing"):  # fed whole (a recomputed layer would add its
+            width = batch.prompt_length + max(
+                len(m) - m[::-1].index(1) for m in batch.response_mask
+            )
+            fed = len(batch) * (width - 1)  # keys to a shared cache again), all in one pass
         assert sums["tokens_forward"] == fed
     for loss, g in results[1:]:
         assert loss == pytest.approx(loss0, rel=1e-5, abs=1e-7)

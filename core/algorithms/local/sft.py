@@ -196,7 +196,7 @@ class SFT(Algorithm):
         steps, batch_size, lr, warmup_steps: optimizer steps of ``batch_size`` rows (the rows
             in a fresh shuffled order each epoch), AdamW at ``lr`` with linear warm-up and
             cosine decay to a tenth.
-        micro_batch_size: rows per forward pass (gradients accumulate; default all).
+        micro_batch_size: most rows per forward pass (gradients accumulate; default all).
         seed, device, threads: as LocalRL's.
 
     After :meth:`run`, ``losses`` holds the loss per step and ``summary`` what was trained on.
@@ -361,12 +361,19 @@ class SFT(Algorithm):
         batch: TrainingBatch,
         log: Callable[[int, dict[str, float]], None] | None = None,
     ) -> list[float]:
-        """Train ``model`` on ``batch``'s masked response tokens; the loss per step. The
-        prompt tokens a micro-batch's rows all start with (the agent's system prompt and
-        tools) are fed once for all of them."""
+        """Train ``model`` on ``batch``'s masked response tokens; the loss per step. A step's
+        rows are split into the micro-batches that feed the fewest tokens, rows sharing a
+        prompt prefix together (:func:`~voltrl.algorithms.local.micro_batches.plan_micro_batches`),
+        and the prompt tokens a micro-batch's rows all start with (an agent's system prompt
+        and tools) are fed once for all of them."""
         import torch
 
-        from voltrl.algorithms.local.loss import split_common_prefix, token_logprobs
+        from voltrl.algorithms.local.loss import (
+            shares_prefix_cache,
+            split_common_prefix,
+            token_logprobs,
+        )
+        from voltrl.algorithms.local.micro_batches import plan_micro_batches
 
         use_threads(self.threads)
         device = next(model.parameters()).device
@@ -379,6 +386,9 @@ class SFT(Algorithm):
         last = r - torch.flip(mask, dims=[1]).argmax(dim=1)
         ends = torch.where(mask.sum(1) > 0, last, torch.zeros_like(last)).tolist()
         rows = [i for i, end in enumerate(ends) if end > 0]
+        prompts = [
+            ids[width - n :] for ids, n in zip(batch.prompt_ids, prompt_lengths, strict=True)
+        ]
         empty = [i for i in rows if prompt_lengths[i] == 0]
         if empty:
             raise ValueError(f"rows {empty} have an empty prompt: their first token has no context")
@@ -400,11 +410,16 @@ class SFT(Algorithm):
                     order = rng.sample(rows, len(rows))
                 chosen.append(order.pop())
             tokens = float(sum(row_tokens[i] for i in chosen))
-            chosen.sort(key=lambda i: (prompt_lengths[i] + ends[i], i))  # less padding
+            plan = plan_micro_batches(
+                [prompts[i] for i in chosen],
+                [ends[i] for i in chosen],
+                max_rows=self.micro_batch_size,
+                share_prefix=shares_prefix_cache(model),
+            )
             total = 0.0
             optimizer.zero_grad(set_to_none=True)
-            for k in range(0, len(chosen), self.micro_batch_size):
-                part = chosen[k : k + self.micro_batch_size]
+            for group in plan:
+                part = [chosen[k] for k in group]
                 idx = torch.tensor(part, device=device)
                 first = width - max(prompt_lengths[i] for i in part)
                 w = max(ends[i] for i in part)

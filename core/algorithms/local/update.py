@@ -19,11 +19,13 @@ What :meth:`PolicyTrainer.step` does, top to bottom (the maths lives in
    the sampling logprobs as PPO's "old" policy.
 3. **Mini-batches and epochs.** ``ppo_epochs`` passes over the rows, each split (shuffled
    by a seeded generator) into ``mini_batches`` optimizer steps.
-4. **Micro-batches.** Rows of a mini-batch are sorted by length and packed into micro-batches
-   of at most ``micro_batch_size`` rows (and ``max_tokens_per_micro_batch`` padded tokens);
-   each micro-batch drops the padding columns none of its rows needs (left of its longest
-   prompt, right of its last trained token), the prompt tokens all its rows start with (an
-   agent's system prompt and tools) are fed once for all of them
+4. **Micro-batches.** Rows of a mini-batch are split into micro-batches of at most
+   ``micro_batch_size`` rows (and ``max_tokens_per_micro_batch`` padded tokens), rows that
+   share a prompt prefix together, the split that feeds the fewest tokens
+   (:func:`~voltrl.algorithms.local.micro_batches.plan_micro_batches`); each micro-batch
+   drops the padding columns none of its rows needs (left of its longest prompt, right of
+   its last trained token), the prompt tokens all its rows start with (an agent's system
+   prompt and tools) are fed once for all of them
    (:func:`~voltrl.algorithms.local.loss.split_common_prefix`), and only response columns
    holding a trained token go through the LM head. Each micro-batch's loss is divided by the
    *mini-batch's* normaliser (:func:`~voltrl.algorithms.local.loss.agg_normaliser`), so the
@@ -65,10 +67,12 @@ from voltrl.algorithms.local.loss import (
     masked_mean,
     policy_loss,
     rollout_weights,
+    shares_prefix_cache,
     split_common_prefix,
     token_logprobs,
     weight_advantages,
 )
+from voltrl.algorithms.local.micro_batches import plan_micro_batches
 from voltrl.algorithms.local.threads import decide_threads, use_threads
 from voltrl.trajectory import TrainingBatch
 from voltrl.types import Model
@@ -129,6 +133,7 @@ class _Prepared:
     old_known: Tensor  # (B, R) bool: where old_logprobs is a real logprob
     advantages: Tensor  # (B,)
     prompt_lengths: list[int]  # real prompt tokens per row
+    prompts: list[list[int]]  # each row's real prompt tokens
     response_ends: list[int]  # 1 + index of the last trained token (0: none)
     prompt_width: int  # P
     ref_logprobs: Tensor | None = None  # (B, R) when kl_coef > 0
@@ -339,6 +344,8 @@ class PolicyTrainer:
         last = r - torch.flip(mask, dims=[1]).argmax(dim=1)
         ends = torch.where(mask.sum(1) > 0, last, torch.zeros_like(last))
         old = t["response_logprobs"]
+        lengths = t["prompt_mask"].sum(1).tolist()
+        p = batch.prompt_length
         data = _Prepared(
             input_ids=t["input_ids"],
             attention_mask=t["attention_mask"],
@@ -347,7 +354,8 @@ class PolicyTrainer:
             old_logprobs=old,
             old_known=old != 0,
             advantages=adv,
-            prompt_lengths=t["prompt_mask"].sum(1).tolist(),
+            prompt_lengths=lengths,
+            prompts=[ids[p - n :] for ids, n in zip(batch.prompt_ids, lengths, strict=True)],
             response_ends=ends.tolist(),
             prompt_width=batch.prompt_length,
         )
@@ -374,34 +382,27 @@ class PolicyTrainer:
         for part in range(k):
             yield sorted(order[part * n // k : (part + 1) * n // k])
 
-    def _micro_batches(self, data: _Prepared, rows: list[int]) -> Iterator[tuple[Tensor, int, int]]:
-        """Pack rows by length: longest first, at most ``micro_batch_size`` rows and
-        ``max_tokens_per_micro_batch`` padded tokens each. Yields ``(row index tensor,
-        first column, response width)``: the columns ``[first, P + width)`` cover every real
-        prompt token and every trained token of those rows."""
-        cfg = self.config
-        budget = cfg.max_tokens_per_micro_batch
-        order = sorted(
-            rows, key=lambda i: data.prompt_lengths[i] + data.response_ends[i], reverse=True
+    def _micro_batches(
+        self, model: Any, data: _Prepared, rows: list[int]
+    ) -> Iterator[tuple[Tensor, int, int]]:
+        """Split ``rows`` into micro-batches that feed ``model`` the fewest tokens
+        (:func:`~voltrl.algorithms.local.micro_batches.plan_micro_batches`: at most
+        ``micro_batch_size`` rows and ``max_tokens_per_micro_batch`` padded tokens each).
+        Yields ``(row index tensor, first column, response width)``: the columns
+        ``[first, P + width)`` cover every real prompt token and every trained token of those
+        rows."""
+        plan = plan_micro_batches(
+            [data.prompts[i] for i in rows],
+            [data.response_ends[i] for i in rows],
+            max_rows=self.config.micro_batch_size,
+            max_tokens=self.config.max_tokens_per_micro_batch,
+            share_prefix=shares_prefix_cache(model),
         )
-        group: list[int] = []
-
-        def flush() -> tuple[Tensor, int, int]:
-            p = max(data.prompt_lengths[i] for i in group)
-            w = max(data.response_ends[i] for i in group)
-            return torch.tensor(group, device=self.device), data.prompt_width - p, w
-
-        for i in order:
-            if group:
-                p = max(data.prompt_lengths[j] for j in [*group, i])
-                w = max(data.response_ends[j] for j in [*group, i])
-                full = len(group) >= cfg.micro_batch_size
-                if full or (budget is not None and (len(group) + 1) * (p + w) > budget):
-                    yield flush()
-                    group = []
-            group.append(i)
-        if group:
-            yield flush()
+        for group in plan:
+            part = [rows[k] for k in group]
+            p = max(data.prompt_lengths[i] for i in part)
+            w = max(data.response_ends[i] for i in part)
+            yield torch.tensor(part, device=self.device), data.prompt_width - p, w
 
     def _forward(
         self, model: Any, data: _Prepared, idx: Tensor, first: int, width: int, **kw: Any
@@ -441,7 +442,7 @@ class PolicyTrainer:
         was_training = self.model.training
         self.model.eval()
         with torch.inference_mode(), ctx:
-            for idx, first, width in self._micro_batches(data, rows):
+            for idx, first, width in self._micro_batches(model, data, rows):
                 logprobs, _, _ = self._forward(model, data, idx, first, width, with_entropy=False)
                 out[idx, :width] = logprobs
         self.model.train(was_training)
@@ -467,7 +468,7 @@ class PolicyTrainer:
         ]
         sums = {"tokens": float(mask.sum()), "tokens_forward": 0.0, "padding": 0.0}
         sums["adv_tokens"] = float(mask[data.advantages[rows] != 0].sum())
-        for idx, first, width in self._micro_batches(data, run):
+        for idx, first, width in self._micro_batches(self.model, data, run):
             m = data.response_mask[idx, :width]
             logprobs, entropy, fed = self._forward(
                 self.model, data, idx, first, width, entropy_grad=cfg.entropy_coef != 0
