@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import re
 import socket
+import ssl
 import time
 from pathlib import Path
 from typing import Any
 
+import httpcore2
 import pytest
 from fake_openai_backend import FakeBackend, scripted_ids, tool_then_answer
 from helpers import fake_trainer, load_sample
 
 import voltrl as vl
+from voltrl.adapters.openai_client import ssl_context
 from voltrl.store.memory import InMemoryStore
 
 
@@ -44,12 +47,23 @@ async def test_sample_agent_runs_through_dev_with_the_mcp_server(tmp_path: Path)
     assert {"invoke_agent solver", "chat fake-model"} <= {s.name for s in spans}
 
 
-async def test_sample_agent_shares_one_mcp_server_over_http(tmp_path: Path) -> None:
+async def test_sample_agent_shares_one_mcp_server_over_http(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``calc_agent_at(url)``: every rollout calls the one server ``shared_calculator`` started
-    (streamable HTTP on loopback), which outlives them; stopping it ends the process."""
+    (streamable HTTP on loopback), which outlives them; stopping it ends the process. The
+    rollouts' MCP connections share one TLS context (building one reads the CA certificates),
+    as the model clients do."""
     agent, data = load_sample("calc_mcp", "agent"), load_sample("calc_mcp", "data")
     tasks = data.make_problems(3, seed=5)
     store = InMemoryStore()
+    built: list[ssl.SSLContext] = []
+    default = httpcore2.default_ssl_context
+    monkeypatch.setattr(
+        httpcore2, "default_ssl_context", lambda **kw: built.append(default(**kw)) or built[-1]
+    )
+    agent._tls.cache_clear()
+    ssl_context.cache_clear()
     with agent.shared_calculator() as url:
         assert url.startswith("http://127.0.0.1:") and url.endswith("/mcp")
         async with FakeBackend() as fb:
@@ -61,6 +75,7 @@ async def test_sample_agent_shares_one_mcp_server_over_http(tmp_path: Path) -> N
             trainer = fake_trainer(store, tmp_path, llm, name="calc-mcp-shared")
             result = await trainer.dev_async(agent.calc_agent_at(url), tasks)
         assert [r.reward for r in result.rollouts] == [1.0, 1.0, 1.0]
+        assert len(built) == 2  # one for the model clients, one for the MCP connections
         for rollout in result.rollouts:
             spans = await store.get_spans(rollout.rollout_id)
             [tool_span] = [s for s in spans if s.name == "execute_tool calculate"]

@@ -12,6 +12,7 @@ Reward 1 when the last number of the final answer equals the expected answer.
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx2
 from agent_framework import Agent, MCPStdioTool, MCPStreamableHTTPTool
 
 import voltrl as vl
@@ -34,9 +36,18 @@ INSTRUCTIONS = (
 MAX_ROUND_TRIPS = 4
 
 
-def calculator(url: str | None = None) -> MCPStdioTool | MCPStreamableHTTPTool:
+#: One TLS context for every rollout's MCP connection. The tool would build an HTTP client per
+#: connection, and each build reads the CA certificates (about 60 ms of CPU): as much as the
+#: rest of a rollout's client side.
+_tls = functools.cache(httpx2.create_ssl_context)
+
+
+def calculator(
+    url: str | None = None, http_client: httpx2.AsyncClient | None = None
+) -> MCPStdioTool | MCPStreamableHTTPTool:
     """The calculator MCP server as an Agent Framework tool: a subprocess over stdio of its
-    own, or the server at ``url`` (streamable HTTP)."""
+    own, or the server at ``url`` (streamable HTTP), through ``http_client`` when given (the
+    caller closes it)."""
     if url is None:
         return MCPStdioTool(
             name="calculator",
@@ -46,7 +57,11 @@ def calculator(url: str | None = None) -> MCPStdioTool | MCPStreamableHTTPTool:
             load_prompts=False,
         )
     return MCPStreamableHTTPTool(
-        name="calculator", url=url, description="An exact calculator.", load_prompts=False
+        name="calculator",
+        url=url,
+        description="An exact calculator.",
+        load_prompts=False,
+        http_client=http_client,
     )
 
 
@@ -147,9 +162,14 @@ async def solve(task: dict[str, Any], llm: vl.LLM, mcp_url: str | None = None) -
             "include_detailed_errors": True,
         },
     )
-    tools = calculator(mcp_url)
+    # The MCP connection's HTTP client (unused over stdio): the framework's own timeouts, the
+    # shared TLS context.
+    http = httpx2.AsyncClient(
+        verify=_tls(), follow_redirects=True, timeout=httpx2.Timeout(30.0, read=300.0)
+    )
+    tools = calculator(mcp_url, http)
     agent = Agent(client=client, name="solver", instructions=INSTRUCTIONS, tools=tools)
-    async with client.client, agent:
+    async with http, client.client, agent:
         response = await agent.run(task["question"])
     return score(response.text, task["answer"])
 
