@@ -56,7 +56,7 @@ RECIPE = Recipe(
     tasks=tasks,
     sft={"steps": 1000, "batch_size": 32, "lr": 3e-3, "warmup_steps": 20, "threads": 2},
     rl={
-        "steps": 40,
+        "steps": 30,
         "tasks_per_step": 8,
         "group_size": 8,
         "sampling": SAMPLING,
