@@ -23,7 +23,8 @@ def cost(prompts: list[list[int]], ends: list[int], group: list[int], share: boo
     prefix = min(common, min(map(len, rows)) - 1) if share and len(rows) > 1 else 0
     prefix = prefix if prefix >= 16 else 0
     longest, end = max(map(len, rows)), max(ends[i] for i in group)
-    return PASS_COST + prefix + len(rows) * (longest - prefix + end)
+    passes = 2 if prefix else 1  # the prefix is a pass of its own
+    return passes * PASS_COST + prefix + len(rows) * (longest - prefix + end)
 
 
 def test_every_row_is_in_exactly_one_micro_batch_of_at_most_max_rows() -> None:
@@ -50,7 +51,7 @@ def test_two_agents_rows_are_fed_as_two_micro_batches_each_sharing_its_system_pr
 
 
 def test_a_grpo_groups_identical_prompts_go_together_ordered_by_response_length() -> None:
-    prompts = [[*WRITER, 1]] * 4 + [[*WRITER, 2]] * 4
+    prompts = [[*WRITER, *[1] * 30]] * 4 + [[*WRITER, *[2] * 30]] * 4  # two tasks, 4 rollouts
     ends = [9, 3, 7, 1, 2, 8, 4, 6]
     plan = plan_micro_batches(prompts, ends, max_rows=4)
     assert plan == [[3, 1, 2, 0], [4, 6, 7, 5]]
@@ -63,6 +64,31 @@ def test_rows_of_very_different_lengths_are_split_when_padding_costs_more_than_a
     # a few columns of padding are not worth a pass
     plan = plan_micro_batches([[7] * 10, [7] * 12], [2, 2], max_rows=8, share_prefix=False)
     assert len(plan) == 1
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_plan_never_feeds_more_than_packing_rows_by_length(seed: int) -> None:
+    """What the update did before planning: rows sorted by length, cut every max_rows."""
+    rng = random.Random(seed)
+    system = [WRITER, REVIEWER, WRITER[:20]]
+    prompts = [
+        rng.choice(system) + [rng.randrange(9) for _ in range(rng.choice([2, 5, 300]))]
+        for _ in range(rng.randrange(2, 40))
+    ]
+    ends = [rng.randrange(1, 60) for _ in prompts]
+    max_rows = rng.choice([1, 2, 4, 8, 64])
+    by_length = sorted(range(len(prompts)), key=lambda i: len(prompts[i]) + ends[i])
+    packed = [by_length[k : k + max_rows] for k in range(0, len(prompts), max_rows)]
+    plan = plan_micro_batches(prompts, ends, max_rows=max_rows)
+    assert sum(cost(prompts, ends, g) for g in plan) <= sum(cost(prompts, ends, g) for g in packed)
+
+
+def test_one_agents_short_and_long_questions_are_not_padded_to_one_another() -> None:
+    """One system prompt, questions alternately short and long: ordering by prompt tokens
+    alone would interleave them; the plan packs the long ones together and the short ones."""
+    prompts = [[*WRITER, k, *([k] * (1000 if k % 2 else 10))] for k in range(8)]
+    plan = plan_micro_batches(prompts, [4] * 8, max_rows=4)
+    assert sorted(map(sorted, plan)) == [[0, 2, 4, 6], [1, 3, 5, 7]]
 
 
 def test_the_token_budget_caps_padded_tokens_but_a_row_alone_always_fits() -> None:

@@ -474,15 +474,18 @@ def test_steps_move_the_policy_toward_rewarded_completions(mode: str) -> None:
     assert response_logprob(model, prompt, bad) < bad0 - 0.5
 
 
-REVIEWER = list(range(150, 174))  # the second agent of two_agent_batch: nothing like SYSTEM
+# two_agent_batch's agents' system prompts: 120 tokens each, none in common (long enough that
+# feeding each once beats one pass of all rows)
+WRITER = [100 + k % 24 for k in range(120)]
+REVIEWER = [150 + k % 24 for k in range(120)]
 
 
 def two_agent_batch() -> TrainingBatch:
-    """Two agents' calls, interleaved: a writer whose prompts start with SYSTEM and a reviewer
+    """Two agents' calls, interleaved: a writer whose prompts start with WRITER and a reviewer
     whose prompts start with REVIEWER, transition-mode rows, two tasks."""
     calls = []
     for k in range(6):
-        system = SYSTEM if k % 2 else REVIEWER
+        system = WRITER if k % 2 else REVIEWER
         call = LLMCall(
             rollout_id=f"r{k}",
             attempt_id=f"r{k}-at",
@@ -530,12 +533,14 @@ def test_gradient_does_not_depend_on_micro_batch_size(
     assert g0 and sums["clip_frac"] > 0  # some tokens clip: the test covers both branches
     if make_batch is not varied_batch:  # each agent's rows together, its prefix fed once
         fed = 0
-        for system in (SYSTEM, REVIEWER):
-            rows = [i for i, p in enumerate(batch.prompt_ids) if system[0] in p]
-            if rows:
-                prompt = max(sum(batch.prompt_mask[i]) for i in rows)
-                ends = (len(m) - m[::-1].index(1) for m in (batch.response_mask[i] for i in rows))
-                fed += len(rows) * (prompt + max(ends) - 1) - (len(rows) - 1) * len(system)
+        systems = [SYSTEM] if make_batch is shared_prompt_batch else [WRITER, REVIEWER]
+        pairs = zip(batch.prompt_ids, batch.prompt_mask, strict=True)
+        prompts = [ids[len(ids) - sum(m) :] for ids, m in pairs]
+        for system in systems:
+            rows = [i for i, p in enumerate(prompts) if p[: len(system)] == system]
+            prompt = max(sum(batch.prompt_mask[i]) for i in rows)
+            ends = (len(m) - m[::-1].index(1) for m in (batch.response_mask[i] for i in rows))
+            fed += len(rows) * (prompt + max(ends) - 1) - (len(rows) - 1) * len(system)
         if extra.get("gradient_checkpointing"):  # fed whole (a recomputed layer would add its
             width = batch.prompt_length + max(
                 len(m) - m[::-1].index(1) for m in batch.response_mask

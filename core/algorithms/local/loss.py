@@ -249,6 +249,10 @@ def prefill(model: Any, prefix: Tensor, *, repeat: int) -> dict[str, Any]:
     return {keyword: cache}
 
 
+MIN_SHARED_PREFIX = 16
+"""The fewest shared prompt tokens worth feeding once (:func:`split_common_prefix`)."""
+
+
 def split_common_prefix(
     model: Any,
     input_ids: Tensor,
@@ -256,7 +260,7 @@ def split_common_prefix(
     position_ids: Tensor,
     prompt_lengths: Sequence[int],
     *,
-    min_length: int = 16,
+    min_length: int = MIN_SHARED_PREFIX,
 ) -> tuple[Tensor | None, Tensor, Tensor, Tensor]:
     """Take the prompt tokens that every row starts with out of the rows, to be fed once.
 
