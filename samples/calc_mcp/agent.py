@@ -12,12 +12,12 @@ Reward 1 when the last number of the final answer equals the expected answer.
 from __future__ import annotations
 
 import contextlib
-import functools
 import re
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from http.cookiejar import CookieJar, DefaultCookiePolicy
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from agent_framework import Agent, MCPStdioTool, MCPStreamableHTTPTool
 
 import voltrl as vl
 from voltrl.adapters.agent_framework import chat_client, instrument
+from voltrl.adapters.openai_client import ssl_context
 
 SERVER = Path(__file__).resolve().with_name("calculator_server.py")
 INSTRUCTIONS = (
@@ -34,12 +35,6 @@ INSTRUCTIONS = (
 )
 #: Model round trips per problem (the tool loop stops after this many).
 MAX_ROUND_TRIPS = 4
-
-
-#: One TLS context for every rollout's MCP connection. The tool would build an HTTP client per
-#: connection, and each build reads the CA certificates (about 60 ms of CPU): as much as the
-#: rest of a rollout's client side.
-_tls = functools.cache(httpx2.create_ssl_context)
 
 
 def calculator(
@@ -150,6 +145,26 @@ def score(text: str | None, answer: float) -> float:
     return float(value is not None and abs(value - float(answer)) < 1e-6)
 
 
+@contextlib.asynccontextmanager
+async def mcp_http_client(url: str | None) -> AsyncIterator[httpx2.AsyncClient | None]:
+    """The HTTP client of one MCP connection to ``url`` (None over stdio), closed at the end:
+    the one the tool would build for itself (Agent Framework's MCP timeouts, 30 s and 300 s
+    to read; redirects followed; no cookies kept), but on the process's one TLS context
+    (``voltrl.adapters.openai_client.ssl_context``) rather than a new one per connection,
+    whose build reads the CA certificates: about 60 ms of CPU, as much as the rest of a
+    rollout's client side."""
+    if url is None:
+        yield None
+        return
+    async with httpx2.AsyncClient(
+        verify=ssl_context(),
+        follow_redirects=True,
+        timeout=httpx2.Timeout(30.0, read=300.0),
+        cookies=CookieJar(policy=DefaultCookiePolicy(allowed_domains=[])),
+    ) as client:
+        yield client
+
+
 async def solve(task: dict[str, Any], llm: vl.LLM, mcp_url: str | None = None) -> float:
     """Solve ``task["question"]`` with the calculator (its own over stdio, or the server at
     ``mcp_url``); the reward is whether the answer is ``task["answer"]``."""
@@ -162,15 +177,11 @@ async def solve(task: dict[str, Any], llm: vl.LLM, mcp_url: str | None = None) -
             "include_detailed_errors": True,
         },
     )
-    # The MCP connection's HTTP client (unused over stdio): the framework's own timeouts, the
-    # shared TLS context.
-    http = httpx2.AsyncClient(
-        verify=_tls(), follow_redirects=True, timeout=httpx2.Timeout(30.0, read=300.0)
-    )
-    tools = calculator(mcp_url, http)
-    agent = Agent(client=client, name="solver", instructions=INSTRUCTIONS, tools=tools)
-    async with http, client.client, agent:
-        response = await agent.run(task["question"])
+    async with mcp_http_client(mcp_url) as http, client.client:
+        tools = calculator(mcp_url, http)
+        agent = Agent(client=client, name="solver", instructions=INSTRUCTIONS, tools=tools)
+        async with agent:
+            response = await agent.run(task["question"])
     return score(response.text, task["answer"])
 
 
