@@ -385,7 +385,7 @@ class PolicyTrainer:
     def _micro_batches(
         self, model: Any, data: _Prepared, rows: list[int]
     ) -> Iterator[tuple[Tensor, int, int]]:
-        """Split ``rows`` into micro-batches that feed ``model`` the fewest tokens
+        """Split ``rows`` into micro-batches that feed ``model`` few tokens
         (:func:`~voltrl.algorithms.local.micro_batches.plan_micro_batches`: at most
         ``micro_batch_size`` rows and ``max_tokens_per_micro_batch`` padded tokens each).
         Yields ``(row index tensor, first column, response width)``: the columns
