@@ -362,8 +362,8 @@ class SFT(Algorithm):
         log: Callable[[int, dict[str, float]], None] | None = None,
     ) -> list[float]:
         """Train ``model`` on ``batch``'s masked response tokens; the loss per step. A step's
-        rows are split into the micro-batches that feed the fewest tokens, rows sharing a
-        prompt prefix together (:func:`~voltrl.algorithms.local.micro_batches.plan_micro_batches`),
+        rows are split into micro-batches that feed few tokens, rows sharing a prompt
+        prefix together (:func:`~voltrl.algorithms.local.micro_batches.plan_micro_batches`),
         and the prompt tokens a micro-batch's rows all start with (an agent's system prompt
         and tools) are fed once for all of them."""
         import torch

@@ -21,7 +21,7 @@ What :meth:`PolicyTrainer.step` does, top to bottom (the maths lives in
    by a seeded generator) into ``mini_batches`` optimizer steps.
 4. **Micro-batches.** Rows of a mini-batch are split into micro-batches of at most
    ``micro_batch_size`` rows (and ``max_tokens_per_micro_batch`` padded tokens), rows that
-   share a prompt prefix together, the split that feeds the fewest tokens
+   share a prompt prefix together, the cheaper of two orders' best cuts
    (:func:`~voltrl.algorithms.local.micro_batches.plan_micro_batches`); each micro-batch
    drops the padding columns none of its rows needs (left of its longest prompt, right of
    its last trained token), the prompt tokens all its rows start with (an agent's system
