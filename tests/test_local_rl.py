@@ -204,6 +204,21 @@ def test_validation_sampling_inherits_the_training_sampling_unless_overridden():
     assert algo.val_sampling == {"temperature": 0.0, "max_tokens": 9}
 
 
+def test_validation_runs_each_held_out_task_val_n_times(tmp_path: Path):
+    algo = make_algorithm(steps=1, val_every=1, val_n=3, checkpoint_every=0)
+    trainer = vl.Trainer(algo, n_runners=1, inline=True, run_dir=tmp_path, name="v", progress=False)
+    result = trainer.fit(two_turn_agent, ROWS, val_dataset=ROWS[:2])
+    assert result.by_mode["val"].rollouts == 2 * 2 * 3  # before and after the step
+    rollouts, _ = stored(tmp_path / "v" / "store.sqlite")
+    val = [r for r in rollouts if r.mode == "val"]
+    letters = sorted(r.task.input["letter"] for r in val)
+    assert letters == sorted("ab" * 6)
+    logged = [m for m in algo.history if "val/rollouts" in m]
+    assert [m["val/rollouts"] for m in logged] == [6, 6]
+    with pytest.raises(ValueError, match="val_n"):
+        make_algorithm(val_n=0)
+
+
 @vl.rollout
 async def assistant_and_user(task: dict, resources: vl.Resources) -> float:
     """The assistant on the trained model (``main_llm``), a user role on ``user_llm``."""

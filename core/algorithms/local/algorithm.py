@@ -82,6 +82,8 @@ class LocalRL(Algorithm):
         val_sampling: sampling parameters of validation rollouts: ``sampling``'s, greedy
             (``temperature`` 0), with these on top.
         val_every: validate every this many steps (and before the first and after the last).
+        val_n: rollouts of each validation task (verl's ``val_kwargs.n``): with sampling, the
+            mean over several rollouts a task is a steadier figure than one.
         update: the policy update's settings (learning rate, clip, KL, LoRA, micro-batches):
             a ``PolicyUpdateConfig`` or its fields as a dict.
         trajectory: how calls become training rows (transition or trajectory mode, credit):
@@ -123,6 +125,7 @@ class LocalRL(Algorithm):
         sampling: dict[str, Any] | None = None,
         val_sampling: dict[str, Any] | None = None,
         val_every: int = 0,
+        val_n: int = 1,
         update: PolicyUpdateConfig | dict[str, Any] | None = None,
         trajectory: TrajectoryConfig | dict[str, Any] | None = None,
         served_name: str = "voltrl-local",
@@ -147,8 +150,10 @@ class LocalRL(Algorithm):
                 f"LocalRL needs {exc.name}, which is not installed: pip install 'voltrl[local]'"
             ) from None
 
-        if steps < 0 or tasks_per_step < 1 or group_size < 1:
-            raise ValueError("steps >= 0, tasks_per_step >= 1 and group_size >= 1 are required")
+        if steps < 0 or tasks_per_step < 1 or group_size < 1 or val_n < 1:
+            raise ValueError(
+                "steps >= 0, tasks_per_step >= 1, group_size >= 1 and val_n >= 1 are required"
+            )
         self.model = model
         self.tokenizer = tokenizer
         self.steps = steps
@@ -157,6 +162,7 @@ class LocalRL(Algorithm):
         self.sampling = {"temperature": 1.0, **(sampling or {})}
         self.val_sampling = {**self.sampling, "temperature": 0.0, **(val_sampling or {})}
         self.val_every = val_every
+        self.val_n = val_n
         if isinstance(update, dict):
             update = PolicyUpdateConfig.model_validate({"seed": seed, **update})
         self.update = update or PolicyUpdateConfig(seed=seed)
@@ -214,6 +220,7 @@ class LocalRL(Algorithm):
             "sampling": self.sampling,
             "val_sampling": self.val_sampling,
             "val_every": self.val_every,
+            "val_n": self.val_n,
             "update": self.update.model_dump(),
             "trajectory": self.trajectory.model_dump(exclude={"retokenizer"}),
             "served_name": self.served_name,
@@ -593,12 +600,14 @@ class LocalRL(Algorithm):
         return "\n".join(lines)
 
     async def validate(self, ctx: TrainContext, tasks: list[Task], step: int) -> list[Rollout]:
-        """Run every validation task once with ``val_sampling``; logs ``val/*`` metrics."""
+        """Run every validation task ``val_n`` times with ``val_sampling``; logs ``val/*``
+        metrics (over all of those rollouts)."""
         assert self._llm is not None
         await ctx.publish(
             {"main_llm": self._llm.model_copy(update={"sampling_parameters": self.val_sampling})}
         )
-        rollouts = await ctx.run_rollouts(tasks, mode="val", desc=f"validate @ {step}")
+        repeated = [t for t in tasks for _ in range(self.val_n)]
+        rollouts = await ctx.run_rollouts(repeated, mode="val", desc=f"validate @ {step}")
         await ctx.publish({"main_llm": self._llm})
         stats = summarize(rollouts)
         record = ctx.log(step, **stats.flat("val/"))
