@@ -45,6 +45,7 @@ RECIPE = Recipe(
         "sampling": SAMPLING,
         "val_sampling": SAMPLING,
         "val_every": 10,
+        "val_n": 2,  # each held-out task twice: a steadier figure (see recipe_runner.py)
         "update": {"lr": 2e-4, "micro_batch_size": 32, "clip_eps": 0.2},
         "trajectory": {"mode": "trajectory"},
     },
