@@ -606,7 +606,8 @@ class LocalRL(Algorithm):
         await ctx.publish(
             {"main_llm": self._llm.model_copy(update={"sampling_parameters": self.val_sampling})}
         )
-        repeated = [t for t in tasks for _ in range(self.val_n)]
+        # every task, then every task again: the first rollouts logged are different tasks
+        repeated = [t for _ in range(self.val_n) for t in tasks]
         rollouts = await ctx.run_rollouts(repeated, mode="val", desc=f"validate @ {step}")
         await ctx.publish({"main_llm": self._llm})
         stats = summarize(rollouts)
