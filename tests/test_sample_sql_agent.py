@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from fake_openai_backend import FakeBackend, scripted_ids
 from helpers import SAMPLES, fake_trainer, load_sample
 
@@ -95,3 +96,44 @@ def test_reward_is_execution_match_and_the_database_is_read_only():
     for row in rows:  # every gold query runs and returns something
         assert agent.run_sql(row["gold_sql"])[0], row["question"]
     assert {r["split"] for r in rows} == {"train", "val"}
+
+
+def test_a_task_can_prune_the_schema_its_prompts_show(tmp_path: Path):
+    systems: dict[str, list[str]] = {"write": [], "rewrite": [], "check": []}
+
+    def recording_backend(req: dict[str, Any]) -> dict[str, str]:
+        system = req["messages"][0]["content"]
+        role = "check" if system.startswith("You review") else "write"
+        role = "rewrite" if "previous query was wrong" in system else role
+        systems[role].append(system)
+        return sql_backend(req)
+
+    async def main() -> vl.RunResult:
+        async with FakeBackend() as fb:
+            fb.script = recording_backend
+            llm = vl.LLM(endpoint=fb.url, model="fake-model")
+            trainer = fake_trainer(InMemoryStore(), tmp_path, llm)
+            pruned = [{**ROWS[0], "tables": ["products"]}]
+            return await trainer.dev_async(agent.sql_agent, pruned)
+
+    assert asyncio.run(main()).rewards == [1.0]  # the database keeps every table
+    for role in ("write", "rewrite"):
+        (system,) = systems[role]
+        assert "CREATE TABLE products" in system
+        assert "CREATE TABLE customers" not in system and "CREATE TABLE orders" not in system
+    assert all("CREATE TABLE" not in s for s in systems["check"])
+    assert agent.schema_for(None) == agent.SCHEMA and agent.SCHEMA.count("CREATE TABLE") == 4
+    with pytest.raises(ValueError, match="'tables' must name some of"):
+        agent.schema_for(["product"])
+
+
+def test_the_cpu_recipe_questions_are_parsed_by_the_teacher_and_held_out_apart():
+    recipe = load_sample("sql_agent", "recipe")
+    teacher = load_sample("sql_agent", "teacher")
+    _, train, val = recipe.tasks(0)
+    assert len(val) == 64 and not {r["question"] for r in val} & {r["question"] for r in train}
+    assert all(r["tables"] == ["products"] for r in train + val)
+    for row in train[:50] + val:
+        template, x = teacher._parse(row["question"])
+        assert template.fill(x) == (row["question"], row["gold_sql"])
+        assert agent.run_sql(row["gold_sql"])[0], row["question"]

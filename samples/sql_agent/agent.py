@@ -14,6 +14,7 @@ import contextlib
 import re
 import sqlite3
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -32,7 +33,10 @@ MAX_TURNS = 3  # queries written per question: the first and up to two rewrites
 MAX_ROWS = 20  # rows shown to the checker
 MAX_STEPS = 10_000  # thousands of SQLite VM steps before a query is aborted
 
-SCHEMA = "\n".join(line for line in SCHEMA_SQL.splitlines() if line.startswith("CREATE TABLE"))
+TABLES = {  # table name -> its CREATE TABLE statement
+    line.split()[2]: line for line in SCHEMA_SQL.splitlines() if line.startswith("CREATE TABLE")
+}
+SCHEMA = "\n".join(TABLES.values())
 WRITE = (
     "You write SQLite queries for this database:\n{schema}\n"
     "Answer with exactly one SELECT query in a ```sql code block and nothing else."
@@ -107,17 +111,32 @@ def execution_match(sql: str, gold_sql: str) -> float:
     return float(_normalized(rows) == _normalized(gold))
 
 
+def schema_for(tables: Sequence[str] | None = None) -> str:
+    """The schema the prompts show: every table's ``CREATE TABLE``, or only those of ``tables``
+    (a pruned schema, as text-to-SQL pipelines give a question its relevant tables). The
+    database itself keeps every table."""
+    if tables is None:
+        return SCHEMA
+    if isinstance(tables, str):
+        tables = [tables]
+    unknown = sorted(set(tables) - set(TABLES))
+    if unknown or not tables:
+        raise ValueError(f"task 'tables' must name some of {sorted(TABLES)}; got {list(tables)}")
+    return "\n".join(line for name, line in TABLES.items() if name in tables)
+
+
 def _show(state: SQLState) -> str:
     query = f"```sql\n{state['sql']}\n```"
     return f"Question: {state['question']}\nQuery:\n{query}\nResult:\n{state['result']}"
 
 
-def build_graph(model: BaseChatModel) -> Any:
-    """The compiled write → execute → check → rewrite graph around ``model``."""
+def build_graph(model: BaseChatModel, schema: str = SCHEMA) -> Any:
+    """The compiled write → execute → check → rewrite graph around ``model``; ``write`` and
+    ``rewrite`` show ``schema``."""
 
     async def write(state: SQLState) -> dict[str, Any]:
         reply = await model.ainvoke(
-            [SystemMessage(WRITE.format(schema=SCHEMA)), HumanMessage(state["question"])]
+            [SystemMessage(WRITE.format(schema=schema)), HumanMessage(state["question"])]
         )
         return {"sql": extract_sql(str(reply.content)), "turns": 1}
 
@@ -141,7 +160,7 @@ def build_graph(model: BaseChatModel) -> Any:
     async def rewrite(state: SQLState) -> dict[str, Any]:
         prompt = f"{_show(state)}\nReview: {state['review']}"
         reply = await model.ainvoke(
-            [SystemMessage(REWRITE.format(schema=SCHEMA)), HumanMessage(prompt)]
+            [SystemMessage(REWRITE.format(schema=schema)), HumanMessage(prompt)]
         )
         return {"sql": extract_sql(str(reply.content)), "turns": state["turns"] + 1}
 
@@ -163,8 +182,11 @@ def build_graph(model: BaseChatModel) -> Any:
 
 @vl.rollout
 async def sql_agent(task: dict[str, Any], llm: vl.LLM) -> float:
-    """Answer ``task["question"]`` with SQL; reward = execution match with ``task["gold_sql"]``."""
-    graph = build_graph(chat_model(llm))  # calls are named after the node making them
+    """Answer ``task["question"]`` with SQL; reward = execution match with ``task["gold_sql"]``.
+
+    ``task["tables"]`` (optional) lists the tables the prompts show (default: all)."""
+    # calls are named after the node making them
+    graph = build_graph(chat_model(llm), schema_for(task.get("tables")))
     start: SQLState = {
         "question": task["question"],
         "sql": "",

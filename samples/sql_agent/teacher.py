@@ -1,26 +1,23 @@
 """Templated questions for a CPU recipe, and a scripted, imperfect teacher for the SQL agent.
 
-**Questions** (:func:`recipe_questions`). The 30 hand-written questions are too varied for a tiny
-model trained from scratch, so the recipe uses 7 templates over the same shop database whose gold
-SQL differs only by the entity or number copied from the question (rows as in
-``questions.jsonl``: ``question``, ``gold_sql``, ``split``), e.g. for Emma Rossi, Green tea, 7:
+**Questions** (:data:`POOL`). The 30 hand-written questions are too varied for a tiny model
+trained from scratch, so the recipe asks about the shop's product prices with four templates
+whose gold SQL differs only by the numbers copied from the question (rows as in
+``questions.jsonl``: ``question``, ``gold_sql``, ``split``):
 
-- ``price``: What is the price of Green tea? ``SELECT price FROM products WHERE name = 'Green tea'``
-- ``city``: Which customers live in Oslo? ``SELECT name FROM customers WHERE city = 'Oslo'``
-- ``category``: List the products in category tea.
-  ``SELECT name FROM products WHERE category = 'tea'``
-- ``orders``: How many orders did Emma Rossi place? ``SELECT COUNT(*) FROM orders o JOIN
-  customers c ON c.id = o.customer_id WHERE c.name = 'Emma Rossi'``
-- ``sold``: How many Green tea were ordered in total? ``SELECT SUM(oi.quantity) FROM order_items
-  oi JOIN products p ON p.id = oi.product_id WHERE p.name = 'Green tea'``
+- ``between``: Which products cost between 5 and 12?
+  ``SELECT name FROM products WHERE price BETWEEN 5 AND 12``
+- ``count``: How many products cost between 5 and 12?
+  ``SELECT COUNT(*) FROM products WHERE price BETWEEN 5 AND 12``
+- ``total``: What is the total price of the products costing between 5 and 12?
+  ``SELECT SUM(price) FROM products WHERE price BETWEEN 5 AND 12``
 - ``cost``: Which products cost more than 10? (or less than)
   ``SELECT name FROM products WHERE price > 10``
-- ``items``: How many items are in order 7?
-  ``SELECT SUM(quantity) FROM order_items WHERE order_id = 7``
 
-Values come from the database (10 products, 7 cities, 5 categories, 10 customers, 25 orders,
-thresholds 1-36 kept where the answer is not empty): 134 distinct questions (:data:`POOL`), each
-gold query returning a non-empty, non-NULL, non-zero answer.
+Ranges ``a < b`` within 1-40 and thresholds 1-36, kept where the gold query returns a non-empty,
+non-NULL, non-zero answer: 2,083 distinct questions, too many to fit by heart (an earlier task
+set of seven templates over names, cities and order ids had 134, and the student answered
+held-out ones with the values it remembered).
 
 **Teacher** (:func:`teacher_reply`), for ``samples/teacher_server.py``. The role of a request is
 told by its system prompt (``agent.py``'s ``WRITE``, ``CHECK``, ``REWRITE``); the question is
@@ -31,12 +28,11 @@ uniform:
 
 - ``write`` (:data:`P_WRITE`): the gold query 50% of the time; otherwise one mistake, drawn
   evenly among a wrong column (``cost`` names no column, so that query fails), a missing
-  ``WHERE`` filter, a wrong aggregate and a misspelt entity (lower-cased or a letter dropped; for
-  numbers the other comparison or the next order). A mistake that happens to return the gold
-  rows is replaced by the next kind.
+  ``WHERE`` filter, a wrong aggregate and wrong bounds (the range's numbers swapped, or the
+  other comparison). A mistake that happens to return the gold rows is replaced by the next kind.
 - ``check`` (:data:`P_CHECK`): runs the query and the gold query and gives the right verdict 85%
-  of the time. Its review of a wrong query names the part to change (``WRONG: select price, not
-  cost.``, ``WRONG: add WHERE city = 'Oslo'.``, ``WRONG: use WHERE c.name = 'Emma Rossi'.``); a
+  of the time. Its review of a wrong query names the part to change (``WRONG: select name, not
+  cost.``, ``WRONG: add WHERE price BETWEEN 5 AND 12.``, ``WRONG: use WHERE price > 10.``); a
   correct query it rejects gets ``WRONG: the result does not answer the question.``
 - ``rewrite`` (:data:`P_REWRITE`): the gold query 35% of the time; otherwise the previous query
   again when it was wrong (half the time, :data:`P_REPEAT`), else a fresh mistake.
@@ -46,11 +42,10 @@ holds the query and its result, so only ``write`` draws from the episode's rng (
 question); ``check`` and ``rewrite`` draw from the rng of their own prompt. Re-runs are
 reproducible, and a rewrite that repeats a query meets the same review again (an identical
 prompt): a teacher that ignores a review, or a reviewer that rejects a right query, keeps doing
-so. Per call that makes ``rewrite`` fix about 25% of the wrong queries it gets. The final query
-matches the gold rows in about 60% of episodes (``voltrl dev`` on three sets of 80 questions:
-65%, 59%, 58%; the nominal rates of 55% / 85% / 60% would solve about 75%). A request from
-no known node, or a question no template parses, still gets a plausible reply (a simple query,
-or a verdict from whether the query returns rows): the policy does not raise.
+so. The final query matches the gold rows in about 64% of episodes (two recordings of the
+recipe's 2,019 training questions: 63.6%, 63.8%). A request from no known node, or a question
+no template parses, still gets a plausible reply (a simple query, or a verdict from whether the
+query returns rows): the policy does not raise.
 """
 
 from __future__ import annotations
@@ -69,7 +64,7 @@ P_WRITE = 0.50  # write: the gold query
 P_CHECK = 0.85  # check: the right verdict
 P_REWRITE = 0.35  # rewrite: the gold query
 P_REPEAT = 0.5  # rewrite, when not fixing a wrong query: the same query again
-KINDS = ("column", "filter", "aggregate", "entity")  # write's mistakes, drawn evenly
+KINDS = ("column", "filter", "aggregate", "bounds")  # write's mistakes, drawn evenly
 GENERIC_REVIEW = "WRONG: the result does not answer the question."
 
 Rows = Counter[tuple[Any, ...]]
@@ -100,28 +95,11 @@ def _rows(sql: str) -> Rows | None:
     return Counter(tuple(round(v, 2) if isinstance(v, float) else v for v in r) for r in rows)
 
 
-def _column(sql: str) -> list[str]:
-    """The first column of ``sql``'s rows, as text."""
-    with contextlib.closing(_connect()) as conn:
-        return [str(r[0]) for r in conn.execute(sql).fetchall()]
-
-
-def _typo(word: str, u: float) -> str:
-    """A realistic misspelling of ``word``: lower-cased, or one inner letter dropped."""
-    if u < 0.4 and word.lower() != word:
-        return word.lower()
-    letters = [i for i in range(1, len(word) - 1) if word[i].isalpha()]
-    if not letters:
-        return word.lower() + "s"
-    i = letters[int(u * len(letters)) % len(letters)]
-    return word[:i] + word[i + 1 :]
-
-
 class Template(NamedTuple):
-    """A question pattern, its gold SQL and its mistakes, all over one slot ``{x}``.
+    """A question pattern, its gold SQL and its mistakes, over one value ``x``: a threshold
+    (``"more 10"``: slots ``word``, ``n``, ``op``, ``flip``) or a range (``"5 12"``: ``a``, ``b``).
 
-    ``mistakes`` maps each of :data:`KINDS` to a format string; ``{typo}`` is a misspelt ``x``,
-    ``{flip}`` the other comparison of the ``cost`` template, ``{next}`` the next number.
+    ``mistakes`` maps each of :data:`KINDS` to a format string over the same slots.
     """
 
     name: str
@@ -133,97 +111,65 @@ class Template(NamedTuple):
 
     def fill(self, x: str) -> tuple[str, str]:
         """The question and gold SQL for the value ``x``."""
-        return self.question.format(x=x, **_slots(x)), self.sql.format(x=x, **_slots(x))
+        return self.question.format(**_slots(x)), self.sql.format(**_slots(x))
 
-    def mistake(self, x: str, kind: str, u: float) -> str:
-        """The SQL of mistake ``kind`` for ``x``, ``u`` choosing the misspelling."""
-        return self.mistakes[kind].format(x=x, typo=_typo(x, u), **_slots(x))
+    def mistake(self, x: str, kind: str) -> str:
+        """The SQL of mistake ``kind`` for ``x``."""
+        return self.mistakes[kind].format(**_slots(x))
 
 
 def _slots(x: str) -> dict[str, str]:
-    """The derived slots of the ``cost`` (``"more 10"``) and ``items`` (``"7"``) values."""
-    if " " in x and x.split(" ", 1)[0] in ("more", "less"):
-        word, n = x.split(" ", 1)
-        op, flip = (">", "<") if word == "more" else ("<", ">")
-        return {"word": word, "n": n, "op": op, "flip": flip}
-    if x.isdigit():
-        return {"next": str(int(x) + 1)}
-    return {}
+    """The slots of a ``cost`` value (``"more 10"``) or a range (``"5 12"``)."""
+    first, second = x.split(" ", 1)
+    if first in ("more", "less"):
+        op, flip = (">", "<") if first == "more" else ("<", ">")
+        return {"word": first, "n": second, "op": op, "flip": flip}
+    return {"a": first, "b": second}
 
 
-_PRODUCTS = tuple(_column("SELECT name FROM products ORDER BY id"))
-_CUSTOMERS = tuple(_column("SELECT name FROM customers ORDER BY id"))
-_CITIES = tuple(_column("SELECT city FROM customers GROUP BY city ORDER BY MIN(id)"))
-_CATEGORIES = tuple(_column("SELECT category FROM products GROUP BY category ORDER BY MIN(id)"))
-_ORDERS = tuple(_column("SELECT id FROM orders ORDER BY id"))
 _THRESHOLDS = tuple(f"{w} {n}" for w in ("more", "less") for n in range(1, 37))
-_ORDERS_JOIN = "FROM orders o JOIN customers c ON c.id = o.customer_id"
-_ITEMS_JOIN = "FROM order_items oi JOIN products p ON p.id = oi.product_id"
+_RANGES = tuple(f"{a} {b}" for a in range(1, 40) for b in range(a + 1, 41))
+_BETWEEN = "FROM products WHERE price BETWEEN {a} AND {b}"
+_SWAPPED = "FROM products WHERE price BETWEEN {b} AND {a}"
 
 TEMPLATES: tuple[Template, ...] = (
     Template(
-        "price",
-        "What is the price of {x}?",
-        "SELECT price FROM products WHERE name = '{x}'",
-        re.compile(r"What is the price of (.+?)\?"),
-        _PRODUCTS,
+        "between",
+        "Which products cost between {a} and {b}?",
+        f"SELECT name {_BETWEEN}",
+        re.compile(r"Which products cost between (\d+) and (\d+)\?"),
+        _RANGES,
         {
-            "column": "SELECT cost FROM products WHERE name = '{x}'",
-            "filter": "SELECT price FROM products",
-            "aggregate": "SELECT COUNT(price) FROM products WHERE name = '{x}'",
-            "entity": "SELECT price FROM products WHERE name = '{typo}'",
-        },
-    ),
-    Template(
-        "city",
-        "Which customers live in {x}?",
-        "SELECT name FROM customers WHERE city = '{x}'",
-        re.compile(r"Which customers live in (.+?)\?"),
-        _CITIES,
-        {
-            "column": "SELECT city FROM customers WHERE city = '{x}'",
-            "filter": "SELECT name FROM customers",
-            "aggregate": "SELECT COUNT(*) FROM customers WHERE city = '{x}'",
-            "entity": "SELECT name FROM customers WHERE city = '{typo}'",
-        },
-    ),
-    Template(
-        "category",
-        "List the products in category {x}.",
-        "SELECT name FROM products WHERE category = '{x}'",
-        re.compile(r"List the products in category (.+?)\."),
-        _CATEGORIES,
-        {
-            "column": "SELECT name FROM products WHERE name = '{x}'",
+            "column": f"SELECT cost {_BETWEEN}",
             "filter": "SELECT name FROM products",
-            "aggregate": "SELECT COUNT(*) FROM products WHERE category = '{x}'",
-            "entity": "SELECT name FROM products WHERE category = '{typo}'",
+            "aggregate": f"SELECT COUNT(*) {_BETWEEN}",
+            "bounds": f"SELECT name {_SWAPPED}",
         },
     ),
     Template(
-        "orders",
-        "How many orders did {x} place?",
-        f"SELECT COUNT(*) {_ORDERS_JOIN} WHERE c.name = '{{x}}'",
-        re.compile(r"How many orders did (.+?) place\?"),
-        _CUSTOMERS,
+        "count",
+        "How many products cost between {a} and {b}?",
+        f"SELECT COUNT(*) {_BETWEEN}",
+        re.compile(r"How many products cost between (\d+) and (\d+)\?"),
+        _RANGES,
         {
-            "column": f"SELECT COUNT(*) {_ORDERS_JOIN} WHERE c.city = '{{x}}'",
-            "filter": f"SELECT COUNT(*) {_ORDERS_JOIN}",
-            "aggregate": f"SELECT COUNT(DISTINCT c.id) {_ORDERS_JOIN} WHERE c.name = '{{x}}'",
-            "entity": f"SELECT COUNT(*) {_ORDERS_JOIN} WHERE c.name = '{{typo}}'",
+            "column": f"SELECT COUNT(cost) {_BETWEEN}",
+            "filter": "SELECT COUNT(*) FROM products",
+            "aggregate": f"SELECT name {_BETWEEN}",
+            "bounds": f"SELECT COUNT(*) {_SWAPPED}",
         },
     ),
     Template(
-        "sold",
-        "How many {x} were ordered in total?",
-        f"SELECT SUM(oi.quantity) {_ITEMS_JOIN} WHERE p.name = '{{x}}'",
-        re.compile(r"How many (.+?) were ordered in total\?"),
-        _PRODUCTS,
+        "total",
+        "What is the total price of the products costing between {a} and {b}?",
+        f"SELECT SUM(price) {_BETWEEN}",
+        re.compile(r"What is the total price of the products costing between (\d+) and (\d+)\?"),
+        _RANGES,
         {
-            "column": f"SELECT SUM(p.price) {_ITEMS_JOIN} WHERE p.name = '{{x}}'",
-            "filter": f"SELECT SUM(oi.quantity) {_ITEMS_JOIN}",
-            "aggregate": f"SELECT COUNT(*) {_ITEMS_JOIN} WHERE p.name = '{{x}}'",
-            "entity": f"SELECT SUM(oi.quantity) {_ITEMS_JOIN} WHERE p.name = '{{typo}}'",
+            "column": f"SELECT SUM(cost) {_BETWEEN}",
+            "filter": "SELECT SUM(price) FROM products",
+            "aggregate": f"SELECT MAX(price) {_BETWEEN}",
+            "bounds": f"SELECT SUM(price) {_SWAPPED}",
         },
     ),
     Template(
@@ -236,20 +182,7 @@ TEMPLATES: tuple[Template, ...] = (
             "column": "SELECT price FROM products WHERE price {op} {n}",
             "filter": "SELECT name FROM products",
             "aggregate": "SELECT COUNT(*) FROM products WHERE price {op} {n}",
-            "entity": "SELECT name FROM products WHERE price {flip} {n}",
-        },
-    ),
-    Template(
-        "items",
-        "How many items are in order {x}?",
-        "SELECT SUM(quantity) FROM order_items WHERE order_id = {x}",
-        re.compile(r"How many items are in order (\d+)\?"),
-        _ORDERS,
-        {
-            "column": "SELECT SUM(quantity) FROM order_items WHERE product_id = {x}",
-            "filter": "SELECT SUM(quantity) FROM order_items",
-            "aggregate": "SELECT COUNT(*) FROM order_items WHERE order_id = {x}",
-            "entity": "SELECT SUM(quantity) FROM order_items WHERE order_id = {next}",
+            "bounds": "SELECT name FROM products WHERE price {flip} {n}",
         },
     ),
 )
@@ -271,30 +204,6 @@ POOL: dict[str, list[tuple[str, str]]] = {t.name: _instances(t) for t in TEMPLAT
 """Every distinct (question, gold SQL) of each template, in a fixed order."""
 
 
-def recipe_questions(n: int, seed: int, *, split: str = "train") -> list[dict[str, Any]]:
-    """``n`` templated questions in ``questions.jsonl``'s row format, deterministic for ``seed``.
-
-    Templates take turns (in an order reshuffled every round), each walking through its own
-    shuffled questions, so a set is balanced across templates and repeats a question only once
-    its template has run out (``city`` has 7, ``category`` 5; :data:`POOL` 134 in all).
-    """
-    rng = random.Random(seed)
-    queues: dict[str, list[tuple[str, str]]] = {name: [] for name in POOL}
-    order: list[str] = []
-    rows: list[dict[str, Any]] = []
-    while len(rows) < n:
-        if not order:
-            order = list(POOL)
-            rng.shuffle(order)
-        name = order.pop()
-        if not queues[name]:
-            queues[name] = list(POOL[name])
-            rng.shuffle(queues[name])
-        question, sql = queues[name].pop()
-        rows.append({"question": question, "gold_sql": sql, "split": split})
-    return rows
-
-
 # --- the teacher ------------------------------------------------------------------------------
 
 
@@ -307,13 +216,13 @@ def _parse(question: str) -> tuple[Template, str] | None:
     return None
 
 
-def _mistake(template: Template, x: str, gold: Rows | None, kind: int, u: float) -> str:
+def _mistake(template: Template, x: str, gold: Rows | None, kind: int) -> str:
     """Mistake number ``kind`` (of :data:`KINDS`), or the next one when it returns the gold rows."""
     for i in range(len(KINDS)):
-        sql = template.mistake(x, KINDS[(kind + i) % len(KINDS)], u)
+        sql = template.mistake(x, KINDS[(kind + i) % len(KINDS)])
         if _rows(sql) != gold:
             return sql
-    return template.mistake(x, "column", u)
+    return template.mistake(x, "column")
 
 
 def _text(content: Any) -> str:
@@ -385,7 +294,7 @@ def _fallback_sql(question: str) -> str:
 
 def _write(question: str, rng: random.Random) -> dict[str, Any]:
     """``write``: the gold query, or one of the template's mistakes."""
-    u_right, u_kind, u_typo = rng.random(), rng.random(), rng.random()
+    u_right, u_kind = rng.random(), rng.random()
     parsed = _parse(question)
     if parsed is None:
         return _sql(_fallback_sql(question))
@@ -394,7 +303,7 @@ def _write(question: str, rng: random.Random) -> dict[str, Any]:
     if u_right < P_WRITE:
         return _sql(gold_sql)
     kind = int(u_kind * len(KINDS)) % len(KINDS)
-    return _sql(_mistake(template, x, _rows(gold_sql), kind, u_typo))
+    return _sql(_mistake(template, x, _rows(gold_sql), kind))
 
 
 def _check(prompt: str, rng: random.Random) -> dict[str, Any]:
@@ -415,7 +324,7 @@ def _check(prompt: str, rng: random.Random) -> dict[str, Any]:
 
 def _rewrite(prompt: str, rng: random.Random) -> dict[str, Any]:
     """``rewrite``: the gold query, the shown query again, or a fresh mistake."""
-    u_fix, u_repeat, u_kind, u_typo = rng.random(), rng.random(), rng.random(), rng.random()
+    u_fix, u_repeat, u_kind = rng.random(), rng.random(), rng.random()
     question, sql = _fields(prompt)
     parsed = _parse(question)
     if parsed is None:
@@ -428,7 +337,7 @@ def _rewrite(prompt: str, rng: random.Random) -> dict[str, Any]:
     if sql and _rows(sql) != gold and u_repeat < P_REPEAT:
         return _sql(sql)
     kind = int(u_kind * len(KINDS)) % len(KINDS)
-    return _sql(_mistake(template, x, gold, kind, u_typo))
+    return _sql(_mistake(template, x, gold, kind))
 
 
 ROLES: dict[str, Callable[[str, random.Random], dict[str, Any]]] = {
