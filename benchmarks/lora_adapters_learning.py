@@ -134,8 +134,8 @@ def final_of(out: Path, arm: str, seed: int) -> Path:
 
 def evaluate(recipe: Any, seed: int, out: Path, repeats: int, threads: int | None) -> None:
     """Held-out reward of the warmed model and of each arm's final weights, each held-out
-    task sampled ``repeats`` times (a few dozen held-out tasks sampled once move the figure
-    by several points a task): LocalRL with ``steps=0`` validates once."""
+    task sampled ``repeats`` times (sampled once, each of n held-out tasks moves the figure by
+    100/n points): LocalRL with ``steps=0`` validates once."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 

@@ -113,8 +113,8 @@ def execution_match(sql: str, gold_sql: str) -> float:
 
 def schema_for(tables: Sequence[str] | None = None) -> str:
     """The schema the prompts show: every table's ``CREATE TABLE``, or only those of ``tables``
-    (a pruned schema, as text-to-SQL pipelines give a question its relevant tables). The
-    database itself keeps every table."""
+    (a pruned schema, as text-to-SQL pipelines give a question its relevant tables; one name
+    may be given as a string). The database itself keeps every table."""
     if tables is None:
         return SCHEMA
     if isinstance(tables, str):
@@ -185,8 +185,8 @@ async def sql_agent(task: dict[str, Any], llm: vl.LLM) -> float:
     """Answer ``task["question"]`` with SQL; reward = execution match with ``task["gold_sql"]``.
 
     ``task["tables"]`` (optional) lists the tables the prompts show (default: all)."""
-    # calls are named after the node making them
-    graph = build_graph(chat_model(llm), schema_for(task.get("tables")))
+    model = chat_model(llm)  # its calls are named after the node making them
+    graph = build_graph(model, schema_for(task.get("tables")))
     start: SQLState = {
         "question": task["question"],
         "sql": "",

@@ -6,8 +6,8 @@ trained from scratch, which must copy the question's numbers into its query:
 
 - 2,083 templated questions over the shop's prices instead of the 30 hand-written ones
   (:data:`teacher.POOL`: which products, how many and their total price between two prices;
-  which products cost more or less than one), 64 of them held out: too many to fit by heart,
-  as the calculator samples' thousands of problems;
+  which products cost more or less than one): too many to fit by heart, as the calculator
+  samples' thousands of problems; 64 of them held out;
 - each task's prompts show only the ``products`` table (``"tables": ["products"]``, the
   agent's schema pruning): 238 prompt tokens for ``write`` instead of 616 with the four tables,
   the length that kept the student from copying at all (see README.md).
@@ -37,7 +37,7 @@ from teacher import POOL  # noqa: E402
 def tasks(seed: int) -> tuple[Rows, Rows, Rows]:
     """Teacher and training questions (the same 2,019) and 64 held out, drawn once (the same
     for every seed); every task's prompts show the ``products`` table only."""
-    pool = [question for questions in POOL.values() for question in questions]
+    pool = [pair for pairs in POOL.values() for pair in pairs]
     random.Random(0).shuffle(pool)
     rows = [{"question": q, "gold_sql": sql, "tables": ["products"]} for q, sql in pool]
     val = [{**r, "split": "val"} for r in rows[:64]]

@@ -3,7 +3,7 @@
 **Questions** (:data:`POOL`). The 30 hand-written questions are too varied for a tiny model
 trained from scratch, so the recipe asks about the shop's product prices with four templates
 whose gold SQL differs only by the numbers copied from the question (rows as in
-``questions.jsonl``: ``question``, ``gold_sql``, ``split``):
+``questions.jsonl``'s ``question`` and ``gold_sql``):
 
 - ``between``: Which products cost between 5 and 12?
   ``SELECT name FROM products WHERE price BETWEEN 5 AND 12``
@@ -27,8 +27,8 @@ uniform:
 ``WRONG: <what to change>``.
 
 - ``write`` (:data:`P_WRITE`): the gold query 50% of the time; otherwise one mistake, drawn
-  evenly among a wrong column (``cost`` names no column, so that query fails), a missing
-  ``WHERE`` filter, a wrong aggregate and wrong bounds (the range's numbers swapped, or the
+  evenly among a wrong column (``cost``, which does not exist, or ``price`` for ``name``), a
+  missing ``WHERE`` filter, a wrong aggregate and wrong bounds (the range's numbers swapped, or the
   other comparison). A mistake that happens to return the gold rows is replaced by the next kind.
 - ``check`` (:data:`P_CHECK`): runs the query and the gold query and gives the right verdict 85%
   of the time. Its review of a wrong query names the part to change (``WRONG: select name, not
