@@ -50,10 +50,10 @@ query returns rows): the policy does not raise.
 
 from __future__ import annotations
 
-import contextlib
 import random
 import re
 import sqlite3
+import threading
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -71,25 +71,30 @@ Rows = Counter[tuple[Any, ...]]
 
 
 def _connect() -> sqlite3.Connection:
-    """A fresh in-memory shop database that only allows reading, with a step limit."""
+    """An in-memory shop database that only allows reading."""
     conn = sqlite3.connect(":memory:")
     conn.executescript(SCHEMA_SQL)
     allowed = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION}
     conn.set_authorizer(
         lambda action, *_: sqlite3.SQLITE_OK if action in allowed else sqlite3.SQLITE_DENY
     )
-    steps = iter(range(10_000))
-    conn.set_progress_handler(lambda: next(steps, None) is None, 1000)
     return conn
 
 
+_local = threading.local()  # one read-only database per thread, built on first use
+
+
 def _rows(sql: str) -> Rows | None:
-    """The rows of ``sql`` as a multiset (floats to 2 decimals), or None when it fails."""
+    """The rows of ``sql`` as a multiset (floats to 2 decimals), or None when it fails or runs
+    past its step limit."""
     if not sql.strip():
         return None
+    if not hasattr(_local, "conn"):
+        _local.conn = _connect()
+    steps = iter(range(10_000))
+    _local.conn.set_progress_handler(lambda: next(steps, None) is None, 1000)
     try:
-        with contextlib.closing(_connect()) as conn:
-            rows = conn.execute(sql).fetchall()
+        rows = _local.conn.execute(sql).fetchall()
     except (sqlite3.Error, sqlite3.Warning, ValueError):
         return None
     return Counter(tuple(round(v, 2) if isinstance(v, float) else v for v in r) for r in rows)
