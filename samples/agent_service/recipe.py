@@ -51,7 +51,7 @@ RECIPE = Recipe(
     agent=None,
     agent_in=service_agent,
     tasks=tasks,
-    sft={"steps": 800, "batch_size": 32, "lr": 3e-3, "warmup_steps": 20, "threads": 2},
+    sft={"steps": 700, "batch_size": 32, "lr": 3e-3, "warmup_steps": 20, "threads": 2},
     rl={
         "steps": 40,
         "tasks_per_step": 8,
