@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -127,8 +126,10 @@ def test_a_task_can_prune_the_schema_its_prompts_show(tmp_path: Path):
         agent.schema_for(["product"])
 
 
-def test_the_cpu_recipe_questions_are_parsed_by_the_teacher_and_held_out_apart():
-    sys.path.insert(0, str(SAMPLES.parent / "benchmarks"))
+def test_the_cpu_recipe_questions_are_parsed_by_the_teacher_and_held_out_apart(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    monkeypatch.syspath_prepend(str(SAMPLES.parent / "benchmarks"))
     from learning import load_recipe  # drops other samples' ``agent`` from sys.modules
 
     recipe = load_recipe("sql_agent")
