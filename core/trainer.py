@@ -54,6 +54,20 @@ RUN_FILES = ("store.sqlite", "metrics.jsonl")
 script wrote there first, do not)."""
 
 
+def free_run_name(run_dir: str | Path, name: str) -> str:
+    """The name a new run called ``name`` gets in ``run_dir``: ``name`` itself unless its
+    directory holds a run (:data:`RUN_FILES`), else the first of ``name-2``, ``name-3``...
+    that has no directory yet. A script that starts something beside the run (a server
+    writing its log into the run directory) picks the name with it first."""
+    run_dir = Path(run_dir)
+    if not any((run_dir / name / f).exists() for f in RUN_FILES):
+        return name
+    n = 2
+    while (run_dir / f"{name}-{n}").exists():
+        n += 1
+    return f"{name}-{n}"
+
+
 @dataclass
 class RunResult:
     """What a ``fit`` or ``dev`` run produced."""
@@ -288,12 +302,12 @@ class Trainer:
     ) -> Path | None:
         """Write ``run_dir/train.yaml``, the ``voltrl train`` config that runs this ``fit``
         again (datasets given as objects are written beside it as JSONL), when the algorithm
-        is one ``voltrl train`` builds (LocalRL, Baseline). Returns its path."""
+        is one ``voltrl train`` builds (LocalRL, SFT, Baseline). Returns its path."""
         import json
 
         import yaml
 
-        if self.algorithm.name not in ("local_rl", "baseline"):
+        if self.algorithm.name not in ("local_rl", "sft", "baseline"):
             return None
 
         def data_file(source: Dataset, tasks: list[Task], split: str) -> str:
@@ -308,7 +322,8 @@ class Trainer:
             data["val"] = data_file(val[0], val[1], "val")
         algorithm = {"name": self.algorithm.name, **_jsonable(self.algorithm.config())}
         notes = []
-        if self.algorithm.name == "local_rl" and not isinstance(self.algorithm.model, str | Path):
+        model = getattr(self.algorithm, "model", None)
+        if self.algorithm.name in ("local_rl", "sft") and not isinstance(model, str | Path):
             algorithm["model"] = None
             notes.append("# This run was given a model object: set algorithm.model to its path.")
         spec = _agent_spec(agent)
@@ -404,13 +419,9 @@ class Trainer:
         this one does not resume it (then ``NAME-2``, ``NAME-3``..., said on the console)."""
         if self.name is None:
             return f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
-        taken = any((self.run_dir / self.name / f).exists() for f in RUN_FILES)
-        if resume or not taken:
+        name = free_run_name(self.run_dir, self.name)
+        if resume or name == self.name:
             return self.name
-        n = 2
-        while (self.run_dir / f"{self.name}-{n}").exists():
-            n += 1
-        name = f"{self.name}-{n}"
         print(
             f"run {self.name!r} exists in {self.run_dir}; this run is {name!r} "
             "(to continue that run instead, resume it: e.g. LocalRL(resume=True))",

@@ -3,8 +3,9 @@
 1. **Teacher.** The sample's agent, unchanged, runs its teacher tasks with ``dev`` against a
    scripted teacher (``samples/teacher_server.py`` + the sample's ``teacher.py``: an imperfect
    player, answering like a hosted API, without token ids). The real framework renders every
-   prompt and the gateway records every call into ``runs/<sample>-teacher/``. Recorded once
-   per teacher configuration (tasks, teacher seed, teacher code) and reused by every seed.
+   prompt and the gateway records every call into ``runs/<sample>-teacher<seed>-<key>/``.
+   Recorded once per teacher configuration (tasks, teacher seed, teacher code) and reused by
+   every seed.
 2. **SFT.** A tiny model built from scratch (random weights, the built-in tokenizer) is
    fine-tuned on the teacher's rollouts (``vl.SFT(source=teacher runs, retokenize=True)``:
    re-tokenised with the student's chat template). All of them, mistakes included: the student
@@ -35,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import voltrl as vl
+from voltrl.trainer import free_run_name
 
 HERE = Path(__file__).resolve().parent
 
@@ -134,7 +136,8 @@ def run_recipe(recipe: Recipe, seed: int, out: Path = Path("runs")) -> dict[str,
     _, train, val = recipe.tasks(seed)
     sft = vl.SFT(source=teacher_dirs, retokenize=True, seed=seed, **recipe.sft)
     algorithm = vl.LocalRL(**student(recipe, seed), warm_start=sft, seed=seed, **recipe.rl)
-    name = f"{recipe.sample}-recipe-seed{seed}"
+    # the trainer would name it the same; known now, the agent's side files go there too
+    name = free_run_name(out, f"{recipe.sample}-recipe-seed{seed}")
     started = time.time()
     with _agent(recipe, out / name) as agent:
         trainer = vl.Trainer(

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +20,14 @@ from voltrl.store.sql import SQLStore
 from voltrl.trajectory import TrajectoryConfig, trajectories_from_store
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-sys.path.insert(0, str(ROOT / "samples"))
+
+
+@pytest.fixture(autouse=True)
+def _benchmarks_and_samples_importable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``learning`` (benchmarks/) and ``recipe_runner`` (samples/), for this module's tests."""
+    monkeypatch.syspath_prepend(str(ROOT / "samples"))
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+
 
 # sample -> (the agent names of its SFT rows, of its RL rows, text its framework puts in
 # every prompt)
@@ -77,7 +82,13 @@ def test_the_recipe_warms_up_on_the_framework_teachers_calls_then_takes_an_rl_st
     from recipe_runner import run_recipe
 
     recipe = shrunk(sample)
+    earlier = tmp_path / f"{sample}-recipe-seed0"  # an earlier run of the name: this is -2
+    earlier.mkdir()
+    (earlier / "metrics.jsonl").write_text("")
     row = run_recipe(recipe, 0, tmp_path)
+    assert Path(row["run_dir"]).name == f"{sample}-recipe-seed0-2"
+    if sample == "calc_mcp":  # the server started beside the run logs into the run's directory
+        assert (Path(row["run_dir"]) / "calculator_server.log").exists()
     sft_agents, rl_agents, marker = FRAMEWORK_CALLS[sample]
 
     assert row["sft_rows"] > 0 and row["sft_tokens"] > 0
@@ -95,6 +106,9 @@ def test_the_recipe_warms_up_on_the_framework_teachers_calls_then_takes_an_rl_st
         assert transition.metadata["retokenized"] and 1 in transition.response_mask
         assert all(c.agent_name in sft_agents for c in calls)
         assert all(marker in json.dumps(c.request) for c in calls)
+    # ... and SFT trained on exactly these rows: every one, their masked tokens
+    assert row["sft_rows"] == len(teacher_rows)
+    assert row["sft_tokens"] == sum(int(sum(t.response_mask)) for t, _ in teacher_rows)
 
     metrics = [json.loads(x) for x in (Path(row["run_dir"]) / "metrics.jsonl").open()]
     assert [m["step"] for m in metrics if "sft/loss" in m] == [1, 2]
