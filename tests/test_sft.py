@@ -384,6 +384,12 @@ def test_voltrl_train_runs_sft_alone_and_as_local_rls_warm_start_from_yaml(tmp_p
         metrics = (tmp_path / "runs" / name / "metrics.jsonl").read_text()
         assert '"sft/loss"' in metrics
         assert (tmp_path / "runs" / name / "final" / "config.json").exists()
+        # the run's train.yaml runs it again (as NAME-2)
+        written = tmp_path / "runs" / name / "train.yaml"
+        assert yaml.safe_load(written.read_text())["algorithm"]["name"] == algorithm["name"]
+        again = voltrl("train", str(written), cwd=tmp_path, timeout=300)
+        assert again.returncode == 0, again.stderr[-2000:]
+        assert '"sft/loss"' in (tmp_path / "runs" / f"{name}-2" / "metrics.jsonl").read_text()
 
 
 def test_a_resumed_lora_run_puts_its_adapters_back_on_the_warm_started_base(tmp_path):
