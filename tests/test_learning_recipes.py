@@ -123,6 +123,12 @@ def test_the_recipe_warms_up_on_the_framework_teachers_calls_then_takes_an_rl_st
         assert all(c.agent_name in rl_agents for c in calls)
         assert all(marker in json.dumps(c.request) for c in calls)
     assert row["after_sft"] is not None and row["after_rl"] is not None
+    if sample in ("autogen_calc", "calc_mcp"):  # benchmarks/calculator_mistakes.py reads it
+        from calculator_mistakes import kinds_by_validation
+
+        counts = asyncio.run(kinds_by_validation(Path(row["run_dir"])))
+        # the 2 held-out episodes of the validation before and of the one after the RL step
+        assert [sum(c.values()) for c in counts.values()] == [2, 2]
 
 
 def test_the_learning_table_has_a_row_per_seed_and_a_mean_per_sample():
