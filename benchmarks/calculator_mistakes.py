@@ -67,6 +67,10 @@ async def kinds_by_validation(run_dir: Path) -> dict[int, Counter[str]]:
     store = SQLStore(run_dir / "store.sqlite")
     try:
         rollouts = await store.query_rollouts(mode="val")
+        if not rollouts:
+            raise ValueError(f"{run_dir} has no validation episodes")
+        if any({"question", "answer"} - set(r.task.input) for r in rollouts):
+            raise ValueError(f"{run_dir}: its tasks are not calculator problems (question, answer)")
         versions = sorted({r.resources_version or 0 for r in rollouts})
         out: dict[int, Counter[str]] = {}
         for version in (versions[0], versions[-1]):
@@ -85,12 +89,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dirs", nargs="+", type=Path, help="recipe run directories")
     args = parser.parse_args()
-    print("| run | validation | " + " | ".join(KINDS) + " | right among calculator calls |")
-    print("|---|---|" + "---|" * (len(KINDS) + 1))
     for run_dir in args.run_dirs:
         if not (run_dir / "store.sqlite").exists():
             parser.error(f"{run_dir} has no store.sqlite: give a recipe run's directory")
-        by_version = asyncio.run(kinds_by_validation(run_dir))
+    print("| run | validation | " + " | ".join(KINDS) + " | right among calculator calls |")
+    print("|---|---|" + "---|" * (len(KINDS) + 1))
+    for run_dir in args.run_dirs:
+        try:
+            by_version = asyncio.run(kinds_by_validation(run_dir))
+        except ValueError as e:
+            sys.exit(f"error: {e}")
         for label, counts in zip(("after warm-up", "after RL"), by_version.values(), strict=False):
             called = sum(counts.values()) - counts["no calculator"]
             share = f"{counts['right'] / called:.0%}" if called else "-"

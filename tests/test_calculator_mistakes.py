@@ -66,3 +66,26 @@ def test_the_last_calculator_call_of_the_episode_decides():
     broken = call("x")
     broken.response["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"] = "{oops"
     assert last_expression([broken]) == ""
+
+
+def test_a_run_that_is_not_a_calculator_samples_is_refused_by_name(tmp_path):
+    import asyncio
+
+    from calculator_mistakes import kinds_by_validation
+
+    from voltrl.store.sql import SQLStore
+    from voltrl.types import Task
+
+    async def store_with(tasks: list[dict]) -> None:
+        store = SQLStore(tmp_path / "store.sqlite")
+        try:
+            await store.enqueue([Task(input=t) for t in tasks], mode="val")
+        finally:
+            await store.close()
+
+    asyncio.run(store_with([]))
+    with pytest.raises(ValueError, match="has no validation episodes"):
+        asyncio.run(kinds_by_validation(tmp_path))
+    asyncio.run(store_with([{"question": "Which products cost between 5 and 12?"}]))
+    with pytest.raises(ValueError, match="not calculator problems"):
+        asyncio.run(kinds_by_validation(tmp_path))
