@@ -36,14 +36,14 @@ def last_expression(calls: list[Any]) -> str | None:
     """The ``expression`` argument of the episode's last calculator call, if any."""
     expression = None
     for call in calls:
-        for choice in call.response.get("choices", [])[:1]:
-            for tool_call in (choice.get("message") or {}).get("tool_calls") or []:
-                arguments = (tool_call.get("function") or {}).get("arguments")
-                try:
-                    parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
-                except json.JSONDecodeError:
-                    parsed = None
-                expression = str(parsed.get("expression")) if isinstance(parsed, dict) else ""
+        message = ((call.response.get("choices") or [{}])[0]).get("message") or {}
+        for tool_call in message.get("tool_calls") or []:
+            arguments = (tool_call.get("function") or {}).get("arguments")
+            try:
+                parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
+            except json.JSONDecodeError:
+                parsed = None
+            expression = str(parsed.get("expression")) if isinstance(parsed, dict) else ""
     return expression
 
 
@@ -71,11 +71,13 @@ async def kinds_by_validation(run_dir: Path) -> dict[int, Counter[str]]:
             raise ValueError(f"{run_dir} has no validation episodes")
         if any({"question", "answer"} - set(r.task.input) for r in rollouts):
             raise ValueError(f"{run_dir}: its tasks are not calculator problems (question, answer)")
-        versions = sorted({r.resources_version or 0 for r in rollouts})
+        by_version: dict[int, list[Any]] = {}
+        for r in rollouts:
+            by_version.setdefault(r.resources_version or 0, []).append(r)
         out: dict[int, Counter[str]] = {}
-        for version in (versions[0], versions[-1]):
+        for version in sorted({min(by_version), max(by_version)}):
             counts: Counter[str] = Counter()
-            for r in (r for r in rollouts if (r.resources_version or 0) == version):
+            for r in by_version[version]:
                 calls = await store.get_llm_calls(r.rollout_id, r.final_attempt_id)
                 question, answer = r.task.input["question"], float(r.task.input["answer"])
                 counts[kind(question, answer, last_expression(calls))] += 1
