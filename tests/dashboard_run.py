@@ -21,13 +21,19 @@ _failed_once: set[str] = set()
 async def writer_checker(task: dict, llm: vl.LLM) -> float:
     """Two writer calls (one conversation: trajectory mode merges them, the user's second
     turn fed in with mask 0), a tool span, a checker call; the first try of task ``d``
-    raises."""
+    raises.
+
+    The writer's first reply is greedy: an untrained model sampled at temperature 1 often
+    ends a reply inside a multi-byte UTF-8 character, whose text (with U+FFFD) re-tokenizes
+    to other ids when the conversation is sent back, and such turns do not merge (about 5
+    in 6 did). Greedy, the first step's replies are the same every run, and merge."""
     writer = llm.for_agent("writer")
     client = AsyncOpenAI(base_url=writer.endpoint, api_key=llm.api_key, max_retries=0)
     messages = [{"role": "user", "content": f"Say {task['letter']}."}]
     for follow_up in ("Again.", None):
+        sampling = {**llm.sampling_parameters, **({"temperature": 0} if follow_up else {})}
         answer = await client.chat.completions.create(
-            model=llm.model, messages=messages, **llm.sampling_parameters
+            model=llm.model, messages=messages, **sampling
         )
         text = answer.choices[0].message.content or ""
         messages.append({"role": "assistant", "content": text})

@@ -171,7 +171,10 @@ def test_token_view_shows_the_loss_mask_and_advantages(browser, url: str) -> Non
         if rows:
             merged = rows[0]
             break
-    assert merged is not None, "no merged row in the run's training rollouts"
+    assert merged is not None, (
+        "no merged row in the run's training rollouts: the writer's greedy first reply no "
+        "longer re-tokenizes to its own ids (see dashboard_run.writer_checker)"
+    )
     visit(d, d.current_url, "rollout-calls")
     merged = next(r for r in css(d, "section.row") if css(r, ".tok.ctx[data-mask='0']"))
     d.execute_script("arguments[0].scrollIntoView()", css(d, "h2")[-1])  # training rows
