@@ -4,6 +4,7 @@ scripted fake backend (a calculator call, then the answer), and its data and too
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,20 @@ def test_problems_are_reproducible_and_whole() -> None:
     rows = data.make_problems(50, seed=3)
     assert rows == data.make_problems(50, seed=3) != data.make_problems(50, seed=4)
     assert all(isinstance(r["answer"], int) and r["answer"] >= 0 for r in rows)
+
+
+def test_max_number_caps_every_number_a_problem_draws() -> None:
+    rows = data.make_problems(300, seed=3, max_number=20)
+    assert rows == data.make_problems(300, seed=3, max_number=20) != data.make_problems(300, 3)
+    for row in rows:
+        question = row["question"]
+        drawn = [int(n) for n in re.findall(r"\d+", question)]
+        if "shares" in question:  # the total shared is each friend's share x the friends
+            drawn = drawn[1:]
+        if "pays with" in question:  # paid is the price x the count + the change
+            drawn = drawn[:-1]
+        assert max(drawn) <= 20, question
+        assert isinstance(row["answer"], int) and row["answer"] >= 0
 
 
 @pytest.mark.parametrize(

@@ -131,3 +131,21 @@ def test_shared_calculator_warns_when_its_server_died_during_the_run(
         assert url == "http://127.0.0.1:9/mcp"
         time.sleep(1.0)  # the stub exits at once
     assert "the calculator server had exited with code 0 before the end" in capfd.readouterr().err
+
+
+def test_max_number_caps_every_number_a_problem_draws() -> None:
+    data = load_sample("calc_mcp", "data")
+    rows = data.make_problems(300, seed=3, max_number=20)
+    assert rows == data.make_problems(300, seed=3, max_number=20) != data.make_problems(300, 3)
+    for row in rows:
+        question = row["question"]
+        drawn = [int(n) for n in re.findall(r"\d+", question)]
+        if "shares" in question:  # the cookies shared are the children x each one's share
+            drawn = drawn[1:]
+        if "pays with" in question:  # paid is the price x the count + the change
+            drawn = drawn[:-1]
+        if "drives at" in question:  # speeds start at 30 km per hour
+            assert drawn[0] == 30
+            drawn = drawn[1:]
+        assert max(drawn) <= 20, question
+        assert eval(row["expression"]) == row["answer"] >= 0  # the expression solves it
