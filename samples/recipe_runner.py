@@ -74,6 +74,23 @@ class Recipe:
     """How the CPU recipe's tasks differ from the sample's own (empty: they don't)."""
 
 
+def word_problem_sets(
+    make_problems: Callable[..., Rows], seed: int, n_teacher: int, max_number: int
+) -> tuple[Rows, Rows, Rows]:
+    """A calculator sample's task sets: ``n_teacher`` teacher problems (fixed), 2,000 training
+    problems (by ``seed``) and 128 held-out problems (fixed), the held-out questions in neither
+    of the others; every number drawn up to ``max_number``."""
+    val = make_problems(128, seed=999_999, max_number=max_number)
+    held_out = {row["question"] for row in val}
+    teacher = make_problems(n_teacher, seed=777, max_number=max_number)
+    train = make_problems(2000, seed=seed, max_number=max_number)
+    return (
+        [r for r in teacher if r["question"] not in held_out],
+        [r for r in train if r["question"] not in held_out],
+        val,
+    )
+
+
 def record_teacher(recipe: Recipe, out: Path, seed: int) -> Path:
     """The teacher's ``dev`` run directory for teacher seed ``seed``, recorded now unless an
     identical one exists (same tasks, seed, teacher and agent code)."""

@@ -22,7 +22,7 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 from agent import calc_agent_at, shared_calculator  # noqa: E402
 from data import make_problems  # noqa: E402
-from recipe_runner import Recipe, Rows  # noqa: E402
+from recipe_runner import Recipe, Rows, word_problem_sets  # noqa: E402
 
 import voltrl as vl  # noqa: E402
 
@@ -34,15 +34,7 @@ problem's numbers into its calculator call, and it copies short numbers more oft
 def tasks(seed: int) -> tuple[Rows, Rows, Rows]:
     """Teacher tasks (fixed), training tasks (by seed) and 128 held-out tasks (fixed), the
     held-out questions in neither of the others."""
-    val = make_problems(128, seed=999_999, max_number=MAX_NUMBER)
-    held_out = {row["question"] for row in val}
-    teacher = make_problems(6000, seed=777, max_number=MAX_NUMBER)
-    train = make_problems(2000, seed=seed, max_number=MAX_NUMBER)
-    return (
-        [r for r in teacher if r["question"] not in held_out],
-        [r for r in train if r["question"] not in held_out],
-        val,
-    )
+    return word_problem_sets(make_problems, seed, 6000, MAX_NUMBER)
 
 
 @contextlib.contextmanager
