@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT / "samples"))
 
 from arithmetic_teacher import evaluate  # noqa: E402
 
-from voltrl.store.sql import SQLStore  # noqa: E402
+from voltrl.store.sql.store import SQLStore  # noqa: E402
 
 KINDS = ("no calculator", "right", "copied wrong", "wrong operator or term", "not arithmetic")
 

@@ -30,9 +30,9 @@ from pathlib import Path
 
 import httpx
 
-from voltrl.dashboard import Catalog, dashboard_app
-from voltrl.server import serve_in_thread
-from voltrl.store.sql import SQLStore, _rollout_row
+from voltrl._http.serving import serve_in_thread
+from voltrl.observability.dashboard import Catalog, dashboard_app
+from voltrl.store.sql.store import SQLStore, _rollout_row
 from voltrl.types import LLMCall, Rollout, Run, Task
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,4 +1,5 @@
-"""Gateway overhead: a recorded call through ``voltrl.gateway`` vs the fake backend called directly.
+"""Gateway overhead: a recorded call through ``voltrl.gateway`` vs the fake backend called
+directly.
 
 One run measures, with a closed-loop aiohttp load generator on loopback:
 

@@ -1,7 +1,7 @@
 """Adapters that plug our implementation into the peer harness in ``shared/bench/peer``.
 
 ``OursProxyAdapter`` fills the harness's ``OursProxyAdapter`` slot of ``proxy_overhead.py``: it
-runs ``voltrl.gateway`` in its own process (uvicorn, InMemoryStore, as
+runs ``voltrl.gateway.proxy`` in its own process (uvicorn, InMemoryStore, as
 ``benchmarks/gateway_bench.py`` does) in front of the harness's fake backend, gives each client
 slot its own rollout-scoped URL, and verifies that every call was recorded with token ids.
 ``benchmarks/run_peer_proxy.py`` registers it and runs the harness with ``--impl ours``.

@@ -6,7 +6,7 @@ runner with its own ``HTTPStore``.
 mode ``inproc``: the workers call one ``SQLStore`` object directly.
 
 The harness's lifecycle is enqueue -> claim -> K spans -> complete with a reward. The adapter
-does what our runner (``voltrl.runner``) really does, and nothing cheaper:
+does what our runner (``voltrl.runtime.runner``) really does, and nothing cheaper:
 
 - ``claim`` is ``store.claim(worker_id, wait_s=RunnerConfig.claim_wait_s)``, the runner's
   long-poll claim, and opens the attempt's :class:`~voltrl.tracing.RolloutContext`;
@@ -43,9 +43,9 @@ from pathlib import Path
 from typing import Any
 
 from voltrl.resources import Resources
-from voltrl.runner import RunnerConfig
+from voltrl.runtime.runner import RunnerConfig
 from voltrl.store.base import Store
-from voltrl.store.client import HTTPStore
+from voltrl.store.http import HTTPStore
 from voltrl.store.sql import SQLStore
 from voltrl.tracing import RolloutContext
 from voltrl.types import AttemptResult, Task
@@ -189,19 +189,19 @@ def _counts(db: Path) -> dict[str, int]:
 # ---- server process -----------------------------------------------------------------------
 def serve_main(db: str, port: int, profile: str | None, plain: bool = False) -> None:
     """``voltrl serve --store DB --port PORT --token TOKEN --no-gateway``, run in this process
-    through the CLI's own entry point (same code path: uvicorn as ``voltrl.server`` configures
+    through the CLI's own entry point (same code path: uvicorn as ``voltrl._http`` configures
     it, on uvloop with the httptools parser, bearer auth, the durable SQLite store) until SIGTERM.
 
     ``plain``: for reference only, h11 and asyncio's own loop instead (what a store server gets
     without uvloop and httptools installed). ``profile``: write cProfile stats (CPU time) there
     at exit.
     """
-    import voltrl.server
+    import voltrl._http.serving
     from voltrl.cli import main as voltrl_main
 
     if plain:
-        voltrl.server.HTTP_PARSER = "h11"
-        voltrl.server.run = asyncio.run  # type: ignore[assignment]
+        voltrl._http.serving.HTTP_PARSER = "h11"
+        voltrl._http.serving.run = asyncio.run  # type: ignore[assignment]
     profiler = cProfile.Profile(time.process_time) if profile else None
     argv = ["serve", "--store", db, "--port", str(port), "--token", TOKEN, "--no-gateway"]
     if profiler is not None:

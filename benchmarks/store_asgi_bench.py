@@ -18,8 +18,8 @@ import json
 import time
 from typing import Any
 
+from voltrl.store.http import store_app
 from voltrl.store.memory import InMemoryStore
-from voltrl.store.server import store_app
 from voltrl.types import Span
 
 TOKEN = b"bench-token"

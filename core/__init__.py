@@ -35,8 +35,9 @@ from voltrl.errors import (
     UnknownResourceError,
     VoltRLError,
 )
-from voltrl.metrics import RewardStats
+from voltrl.observability.metrics import RewardStats
 from voltrl.resources import LLM, PromptTemplate, Resources
+from voltrl.runtime import RunResult, TrainContext, Trainer
 from voltrl.tracing import (
     RolloutContext,
     current_rollout,
@@ -46,7 +47,6 @@ from voltrl.tracing import (
     rollout_headers,
     span,
 )
-from voltrl.trainer import RunResult, TrainContext, Trainer
 from voltrl.types import (
     Attempt,
     LLMCall,

@@ -41,7 +41,7 @@ class LLM(Model):
     gateway: bool = False
     reasoning_split: bool = False
     """Have the trainer's gateway in front of this endpoint hand agents the ``<think>...``
-    the model writes into its content as ``reasoning_content`` (:mod:`voltrl.reasoning`);
+    the model writes into its content as ``reasoning_content`` (:mod:`voltrl.gateway.reasoning`);
     the recorded calls keep the response as sampled."""
     lora_adapters: dict[str, int] = Field(default_factory=dict)
     """The LoRA adapters the endpoint serves per agent role (LocalRL's ``lora_adapters=``), each

@@ -87,7 +87,7 @@ class RolloutContext:
         agent returns one; earlier ones are per-step rewards for credit assignment.
         ``agents`` (a regex fully matching agent names) makes it instead the final reward of
         those agents' calls, e.g. each team's outcome in a game (see
-        :func:`voltrl.trajectory.agent_final_rewards`). Raises
+        :func:`voltrl.trajectory.builder.agent_final_rewards`). Raises
         :class:`~voltrl.errors.NoActiveRolloutError` once the rollout has finished."""
         meta = dict(metadata or {})
         if agents is not None:

@@ -154,7 +154,7 @@ def _chunks(head: dict[str, Any], message: dict[str, Any], finish: str) -> Itera
 @contextmanager
 def serve_teacher(policy: Policy, *, seed: int = 0) -> Iterator[str]:
     """Serve ``policy`` on loopback (a thread of its own) and yield its ``.../v1`` URL."""
-    from voltrl.server import serve_in_thread
+    from voltrl._http.serving import serve_in_thread
 
     with serve_in_thread(teacher_app(policy, seed=seed)) as server:
         yield f"{server.url}/v1"

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from voltrl.server import BackgroundServer
+from voltrl._http.serving import BackgroundServer
 from voltrl.store.base import Store
-from voltrl.store.client import HTTPStore
+from voltrl.store.http import HTTPStore
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
@@ -55,9 +55,9 @@ async def make_store(kind: str, tmp_path: Path) -> Store:
 
         return SQLStore(new_database_url())
     if kind == "http":  # a real server on loopback, an in-memory store behind it
-        from voltrl.server import serve_in_thread
+        from voltrl._http.serving import serve_in_thread
+        from voltrl.store.http import store_app
         from voltrl.store.memory import InMemoryStore
-        from voltrl.store.server import store_app
 
         return ServedHTTPStore(serve_in_thread(store_app(InMemoryStore(), token=HTTP_STORE_TOKEN)))
     raise ValueError(kind)

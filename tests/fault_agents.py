@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import voltrl as vl
-from voltrl.store.client import HTTPStore
+from voltrl.store.http import HTTPStore
 from voltrl.types import LLMCall
 
 

@@ -4,11 +4,13 @@ sample's module imported by path."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import socket
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -16,6 +18,8 @@ from typing import Any
 from fake_openai_backend import FakeBackend, scripted_ids, tool_then_answer
 
 import voltrl as vl
+from voltrl._http.serving import serve
+from voltrl.gateway import Gateway
 from voltrl.store.base import Store
 from voltrl.tracing import RolloutContext
 from voltrl.types import Task
@@ -116,3 +120,18 @@ def load_sample(sample: str, name: str) -> ModuleType:
     sys.modules[spec.name] = module  # dataclasses and pydantic look their module up there
     spec.loader.exec_module(module)
     return module
+
+
+@contextlib.asynccontextmanager
+async def serve_gateway(
+    gateway: Gateway, host: str = "127.0.0.1", port: int = 0
+) -> AsyncIterator[str]:
+    """Serve ``gateway.app`` without a token on this event loop; yields its base URL
+    (``http://host:port``). On exit the server stops and :meth:`Gateway.aclose` runs. (Runs
+    serve their gateways with :func:`voltrl.gateway.start_gateway`, behind the run's token.)"""
+    url, stop = await serve(gateway.app, host, port)
+    try:
+        yield url
+    finally:
+        await stop()
+        await gateway.aclose()

@@ -16,13 +16,13 @@ import pytest
 from agent_framework import Agent, MCPStdioTool, tool
 from agent_framework.openai import OpenAIChatCompletionClient
 from fake_openai_backend import FakeBackend, scripted_ids, tool_then_answer
-from helpers import context, fake_trainer
+from helpers import context, fake_trainer, serve_gateway
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
 from test_gateway import new_rollout
 
 import voltrl as vl
 from voltrl.adapters.agent_framework import chat_client, chat_options, instrument
-from voltrl.gateway import Gateway, serve_gateway
+from voltrl.gateway import Gateway
 from voltrl.otel import RolloutSpanProcessor
 from voltrl.resources import LLM
 from voltrl.store.memory import InMemoryStore

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from fake_openai_backend import FakeBackend, scripted_ids, tool_then_answer
-from helpers import context, fake_trainer
+from helpers import context, fake_trainer, serve_gateway
 from langchain.agents import create_agent
 from langchain_core.tools import tool
 from langgraph.graph import END, START, StateGraph
@@ -20,7 +20,7 @@ from test_gateway import new_rollout
 
 import voltrl as vl
 from voltrl.adapters.langchain import chat_model, instrument, mcp_tools, tracing_config
-from voltrl.gateway import Gateway, serve_gateway
+from voltrl.gateway import Gateway
 from voltrl.store.memory import InMemoryStore
 from voltrl.tracing import RolloutContext, activate
 from voltrl.types import Span

@@ -28,12 +28,12 @@ from agents import (
 from agents.tracing import processors as sdk_processors
 from fake_openai_backend import FakeBackend, scripted_ids, tool_then_answer
 from helpers import ADD_ARGS as ARGS
-from helpers import context, dev_adding_twice
+from helpers import context, dev_adding_twice, serve_gateway
 from test_gateway import new_rollout
 
 import voltrl as vl
 from voltrl.adapters import openai_agents as vla
-from voltrl.gateway import Gateway, serve_gateway
+from voltrl.gateway import Gateway
 from voltrl.resources import LLM
 from voltrl.store.memory import InMemoryStore
 from voltrl.tracing import RolloutContext, activate

@@ -11,12 +11,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from voltrl._http.serving import serve_in_thread
 from voltrl.cli import main
-from voltrl.dashboard import Catalog, dashboard_app
+from voltrl.cli.serve import server_app
 from voltrl.errors import VoltRLError
-from voltrl.serve import server_app
-from voltrl.server import serve_in_thread
-from voltrl.store.server import store_app
+from voltrl.observability.dashboard import Catalog, dashboard_app
+from voltrl.store.http import store_app
 from voltrl.store.sql import SQLStore
 
 TOKEN = "s3cret-dashboard-token"
@@ -202,7 +202,7 @@ def test_advantages_of_a_run_with_lora_adapters_are_computed_per_adapter():
     """Each adapter's rows are normalised within its own GRPO groups, as LocalRL's update
     does; rows of no adapter get none (they are not trained)."""
     from voltrl.algorithms.local.update import PolicyUpdateConfig, batch_advantages
-    from voltrl.dashboard.data import TrainingRow, _advantages
+    from voltrl.observability.dashboard.data import TrainingRow, _advantages
     from voltrl.trajectory import TrajectoryConfig, collate
     from voltrl.types import Run, Trajectory, Transition
 

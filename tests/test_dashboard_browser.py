@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from voltrl.dashboard import Catalog, dashboard_app
-from voltrl.server import serve_in_thread
+from voltrl._http.serving import serve_in_thread
+from voltrl.observability.dashboard import Catalog, dashboard_app
 
 HERE = Path(__file__).resolve().parent
 SHOTS = HERE.parent / ".artifacts" / "dashboard"

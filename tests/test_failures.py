@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import traceback
 
-from voltrl.failures import agent_frames, error_key, traceback_frames
+from voltrl.observability.failures import agent_frames, error_key, traceback_frames
 from voltrl.types import Attempt
 
 
@@ -55,7 +55,7 @@ def test_errors_are_one_by_type_and_raising_line_or_by_message_up_to_numbers_and
 
 
 def test_an_installed_agent_packages_frames_are_its_own():
-    from voltrl.failures import Frame
+    from voltrl.observability.failures import Frame
 
     site = "/usr/lib/python3/site-packages"
     frames = [

@@ -35,7 +35,7 @@ import pytest
 from fake_openai_backend import FakeBackend
 
 from voltrl.resources import LLM, Resources
-from voltrl.store.client import HTTPStore
+from voltrl.store.http import HTTPStore
 from voltrl.types import Rollout, Task
 
 TOKEN = "fault-token"

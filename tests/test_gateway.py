@@ -21,9 +21,10 @@ from fake_openai_backend import (
     reply_text,
     tool_call_ids,
 )
+from helpers import serve_gateway
 from openai import AsyncOpenAI
 
-from voltrl.gateway import Gateway, serve_gateway
+from voltrl.gateway import Gateway
 from voltrl.resources import LLM
 from voltrl.store.memory import InMemoryStore
 from voltrl.types import Task

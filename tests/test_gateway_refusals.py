@@ -9,10 +9,11 @@ import asyncio
 
 import openai
 import pytest
+from helpers import serve_gateway
 from test_gateway import MESSAGES, Env, env, new_rollout  # noqa: F401 (env is a fixture)
 
-from voltrl.gateway import Gateway, serve_gateway
-from voltrl.gateway_errors import REFUSED_SPAN
+from voltrl.gateway import Gateway
+from voltrl.gateway.errors import REFUSED_SPAN
 from voltrl.store.memory import InMemoryStore
 from voltrl.trajectory import TrajectoryConfig, trajectories_from_store
 from voltrl.types import AttemptResult
@@ -93,7 +94,7 @@ async def test_the_trajectory_builder_counts_refusals_and_rollouts_left_with_no_
 async def test_the_local_engine_behind_the_gateway_refuses_an_overlong_prompt() -> None:
     """LocalRL's engine (a tiny model with a 64-token context) and the gateway end to end."""
     from voltrl.algorithms.local.engine import Engine
-    from voltrl.algorithms.local.server import serve_engine
+    from voltrl.algorithms.local.openai_api import serve_engine
     from voltrl.algorithms.local.tiny import build_tiny_model, build_tiny_tokenizer
 
     tok = build_tiny_tokenizer()
@@ -124,7 +125,7 @@ async def test_the_local_engine_behind_the_gateway_refuses_an_overlong_prompt() 
 
 async def test_an_agent_tells_a_context_overflow_from_other_refusals(env: Env) -> None:  # noqa: F811
     """``is_context_overflow``: the gateway's code, also when a framework wrapped the error."""
-    from voltrl.gateway_errors import is_context_overflow
+    from voltrl.gateway import is_context_overflow
 
     rid, aid = await new_rollout(env.store)
     client = env.client(rid, aid)

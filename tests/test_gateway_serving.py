@@ -1,4 +1,4 @@
-"""One way to serve a gateway (``TrainContext.serve_gateway`` on ``voltrl.serve.
+"""One way to serve a gateway (``TrainContext.serve_gateway`` on ``voltrl.cli.serve.
 start_gateway``): every gateway of a run binds the trainer's host, checks the run's token,
 publishes a URL other machines can use, and retries as the run says; off loopback without a
 token it is refused."""
@@ -20,8 +20,8 @@ import voltrl as vl
 from voltrl.algorithms.base import Algorithm
 from voltrl.algorithms.local.tiny import build_tiny_model, build_tiny_tokenizer
 from voltrl.algorithms.local.update import PolicyUpdateConfig
+from voltrl.gateway import start_gateway
 from voltrl.retry import GatewayRetry
-from voltrl.serve import start_gateway
 from voltrl.store.memory import InMemoryStore
 
 AGENTS = Path(__file__).with_name("serving_agents.py")
@@ -159,7 +159,7 @@ async def test_the_trainers_gateways_check_the_run_token(tmp_path: Path) -> None
 
 
 def test_retry_settings_from_the_command_line_and_yaml() -> None:
-    from voltrl.cli import _gateway_retry, build_from_config, build_parser, main
+    from voltrl.cli.main import _gateway_retry, build_from_config, build_parser, main
 
     args = build_parser().parse_args(
         ["gateway", "--store", "http://h:1", "--backend", "http://b/v1", "--retries", "5"]

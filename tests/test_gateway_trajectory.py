@@ -13,12 +13,12 @@ import asyncio
 from openai import AsyncOpenAI
 
 import voltrl as vl
+from voltrl._http.serving import serve
 from voltrl.algorithms.local.engine import Engine
-from voltrl.algorithms.local.server import serve_engine
+from voltrl.algorithms.local.openai_api import serve_engine
 from voltrl.algorithms.local.tiny import build_tiny_model, build_tiny_tokenizer
 from voltrl.gateway import Gateway
-from voltrl.runner import RunnerConfig, run_worker
-from voltrl.server import serve
+from voltrl.runtime.runner import RunnerConfig, run_worker
 from voltrl.store.memory import InMemoryStore
 from voltrl.trajectory import TrajectoryConfig, collate, trajectories_from_store
 

@@ -281,8 +281,8 @@ async def test_every_version_published_keeps_the_trainers_resources_and_a_clash_
 ):
     """The one mechanism behind the above, for any algorithm (VERL's driver publishes
     through it too): ``TrainContext.publish`` adds the trainer's resources to each version."""
-    from voltrl.context import TrainContext
-    from voltrl.metrics import MetricsLog
+    from voltrl.observability.metrics import MetricsLog
+    from voltrl.runtime.context import TrainContext
     from voltrl.store.memory import InMemoryStore
     from voltrl.types import Run
 

@@ -25,10 +25,10 @@ from transformers import AutoModelForCausalLM
 import voltrl as vl
 from voltrl.algorithms.local.engine import Engine, SamplingParams
 from voltrl.algorithms.local.lora_adapters import LoraAdapters, adapter_of
-from voltrl.algorithms.local.server import serve_engine
+from voltrl.algorithms.local.openai_api import serve_engine
 from voltrl.algorithms.local.tiny import build_tiny_model, build_tiny_tokenizer
 from voltrl.algorithms.local.update import PolicyTrainer, PolicyUpdateConfig
-from voltrl.serve import start_gateway
+from voltrl.gateway import start_gateway
 from voltrl.store.memory import InMemoryStore
 from voltrl.store.sql import SQLStore
 from voltrl.types import LLMCall, Task

@@ -23,7 +23,14 @@ from fake_openai_backend import FakeBackend, reply_text
 
 import voltrl as vl
 from voltrl.cli import build_from_config, main
-from voltrl.loggers import Logger, MlflowLogger, RolloutRow, WandbLogger, numeric, parse_loggers
+from voltrl.observability.trackers import (
+    Logger,
+    MlflowLogger,
+    RolloutRow,
+    WandbLogger,
+    numeric,
+    parse_loggers,
+)
 
 
 @pytest.fixture(autouse=True)

@@ -27,11 +27,11 @@ from helpers import recorded_calls, voltrl
 from openai import OpenAI
 
 import voltrl as vl
+from voltrl._http.serving import BackgroundServer
 from voltrl.algorithms.local.engine import Engine
-from voltrl.algorithms.local.server import serve_engine_in_thread
+from voltrl.algorithms.local.openai_api import serve_engine_in_thread
 from voltrl.algorithms.local.tiny import build_tiny
 from voltrl.cli import build_from_config, main
-from voltrl.server import BackgroundServer
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "samples" / "quickstart"
@@ -174,7 +174,7 @@ def test_model_serve_off_loopback_without_a_token_is_refused(
 
 def test_model_serve_without_torch_names_the_local_extra(tmp_path: Path) -> None:
     code = (
-        "import sys; sys.modules['torch'] = None; from voltrl.cli import main; "
+        "import sys; sys.modules['torch'] = None; from voltrl.cli.main import main; "
         "sys.exit(main(['model', 'serve', 'tiny']))"
     )
     out = subprocess.run(
@@ -268,7 +268,7 @@ def test_a_client_hanging_up_frees_its_batch_slot(
 
 
 def test_the_printed_dev_line_passes_the_token_the_way_it_was_given():
-    from voltrl.cli import _token_hint, build_parser
+    from voltrl.cli.main import _token_hint, build_parser
 
     parse = build_parser().parse_args
     assert _token_hint(parse(["model", "serve", "tiny", "--token-file", "t.txt"])) == (

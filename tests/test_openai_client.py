@@ -9,7 +9,7 @@ import ssl
 import httpcore2
 import pytest
 from fake_openai_backend import FakeBackend
-from helpers import context
+from helpers import context, serve_gateway
 from test_gateway import new_rollout
 
 from voltrl.adapters.openai_client import (
@@ -19,7 +19,7 @@ from voltrl.adapters.openai_client import (
     ssl_context,
     sync_openai,
 )
-from voltrl.gateway import Gateway, serve_gateway
+from voltrl.gateway import Gateway
 from voltrl.resources import LLM
 from voltrl.store.memory import InMemoryStore
 from voltrl.tracing import activate

@@ -27,10 +27,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Status, StatusCode
 
-from voltrl.server import BackgroundServer, serve_in_thread
-from voltrl.store.client import HTTPStore
+from voltrl._http.serving import BackgroundServer, serve_in_thread
+from voltrl.store.http import HTTPStore, store_app
 from voltrl.store.memory import InMemoryStore
-from voltrl.store.server import store_app
 from voltrl.types import Claim, Task
 
 TOKEN = "otlp-token"

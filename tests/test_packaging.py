@@ -33,6 +33,7 @@ def test_wheel_builds_without_warnings_and_ships_the_tiny_tokenizer(tmp_path: Pa
     assets = "voltrl/algorithms/local/assets/tiny-tokenizer/"
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {assets + "tokenizer.json", assets + "tokenizer_config.json"} <= names
-    ui = "voltrl/dashboard/"  # the dashboard works offline: its pages and scripts ship with it
+    # the dashboard works offline: its pages and scripts ship with it
+    ui = "voltrl/observability/dashboard/"
     assert {ui + "templates/rollout.html", ui + "static/dashboard.js"} <= names
     assert {ui + "static/vendor/htmx-2.0.11.min.js", ui + "static/vendor/LICENSES.txt"} <= names

@@ -10,12 +10,13 @@ from typing import Any
 import openai
 import pytest
 from fake_openai_backend import FakeBackend, scripted_ids
+from helpers import serve_gateway
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_gateway import new_rollout
 
-from voltrl.gateway import Gateway, serve_gateway
-from voltrl.reasoning import ReasoningSplitter, split_reasoning
+from voltrl.gateway import Gateway
+from voltrl.gateway.reasoning import ReasoningSplitter, split_reasoning
 from voltrl.store.memory import InMemoryStore
 
 THOUGHT = "<think>\nThe user wants 2+2. That is 4.\n</think>\n\nThe answer is 4."
@@ -108,7 +109,7 @@ async def test_on_the_local_engine_token_ids_stay_those_sampled() -> None:
     import torch
 
     from voltrl.algorithms.local.engine import Engine
-    from voltrl.algorithms.local.server import serve_engine
+    from voltrl.algorithms.local.openai_api import serve_engine
     from voltrl.algorithms.local.sft import supervised_warmup
     from voltrl.algorithms.local.tiny import build_tiny_model, build_tiny_tokenizer
 
@@ -182,7 +183,7 @@ def chunk(index: int = 0, finish: str | None = None, **delta: Any) -> dict:
 
 
 def test_streamed_edge_cases_lose_nothing_and_add_nothing() -> None:
-    from voltrl.reasoning import flush_deltas, split_deltas
+    from voltrl.gateway.reasoning import flush_deltas, split_deltas
 
     split: dict = {}
     role = chunk(role="assistant", content=None)
@@ -206,7 +207,7 @@ def test_streamed_edge_cases_lose_nothing_and_add_nothing() -> None:
 
 
 def test_a_backend_that_splits_itself_is_passed_through() -> None:
-    from voltrl.reasoning import split_deltas
+    from voltrl.gateway.reasoning import split_deltas
 
     split: dict = {}
     first = chunk(reasoning_content="thinking")

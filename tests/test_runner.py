@@ -12,7 +12,7 @@ import time
 import pytest
 
 import voltrl as vl
-from voltrl.runner import RunnerConfig, run_worker
+from voltrl.runtime.runner import RunnerConfig, run_worker
 from voltrl.store.memory import InMemoryStore
 from voltrl.types import Task
 
@@ -375,7 +375,7 @@ def test_trainer_with_no_runners_waits_for_a_remote_voltrl_runner(tmp_path, caps
 def test_urls_of_servers_on_every_address_name_this_machine():
     import socket
 
-    from voltrl.server import reachable_url
+    from voltrl._http.serving import reachable_url
 
     host = socket.gethostname()
     assert reachable_url("http://0.0.0.0:8400") == f"http://{host}:8400"
@@ -421,7 +421,7 @@ async def test_an_inline_worker_past_the_abandoned_thread_limit_warns_and_goes_o
     stuck = await store.enqueue([Task(input={"sleep": 3600})] * 2, max_attempts=1, timeout_s=0.2)
     later = await store.enqueue([Task(input={"sleep": 0})] * 2)
     config = RunnerConfig(max_concurrency=1, lease_s=2.0, claim_wait_s=0.2, max_abandoned_threads=1)
-    with caplog.at_level(logging.WARNING, logger="voltrl.runner"):
+    with caplog.at_level(logging.WARNING, logger="voltrl.runtime.runner"):
         done = await run_until_done(store, Sleeps(), [*stuck, *later], config=config)
     assert [r.status for r in done] == ["failed", "failed", "succeeded", "succeeded"]
     [warning] = [r.getMessage() for r in caplog.records]
@@ -434,10 +434,9 @@ async def test_a_worker_process_past_the_abandoned_thread_limit_is_replaced_and_
 ):
     from fault_agents import SyncSleeper
 
-    from voltrl.server import serve_in_thread
-    from voltrl.store.client import HTTPStore
-    from voltrl.store.server import store_app
-    from voltrl.workers import WorkerPool
+    from voltrl._http.serving import serve_in_thread
+    from voltrl.runtime.workers import WorkerPool
+    from voltrl.store.http import HTTPStore, store_app
 
     server = serve_in_thread(store_app(InMemoryStore(), token="t"))
     store = HTTPStore(server.url, "t")
@@ -446,7 +445,7 @@ async def test_a_worker_process_past_the_abandoned_thread_limit_is_replaced_and_
     try:
         [stuck] = await store.enqueue([Task(input={"sleep": 3600})], max_attempts=1, timeout_s=0.5)
         later = await store.enqueue([Task(input={"sleep": 0})] * 3)
-        with caplog.at_level(logging.WARNING, logger="voltrl.runner"):
+        with caplog.at_level(logging.WARNING, logger="voltrl.runtime.runner"):
             pool.start()
             ids = [r.rollout_id for r in (stuck, *later)]
             done = await store.wait_for_rollouts(ids, timeout_s=120)
@@ -581,7 +580,7 @@ def test_connection_errors_and_server_failures_are_not_the_agents_own():
     import httpx
     import openai
 
-    from voltrl.runner import _is_infrastructure
+    from voltrl.runtime.runner import _is_infrastructure
 
     request = httpx.Request("POST", "http://model/v1/chat/completions")
 

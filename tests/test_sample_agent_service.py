@@ -17,8 +17,8 @@ from helpers import fake_trainer, load_sample
 from test_gateway import new_rollout
 
 import voltrl as vl
+from voltrl._http.serving import serve
 from voltrl.gateway import Gateway
-from voltrl.server import serve
 from voltrl.store.memory import InMemoryStore
 
 run = load_sample("agent_service", "run")

@@ -14,9 +14,9 @@ import pytest
 from fake_openai_backend import FakeBackend
 
 import voltrl as vl
+from voltrl._http.serving import serve
+from voltrl.cli.serve import server_app
 from voltrl.resources import ApiKeys
-from voltrl.serve import server_app
-from voltrl.server import serve
 from voltrl.store.sql import SQLStore
 
 SECRET = "sk-secret-" + "5e1f" * 8
@@ -100,7 +100,7 @@ def test_keys_are_put_back_by_the_runner_only() -> None:
 
 
 def test_a_runner_reads_its_token_from_a_file_or_the_environment(tmp_path: Path) -> None:
-    from voltrl.cli import _token, build_parser
+    from voltrl.cli.main import _token, build_parser
 
     token_file = tmp_path / "token"
     token_file.write_text("file-token\n")
@@ -167,7 +167,7 @@ async def test_a_key_from_api_key_env_reaches_the_backend_through_the_gateway(
 
 
 def test_a_database_password_stays_out_of_train_yaml() -> None:
-    from voltrl.trainer import _without_password
+    from voltrl.runtime.trainer import _without_password
 
     dsn = "postgresql://voltrl:hunter2@db.example:5432/runs"
     assert _without_password(dsn) == "postgresql://voltrl@db.example:5432/runs"

@@ -21,11 +21,13 @@ from openai import AsyncOpenAI
 from schemathesis.checks import not_a_server_error
 from schemathesis.config import SchemathesisConfig
 
+from voltrl._http.auth import BearerAuth
+from voltrl._http.serving import is_loopback, serve, serve_in_thread
+from voltrl.cli.serve import server_app
 from voltrl.gateway import Gateway
+from voltrl.gateway.hosting import make_gateway
 from voltrl.resources import LLM
-from voltrl.serve import BearerAuth, is_loopback, make_gateway, server_app
-from voltrl.server import serve, serve_in_thread
-from voltrl.store.client import HTTPStore
+from voltrl.store.http import HTTPStore
 from voltrl.store.memory import InMemoryStore
 from voltrl.store.sql import SQLStore
 from voltrl.types import Task
@@ -69,7 +71,16 @@ def test_serving_beyond_loopback_without_a_token_is_refused(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "VOLTRL_TOKEN"}
     for command in (["serve", "--store", "memory"], ["gateway", "--store", "http://x:1"]):
         out = subprocess.run(
-            [sys.executable, "-m", "voltrl.cli", *command, "--host", "0.0.0.0", "--backend", "x"],
+            [
+                sys.executable,
+                "-m",
+                "voltrl.cli",
+                *command,
+                "--host",
+                "0.0.0.0",
+                "--backend",
+                "x",
+            ],
             capture_output=True,
             text=True,
             timeout=60,
@@ -288,7 +299,16 @@ def test_serve_on_a_port_in_use_says_so_without_creating_the_store_file(tmp_path
         taken.listen()
         port = str(taken.getsockname()[1])
         out = subprocess.run(
-            [sys.executable, "-m", "voltrl.cli", "serve", "--store", "X.sqlite", "--port", port],
+            [
+                sys.executable,
+                "-m",
+                "voltrl.cli",
+                "serve",
+                "--store",
+                "X.sqlite",
+                "--port",
+                port,
+            ],
             capture_output=True,
             text=True,
             timeout=60,

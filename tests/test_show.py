@@ -20,8 +20,8 @@ from rich.console import Console
 import voltrl as vl
 from voltrl.algorithms.base import Algorithm
 from voltrl.cli import main
-from voltrl.metrics import summarize
-from voltrl.show import Found, RolloutView, render_rollout, sparkline
+from voltrl.observability.metrics import summarize
+from voltrl.observability.show import Found, RolloutView, render_rollout, sparkline
 from voltrl.store.sql import SQLStore
 from voltrl.types import Attempt, LLMCall, Rollout, Run, Task
 
@@ -165,7 +165,7 @@ def test_a_rollout_shows_its_attempts_conversation_rewards_and_spans(runs: Path,
     assert "failed" in failed and "RuntimeError: flaky tool server went away" in failed
     assert "traceback of attempt #1:" in out and 'raise RuntimeError("flaky' in out
     assert "frames of voltrl, the standard library and installed packages hidden" in out
-    assert "core/runner.py" not in out  # the agent's own frames only, unless --full
+    assert "core/runtime/runner.py" not in out  # the agent's own frames only, unless --full
     header = line_of(out, "call 1/2 · attempt #2 · solver · m · finish tool_calls")
     assert "prompt + 18 response tokens" in header  # one fake token per character
     assert "system       You add numbers with the add tool." in out
@@ -184,7 +184,7 @@ def test_a_rollout_shows_its_attempts_conversation_rewards_and_spans(runs: Path,
 
     rc, full, _ = show(capsys, "demo", flaky.rollout_id, "--run-dir", str(runs), "--full")
     assert "earlier messages" not in full and full.count("You add numbers") == 2
-    assert "core/runner.py" in full
+    assert "core/runtime/runner.py" in full
 
 
 def test_what_is_not_there_is_a_one_line_error_with_status_2(runs: Path, capsys) -> None:
@@ -222,8 +222,8 @@ def test_a_name_of_several_runs_shows_the_latest_and_says_so(runs: Path, tmp_pat
 
 
 def test_over_a_store_server_the_reward_curve_comes_from_the_store(runs, tmp_path, capsys) -> None:
-    from voltrl.server import serve_in_thread
-    from voltrl.store.server import store_app
+    from voltrl._http.serving import serve_in_thread
+    from voltrl.store.http import store_app
 
     store = SQLStore(runs / "demo" / "store.sqlite")
     _, rollouts = stored(runs)
@@ -283,7 +283,7 @@ def test_sparkline_scales_to_its_range_and_width() -> None:
 
 
 def test_control_characters_in_stored_text_never_reach_the_terminal() -> None:
-    from voltrl.show import printable
+    from voltrl.observability.show import printable
     from voltrl.types import Attempt
 
     attempt = Attempt(

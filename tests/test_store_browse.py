@@ -111,7 +111,8 @@ async def test_rollout_counts_match_the_reference(store: Store) -> None:
 
 
 async def test_browse_rollouts_counts_up_to_the_cap(tmp_path, monkeypatch) -> None:
-    from voltrl.store import browse, sql
+    from voltrl.store import browse
+    from voltrl.store.sql import store as sql
 
     monkeypatch.setattr(browse, "COUNT_CAP", 5)
     monkeypatch.setattr(sql, "COUNT_CAP", 5)

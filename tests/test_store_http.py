@@ -17,12 +17,13 @@ import pytest
 from fastapi import FastAPI
 from starlette.types import Message, Receive, Scope, Send
 
+from voltrl._http.auth import BearerAuth
+from voltrl._http.serving import BackgroundServer, serve, serve_in_thread
 from voltrl.errors import NotFoundError, StaleAttemptError, StoreError
-from voltrl.server import BackgroundServer, serve, serve_in_thread
-from voltrl.store.client import API_PREFIX, REQUEST_ID_HEADER, HTTPStore
+from voltrl.store.http import store_app, store_router
+from voltrl.store.http.client import API_PREFIX, REQUEST_ID_HEADER, HTTPStore
+from voltrl.store.http.routes import HEALTH_PATH
 from voltrl.store.memory import InMemoryStore
-from voltrl.store.routing import BearerAuth
-from voltrl.store.server import store_app, store_router
 from voltrl.types import AttemptResult, Run, Task
 
 TOKEN = "s3cret-token"
@@ -345,7 +346,7 @@ async def test_retry_reaches_a_server_restarted_on_the_same_port_without_duplica
     await asyncio.to_thread(server.stop)
 
     retries = RetryLogged()
-    logger = logging.getLogger("voltrl.store.client")
+    logger = logging.getLogger("voltrl.store.http.client")
     logger.addHandler(retries)
     try:
         write = asyncio.create_task(client.enqueue(tasks(3)))
@@ -381,7 +382,7 @@ async def test_store_router_mounts_next_to_other_routes(served: Served) -> None:
         return {"data": []}
 
     app.include_router(store_router(store, max_body_bytes=1024), prefix=API_PREFIX)
-    server, _ = served.server(store, app=BearerAuth(app, TOKEN))
+    server, _ = served.server(store, app=BearerAuth(app, TOKEN, (HEALTH_PATH,)))
     client = served.client(server.url)
     await client.enqueue(tasks(1))
     with pytest.raises(NotFoundError):

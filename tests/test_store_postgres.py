@@ -25,8 +25,8 @@ from pg import new_database_url
 
 from voltrl.errors import StoreError
 from voltrl.store import open_store
-from voltrl.store.dialects import PostgresDialect
 from voltrl.store.sql import SQLStore
+from voltrl.store.sql.dialects import PostgresDialect
 from voltrl.types import LLMCall, Reward, Task
 
 WRITER = textwrap.dedent(

@@ -293,7 +293,7 @@ async def test_open_store_picks_the_implementation_from_the_spec(tmp_path: Path)
 
 
 def test_open_store_uses_the_http_client_for_urls(monkeypatch: pytest.MonkeyPatch) -> None:
-    from voltrl.store import client
+    from voltrl.store.http import client
 
     monkeypatch.setenv("VOLTRL_TOKEN", "tok")
     store = open_store("http://127.0.0.1:1")

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from voltrl.errors import MissingTokenIdsError
 from voltrl.store.memory import InMemoryStore
-from voltrl.trajectory import (
+from voltrl.trajectory.builder import (
     TrajectoryConfig,
     build_trajectory,
     cap_indices,

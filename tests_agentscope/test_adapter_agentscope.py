@@ -18,13 +18,13 @@ from agentscope.middleware import TracingMiddleware
 from agentscope.permission import PermissionBehavior, PermissionDecision
 from agentscope.tool import FunctionTool, Toolkit
 from fake_openai_backend import FakeBackend, scripted_ids, tool_then_answer
-from helpers import ADD_ARGS, context, fake_trainer
+from helpers import ADD_ARGS, context, fake_trainer, serve_gateway
 from pydantic import BaseModel
 from test_gateway import new_rollout
 
 import voltrl as vl
 from voltrl.adapters.agentscope import AgentNames, chat_model, instrument, model_parameters
-from voltrl.gateway import Gateway, serve_gateway
+from voltrl.gateway import Gateway
 from voltrl.resources import LLM
 from voltrl.store.memory import InMemoryStore
 from voltrl.tracing import activate

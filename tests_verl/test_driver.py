@@ -63,7 +63,7 @@ class DriverProbe(Algorithm):
 
         from voltrl.algorithms.local.tiny import build_tiny_tokenizer
         from voltrl.algorithms.verl.driver import LoopBridge, VoltAgentLoopManager, VoltPPOTrainer
-        from voltrl.metrics import summarize
+        from voltrl.observability.metrics import summarize
 
         tokenizer = build_tiny_tokenizer()
         tokenizer.save_pretrained(ctx.run_dir / "model")  # what verl's reward workers load

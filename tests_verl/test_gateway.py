@@ -46,7 +46,7 @@ class GatewayProbe(Algorithm):
 
     async def train(self, ctx, train, val):
         from voltrl.algorithms.local.engine import Engine
-        from voltrl.algorithms.local.server import serve_engine
+        from voltrl.algorithms.local.openai_api import serve_engine
         from voltrl.algorithms.local.tiny import build_tiny_model, build_tiny_tokenizer
 
         tok = build_tiny_tokenizer()

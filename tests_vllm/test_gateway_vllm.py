@@ -8,7 +8,7 @@ environment's python. By hand::
 
 The module builds a tiny ``Qwen2ForCausalLM`` and its tokenizer in code (no hub), saves them to
 a temporary directory, starts ``vllm.entrypoints.openai.api_server`` on it on loopback, and
-talks to it through our :class:`~voltrl.gateway.Gateway` with the real ``openai`` client. The
+talks to it through our :class:`~voltrl.gateway.proxy.Gateway` with the real ``openai`` client. The
 client asks for vLLM's ``return_token_ids`` and ``logprobs`` where a test needs to see what vLLM
 returned, so the records can be compared with it exactly.
 """
@@ -32,10 +32,10 @@ import pytest
 from openai import AsyncOpenAI
 
 import voltrl as vl
+from voltrl._http.serving import serve
 from voltrl.algorithms.local.tiny import build_tiny_model, build_tiny_tokenizer
 from voltrl.gateway import Gateway
-from voltrl.runner import RunnerConfig, run_worker
-from voltrl.server import serve
+from voltrl.runtime.runner import RunnerConfig, run_worker
 from voltrl.store.memory import InMemoryStore
 from voltrl.trajectory import TrajectoryConfig, trajectories_from_store
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from voltrl.types import Task
 
 if TYPE_CHECKING:
-    from voltrl.trainer import TrainContext
+    from voltrl.runtime import TrainContext
 
 
 class Algorithm:

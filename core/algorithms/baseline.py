@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from voltrl.algorithms.base import Algorithm
-from voltrl.metrics import summarize
+from voltrl.observability.metrics import summarize
 from voltrl.types import Task
 
 if TYPE_CHECKING:
-    from voltrl.trainer import TrainContext
+    from voltrl.runtime import TrainContext
 
 
 class Baseline(Algorithm):

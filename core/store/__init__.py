@@ -10,7 +10,7 @@ from pathlib import Path
 
 from voltrl.errors import StoreError
 from voltrl.store.base import Store
-from voltrl.store.dialects import redact
+from voltrl.store.sql.dialects import redact
 
 
 def open_store(spec: str | Path | None) -> Store:
@@ -25,7 +25,7 @@ def open_store(spec: str | Path | None) -> Store:
 
         return InMemoryStore()
     if text.startswith(("http://", "https://")):
-        from voltrl.store.client import HTTPStore
+        from voltrl.store.http import HTTPStore
 
         return HTTPStore(text, token=os.environ.get("VOLTRL_TOKEN"))
     if "://" in text and not text.startswith(("sqlite:", "postgresql://", "postgres://")):

@@ -7,7 +7,7 @@ What the dashboard and other readers ask of a store that may hold 100,000 rollou
 cell of a run's rollouts by mode, resources version and status, for its curves.
 
 The meaning of each filter is written once here, in :func:`matches`, and the SQL store
-translates it to SQL (:mod:`voltrl.store.dialects`); the tests check that both agree.
+translates it to SQL (:mod:`voltrl.store.sql.dialects`); the tests check that both agree.
 """
 
 from __future__ import annotations
@@ -159,8 +159,8 @@ def page_of(rollouts: Sequence[Rollout], query: RolloutQuery) -> RolloutPage:
 
 def counts_of(rollouts: Iterable[Rollout]) -> list[RolloutCount]:
     """Rollouts counted by mode, resources version and status, with their rewards (of
-    succeeded rollouts only, as :func:`voltrl.metrics.summarize` counts them), ordered by
-    mode, version (None first) and status."""
+    succeeded rollouts only, as :func:`voltrl.observability.metrics.summarize` counts them),
+    ordered by mode, version (None first) and status."""
     cells: dict[tuple[str, int | None, str], RolloutCount] = {}
     for r in rollouts:
         key = (r.mode, r.resources_version, r.status)

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import voltrl as vl
-from voltrl.algorithms.verl.script import verl_algorithm, verl_arguments, verl_fit
+from voltrl.cli.verl import verl_algorithm, verl_arguments, verl_fit
 
 HERE = Path(__file__).resolve().parent
 MAX_TOKENS = 256  # per model call; at most three calls fit rollout.response_length

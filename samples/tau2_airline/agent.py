@@ -27,7 +27,7 @@ from scoring import evaluate
 
 import voltrl as vl
 from voltrl.adapters.agent_framework import chat_client, instrument
-from voltrl.gateway_errors import is_context_overflow
+from voltrl.gateway import is_context_overflow
 
 ASSISTANT_AGENT_NAME = "assistant"
 #: The trajectory builder's agent filter: train on the assistant's calls only.

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 import voltrl as vl
-from voltrl.algorithms.verl.script import verl_algorithm, verl_arguments, verl_fit
+from voltrl.cli.verl import verl_algorithm, verl_arguments, verl_fit
 
 HERE = Path(__file__).resolve().parent
 MAX_TOKENS = 512  # per model call: one assistant message or tool call

@@ -39,7 +39,7 @@ from rules import SIDES, GameState, Player, deal, tally
 
 import voltrl as vl
 from voltrl.adapters.agentscope import chat_model, instrument
-from voltrl.gateway_errors import is_context_overflow
+from voltrl.gateway import is_context_overflow
 
 # AgentScope logs every model call that fails at WARNING (a refused prompt included); the game
 # counts those itself and reports them in its ``game`` event.

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 from voltrl.algorithms.base import Algorithm
 from voltrl.algorithms.local.lora_adapters import LoraAdapters
 from voltrl.errors import VoltRLError
-from voltrl.metrics import RewardStats, summarize
+from voltrl.observability.metrics import RewardStats, summarize
 from voltrl.resources import LLM
 from voltrl.trajectory import TrainingBatch, TrajectoryConfig, collate, trajectories_from_store
 from voltrl.types import Rollout, Task
@@ -58,7 +58,7 @@ if TYPE_CHECKING:
     from voltrl.algorithms.local.update import PolicyTrainer, PolicyUpdateConfig
     from voltrl.gateway import Gateway
     from voltrl.retry import GatewayRetry
-    from voltrl.trainer import TrainContext
+    from voltrl.runtime import TrainContext
 
 
 LOCAL_EXTRA = ("torch", "transformers", "tokenizers", "peft")
@@ -98,7 +98,8 @@ class LocalRL(Algorithm):
         max_batch_size: sequences the engine decodes together.
         gateway_retry: how the gateway retries engine calls (default: the trainer's).
         reasoning_split: agents get the ``<think>...</think>`` the model writes as
-            ``reasoning_content`` (:mod:`voltrl.reasoning`); training still sees every token.
+            ``reasoning_content`` (:mod:`voltrl.gateway.reasoning`); training still sees every
+            token.
         warm_start: a :class:`~voltrl.SFT` (without ``model``) that fine-tunes the model on
             recorded rollouts (a teacher's) before it is served; the first validation then
             measures the student after warm-up. It trains every weight, LoRA or not (the KL
@@ -245,7 +246,7 @@ class LocalRL(Algorithm):
     async def setup(self, ctx: TrainContext) -> None:
         """Load the model, start the engine and a gateway in front of it, publish the LLM."""
         from voltrl.algorithms.local.engine import Engine
-        from voltrl.algorithms.local.server import serve_engine
+        from voltrl.algorithms.local.openai_api import serve_engine
         from voltrl.algorithms.local.threads import use_threads
         from voltrl.algorithms.local.update import PolicyTrainer
 
@@ -435,7 +436,7 @@ class LocalRL(Algorithm):
     def _draw_curve(self, ctx: TrainContext) -> None:
         """``reward_curve.png`` in the run directory; a failure to draw is only reported (it
         must not hide why the run ended)."""
-        from voltrl.plots import reward_curve
+        from voltrl.observability.plots import reward_curve
 
         try:
             reward_curve(ctx.metrics.history(), ctx.run_dir / "reward_curve.png", ctx.run.name)

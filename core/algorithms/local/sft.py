@@ -42,8 +42,8 @@ from voltrl.types import Rollout, Task
 if TYPE_CHECKING:
     import torch
 
+    from voltrl.runtime import TrainContext
     from voltrl.store.base import Store
-    from voltrl.trainer import TrainContext
 
 Conversation = dict[str, Any]
 """``{"messages": [...], "tools": [...] (optional)}`` in OpenAI chat format."""
@@ -499,7 +499,7 @@ class SFT(Algorithm):
         return self.losses
 
     def _draw(self, ctx: TrainContext) -> None:
-        from voltrl.plots import loss_curve
+        from voltrl.observability.plots import loss_curve
 
         try:
             loss_curve(self.losses, ctx.run_dir / "sft_loss.png", f"{ctx.run.name}: SFT")

@@ -16,7 +16,7 @@ What ``train`` does, top to bottom:
    at them, checkpoints at ``<run dir>/checkpoints`` and the experiment name at the run's;
 2. join (or start) Ray and TransferQueue, build :class:`~.driver.VoltPPOTrainer` and run its
    ``init`` (FSDP workers, vLLM replicas, checkpoint resume) in a worker thread;
-3. put a VoltRL :class:`~voltrl.gateway.Gateway` in front of the replicas' OpenAI-compatible
+3. put a VoltRL :class:`~voltrl.gateway.proxy.Gateway` in front of the replicas' OpenAI-compatible
    addresses (sticky per rollout, token ids and logprobs recorded) and publish its ``LLM``:
    the agent's code is the same as under LocalRL;
 4. run verl's ``fit`` with :class:`~.driver.VoltAgentLoopManager`: each step verl picks tasks,
@@ -42,12 +42,12 @@ from voltrl.algorithms.verl.config import (
     compose_config,
 )
 from voltrl.errors import VoltRLError
-from voltrl.metrics import summarize
+from voltrl.observability.metrics import summarize
 from voltrl.resources import LLM
 from voltrl.types import Task
 
 if TYPE_CHECKING:
-    from voltrl.trainer import TrainContext
+    from voltrl.runtime import TrainContext
 
 
 class VERL(Algorithm):
@@ -138,7 +138,7 @@ class VERL(Algorithm):
     async def setup(self, ctx: TrainContext) -> None:
         """Nothing starts before ``train``: verl builds its workers around the dataset. VERL
         only trains; ``Trainer.dev`` is for an endpoint you serve (``resources=...``)."""
-        from voltrl.serve import require_token_off_loopback
+        from voltrl._http.serving import require_token_off_loopback
 
         if ctx.run.kind != "fit":
             raise VoltRLError(

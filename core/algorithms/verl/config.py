@@ -39,7 +39,7 @@ ConfigSource = Mapping[str, Any] | str | Path | Any
 ADAPTERS_REFUSED = (
     "lora_adapters (a LoRA adapter per agent role) are LocalRL's: verl trains one model, so every "
     "agent's calls train the same weights. Use vl.LocalRL(..., lora_adapters={...}), or train one "
-    "role per verl run with voltrl.trajectory.agent_filter (see docs/lora_adapters.md)"
+    "role per verl run with voltrl.trajectory.builder.agent_filter (see docs/lora_adapters.md)"
 )
 
 
@@ -69,7 +69,7 @@ class VoltrlSection(Model):
         gateway_retry: how that gateway retries replica calls (:class:`~voltrl.retry.
             GatewayRetry` fields; default: the trainer's).
         reasoning_split: that gateway hands agents the ``<think>...</think>`` the model writes
-            as ``reasoning_content`` (:mod:`voltrl.reasoning`); training sees every token.
+            as ``reasoning_content`` (:mod:`voltrl.gateway.reasoning`); training sees every token.
         served_model_name: the model name agents see in their ``LLM`` (default: the name the
             vLLM replicas serve; the gateway always sends that one to them).
         max_wait_s: longest one GRPO group may take before its rollouts count as failed.

@@ -44,7 +44,7 @@ from voltrl.trajectory import TrajectoryConfig, trajectories_from_store
 from voltrl.types import Rollout, Task
 
 if TYPE_CHECKING:
-    from voltrl.trainer import TrainContext
+    from voltrl.runtime import TrainContext
 
 T = TypeVar("T")
 logger = logging.getLogger(__name__)
@@ -138,7 +138,7 @@ class VoltAgentLoopManager:
     """verl's agent-loop manager for agents run by VoltRL (see the module docstring).
 
     Args:
-        ctx: the run's :class:`~voltrl.trainer.TrainContext` (store, resources, metrics).
+        ctx: the run's :class:`~voltrl.runtime.trainer.TrainContext` (store, resources, metrics).
         bridge: runs coroutines on ``ctx``'s event loop.
         tasks: every train and validation task, by id.
         trajectory: how rollouts become rows.

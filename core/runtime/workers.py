@@ -1,4 +1,4 @@
-"""Worker processes: :class:`WorkerPool` runs :func:`~voltrl.runner.run_worker` in ``n``
+"""Worker processes: :class:`WorkerPool` runs :func:`~voltrl.runtime.runner.run_worker` in ``n``
 processes on this machine, each reaching the store server over HTTP, and restarts one that
 dies; :func:`run_runner` is ``voltrl runner``: a pool for a store server anywhere, until
 SIGTERM.
@@ -25,15 +25,15 @@ from collections.abc import Mapping
 from voltrl.agent import LitAgent
 from voltrl.errors import AgentLoadError
 from voltrl.resources import ApiKeys
-from voltrl.runner import RECYCLE_EXIT_CODE, RunnerConfig, run_worker
+from voltrl.runtime.runner import RECYCLE_EXIT_CODE, RunnerConfig, run_worker
 
-log = logging.getLogger("voltrl.runner")
+log = logging.getLogger("voltrl.runtime.runner")
 
 AGENT_LOAD_EXIT_CODE = 78
 """A worker process that could not load the agent exits with this; the pool does not restart
 it (a new process would fail the same way)."""
 
-_WORKER_MAIN = "from voltrl.workers import worker_main; worker_main()"
+_WORKER_MAIN = "from voltrl.runtime.workers import worker_main; worker_main()"
 """What a worker process runs (``python -c``): it reads its settings from standard input, so
 it never imports the script that started it (no ``if __name__ == "__main__"`` guard needed)
 and secrets never appear on a command line."""
@@ -67,7 +67,7 @@ def _run_worker_process(
     )
     import cloudpickle
 
-    from voltrl.store.client import HTTPStore
+    from voltrl.store.http import HTTPStore
 
     try:
         agent = cloudpickle.loads(agent_blob)
@@ -294,7 +294,7 @@ def run_runner(
     """
     import socket
 
-    from voltrl.store.client import HTTPStore
+    from voltrl.store.http import HTTPStore
 
     async def check() -> None:
         store = HTTPStore(store_url, token=token, retries=0)

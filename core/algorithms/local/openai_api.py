@@ -35,6 +35,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from voltrl._http.serving import BackgroundServer, serve, serve_in_thread
 from voltrl.algorithms.local.chat import ChatError, render_chat
 from voltrl.algorithms.local.engine import (
     MAX_TOP_LOGPROBS,
@@ -44,7 +45,6 @@ from voltrl.algorithms.local.engine import (
     SamplingParams,
 )
 from voltrl.algorithms.local.toolcalls import ToolStream, parse_tool_calls
-from voltrl.server import BackgroundServer, serve, serve_in_thread
 
 LogprobsMode = Literal["raw", "processed"]
 
@@ -586,11 +586,11 @@ async def serve_engine(
 
     With a ``token`` every route but ``/health`` requires ``Authorization: Bearer <token>``
     (clients pass it as their API key). Returns the server's base URL (the OpenAI base URL is
-    that plus ``/v1``) and an async ``stop``; see :func:`voltrl.server.serve`.
+    that plus ``/v1``) and an async ``stop``; see :func:`voltrl._http.serving.serve`.
     """
     app: ASGIApp = create_app(engine, model_name=model_name, logprobs_mode=logprobs_mode)
     if token:
-        from voltrl.store.routing import BearerAuth
+        from voltrl._http.auth import BearerAuth
 
         app = BearerAuth(app, token, open_paths=("/health",))
     return await serve(app, host, port, log_level=log_level)
@@ -605,6 +605,6 @@ def serve_engine_in_thread(
     logprobs_mode: LogprobsMode = "raw",
     log_level: str = "warning",
 ) -> BackgroundServer:
-    """Serve ``engine`` from a background thread; see :func:`voltrl.server.serve_in_thread`."""
+    """Serve ``engine`` from a background thread (:func:`voltrl._http.serving.serve_in_thread`)."""
     app = create_app(engine, model_name=model_name, logprobs_mode=logprobs_mode)
     return serve_in_thread(app, host, port, log_level=log_level)

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from voltrl.dashboard.app import dashboard_app
-from voltrl.dashboard.data import Catalog
+from voltrl.observability.dashboard.app import dashboard_app
+from voltrl.observability.dashboard.data import Catalog
 
 DEFAULT_PORT = 8500
 """Port of ``voltrl dashboard`` unless ``--port`` says otherwise."""
@@ -30,7 +30,7 @@ async def run_dashboard(
 ) -> None:
     """Serve the dashboard over ``sources`` until SIGINT or SIGTERM. Off loopback it needs a
     ``token``; ``store_token`` is the token of a store server among the sources."""
-    from voltrl.serve import require_token_off_loopback, served, wait_for_signal
+    from voltrl._http.serving import require_token_off_loopback, served, wait_for_signal
 
     require_token_off_loopback(host, token)
     catalog = Catalog(sources, token=store_token)

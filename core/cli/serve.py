@@ -10,44 +10,21 @@ token, and with a token every route but the health check requires ``Authorizatio
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import ipaddress
-import signal
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 from starlette.types import ASGIApp
 
+from voltrl._http.serving import require_token_off_loopback, served, wait_for_signal
 from voltrl.errors import VoltRLError
-from voltrl.gateway import Gateway
+from voltrl.gateway import Gateway, start_gateway
+from voltrl.gateway.hosting import make_gateway
 from voltrl.retry import GatewayRetry
 from voltrl.store.base import Store
-from voltrl.store.client import API_PREFIX
-from voltrl.store.routing import BearerAuth
+from voltrl.store.http.client import API_PREFIX
 
 DEFAULT_PORT = 8400
 """Port of ``voltrl serve`` and ``voltrl gateway`` unless ``--port`` says otherwise."""
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` names only this machine (``127.0.0.1``, ``::1``, ``localhost``)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-def require_token_off_loopback(host: str, token: str | None) -> None:
-    """Raise :class:`VoltRLError` if ``host`` is not loopback and there is no token."""
-    if not token and not is_loopback(host):
-        raise VoltRLError(
-            f"binding {host} exposes the server beyond this machine: pass --token-file FILE (or "
-            "--token) or set VOLTRL_TOKEN, or bind 127.0.0.1"
-        )
 
 
 def server_app(
@@ -69,107 +46,14 @@ def server_app(
     connection of its own (``voltrl serve`` passes its SQLite file: pages are read on a thread,
     never holding up the runners' requests), or is left out (False).
     """
-    from voltrl.dashboard import Catalog, dashboard_app
-    from voltrl.store.server import store_app
+    from voltrl.observability.dashboard import Catalog, dashboard_app
+    from voltrl.store.http import store_app
 
     options: dict[str, Any] = {} if max_wait_s is None else {"max_wait_s": max_wait_s}
     root = None if gateway is None else gateway.app
     source = store if dashboard is True else dashboard
     ui = dashboard_app(Catalog([source]), token=token) if dashboard else None
     return store_app(store, token=token, root=root, ui=ui, **options)
-
-
-async def wait_for_signal() -> None:
-    """Return on SIGTERM or SIGINT."""
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        await stop.wait()
-    finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
-
-
-@contextlib.asynccontextmanager
-async def served(app: ASGIApp, host: str, port: int, graceful_s: float) -> AsyncIterator[str]:
-    """Serve ``app`` on the running loop while the block runs; yields its URL. A port that
-    cannot be bound is a :class:`VoltRLError` saying so."""
-    from voltrl.server import serve
-
-    try:
-        url, stop = await serve(app, host, port, graceful_s=graceful_s)
-    except OSError as exc:
-        raise VoltRLError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-    try:
-        yield url
-    finally:
-        await stop()
-
-
-def make_gateway(
-    store: Store,
-    backends: Sequence[str],
-    token: str | None,
-    options: dict[str, Any],
-    retry: GatewayRetry | None = None,
-) -> Gateway:
-    """A gateway recording into ``store`` for a server guarded by ``token`` (``options``:
-    :class:`~voltrl.gateway.Gateway` arguments). With a token, clients send it as their API
-    key, so it is never forwarded: backends get ``backend_api_key`` (default ``EMPTY``)."""
-    if token and options.get("backend_api_key") is None:
-        options = {**options, "backend_api_key": "EMPTY"}
-    return Gateway(store, backends, **(retry or GatewayRetry()).model_dump(), **options)
-
-
-@dataclass(frozen=True)
-class ServedGateway:
-    """A gateway being served: the object (pause/resume) and the base URL agents use
-    (``http://host:port/v1``)."""
-
-    gateway: Gateway
-    url: str
-    stop: Callable[[], Awaitable[None]]
-
-
-async def start_gateway(
-    store: Store,
-    backends: Sequence[str],
-    *,
-    host: str = "127.0.0.1",
-    port: int = 0,
-    token: str | None = None,
-    retry: GatewayRetry | None = None,
-    graceful_s: float = 2.0,
-    **options: Any,
-) -> ServedGateway:
-    """Serve a gateway in front of ``backends`` on the running loop: the one way every gateway
-    is served (the trainer's, LocalRL's, VERL's, ``voltrl gateway``).
-
-    It binds ``host`` (off loopback only with a ``token``, else :class:`VoltRLError`), checks
-    ``token`` on every request, and returns a URL other machines can use (a wildcard host is
-    replaced by this machine's name). ``options`` are :class:`~voltrl.gateway.Gateway`
-    arguments. ``stop`` stops the server and then the gateway (its pending writes finish).
-    """
-    from voltrl.server import reachable_url, serve
-
-    require_token_off_loopback(host, token)
-    gateway = make_gateway(store, backends, token, options, retry)
-    app: ASGIApp = BearerAuth(gateway.app, token, open_paths=()) if token else gateway.app
-    try:
-        url, stop_server = await serve(app, host, port, graceful_s=graceful_s)
-    except (OSError, RuntimeError) as exc:
-        await gateway.aclose()
-        raise VoltRLError(f"cannot serve a gateway on {host}:{port}: {exc}") from None
-
-    async def stop() -> None:
-        try:
-            await stop_server()
-        finally:
-            await gateway.aclose()
-
-    return ServedGateway(gateway, f"{reachable_url(url)}/v1", stop)
 
 
 async def run_server(
@@ -190,7 +74,7 @@ async def run_server(
     Prints the URLs once the server accepts requests. On the signal, requests in flight get
     ``graceful_s`` seconds, then the gateway's pending writes finish and the store closes.
     """
-    from voltrl.server import check_bindable
+    from voltrl._http.serving import check_bindable
     from voltrl.store import open_store
     from voltrl.store.sql import SQLStore
 
@@ -237,7 +121,7 @@ async def run_gateway(
 ) -> None:
     """``voltrl gateway``: serve only the gateway, recording into the store server at
     ``store_url`` (reached with ``token``, which also guards the gateway), until a signal."""
-    from voltrl.store.client import HTTPStore
+    from voltrl.store.http import HTTPStore
 
     require_token_off_loopback(host, token)
     if not backends:
@@ -270,7 +154,7 @@ async def run_gateway(
 async def _check_store_server(url: str, token: str | None) -> None:
     """Raise :class:`VoltRLError` unless the store server at ``url`` answers an authenticated
     request (one try: a clear error now rather than retries)."""
-    from voltrl.store.client import HTTPStore
+    from voltrl.store.http import HTTPStore
 
     store = HTTPStore(url, token=token, retries=0)
     try:

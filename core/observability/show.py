@@ -32,10 +32,10 @@ from rich.text import Text
 from rich.tree import Tree
 
 from voltrl.errors import NotFoundError, VoltRLError
-from voltrl.failures import agent_frames, traceback_frames
-from voltrl.metrics import format_stats_table, read_metrics, summarize
+from voltrl.observability.failures import agent_frames, traceback_frames
+from voltrl.observability.metrics import format_stats_table, read_metrics, summarize
 from voltrl.store.base import Store
-from voltrl.store.dialects import redact
+from voltrl.store.sql.dialects import redact
 from voltrl.types import Attempt, LLMCall, Reward, Rollout, Run, Span
 
 BARS = "▁▂▃▄▅▆▇█"
@@ -85,7 +85,7 @@ def _open(spec: str, token: str | None) -> tuple[Store, Path | None]:
     """The store ``spec`` names (an existing file, ``sqlite:///``, ``postgresql://``,
     ``http(s)://``) and its SQLite file, if it is one."""
     if spec.startswith(("http://", "https://")):
-        from voltrl.store.client import HTTPStore
+        from voltrl.store.http import HTTPStore
 
         return HTTPStore(spec, token=token or os.environ.get("VOLTRL_TOKEN")), None
     if "://" in spec and not spec.startswith("sqlite:"):

@@ -84,7 +84,7 @@ def verl_fit(
     """Train ``agent`` with ``algorithm`` on ``--runners`` runners of ``--concurrency`` rollouts
     as run ``--name`` (``trainer`` adds :class:`voltrl.Trainer` arguments); prints the run
     directory and returns the script's exit status."""
-    from voltrl.trainer import Trainer
+    from voltrl.runtime import Trainer
 
     result = Trainer(
         algorithm,

@@ -1,4 +1,4 @@
-"""The dashboard's web app: server-rendered pages over :mod:`voltrl.dashboard.data`.
+"""The dashboard's web app: server-rendered pages over :mod:`voltrl.observability.dashboard.data`.
 
 Pages (under the mount point, ``/`` for ``voltrl dashboard``, ``/ui`` in ``voltrl serve``):
 
@@ -38,9 +38,9 @@ from fastapi.templating import Jinja2Templates
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from voltrl.dashboard import data
 from voltrl.errors import NotFoundError, StoreError
-from voltrl.metrics import FIRST_METRICS, Series, metric_series
+from voltrl.observability.dashboard import data
+from voltrl.observability.metrics import FIRST_METRICS, Series, metric_series
 from voltrl.store.browse import RolloutPage, RolloutQuery, duration
 
 HERE = Path(__file__).resolve().parent

@@ -83,7 +83,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from voltrl.errors import MissingTokenIdsError
-from voltrl.gateway_errors import REFUSED_SPAN
+from voltrl.gateway.errors import REFUSED_SPAN
 from voltrl.types import LLMCall, Model, Reward, Rollout, Span, Trajectory, Transition
 
 if TYPE_CHECKING:

@@ -1,6 +1,6 @@
-"""The store over HTTP: :class:`HTTPStore` talks to a store server (:mod:`voltrl.store.server`)
-and behaves exactly like a local store, so a runner on another machine cannot tell the
-difference.
+"""The store over HTTP: :class:`HTTPStore` talks to a store server
+(:mod:`voltrl.store.http.endpoints`) and behaves exactly like a local store, so a runner on
+another machine cannot tell the difference.
 
 This module also defines the wire format of the request and response bodies that are not
 records themselves (records such as :class:`~voltrl.types.Rollout` travel as-is). The server
@@ -46,7 +46,7 @@ from voltrl.resources import Resources
 from voltrl.retry import RETRY_STATUSES, Backoff, Retry
 from voltrl.store.base import DEFAULT_LEASE_S, Store
 from voltrl.store.browse import RolloutCount, RolloutPage, RolloutQuery
-from voltrl.store.dialects import redact
+from voltrl.store.sql.dialects import redact
 from voltrl.types import (
     Attempt,
     AttemptResult,

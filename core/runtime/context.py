@@ -10,16 +10,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from voltrl.errors import VoltRLError
-from voltrl.failures import FailureReport
-from voltrl.loggers import Trackers
-from voltrl.metrics import MetricsLog
+from voltrl.observability.failures import FailureReport
+from voltrl.observability.metrics import MetricsLog
+from voltrl.observability.trackers import Trackers
 from voltrl.resources import Resource, Resources
 from voltrl.store.base import Store
 from voltrl.types import Rollout, RolloutMode, Run, Task
 
 if TYPE_CHECKING:
+    from voltrl.gateway.hosting import ServedGateway
     from voltrl.retry import GatewayRetry
-    from voltrl.serve import ServedGateway
 
 
 @dataclass
@@ -74,12 +74,12 @@ class TrainContext:
         the run's), checks the run's token (refused off loopback without one), records each
         call's resources version, and stops when the run ends. ``retry`` overrides the
         trainer's retry settings; ``reasoning_split`` moves the thinking a model writes into
-        its content to ``reasoning_content`` (:mod:`voltrl.reasoning`); ``model_for_agent``
+        its content to ``reasoning_content`` (:mod:`voltrl.gateway.reasoning`); ``model_for_agent``
         names the model each call is forwarded with, by its agent name (LoRA adapters per
         role). Publish an
         ``LLM(endpoint=served.url, gateway=True)``: runners give it the token as its API
         key."""
-        from voltrl.serve import start_gateway
+        from voltrl.gateway.hosting import start_gateway
 
         served = await start_gateway(
             self.store,

@@ -33,17 +33,17 @@ from typing import TYPE_CHECKING, Any
 
 from voltrl.agent import FunctionAgent, LitAgent, rollout
 from voltrl.algorithms.base import Algorithm
-from voltrl.context import TrainContext
-from voltrl.dataset import Dataset, load_tasks
 from voltrl.errors import VoltRLError
-from voltrl.failures import FailureReport
-from voltrl.loggers import LOGGERS, Logger, Trackers, parse_loggers
-from voltrl.metrics import MetricsLog, RewardStats, format_stats_table, summarize
+from voltrl.observability.failures import FailureReport
+from voltrl.observability.metrics import MetricsLog, RewardStats, format_stats_table, summarize
+from voltrl.observability.trackers import LOGGERS, Logger, Trackers, parse_loggers
 from voltrl.resources import LLM, ApiKeys, Resource, Resources, llm_keys
-from voltrl.runner import RunnerConfig, run_worker
+from voltrl.runtime.context import TrainContext
+from voltrl.runtime.dataset import Dataset, load_tasks
+from voltrl.runtime.runner import RunnerConfig, run_worker
+from voltrl.runtime.workers import WorkerPool
 from voltrl.store.base import Store
 from voltrl.types import Rollout, Run, RunStatus, Task
-from voltrl.workers import WorkerPool
 
 if TYPE_CHECKING:
     from voltrl.retry import GatewayRetry
@@ -132,9 +132,9 @@ class Trainer:
         loggers: experiment trackers the run's metrics also go to, besides
             ``<run dir>/metrics.jsonl`` (``jsonl``, always on): ``"tensorboard"``,
             ``"wandb"``, ``"mlflow"``, each a name, a mapping with options (``{"name":
-            "wandb", "project": "x", "mode": "offline"}``) or a :class:`~voltrl.loggers.
-            Logger`; see ``docs/trackers.md``. A missing package raises at once, naming the
-            pip extra that installs it.
+            "wandb", "project": "x", "mode": "offline"}``) or a
+            :class:`~voltrl.observability.trackers.Logger`; see ``docs/trackers.md``. A missing
+            package raises at once, naming the pip extra that installs it.
     """
 
     def __init__(
@@ -643,12 +643,12 @@ class Trainer:
     ) -> tuple[str, str | None]:
         """The URL and token of a store server for ``store`` (started here with ``token``),
         or of the one ``store`` already is."""
-        from voltrl.store.client import HTTPStore
+        from voltrl.store.http import HTTPStore
 
         if isinstance(store, HTTPStore):  # a store server already exists: use it directly
             return store.url, store.token
-        from voltrl.serve import server_app
-        from voltrl.server import reachable_url, serve
+        from voltrl._http.serving import reachable_url, serve
+        from voltrl.cli.serve import server_app
 
         url, stop_server = await serve(server_app(store, token=token), self.host, self.port)
         url = reachable_url(url)

@@ -34,9 +34,9 @@ from urllib.parse import quote, unquote
 import aiohttp
 
 from voltrl.errors import NotFoundError
-from voltrl.gateway_errors import REFUSED_SPAN, GatewayHTTPError, backend_error, refusal
-from voltrl.gateway_records import _Call, _calls_from_response, _StreamAccumulator, _strip
-from voltrl.reasoning import ReasoningSplitter, flush_deltas, split_deltas, split_messages
+from voltrl.gateway.errors import REFUSED_SPAN, GatewayHTTPError, backend_error, refusal
+from voltrl.gateway.reasoning import ReasoningSplitter, flush_deltas, split_deltas, split_messages
+from voltrl.gateway.records import _Call, _calls_from_response, _StreamAccumulator, _strip
 from voltrl.retry import RETRY_STATUSES, Backoff, Retry
 from voltrl.store.base import Store
 from voltrl.types import LLMCall, Span
@@ -89,7 +89,7 @@ class Gateway:
         reasoning_split: hand agents the ``<think>...</think>`` a model wrote into a chat
             response's content as ``reasoning_content`` (the rest stays ``content``),
             streamed or not; the recorded call keeps the response as sampled
-            (:mod:`voltrl.reasoning`).
+            (:mod:`voltrl.gateway.reasoning`).
     """
 
     def __init__(
@@ -701,19 +701,3 @@ async def _send_bytes(
     hdrs = [*(headers or [_JSON]), (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": hdrs})
     await send({"type": "http.response.body", "body": body})
-
-
-@contextlib.asynccontextmanager
-async def serve_gateway(
-    gateway: Gateway, host: str = "127.0.0.1", port: int = 0
-) -> AsyncIterator[str]:
-    """Serve ``gateway.app`` on this event loop; yields its base URL (``http://host:port``).
-    On exit the server stops and :meth:`Gateway.aclose` runs."""
-    from voltrl.server import serve
-
-    url, stop = await serve(gateway.app, host, port)
-    try:
-        yield url
-    finally:
-        await stop()
-        await gateway.aclose()

@@ -1,4 +1,4 @@
-"""The SQL of :class:`~voltrl.store.sql.SQLStore`, and what differs between the databases
+"""The SQL of :class:`~voltrl.store.sql.store.SQLStore`, and what differs between the databases
 it runs on.
 
 Every statement of the store is written once, in :class:`Statements`, with ``?``

@@ -2,8 +2,8 @@
 
 One implementation serves both. What differs between databases (placeholders, how a write
 transaction starts, how the claim query locks its row, column types, connecting) lives in a
-small :class:`~voltrl.store.dialects.Dialect`; every statement is written once, in
-:class:`~voltrl.store.dialects.Statements`.
+small :class:`~voltrl.store.sql.dialects.Dialect`; every statement is written once, in
+:class:`~voltrl.store.sql.dialects.Statements`.
 
 Rows hold the pydantic model as JSON in ``data``, next to real, indexed columns for what the
 store filters and orders on (ids, status, mode, times, lease expiry, queue position). Both are
@@ -60,7 +60,8 @@ from voltrl.store.browse import (
     RolloutQuery,
     count_order,
 )
-from voltrl.store.dialects import (
+from voltrl.store.lifecycle import Notifier, apply_result, expire_attempt
+from voltrl.store.sql.dialects import (
     POSTGRES,
     SCHEMA_VERSION,
     SQLITE,
@@ -73,7 +74,6 @@ from voltrl.store.dialects import (
     postgres_location,
     redact,
 )
-from voltrl.store.lifecycle import Notifier, apply_result, expire_attempt
 from voltrl.types import (
     Attempt,
     AttemptResult,

@@ -1,9 +1,9 @@
-"""The routing of the store server: its route class and error answers, the app that sends
-requests for the store's routes straight to them, and the bearer-token check of every server.
+"""The routing of the store server: its route class and error answers, and the app that sends
+requests for the store's routes straight to them.
 
 The store's routes are FastAPI routes, so the OpenAPI schema describes them and
-:func:`~voltrl.store.server.store_router` mounts in any FastAPI app, but their requests do not
-go through FastAPI's dependency machinery, which costs more than the store's own work:
+:func:`~voltrl.store.http.endpoints.store_router` mounts in any FastAPI app, but their requests
+do not go through FastAPI's dependency machinery, which costs more than the store's own work:
 
 - :func:`route_class` makes a route class whose handler checks the body size, binds the
   endpoint's path, query and body parameters from its signature (bound once; a body is parsed
@@ -30,23 +30,22 @@ with plain FastAPI. Plain FastAPI loses well over the 10% a simplification may c
 :class:`StoreApp` alone costs about 10% of the server's CPU, which bounds the rollouts/s of
 many workers, so both parts stay.
 
-:class:`BearerAuth` is the one place that checks the token: ``store_app`` (so ``voltrl serve``)
-and every served gateway wrap their whole app in it, so it guards the store, OTLP and gateway
-routes alike.
+:class:`~voltrl._http.auth.BearerAuth` is the one place that checks the token: ``store_app`` (so
+``voltrl serve``) and every served gateway wrap their whole app in it, so it guards the store,
+OTLP and gateway routes alike.
 
 Errors are JSON ``{"error": {"type": ..., "message": ...}}``: ``NotFoundError`` 404,
 ``StaleAttemptError`` 409, other store errors 400, bad bodies 422, missing or wrong token 401
-(:class:`BearerAuth`), a body over the size limit 413, anything unexpected 500 (logged with its
-traceback; the answer carries only the message).
+(:class:`~voltrl._http.auth.BearerAuth`), a body over the size limit 413, anything unexpected
+500 (logged with its traceback; the answer carries only the message).
 """
 
 from __future__ import annotations
 
-import hmac
 import inspect
 import logging
 import typing
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine
 from re import Pattern
 from typing import Any
 
@@ -59,9 +58,9 @@ from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from voltrl.errors import NotFoundError, StaleAttemptError, VoltRLError
-from voltrl.store.client import API_PREFIX, ErrorDetail, ErrorResponse
+from voltrl.store.http.client import API_PREFIX, ErrorDetail, ErrorResponse
 
-logger = logging.getLogger("voltrl.store.server")
+logger = logging.getLogger("voltrl.store.http.endpoints")
 
 _JSON = "application/json"
 _HTTP_ERROR_TYPES = {
@@ -275,51 +274,3 @@ class StoreApp(FastAPI):
                 await route.app(scope, receive, send)
                 return
         await super().__call__(scope, receive, send)
-
-
-class BearerAuth:
-    """ASGI middleware: every HTTP request but those for ``open_paths`` (and paths under
-    ``open_prefixes``, whose app checks the token itself) needs
-    ``Authorization: Bearer <token>`` (compared in constant time).
-
-    Refusals are 401 with the store's JSON error body, whichever app is behind.
-    """
-
-    def __init__(
-        self,
-        app: ASGIApp,
-        token: str,
-        open_paths: Sequence[str] = (HEALTH_PATH,),
-        open_prefixes: Sequence[str] = (),
-    ):
-        if not token:
-            raise ValueError("BearerAuth needs a non-empty token")
-        self.app = app
-        self._expected = token.encode()
-        self._open = frozenset(open_paths)
-        self._open_prefixes = tuple(open_prefixes)
-        refusal = ErrorDetail(type="Unauthorized", message="missing or wrong bearer token")
-        self._refusal = ErrorResponse(error=refusal).model_dump_json().encode()
-
-    def _allowed(self, scope: Scope) -> bool:
-        if scope["path"] in self._open or scope["path"].startswith(self._open_prefixes):
-            return True
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                scheme, _, given = value.partition(b" ")
-                return scheme.lower() == b"bearer" and hmac.compare_digest(
-                    given.strip(), self._expected
-                )
-        return False
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or self._allowed(scope):
-            await self.app(scope, receive, send)
-            return
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(self._refusal)).encode()),
-            (b"www-authenticate", b"Bearer"),
-        ]
-        await send({"type": "http.response.start", "status": 401, "headers": headers})
-        await send({"type": "http.response.body", "body": self._refusal})

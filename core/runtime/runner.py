@@ -3,7 +3,7 @@
 One worker is an asyncio loop (:func:`run_worker`) that keeps up to ``max_concurrency``
 rollouts in flight. Each rollout gets a :class:`~voltrl.tracing.RolloutContext`, its timeout
 is enforced by cancelling the work, and whatever the agent does (raise, hang, return junk)
-ends that attempt only. :class:`~voltrl.workers.WorkerPool` runs workers as separate
+ends that attempt only. :class:`~voltrl.runtime.workers.WorkerPool` runs workers as separate
 processes talking to the store over HTTP, and restarts one that dies; the dead worker's leases
 expire and the store hands its rollouts out again (``voltrl runner`` is such a pool).
 
@@ -15,7 +15,7 @@ failed at once and its thread *abandoned*: it runs on untouched, its result is d
 whatever it emits is rejected. Abandoned threads that never return pile up, so a worker
 process holding more than ``max_abandoned_threads`` of them still running retires: it claims
 nothing more, finishes its other rollouts and exits with :data:`RECYCLE_EXIT_CODE`, and its
-:class:`~voltrl.workers.WorkerPool` starts a fresh process in its place (not counted as a
+:class:`~voltrl.runtime.workers.WorkerPool` starts a fresh process in its place (not counted as a
 crash). An inline worker (``Trainer(inline=True)``) shares the trainer's process and cannot
 retire: it logs a warning instead.
 
@@ -42,7 +42,7 @@ from voltrl.store.base import Store
 from voltrl.tracing import RolloutContext, activate, copy_context_into_executor
 from voltrl.types import AttemptResult, Claim
 
-log = logging.getLogger("voltrl.runner")
+log = logging.getLogger("voltrl.runtime.runner")
 
 #: Exit status of a worker process that retires to shed abandoned threads; its pool starts
 #: a fresh one in its place (a planned restart, not a crash).

@@ -17,14 +17,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.util
+import ipaddress
+import signal
 import socket
 import threading
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from types import TracebackType
 from typing import Any, TypeVar
 
 import uvicorn
 from starlette.types import ASGIApp
+
+from voltrl.errors import VoltRLError
 
 
 class _Server(uvicorn.Server):
@@ -248,3 +252,49 @@ def serve_in_thread(
     """
     server = BackgroundServer(app, host=host, port=port, log_level=log_level, graceful_s=graceful_s)
     return server.start()
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names only this machine (``127.0.0.1``, ``::1``, ``localhost``)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def require_token_off_loopback(host: str, token: str | None) -> None:
+    """Raise :class:`VoltRLError` if ``host`` is not loopback and there is no token."""
+    if not token and not is_loopback(host):
+        raise VoltRLError(
+            f"binding {host} exposes the server beyond this machine: pass --token-file FILE (or "
+            "--token) or set VOLTRL_TOKEN, or bind 127.0.0.1"
+        )
+
+
+async def wait_for_signal() -> None:
+    """Return on SIGTERM or SIGINT."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+
+@contextlib.asynccontextmanager
+async def served(app: ASGIApp, host: str, port: int, graceful_s: float) -> AsyncIterator[str]:
+    """Serve ``app`` on the running loop while the block runs; yields its URL. A port that
+    cannot be bound is a :class:`VoltRLError` saying so."""
+    try:
+        url, stop = await serve(app, host, port, graceful_s=graceful_s)
+    except OSError as exc:
+        raise VoltRLError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    try:
+        yield url
+    finally:
+        await stop()

@@ -146,9 +146,9 @@ def check_llm(llm: LLM, what: str) -> None:
 
 
 def _cmd_dev(args: argparse.Namespace) -> int:
-    from voltrl.dataset import load_tasks
     from voltrl.resources import LLM
-    from voltrl.trainer import Trainer
+    from voltrl.runtime import Trainer
+    from voltrl.runtime.dataset import load_tasks
 
     agent = load_agent(args.agent)
     load_tasks(args.data)  # fail on bad data before starting anything
@@ -191,7 +191,7 @@ def build_from_config(config: dict[str, Any]) -> tuple[Any, Any, str, str | None
     """
     from voltrl.algorithms.baseline import Baseline
     from voltrl.resources import LLM
-    from voltrl.trainer import Trainer
+    from voltrl.runtime import Trainer
 
     unknown = set(config) - {"agent", "data", "algorithm", "trainer"}
     if unknown:
@@ -262,7 +262,7 @@ def _cmd_runs(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from voltrl.metrics import summarize
+    from voltrl.observability.metrics import summarize
     from voltrl.store.sql import SQLStore
 
     async def collect() -> list[tuple[Any, ...]]:
@@ -303,7 +303,7 @@ def _cmd_runs(args: argparse.Namespace) -> int:
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
-    from voltrl.show import show
+    from voltrl.observability.show import show
 
     return show(
         args.run,
@@ -395,8 +395,8 @@ def _gateway_retry(args: argparse.Namespace) -> Any:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from voltrl.serve import run_server
-    from voltrl.server import run
+    from voltrl._http.serving import run
+    from voltrl.cli.serve import run_server
 
     coro = run_server(
         args.store,
@@ -413,8 +413,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_dashboard(args: argparse.Namespace) -> int:
-    from voltrl.dashboard import run_dashboard
-    from voltrl.server import run
+    from voltrl._http.serving import run
+    from voltrl.observability.dashboard import run_dashboard
 
     store_token = None
     if args.store_token_file:
@@ -430,8 +430,8 @@ def _cmd_dashboard(args: argparse.Namespace) -> int:
 
 
 def _cmd_gateway(args: argparse.Namespace) -> int:
-    from voltrl.serve import run_gateway
-    from voltrl.server import run
+    from voltrl._http.serving import run
+    from voltrl.cli.serve import run_gateway
 
     coro = run_gateway(
         args.store,
@@ -447,8 +447,8 @@ def _cmd_gateway(args: argparse.Namespace) -> int:
 
 
 def _cmd_runner(args: argparse.Namespace) -> int:
-    from voltrl.runner import RunnerConfig
-    from voltrl.workers import run_runner
+    from voltrl.runtime.runner import RunnerConfig
+    from voltrl.runtime.workers import run_runner
 
     if not args.store.startswith(("http://", "https://")):
         raise VoltRLError(
@@ -474,8 +474,7 @@ MODEL_PORT = 8000
 
 
 def _cmd_model_serve(args: argparse.Namespace) -> int:
-    from voltrl.serve import require_token_off_loopback
-    from voltrl.server import run
+    from voltrl._http.serving import require_token_off_loopback, run
 
     token = _token(args)
     require_token_off_loopback(args.host, token)
@@ -529,9 +528,8 @@ async def _serve_model(
 ) -> None:
     """Serve ``engine`` as ``name``, print how to use it (``key_hint``: how the printed
     command passes the token), and stop on SIGTERM or SIGINT."""
-    from voltrl.algorithms.local.server import serve_engine
-    from voltrl.serve import wait_for_signal
-    from voltrl.server import reachable_url
+    from voltrl._http.serving import reachable_url, wait_for_signal
+    from voltrl.algorithms.local.openai_api import serve_engine
 
     try:
         url, stop = await serve_engine(engine, host, port, model_name=name, token=token)
@@ -555,7 +553,7 @@ async def _serve_model(
 
 
 def _add_serving_args(parser: argparse.ArgumentParser) -> None:
-    from voltrl.serve import DEFAULT_PORT
+    from voltrl.cli.serve import DEFAULT_PORT
 
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="0 picks a free port")
@@ -779,7 +777,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("voltrl: interrupted", file=sys.stderr)
         return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

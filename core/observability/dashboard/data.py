@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from voltrl import metrics
 from voltrl.errors import NotFoundError, StoreError, VoltRLError
+from voltrl.observability import metrics
 from voltrl.store import open_store
 from voltrl.store.base import Store
 from voltrl.store.browse import RolloutQuery
-from voltrl.store.dialects import redact
+from voltrl.store.sql.dialects import redact
 from voltrl.types import LLMCall, Rollout, Run, Span
 
 STORE_FILE = "store.sqlite"
@@ -83,7 +83,7 @@ class Catalog:
 
     def _open(self, spec: str) -> Store:
         if spec.startswith(("http://", "https://")) and self._token:
-            from voltrl.store.client import HTTPStore
+            from voltrl.store.http import HTTPStore
 
             return HTTPStore(spec, token=self._token)
         if "://" not in spec or spec.startswith("sqlite:"):

@@ -2,16 +2,16 @@
 
 :func:`store_router` builds the routes (an ``APIRouter`` to include under ``/v1/store`` next to
 other routes in one server); :func:`store_app` is the app serving them (and, when given,
-another app such as the gateway on every other path). :class:`~voltrl.store.client.HTTPStore`
+another app such as the gateway on every other path). :class:`~voltrl.store.http.client.HTTPStore`
 is the matching client.
 
 Routes (under ``/v1/store``; with a token, every one but ``/health`` needs
-``Authorization: Bearer <token>``, checked by :class:`~voltrl.store.routing.BearerAuth` around
+``Authorization: Bearer <token>``, checked by :class:`~voltrl._http.auth.BearerAuth` around
 the whole app):
 
 ========  ==================================  ==========================================
 GET       /health                             liveness, no auth
-POST      /v1/traces                          OTLP/HTTP trace export (:mod:`~voltrl.store.otlp`)
+POST      /v1/traces                          OTLP/HTTP trace export (:mod:`~.otlp`)
 POST      /runs                               ``add_run``
 GET       /runs                               ``list_runs``
 POST      /resources                          ``add_resources``
@@ -50,7 +50,7 @@ them twice.
 SDKs send traces when given the server's URL as their OTLP endpoint.
 
 The routes are FastAPI routes whose requests skip FastAPI's dependency machinery, and
-``store_app`` sends requests for them straight to them (see :mod:`voltrl.store.routing`). The
+``store_app`` sends requests for them straight to them (see :mod:`voltrl.store.http.routes`). The
 routes a runner calls for every rollout (claim, enqueue, complete) are declared first.
 """
 
@@ -68,10 +68,11 @@ from pydantic import TypeAdapter
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp
 
+from voltrl._http.auth import BearerAuth
 from voltrl.resources import Resources
 from voltrl.store.base import Store
 from voltrl.store.browse import RolloutCount, RolloutPage, RolloutQuery
-from voltrl.store.client import (
+from voltrl.store.http.client import (
     _ATTEMPTS,
     _COUNTS,
     _EXPIRE,
@@ -103,16 +104,15 @@ from voltrl.store.client import (
     SpansRequest,
     WaitRequest,
 )
-from voltrl.store.otlp import OTLP_PATH, OTLP_REQUEST_BODY, export_traces
-from voltrl.store.routing import (
+from voltrl.store.http.otlp import OTLP_PATH, OTLP_REQUEST_BODY, export_traces
+from voltrl.store.http.routes import (
     HEALTH_PATH,
-    BearerAuth,
     StoreApp,
     error_parts,
     http_exception,
     route_class,
 )
-from voltrl.store.routing import error_response as error_response
+from voltrl.store.http.routes import error_response as error_response
 from voltrl.types import Attempt, AttemptResult, Claim, LLMCall, Reward, Rollout, Run, Span
 
 UI_PATH = "/ui"
@@ -293,7 +293,7 @@ def store_router(
 ) -> APIRouter:
     """The store routes (see the module docstring), to include under ``/v1/store``; an app
     that includes them checks a token by wrapping itself in
-    :class:`~voltrl.store.routing.BearerAuth`.
+    :class:`~voltrl._http.auth.BearerAuth`.
 
     ``max_wait_s``: cap on how long a long-poll request is held. ``max_body_bytes``: larger
     request bodies get 413. ``dedup_ttl_s``, ``dedup_max_bytes``: how long, and up to how many
@@ -487,7 +487,7 @@ def store_app(
     ``root`` (such as the gateway) on every other path. There is no docs page: FastAPI's loads
     Swagger UI from a CDN, blank offline; any OpenAPI viewer reads the spec.
 
-    With a ``token``, the whole app is wrapped in :class:`~voltrl.store.routing.BearerAuth`:
+    With a ``token``, the whole app is wrapped in :class:`~voltrl._http.auth.BearerAuth`:
     every route but ``/v1/store/health`` needs it. Without one, the app is a FastAPI app.
     Unknown paths and methods, and anything unexpected in ``root``, also answer in the JSON
     error format. ``ui`` (the dashboard) is served under ``/ui``; with a token it does its
@@ -515,7 +515,7 @@ def store_app(
     if not token:
         return app
     if ui is None:
-        return BearerAuth(app, token)
+        return BearerAuth(app, token, (HEALTH_PATH,))
     return BearerAuth(app, token, (HEALTH_PATH, UI_PATH), open_prefixes=(f"{UI_PATH}/",))
 
 

@@ -1,0 +1,2 @@
+"""HTTP plumbing shared by every server of VoltRL: serving an ASGI app, bearer-token auth,
+loopback checks."""

@@ -1,0 +1,6 @@
+"""The ``voltrl`` command line (:func:`main`); ``voltrl train`` builds its run from YAML with
+:func:`build_from_config`."""
+
+from voltrl.cli.main import build_from_config, main
+
+__all__ = ["build_from_config", "main"]

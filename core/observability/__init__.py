@@ -1,0 +1,2 @@
+"""What a run shows: metrics and trackers, plots, failure reports, ``voltrl show`` and the
+dashboard."""
