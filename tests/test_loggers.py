@@ -1,7 +1,9 @@
 """Experiment trackers (``Trainer(loggers=[...])``, ``trainer: {loggers: [...]}``): each
 logger gets the run's config, every metric line's numbers, sample rollouts after a validation
 (W&B's table), the summary, and is closed whatever the run's end. Read back with the real
-packages, offline: W&B's offline run file, an MLflow file store, TensorBoard event files."""
+packages, offline: W&B's offline run file, an MLflow file store, TensorBoard event files. The
+trackers run on their own thread: one that blocks never holds up the run, a full queue drops
+lines, one that raises is turned off alone."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import os
 import signal
 import struct
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -23,10 +26,12 @@ from fake_openai_backend import FakeBackend, reply_text
 
 import voltrl as vl
 from voltrl.cli import build_from_config, main
+from voltrl.observability.metrics import read_metrics
 from voltrl.observability.trackers import (
     Logger,
     MlflowLogger,
     RolloutRow,
+    Trackers,
     WandbLogger,
     numeric,
     parse_loggers,
@@ -93,6 +98,68 @@ class Recorder(Logger):
 
     def close(self) -> None:
         self.calls.append(("close", None))
+
+
+class Blocking(Logger):
+    """A tracker whose ``log_metrics`` waits until the test sets ``release``, then records the
+    line in ``received``. On the event loop's thread (the main one) it would wait forever, the
+    test being unable to release it: it raises there instead."""
+
+    name: Literal["blocking"] = "blocking"
+    release: ClassVar[threading.Event] = threading.Event()
+    closed: ClassVar[threading.Event] = threading.Event()
+    received: ClassVar[list[tuple[int, dict[str, float]]]] = []
+
+    def log_metrics(self, step: int, metrics: Any) -> None:
+        if threading.current_thread() is threading.main_thread():
+            raise RuntimeError("log_metrics on the event loop's thread: it would wait forever")
+        self.release.wait()
+        self.received.append((step, dict(metrics)))
+
+    def close(self) -> None:
+        self.closed.set()
+
+
+@pytest.fixture
+def blocking() -> Iterator[None]:
+    """A fresh :class:`Blocking`, released at the end whatever happened."""
+    Blocking.release.clear()
+    Blocking.closed.clear()
+    Blocking.received.clear()
+    yield
+    Blocking.release.set()  # never leave the trackers' thread waiting
+
+
+class Raises(Logger):
+    """A tracker whose hook ``fails_in`` raises (each time); ``calls`` lists the hooks called."""
+
+    name: Literal["raises"] = "raises"
+    fails_in: str
+    calls: ClassVar[list[str]] = []
+
+    def start(self, run: vl.Run, run_dir: Path, config: Any) -> None:
+        self._called("start")
+
+    def log_metrics(self, step: int, metrics: Any) -> None:
+        self._called("log_metrics")
+
+    def finish(self, summary: Any) -> None:
+        self._called("finish")
+
+    def close(self) -> None:
+        self.calls.append("close")
+
+    def _called(self, hook: str) -> None:
+        self.calls.append(hook)
+        if hook == self.fails_in:
+            raise ConnectionError("the tracking server is gone")
+
+
+def metric_lines(run_dir: Path) -> list[tuple[int, dict[str, float]]]:
+    """The lines of a run's ``metrics.jsonl`` as a tracker gets them: step and numbers."""
+    ids = ("run_id", "step", "time")
+    records = read_metrics(run_dir / "metrics.jsonl")
+    return [(r["step"], numeric({k: v for k, v in r.items() if k not in ids})) for r in records]
 
 
 # ---- reading back what each tracker wrote -------------------------------------------------
@@ -374,3 +441,81 @@ def test_a_missing_package_names_the_extra_to_install(
     run = vl.Run(name="r", kind="fit")
     with pytest.raises(vl.VoltRLError, match=needs):  # at start too (a broken install, say)
         chosen[0].start(run, tmp_path, {})
+
+
+@pytest.mark.usefixtures("blocking")
+def test_a_tracker_that_blocks_never_holds_up_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run finishes while its tracker still waits in its first ``log_metrics`` (the loop only
+    queued the lines; with ``close_timeout_s=0`` the end does not wait for them either) and says
+    how many lines were not delivered; released, the tracker gets every line, then its close."""
+    monkeypatch.setattr(Trackers, "close_timeout_s", 0.0)
+    trainer = vl.Trainer(
+        run_dir=tmp_path, name="slow", inline=True, progress=False, loggers=[Blocking()]
+    )
+    result = trainer.fit(scripted, [{"reward": 1}], [{"reward": 0}])
+    assert result.run.status == "finished"
+    assert Blocking.received == []  # still waiting on the first line
+    lines = metric_lines(result.run_dir)
+    assert len(lines) == 2  # train, val
+    assert (
+        "warning: trackers: 2 lines not delivered after 0 s ('blocking' log_metrics still running"
+        in capsys.readouterr().err
+    )
+    Blocking.release.set()
+    assert Blocking.closed.wait(60)  # a bound only so that a broken build fails, not hangs
+    assert Blocking.received == lines
+
+
+@pytest.mark.usefixtures("blocking")
+async def test_a_full_queue_drops_and_counts_lines_instead_of_waiting(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With room for two lines and the tracker stuck in the first, the next is queued and the
+    three after it are dropped at once, counted, and reported: once as it happens, then the
+    count when the trackers close. The lines kept arrive in order once the tracker goes on."""
+    trackers = Trackers([Blocking()], max_queued=2)
+    trackers.start(vl.Run(name="r", kind="fit"), tmp_path, {})
+    for step in range(5):
+        trackers.log_metrics(step, {"x": step})
+    assert trackers.dropped == 3
+    err = capsys.readouterr().err
+    assert err.count("warning: trackers: 2 lines wait") == 1 and err.endswith("dropping lines\n")
+    Blocking.release.set()
+    await trackers.close()
+    assert Blocking.received == [(0, {"x": 0.0}), (1, {"x": 1.0})]
+    assert capsys.readouterr().err == "warning: trackers: 3 lines dropped (the queue was full)\n"
+
+
+@pytest.mark.parametrize(
+    ("fails_in", "calls"),
+    [("start", ["start", "close"]), ("log_metrics", ["start", "log_metrics", "close"])],
+)
+def test_a_tracker_that_raises_is_reported_once_and_the_others_get_every_line(
+    fails_in: str, calls: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A tracker whose start or log_metrics raises gets one warning line and nothing more but
+    its close; the run finishes and the other tracker gets every line, the summary and close."""
+    Recorder.calls.clear()
+    Raises.calls.clear()
+    trainer = vl.Trainer(
+        run_dir=tmp_path,
+        name="r",
+        inline=True,
+        progress=False,
+        loggers=[Raises(fails_in=fails_in), Recorder()],
+    )
+    result = trainer.fit(scripted, [{"reward": 1}], [{"reward": 0}])
+    assert result.run.status == "finished"
+    assert Raises.calls == calls
+    lines = metric_lines(result.run_dir)
+    assert len(lines) == 2
+    assert [args for name, args in Recorder.calls if name == "log_metrics"] == lines
+    hooks = [name for name, _ in Recorder.calls]
+    assert hooks == ["start", "log_metrics", "log_metrics", "finish", "close"]
+    reported = [line for line in capsys.readouterr().err.splitlines() if "'raises'" in line]
+    assert reported == [
+        f"warning: tracker 'raises' is off for the rest of the run: its {fails_in} raised "
+        "ConnectionError: the tracking server is gone"
+    ]

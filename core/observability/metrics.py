@@ -55,7 +55,9 @@ class MetricsLog:
     """Appends one JSON object per line to ``metrics.jsonl``; keeps the records in memory.
     Each line carries ``run_id`` when one is given (a resumed run appends to its own file).
     ``on_log(step, metrics)`` is called with each line's metrics once it is written: the run's
-    other loggers (:class:`~voltrl.observability.trackers.Trackers`) get them so."""
+    other loggers (:class:`~voltrl.observability.trackers.Trackers`) get them so. It runs on
+    the caller's thread (the event loop's) and must return at once: ``Trackers`` only queues
+    the line for its own thread."""
 
     def __init__(
         self,
