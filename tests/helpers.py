@@ -10,7 +10,8 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -135,3 +136,32 @@ async def serve_gateway(
     finally:
         await stop()
         await gateway.aclose()
+
+
+@contextlib.contextmanager
+def FakeBackendProcess() -> Iterator[str]:
+    """The fake OpenAI backend (``tests/fake_openai_backend.py``) in a process of its own, for
+    tests whose event loop is blocked by a subprocess; yields its ``/v1`` URL."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = Path(__file__).with_name("fake_openai_backend.py")
+    proc = subprocess.Popen(
+        [sys.executable, str(script), "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise RuntimeError("the fake backend did not start") from None
+                time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        proc.terminate()
+        proc.wait(10)

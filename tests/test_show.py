@@ -283,7 +283,7 @@ def test_sparkline_scales_to_its_range_and_width() -> None:
 
 
 def test_control_characters_in_stored_text_never_reach_the_terminal() -> None:
-    from voltrl.observability.show import printable
+    from voltrl._console import printable
     from voltrl.types import Attempt
 
     attempt = Attempt(

@@ -26,6 +26,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.text import Text
 
+from voltrl._console import printable
+from voltrl._console import text as console_text
 from voltrl.errors import TooManyFailuresError
 from voltrl.store.base import Store
 from voltrl.types import Attempt, Rollout
@@ -43,7 +45,7 @@ _WITH_DIGITS = re.compile(r"[\w.-]*\d[\w.-]*")
 def _hidden_roots() -> tuple[Path, ...]:
     """Directories whose frames are not the agent's own: VoltRL's packages, the standard
     library and installed packages."""
-    roots = [Path(__file__).resolve().parent]
+    roots = [Path(__file__).resolve().parents[1]]  # the voltrl package: core/
     spec = importlib.util.find_spec("voltrl.adapters")
     roots += [Path(p).resolve() for p in (spec.submodule_search_locations or [])] if spec else []
     for name in ("stdlib", "platstdlib", "purelib", "platlib"):
@@ -218,7 +220,7 @@ class FailureReport:
             style="bold",
         )
         for error in sorted(self._errors.values(), key=lambda e: -e.count):
-            text.append(f"\n  {error.count}x {_first_line(error.first.error)}")
+            text.append(printable(f"\n  {error.count}x {_first_line(error.first.error)}"))
             text.append(f"  (e.g. rollout {error.first.rollout_id})", style="dim")
         self.console.print(text, soft_wrap=True, highlight=False)
 
@@ -232,10 +234,12 @@ def _first_occurrence(rollout: Rollout, attempt: Attempt, package: str | None) -
     task = json.dumps(rollout.task.input, default=str)
     task = task if len(task) <= 80 else task[:77] + "..."
     text = Text("rollout error: ", style="bold red")
-    text.append(attempt.error or attempt.status, style="red")
+    text.append(console_text(attempt.error or attempt.status, style="red"))
     text.append(
-        f"\n  rollout {rollout.rollout_id} (attempt {attempt.index}), task"
-        f" {rollout.task.task_id} {task}",
+        printable(
+            f"\n  rollout {rollout.rollout_id} (attempt {attempt.index}), task"
+            f" {rollout.task.task_id} {task}"
+        ),
         style="dim",
     )
     if attempt.status == "timeout":
@@ -243,7 +247,7 @@ def _first_occurrence(rollout: Rollout, attempt: Attempt, package: str | None) -
     frames = traceback_frames(attempt.traceback or "")
     shown = agent_frames(frames, package)
     for frame in shown:
-        text.append(f"\n{frame.text}")
+        text.append(printable(f"\n{frame.text}"))
     if len(shown) < len(frames):
         text.append(
             f"\n  ({len(frames) - len(shown)} frames of voltrl, the standard library and "

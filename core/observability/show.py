@@ -12,12 +12,9 @@ Loading (:func:`find_run`, :func:`load_run`, :func:`load_rollout`) is apart from
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import itertools
 import json
 import math
-import os
-import re
 import time
 from collections import defaultdict
 from collections.abc import Iterable
@@ -25,17 +22,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
+from voltrl._console import printable
+from voltrl._redact import shown
 from voltrl.errors import NotFoundError, VoltRLError
 from voltrl.observability.failures import agent_frames, traceback_frames
 from voltrl.observability.metrics import format_stats_table, read_metrics, summarize
 from voltrl.store.base import Store
-from voltrl.store.sql.dialects import redact
+from voltrl.store.spec import parse_store
 from voltrl.types import Attempt, LLMCall, Reward, Rollout, Run, Span
 
 BARS = "▁▂▃▄▅▆▇█"
@@ -81,25 +79,6 @@ class RolloutView:
     spans: list[Span]
 
 
-def _open(spec: str, token: str | None) -> tuple[Store, Path | None]:
-    """The store ``spec`` names (an existing file, ``sqlite:///``, ``postgresql://``,
-    ``http(s)://``) and its SQLite file, if it is one."""
-    if spec.startswith(("http://", "https://")):
-        from voltrl.store.http import HTTPStore
-
-        return HTTPStore(spec, token=token or os.environ.get("VOLTRL_TOKEN")), None
-    if "://" in spec and not spec.startswith("sqlite:"):
-        from voltrl.store import open_store
-
-        return open_store(spec), None
-    from voltrl.store.sql import SQLStore, sqlite_path
-
-    path = sqlite_path(spec)
-    if not path.is_file():
-        raise VoltRLError(f"store {spec} does not exist")
-    return SQLStore(path), path
-
-
 async def find_run(
     run: str, *, store: str | None = None, run_dir: str | Path = "runs", token: str | None = None
 ) -> Found:
@@ -108,7 +87,7 @@ async def find_run(
     specs = [store] if store else [str(p) for p in sorted(Path(run_dir).glob("*/store.sqlite"))]
     seen: list[tuple[str, Run]] = []
     for spec in specs:
-        opened, _ = _open(spec, token)
+        opened = parse_store(spec, token=token, existing=True).open()
         try:
             seen += [(spec, r) for r in await opened.list_runs()]
         finally:
@@ -127,8 +106,8 @@ async def find_run(
             f"{len(matches)} runs are named {run!r}: showing the latest, {chosen.run_id} "
             f"(started {_when(chosen.created_at)}); the others: {others}"
         )
-    opened, path = _open(spec, token)
-    return Found(opened, chosen, redact(spec), path, note)
+    where = parse_store(spec, token=token, existing=True)
+    return Found(where.open(), chosen, where.describe(), where.sqlite_file, note)
 
 
 async def load_run(found: Found, run_dir: str | Path = "runs") -> RunView:
@@ -255,27 +234,6 @@ def _fold(text: str, full: bool, lines: int = 12, chars: int = 800, style: str =
     return out.append(tail, style=style)
 
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-
-
-def printable(value: Any) -> Any:
-    """``value`` (a view, a record, its fields) with every terminal control character in its
-    text written as an escape (``\\x1b``): what a store holds came from agents and models, and
-    must not reach the terminal as commands (colours, titles, cursor moves)."""
-    if isinstance(value, str):
-        return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", value)
-    if isinstance(value, list | tuple):
-        return type(value)(printable(v) for v in value)
-    if isinstance(value, dict):
-        return {printable(k): printable(v) for k, v in value.items()}
-    if isinstance(value, BaseModel):
-        return value.model_copy(update={k: printable(v) for k, v in value.__dict__.items()})
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        fields = {f.name: printable(getattr(value, f.name)) for f in dataclasses.fields(value)}
-        return dataclasses.replace(value, **fields)
-    return value
-
-
 def _table(title: str | Text | None, *columns: str, **options: Any) -> Table:
     table = Table(title=title, **options)
     for col in columns:
@@ -294,7 +252,9 @@ def _fields(*rows: tuple[str, Any]) -> Table:
 
 
 def _config(config: dict[str, Any], full: bool) -> str:
-    """The key settings first (``model``, ``steps``...), only the first ten unless ``full``."""
+    """The key settings first (``model``, ``steps``...), only the first ten unless ``full``;
+    secrets hidden (a run recorded before they were left out may hold one)."""
+    config = shown(config)
     flat = {k: v for k, v in config.items() if not isinstance(v, dict)}
     for key, value in ((k, v) for k, v in config.items() if isinstance(v, dict)):
         flat.update({f"{key}.{k}": v for k, v in value.items()})

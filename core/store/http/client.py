@@ -41,12 +41,12 @@ from urllib.parse import quote
 import aiohttp
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
+from voltrl._redact import redact
 from voltrl.errors import NotFoundError, StaleAttemptError, StoreError
 from voltrl.resources import Resources
 from voltrl.retry import RETRY_STATUSES, Backoff, Retry
 from voltrl.store.base import DEFAULT_LEASE_S, Store
 from voltrl.store.browse import RolloutCount, RolloutPage, RolloutQuery
-from voltrl.store.sql.dialects import redact
 from voltrl.types import (
     Attempt,
     AttemptResult,
