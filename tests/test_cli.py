@@ -281,7 +281,7 @@ def test_dev_with_a_model_the_endpoint_does_not_serve_says_which_it_serves(tmp_p
 def test_endpoint_check_passes_an_endpoint_without_a_model_list(status: int, body: bytes):
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from voltrl.cli.main import check_endpoint
+    from voltrl.cli.endpoints import check_endpoint
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -301,7 +301,7 @@ def test_endpoint_check_passes_an_endpoint_without_a_model_list(status: int, bod
 
 def test_check_llm_names_what_it_checked(monkeypatch) -> None:
     import voltrl as vl
-    from voltrl.cli.main import check_llm
+    from voltrl.cli.endpoints import check_llm
 
     monkeypatch.delenv("NO_SUCH_KEY_VAR", raising=False)
     keyless = vl.LLM(endpoint="http://127.0.0.1:1/v1", model="m", api_key_env="NO_SUCH_KEY_VAR")

@@ -159,7 +159,9 @@ async def test_the_trainers_gateways_check_the_run_token(tmp_path: Path) -> None
 
 
 def test_retry_settings_from_the_command_line_and_yaml() -> None:
-    from voltrl.cli.main import _gateway_retry, build_from_config, build_parser, main
+    from voltrl.cli import build_from_config, main
+    from voltrl.cli.main import build_parser
+    from voltrl.cli.serve import _gateway_retry
 
     args = build_parser().parse_args(
         ["gateway", "--store", "http://h:1", "--backend", "http://b/v1", "--retries", "5"]

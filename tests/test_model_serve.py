@@ -268,7 +268,8 @@ def test_a_client_hanging_up_frees_its_batch_slot(
 
 
 def test_the_printed_dev_line_passes_the_token_the_way_it_was_given():
-    from voltrl.cli.main import _token_hint, build_parser
+    from voltrl.cli.main import build_parser
+    from voltrl.cli.model import _token_hint
 
     parse = build_parser().parse_args
     assert _token_hint(parse(["model", "serve", "tiny", "--token-file", "t.txt"])) == (

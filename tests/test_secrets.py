@@ -100,21 +100,22 @@ def test_keys_are_put_back_by_the_runner_only() -> None:
 
 
 def test_a_runner_reads_its_token_from_a_file_or_the_environment(tmp_path: Path) -> None:
-    from voltrl.cli.main import _token, build_parser
+    from voltrl.cli.main import build_parser
+    from voltrl.cli.options import bearer_token
 
     token_file = tmp_path / "token"
     token_file.write_text("file-token\n")
     parse = build_parser().parse_args
     base = ["runner", "--store", "http://127.0.0.1:1", "--agent", "m:a"]
-    assert _token(parse([*base, "--token-file", str(token_file)])) == "file-token"
+    assert bearer_token(parse([*base, "--token-file", str(token_file)])) == "file-token"
     os.environ["VOLTRL_TOKEN"] = "env-token"
     try:
-        assert _token(parse(base)) == "env-token"
+        assert bearer_token(parse(base)) == "env-token"
     finally:
         del os.environ["VOLTRL_TOKEN"]
     (tmp_path / "empty").write_text("")
     with pytest.raises(vl.VoltRLError, match="is empty"):
-        _token(parse([*base, "--token-file", str(tmp_path / "empty")]))
+        bearer_token(parse([*base, "--token-file", str(tmp_path / "empty")]))
 
 
 def test_the_printed_runner_command_names_a_token_file(tmp_path: Path) -> None:
@@ -167,7 +168,7 @@ async def test_a_key_from_api_key_env_reaches_the_backend_through_the_gateway(
 
 
 def test_a_database_password_stays_out_of_train_yaml() -> None:
-    from voltrl.runtime.trainer import _without_password
+    from voltrl.runtime.run_dir import _without_password
 
     dsn = "postgresql://voltrl:hunter2@db.example:5432/runs"
     assert _without_password(dsn) == "postgresql://voltrl@db.example:5432/runs"

@@ -1,5 +1,5 @@
-"""What ``voltrl serve`` and ``voltrl gateway`` run: the store server and the gateway, composed
-into one ASGI app or served apart, with bearer-token auth and a clean shutdown on a signal.
+"""``voltrl serve`` and ``voltrl gateway``: the store server and the gateway, composed into one
+ASGI app or served apart, with bearer-token auth and a clean shutdown on a signal.
 
 ``voltrl serve`` serves a store (SQLite file, PostgreSQL, memory) under ``/v1/store`` and, when
 backends are given, the gateway beside it (``/v1/chat/completions``, ``/rollouts/.../v1/...``)
@@ -10,18 +10,23 @@ token, and with a token every route but the health check requires ``Authorizatio
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.types import ASGIApp
 
 from voltrl._http.serving import require_token_off_loopback, served, wait_for_signal
+from voltrl.cli.options import add_token_args, bearer_token
 from voltrl.errors import VoltRLError
 from voltrl.gateway import Gateway, start_gateway
 from voltrl.gateway.hosting import make_gateway
 from voltrl.retry import GatewayRetry
 from voltrl.store.base import Store
 from voltrl.store.http.client import API_PREFIX
+
+if TYPE_CHECKING:
+    from voltrl.cli.options import Subparsers
 
 DEFAULT_PORT = 8400
 """Port of ``voltrl serve`` and ``voltrl gateway`` unless ``--port`` says otherwise."""
@@ -169,3 +174,149 @@ def _describe(store_spec: str) -> str:
     """A store spec fit to print: a database URL loses its user and password."""
     scheme, sep, rest = store_spec.partition("://")
     return f"{scheme}://{rest.rpartition('@')[2]}" if sep else store_spec
+
+
+# ---- the commands ------------------------------------------------------------------------
+def register(sub: Subparsers) -> None:
+    """Add ``voltrl serve`` and ``voltrl gateway`` to the ``voltrl`` parser."""
+    serve = sub.add_parser("serve", help="serve a store (and a gateway) over HTTP")
+    serve.add_argument(
+        "--store", default="runs/store.sqlite", help="a SQLite path, sqlite:///, postgresql://"
+    )
+    serve.add_argument(
+        "--backend", action="append", default=[], help="inference backend URL (…/v1); repeatable"
+    )
+    serve.add_argument("--no-gateway", action="store_true", help="serve the store only")
+    _add_serving_args(serve)
+    serve.set_defaults(func=_serve_command)
+
+    gateway = sub.add_parser("gateway", help="serve a gateway recording into a store server")
+    gateway.add_argument("--store", required=True, help="store server URL (http://HOST:PORT)")
+    gateway.add_argument(
+        "--backend", action="append", required=True, help="inference backend URL; repeatable"
+    )
+    _add_serving_args(gateway)
+    gateway.set_defaults(func=_gateway_command)
+
+
+def _serve_command(args: argparse.Namespace) -> int:
+    from voltrl._http.serving import run
+
+    coro = run_server(
+        args.store,
+        host=args.host,
+        port=args.port,
+        token=bearer_token(args),
+        backends=args.backend,
+        gateway=not args.no_gateway,
+        gateway_options=_gateway_options(args),
+        retry=_gateway_retry(args),
+    )
+    run(coro)  # on uvloop when installed
+    return 0
+
+
+def _gateway_command(args: argparse.Namespace) -> int:
+    from voltrl._http.serving import run
+
+    coro = run_gateway(
+        args.store,
+        args.backend,
+        host=args.host,
+        port=args.port,
+        token=bearer_token(args),
+        gateway_options=_gateway_options(args),
+        retry=_gateway_retry(args),
+    )
+    run(coro)  # on uvloop when installed
+    return 0
+
+
+def _gateway_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The Gateway arguments the command line gives (model, backend key, adapters...)."""
+    options = {
+        "model": args.model,
+        "backend_api_key": args.backend_api_key,
+        "request_token_ids": not args.no_token_ids,
+        "reasoning_split": args.reasoning_split,
+    }
+    if args.lora_adapter:
+        from voltrl.algorithms.local.lora_adapters import LoraAdapters
+
+        pairs = [a.partition("=") for a in args.lora_adapter]
+        if any(not sep for _, sep, _ in pairs):
+            raise VoltRLError("--lora-adapter takes NAME=REGEX (e.g. writer='write|rewrite')")
+        names = [name for name, _, _ in pairs]
+        if len(set(names)) < len(names):
+            raise VoltRLError(f"--lora-adapter: an adapter is given twice ({', '.join(names)})")
+        try:
+            routes = LoraAdapters.parse(
+                {name: regex for name, _, regex in pairs}, served_name=args.model or ""
+            )
+        except ValueError as exc:
+            raise VoltRLError(f"--lora-adapter: {exc}") from None
+        options["model_for_agent"] = routes.adapter_for
+    return options
+
+
+def _gateway_retry(args: argparse.Namespace) -> GatewayRetry:
+    """The gateway's retry settings from the command line (a bad one is a usage error)."""
+    from pydantic import ValidationError
+
+    try:
+        return GatewayRetry(
+            retries=args.retries,
+            backoff_s=args.backoff,
+            max_backoff_s=args.max_backoff,
+            timeout_s=args.backend_timeout,
+            connect_timeout_s=args.connect_timeout,
+        )
+    except ValidationError as exc:
+        raise VoltRLError(f"bad retry settings: {exc}") from None
+
+
+def _add_serving_args(parser: argparse.ArgumentParser) -> None:
+    """The options ``voltrl serve`` and ``voltrl gateway`` share: where to listen, the token,
+    and the gateway's."""
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="0 picks a free port")
+    add_token_args(parser)
+    parser.add_argument("--model", default=None, help="gateway: force this model name")
+    parser.add_argument("--backend-api-key", default=None, help="gateway: key for the backends")
+    parser.add_argument(
+        "--no-token-ids", action="store_true", help="gateway: do not ask backends for token ids"
+    )
+    parser.add_argument(
+        "--lora-adapter",
+        action="append",
+        metavar="NAME=REGEX",
+        help="gateway: send the calls of agents REGEX fully matches to the LoRA adapter NAME "
+        "(as the model; first match wins; repeat for each adapter)",
+    )
+    parser.add_argument(
+        "--reasoning-split",
+        action="store_true",
+        help="gateway: hand agents a model's <think>...</think> as reasoning_content",
+    )
+    retry = GatewayRetry()
+    parser.add_argument(
+        "--retries", type=int, default=retry.retries, help="gateway: extra tries per call"
+    )
+    parser.add_argument(
+        "--backoff", type=float, default=retry.backoff_s, help="gateway: first backoff, s"
+    )
+    parser.add_argument(
+        "--max-backoff", type=float, default=retry.max_backoff_s, help="gateway: longest backoff"
+    )
+    parser.add_argument(
+        "--backend-timeout",
+        type=float,
+        default=retry.timeout_s,
+        help="gateway: longest a backend may stay silent in one try, s",
+    )
+    parser.add_argument(
+        "--connect-timeout",
+        type=float,
+        default=retry.connect_timeout_s,
+        help="gateway: longest a backend connection may take, s",
+    )

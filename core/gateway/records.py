@@ -1,24 +1,32 @@
-"""How the gateway turns what a backend returned into LLMCall records, and what the client sees.
+"""Recording: what a backend returned, as the LLMCall records the gateway writes to the store.
 
 A backend answers a proxied call with token ids and logprobs the gateway asked for on the
-client's behalf. :func:`_calls_from_response` turns a non-streamed response into one
-:class:`~voltrl.types.LLMCall` per choice; :class:`_StreamAccumulator` rebuilds that response
-from SSE chunks so a streamed call is recorded the same way; :func:`_strip` removes the extra
-fields the client did not request before the response (or chunk) is relayed to it.
-:class:`_Call` is what one proxied request is about, as these need it.
+client's behalf. :func:`calls_from_response` turns a non-streamed response into one
+:class:`~voltrl.types.LLMCall` per choice; :class:`StreamAccumulator` rebuilds that response
+from SSE chunks so a streamed call is recorded the same way; :func:`strip_extras` removes the
+extra fields the client did not request before the response (or chunk) is relayed to it.
+:class:`Call` is what one proxied request is about, as these need it. :class:`Recorder` writes
+the records (and the spans of refused calls), awaited or in the background.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
-from voltrl.types import LLMCall
+from voltrl.gateway.errors import REFUSED_SPAN, GatewayHTTPError
+from voltrl.store.base import Store
+from voltrl.types import LLMCall, Span
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
-class _Call:
+class Call:
     """What one proxied request is about: where to record it and what the client wants back."""
 
     kind: str  # "chat" or "completions"
@@ -31,6 +39,10 @@ class _Call:
     wants_usage: bool
 
 
+Meta = tuple[str, int | None, float]
+"""Where and when a call was served: the backend's URL, the resources version, the start time."""
+
+
 def _logprob_values(kind: str, logprobs: Any) -> list[float] | None:
     if not isinstance(logprobs, dict):
         return None
@@ -41,9 +53,8 @@ def _logprob_values(kind: str, logprobs: Any) -> list[float] | None:
     return None if values is None else list(values)
 
 
-def _calls_from_response(
-    call: _Call, data: dict[str, Any], meta: tuple[str, int | None, float]
-) -> list[LLMCall]:
+def calls_from_response(call: Call, data: dict[str, Any], meta: Meta) -> list[LLMCall]:
+    """One record per choice of a backend's (non-streamed) ``data`` for ``call``."""
     backend, version, started = meta
     ended = time.time()
     top_prompt = data.get("prompt_token_ids")
@@ -76,7 +87,7 @@ def _calls_from_response(
     return out
 
 
-def _strip(call: _Call, data: dict[str, Any]) -> None:
+def strip_extras(call: Call, data: dict[str, Any]) -> None:
     """Remove what the gateway asked for and the client did not (in place)."""
     if not call.wants_ids:
         data.pop("prompt_token_ids", None)
@@ -88,7 +99,7 @@ def _strip(call: _Call, data: dict[str, Any]) -> None:
             choice["logprobs"] = None
 
 
-class _StreamAccumulator:
+class StreamAccumulator:
     """Rebuilds a non-streamed response, per choice, from streamed chunks."""
 
     def __init__(self, kind: str) -> None:
@@ -152,7 +163,7 @@ class _StreamAccumulator:
                 slot["function"]["name"] += fn.get("name") or ""
                 slot["function"]["arguments"] += fn.get("arguments") or ""
 
-    def calls(self, call: _Call, meta: tuple[str, int | None, float]) -> list[LLMCall]:
+    def calls(self, call: Call, meta: Meta) -> list[LLMCall]:
         """One finished response per choice, recorded like a non-streamed one."""
         choices = []
         for index in sorted(self.choices):
@@ -179,7 +190,69 @@ class _StreamAccumulator:
             choices.append(choice)
         obj = "chat.completion" if self.kind == "chat" else "text_completion"
         data = {**self.head, "object": obj, "choices": choices, "prompt_token_ids": self.prompt_ids}
-        out = _calls_from_response(call, data, meta)
+        out = calls_from_response(call, data, meta)
         for rec in out:
             rec.response_logprobs = self.choices[rec.choice_index]["lps"]
         return out
+
+
+class Recorder:
+    """Writes the gateway's records to ``store``, keeping the background writes so that
+    :meth:`wait` can see them finish."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._writes: set[asyncio.Task[Any]] = set()
+
+    async def record(self, calls: list[LLMCall]) -> None:
+        """Write the calls; the write finishes even if this request is cancelled meanwhile."""
+        task = self._track(self.store.add_llm_calls(calls))
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            raise GatewayHTTPError(
+                500, f"the call could not be recorded: {type(e).__name__}: {e}", type="api_error"
+            ) from e
+
+    def record_later(self, calls: list[LLMCall]) -> None:
+        """Write the calls in the background (:meth:`wait` waits for them); failures are
+        logged, as there is no response left to report them in."""
+        self._track(self.store.add_llm_calls(calls)).add_done_callback(_log_write_failure)
+
+    def record_refusal(self, call: Call, error: GatewayHTTPError, started: float) -> None:
+        """Record a call the backend refused (a prompt over the context, a bad parameter) as
+        a ``gateway.refused`` span of its attempt, which the trajectory builder counts
+        (``refused/<code>``); written in the background, like late call records."""
+        span = Span(
+            rollout_id=call.rollout_id,
+            attempt_id=call.attempt_id,
+            name=REFUSED_SPAN,
+            start_time=started,
+            end_time=time.time(),
+            status="error",
+            attributes={
+                "http.response.status_code": error.status,
+                "error.type": error.code or error.type,
+                "error.message": error.message[:1000],
+                "voltrl.agent_name": call.agent_name or "",
+            },
+        )
+        self._track(self.store.add_spans([span])).add_done_callback(_log_write_failure)
+
+    async def wait(self) -> None:
+        """Return once every write started so far (and any started meanwhile) has finished."""
+        while self._writes:
+            await asyncio.gather(*list(self._writes), return_exceptions=True)
+
+    def _track(self, write: Awaitable[Any]) -> asyncio.Task[Any]:
+        task = asyncio.ensure_future(write)
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+        return task
+
+
+def _log_write_failure(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logger.error("gateway: LLM calls could not be recorded", exc_info=task.exception())

@@ -27,7 +27,7 @@ from airline_db import DomainDataError, load_domain, write_domain  # noqa: E402
 from generate_domain import make_domain  # noqa: E402
 
 import voltrl as vl  # noqa: E402
-from voltrl.cli.main import check_llm  # noqa: E402
+from voltrl.cli.endpoints import check_llm  # noqa: E402
 from voltrl.store import open_store  # noqa: E402
 
 

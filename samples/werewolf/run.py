@@ -24,7 +24,7 @@ sys.path.insert(0, str(HERE))
 from agent import game_rows, side_filter, werewolf_game  # noqa: E402
 
 import voltrl as vl  # noqa: E402
-from voltrl.cli.main import check_llm  # noqa: E402
+from voltrl.cli.endpoints import check_llm  # noqa: E402
 from voltrl.store import open_store  # noqa: E402
 
 

@@ -1,0 +1,129 @@
+"""``voltrl model serve PATH|tiny``: serve a local model directory or the built-in tiny model,
+OpenAI-compatible, to try agents against."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from voltrl.cli.options import add_token_args, bearer_token
+from voltrl.errors import VoltRLError
+
+if TYPE_CHECKING:
+    from voltrl.cli.options import Subparsers
+
+MODEL_PORT = 8000
+"""Port of ``voltrl model serve`` unless ``--port`` says otherwise."""
+
+
+def register(sub: Subparsers) -> None:
+    """Add ``voltrl model`` (and its ``serve``) to the ``voltrl`` parser."""
+    model = sub.add_parser("model", help="models to try agents against")
+    model_sub = model.add_subparsers(dest="model_command", required=True)
+    model_serve = model_sub.add_parser(
+        "serve",
+        help="serve a local model directory or the built-in tiny model, OpenAI-compatible",
+    )
+    model_serve.add_argument(
+        "model",
+        metavar="PATH|tiny",
+        help="a local Hugging Face model directory, or tiny (built in, random weights)",
+    )
+    model_serve.add_argument(
+        "--host", default="127.0.0.1", help="address to bind (default loopback)"
+    )
+    model_serve.add_argument("--port", type=int, default=MODEL_PORT, help="0 picks a free port")
+    model_serve.add_argument(
+        "--served-name", default=None, help="model name (default: tiny, or the directory name)"
+    )
+    model_serve.add_argument(
+        "--max-batch-size", type=int, default=64, help="sequences decoded together"
+    )
+    model_serve.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads (default: $OMP_NUM_THREADS, else half the usable CPUs)",
+    )
+    add_token_args(model_serve)
+    model_serve.set_defaults(func=_serve_command)
+
+
+def _serve_command(args: argparse.Namespace) -> int:
+    from voltrl._http.serving import require_token_off_loopback, run
+
+    token = bearer_token(args)
+    require_token_off_loopback(args.host, token)
+    if args.max_batch_size < 1:
+        raise VoltRLError("--max-batch-size must be at least 1")
+    try:
+        from voltrl.algorithms.local.engine import Engine
+        from voltrl.algorithms.local.threads import use_threads
+        from voltrl.algorithms.local.tiny import TINY, load_model
+    except ModuleNotFoundError as exc:
+        raise VoltRLError(
+            f"voltrl model serve needs {exc.name}: pip install 'voltrl[local]'"
+        ) from None
+    path = Path(args.model)
+    if args.model != TINY and not (path / "config.json").is_file():
+        problem = "is not a Hugging Face model directory" if path.exists() else "does not exist"
+        raise VoltRLError(f"model {args.model} {problem}: give a model directory or 'tiny'")
+    try:
+        threads = use_threads(args.threads, report=True)
+    except ValueError as exc:
+        raise VoltRLError(f"--threads: {exc}") from None
+    model, tokenizer = load_model(args.model)
+    name = args.served_name or (TINY if args.model == TINY else path.resolve().name)
+    engine = Engine(model, tokenizer, max_batch_size=args.max_batch_size, threads=threads)
+    try:
+        key = _token_hint(args) if token else None
+        run(_serve_model(engine, args.host, args.port, name, token, key, tiny=args.model == TINY))
+    finally:
+        engine.close()
+    return 0
+
+
+def _token_hint(args: argparse.Namespace) -> str:
+    """How a printed command passes the token it was given, without showing it."""
+    if args.token:
+        return '"$TOKEN" (the --token you gave)'
+    if args.token_file:
+        return f'"$(cat {args.token_file})"'
+    return '"$VOLTRL_TOKEN"'
+
+
+async def _serve_model(
+    engine: Any,
+    host: str,
+    port: int,
+    name: str,
+    token: str | None,
+    key_hint: str | None,
+    *,
+    tiny: bool,
+) -> None:
+    """Serve ``engine`` as ``name``, print how to use it (``key_hint``: how the printed
+    command passes the token), and stop on SIGTERM or SIGINT."""
+    from voltrl._http.serving import reachable_url, wait_for_signal
+    from voltrl.algorithms.local.openai_api import serve_engine
+
+    try:
+        url, stop = await serve_engine(engine, host, port, model_name=name, token=token)
+    except (OSError, RuntimeError) as exc:
+        raise VoltRLError(f"cannot listen on {host}:{port}: {exc}") from None
+    endpoint = f"{reachable_url(url)}/v1"
+    auth, key = ("bearer token", f" --api-key {key_hint}") if token else ("none", "")
+    try:
+        print(f"voltrl model serve: model {name} at {endpoint} (OpenAI-compatible; auth: {auth})")
+        if tiny:
+            print("the tiny model has random weights: rewards stay ~0 (it proves the plumbing)")
+        print("run an agent against it (here the quick-start sample, from a clone of the repo):")
+        print(
+            "  voltrl dev samples/quickstart/agent.py:agent --data samples/quickstart/tasks.jsonl"
+            f" --llm-endpoint {endpoint} --model {name}{key}"
+        )
+        print("Ctrl-C stops it", flush=True)
+        await wait_for_signal()
+    finally:
+        await stop()

@@ -1,0 +1,43 @@
+"""Options several ``voltrl`` commands share: the bearer token, given on the command line, in a
+file or in the environment."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from voltrl.errors import VoltRLError
+
+if TYPE_CHECKING:
+    Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
+    """What each command module's ``register`` adds its parser to."""
+
+
+def add_token_args(parser: argparse.ArgumentParser) -> None:
+    """Add ``--token-file`` and ``--token`` (read by :func:`bearer_token`)."""
+    parser.add_argument(
+        "--token-file", default=None, help="file holding the bearer token (or set $VOLTRL_TOKEN)"
+    )
+    parser.add_argument(
+        "--token",
+        default=None,
+        help="bearer token (visible to other users in ps: prefer the above)",
+    )
+
+
+def bearer_token(args: argparse.Namespace) -> str | None:
+    """The bearer token: ``--token``, else the first line of ``--token-file``, else
+    ``$VOLTRL_TOKEN``."""
+    if args.token:
+        return args.token
+    if args.token_file:
+        try:
+            value = Path(args.token_file).read_text().strip()
+        except OSError as exc:
+            raise VoltRLError(f"cannot read --token-file: {exc}") from None
+        if not value:
+            raise VoltRLError(f"--token-file {args.token_file} is empty")
+        return value
+    return os.environ.get("VOLTRL_TOKEN") or None

@@ -1,0 +1,104 @@
+"""``voltrl runs``: list the runs of a store or of a directory of run directories, with their
+reward statistics."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from voltrl.errors import VoltRLError
+
+if TYPE_CHECKING:
+    from voltrl.cli.options import Subparsers
+
+
+def register(sub: Subparsers) -> None:
+    """Add ``voltrl runs`` to the ``voltrl`` parser."""
+    runs = sub.add_parser("runs", help="list runs and their reward statistics")
+    runs.add_argument("--store", default=None, help="a store.sqlite file")
+    runs.add_argument("--run-dir", default="runs", help="directory of run directories")
+    runs.add_argument(
+        "--status",
+        action="append",
+        choices=["running", "finished", "interrupted", "failed"],
+        help="only runs with this status (repeatable)",
+    )
+    runs.add_argument("--kind", choices=["fit", "dev"], help="only fit or only dev runs")
+    runs.add_argument("--name", default=None, help="only runs whose name contains this")
+    runs.add_argument(
+        "--wide", action="store_true", help="also the run id, store path and error; no wrapping"
+    )
+    runs.set_defaults(func=_command)
+
+
+def _command(args: argparse.Namespace) -> int:
+    from voltrl.observability.metrics import summarize
+    from voltrl.store.sql import SQLStore
+
+    async def collect() -> list[tuple[Any, ...]]:
+        rows = []
+        for path in _store_paths(args):
+            store = SQLStore(path)
+            try:
+                for run in await store.list_runs():
+                    if _run_shown(run, args):
+                        rollouts = await store.query_rollouts(run_id=run.run_id)
+                        rows.append((path, run, summarize(rollouts)))
+            finally:
+                await store.close()
+        return rows
+
+    _render(asyncio.run(collect()), args)
+    return 0
+
+
+def _render(rows: list[tuple[Any, ...]], args: argparse.Namespace) -> None:
+    """Print the ``(store path, run, summary)`` rows as a table (or that there are none): the
+    one place ``voltrl runs`` prints what it found."""
+    import time
+
+    from rich.console import Console
+    from rich.table import Table
+
+    if not rows:
+        print(f"no runs found in {args.store or args.run_dir}")
+        return
+    wide = args.wide
+    table = Table(title="runs")
+    # A long name folds onto more lines rather than being cut short; --wide never wraps.
+    table.add_column("name", overflow="fold", min_width=min(20, max(len(r[1].name) for r in rows)))
+    columns = ["status", "kind", "started", "rollouts", "reward"]
+    for col in columns + (["algorithm", "run id", "store", "error"] if wide else []):
+        table.add_column(col, overflow="fold")
+    for path, run, s in rows:
+        reward = "-" if s.reward_mean is None else f"{s.reward_mean:.3f}"
+        if wide and s.reward_std is not None:
+            reward += f" ± {s.reward_std:.3f}"
+        started = time.strftime("%m-%d %H:%M", time.localtime(run.created_at))
+        rollouts = f"{s.rollouts}" + (f" ({s.failed} failed)" if s.failed else "")
+        cells = [run.name, run.status, run.kind, started, rollouts, reward]
+        if wide:
+            cells += [run.algorithm, run.run_id, str(path), run.error or ""]
+        table.add_row(*cells)
+    Console(width=100_000 if wide else None).print(table)
+
+
+def _store_paths(args: argparse.Namespace) -> list[Path]:
+    if args.store:
+        path = Path(args.store)
+        if not path.exists():
+            raise VoltRLError(f"store {path} does not exist")
+        return [path]
+    root = Path(args.run_dir)
+    return sorted(root.glob("*/store.sqlite")) if root.exists() else []
+
+
+def _run_shown(run: Any, args: argparse.Namespace) -> bool:
+    """Whether ``voltrl runs``' filters keep ``run``."""
+    return (
+        (not args.status or run.status in args.status)
+        and (not args.kind or run.kind == args.kind)
+        and (not args.name or args.name in run.name)
+    )
