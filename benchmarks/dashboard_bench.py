@@ -32,7 +32,8 @@ import httpx
 
 from voltrl._http.serving import serve_in_thread
 from voltrl.observability.dashboard import Catalog, dashboard_app
-from voltrl.store.sql.store import SQLStore, _rollout_row
+from voltrl.store.sql import SQLStore
+from voltrl.store.sql.statements import rollout_row
 from voltrl.types import LLMCall, Rollout, Run, Task
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,7 +45,7 @@ def fill(path: Path, n_rollouts: int, calls_per: int) -> str:
     store = SQLStore(path)
     run = asyncio.run(store.add_run(Run(name="big", kind="fit", algorithm="local_rl")))
     rng = random.Random(0)
-    conn = store._conn
+    conn = store._db.connection()
     sql = store._sql
     t0 = time.time() - n_rollouts
     batch = 5000
@@ -65,7 +66,7 @@ def fill(path: Path, n_rollouts: int, calls_per: int) -> str:
                 finished_at=created + 0.2 + rng.random() * 5,
                 reward=rng.choice([0.0, 0.0, 0.5, 1.0]) if status == "succeeded" else None,
             )
-            rollouts.append(_rollout_row(r, None))
+            rollouts.append(rollout_row(r, None))
             for k in range(calls_per):
                 call = LLMCall(
                     rollout_id=r.rollout_id,
@@ -81,7 +82,7 @@ def fill(path: Path, n_rollouts: int, calls_per: int) -> str:
                     ended_at=created + 0.05,
                 )
                 calls.append((r.rollout_id, "at-bench", k, call.model_dump_json()))
-        with store._lock:
+        with store._db.lock:
             conn.execute("BEGIN IMMEDIATE")
             conn.executemany(sql.insert_rollout, rollouts)
             conn.executemany(sql.insert_call, calls)

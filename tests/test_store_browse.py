@@ -11,6 +11,7 @@ import pytest
 
 from voltrl.store.base import Store
 from voltrl.store.browse import COUNT_CAP, RolloutQuery, counts_of, matches, page_of
+from voltrl.store.sql.schema import ROLLOUT_COLUMNS
 from voltrl.types import AttemptResult, LLMCall, Rollout, Run, Task
 
 
@@ -159,10 +160,10 @@ async def test_a_version_1_store_is_upgraded_on_open_and_browses_the_same(
     q = RolloutQuery(run_id=run_id, sort="reward", reward_min=0.25, agent="writer")
     before = await store.browse_rollouts(q)
     counts = await store.rollout_counts(run_id)
-    target = store._target
-    with store._write() as conn:  # back to version 1's schema
+    target = store._db.target
+    with store._db.write() as conn:  # back to version 1's schema
         conn.execute("DROP INDEX llm_calls_agent")
-        for column in store._sql.ROLLOUT_COLUMNS:
+        for column in ROLLOUT_COLUMNS:
             conn.execute(f"ALTER TABLE rollouts DROP COLUMN {column}")
         conn.execute("UPDATE schema_version SET version = 1")
     await store.close()
@@ -171,7 +172,7 @@ async def test_a_version_1_store_is_upgraded_on_open_and_browses_the_same(
 
     upgraded = SQLStore(target)
     try:
-        with upgraded._read() as conn:
+        with upgraded._db.read() as conn:
             assert conn.execute("SELECT version FROM schema_version").fetchone()[0] == 2
         after = await upgraded.browse_rollouts(q)
         assert [r.rollout_id for r in after.rollouts] == [r.rollout_id for r in before.rollouts]

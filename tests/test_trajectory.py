@@ -12,14 +12,14 @@ from pydantic import ValidationError
 
 from voltrl.errors import MissingTokenIdsError
 from voltrl.store.memory import InMemoryStore
-from voltrl.trajectory.builder import (
+from voltrl.trajectory import (
     TrajectoryConfig,
     build_trajectory,
-    cap_indices,
     collate,
     default_tool_error,
     trajectories_from_store,
 )
+from voltrl.trajectory.rows import cap_indices
 from voltrl.types import AttemptResult, LLMCall, Reward, Rollout, Span, Task, Trajectory, Transition
 
 RID, AID = "ro-1", "at-1"
@@ -381,6 +381,63 @@ def test_rewards_addressed_to_agents_are_their_calls_final_reward() -> None:
     # without a returned reward, the rollout's final is the last reward not addressed
     fallback = build_trajectory(rollout(reward=None), calls, rewards)
     assert fallback.transitions[3].reward == 0.25
+
+
+def addressed(value: float, agents: str, at: float = 100.0) -> Reward:
+    """A reward emitted with ``agents=``: the final reward of those agents' calls."""
+    return Reward(
+        rollout_id=RID, attempt_id=AID, value=value, timestamp=at, metadata={"agents": agents}
+    )
+
+
+def test_a_rollout_rewarded_only_per_agent_trains_the_calls_the_rewards_address(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Nothing returned, only ``emit_reward(v, agents=...)``: each team's calls train on the
+    team's reward; a call no reward addresses is left out, counted, and warned about once."""
+    calls = [
+        call(0, [1], [2], agent="red/p1"),
+        call(1, [3], [4], agent="blue/p2"),
+        call(2, [5], [6], agent="unit-referee"),
+        call(3, [7], [8], agent="red/p3"),
+    ]
+    rewards = [addressed(1.0, "red/.*"), addressed(0.0, "blue/.*")]
+    with caplog.at_level("WARNING", logger="voltrl.trajectory"):
+        traj = build_trajectory(rollout(reward=None), calls, rewards)
+        again = build_trajectory(rollout(reward=None), calls, rewards)
+    rows = [(t.agent_name, t.reward, t.metadata["turns"]) for t in traj.transitions]
+    assert rows == [("red/p1", 1.0, [0]), ("blue/p2", 0.0, [1]), ("red/p3", 1.0, [3])]
+    dropped = {k: v for k, v in traj.stats.items() if k.startswith("dropped/")}
+    assert traj.reward is None and dropped == {"dropped/no_agent_reward": 1}
+    assert again.stats == traj.stats
+    warnings = [r.getMessage() for r in caplog.records if r.name == "voltrl.trajectory"]
+    assert len(warnings) == 1 and "['unit-referee']" in warnings[0]  # once per agent name
+    assert "dropped/no_agent_reward" in warnings[0]
+    batch = collate([traj])
+    assert batch.rewards == [1.0, 0.0, 1.0] and batch.agent_names == ["red/p1", "blue/p2", "red/p3"]
+    assert batch.stats["dropped/no_agent_reward"] == 1 and "dropped/no_reward" not in batch.stats
+    # the left-out call still counts as a turn: red/p1 is 3 turns from the end
+    config = TrajectoryConfig(credit="discounted", gamma=0.5)
+    discounted = build_trajectory(rollout(reward=None), calls, rewards, config=config)
+    assert [t.reward for t in discounted.transitions] == [0.125, 0.0, 1.0]
+    # explicit transitions without a reward of their own get their agent's, the same way
+    transitions = [
+        Transition(prompt_token_ids=[1], response_token_ids=[2], agent_name="red/p1"),
+        Transition(prompt_token_ids=[3], response_token_ids=[4], agent_name="unit-referee"),
+        Transition(prompt_token_ids=[5], response_token_ids=[6], agent_name="blue/p2", reward=0.5),
+    ]
+    explicit = build_trajectory(rollout(reward=None), [], rewards, transitions=transitions)
+    assert [(t.agent_name, t.reward) for t in explicit.transitions] == [
+        ("red/p1", 1.0),
+        ("blue/p2", 0.5),
+    ]
+    assert explicit.stats["dropped/no_agent_reward"] == 1
+    # with no reward at all, or none addressing any call, nothing trains
+    none = build_trajectory(rollout(reward=None), calls, [])
+    assert none.transitions == [] and none.stats == {"dropped/no_reward": 1}
+    unmatched = build_trajectory(rollout(reward=None), calls, [addressed(1.0, "green/.*")])
+    assert unmatched.transitions == []
+    assert unmatched.stats == {"dropped/no_agent_reward": 4, "dropped/no_trainable_calls": 1}
 
 
 def test_agent_filter_must_match_the_whole_name() -> None:

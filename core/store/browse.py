@@ -7,7 +7,7 @@ What the dashboard and other readers ask of a store that may hold 100,000 rollou
 cell of a run's rollouts by mode, resources version and status, for its curves.
 
 The meaning of each filter is written once here, in :func:`matches`, and the SQL store
-translates it to SQL (:mod:`voltrl.store.sql.dialects`); the tests check that both agree.
+translates it to SQL (:mod:`voltrl.store.sql.statements`); the tests check that both agree.
 """
 
 from __future__ import annotations

@@ -5,18 +5,18 @@ does it for a run, :func:`collate` pads rows into the :class:`TrainingBatch` tha
 and VERL consume; :class:`TrajectoryConfig` holds every option.
 """
 
-from voltrl.trajectory.builder import (
-    TrainingBatch,
-    TrajectoryConfig,
-    build_trajectory,
-    collate,
-    trajectories_from_store,
-)
+from voltrl.trajectory.batch import TrainingBatch, collate
+from voltrl.trajectory.build import build_trajectory, trajectories_from_store
+from voltrl.trajectory.config import Retokenizer, TrajectoryConfig, default_tool_error
+from voltrl.trajectory.credit import assistant_message
 
 __all__ = [
+    "Retokenizer",
     "TrainingBatch",
     "TrajectoryConfig",
+    "assistant_message",
     "build_trajectory",
     "collate",
+    "default_tool_error",
     "trajectories_from_store",
 ]

@@ -39,7 +39,7 @@ ConfigSource = Mapping[str, Any] | str | Path | Any
 ADAPTERS_REFUSED = (
     "lora_adapters (a LoRA adapter per agent role) are LocalRL's: verl trains one model, so every "
     "agent's calls train the same weights. Use vl.LocalRL(..., lora_adapters={...}), or train one "
-    "role per verl run with voltrl.trajectory.builder.agent_filter (see docs/lora_adapters.md)"
+    "role per verl run with voltrl.trajectory.agent_filter (see docs/lora_adapters.md)"
 )
 
 

@@ -1,13 +1,11 @@
-"""The SQL of :class:`~voltrl.store.sql.store.SQLStore`, and what differs between the databases
-it runs on.
+"""What differs between the databases a SQL store runs on: a :class:`Dialect` for each.
 
-Every statement of the store is written once, in :class:`Statements`, with ``?``
-placeholders and ``{tokens}`` for types and locking clauses; a :class:`Dialect` renders it
-for one database. The dialect also knows how to connect, which errors its driver raises,
-whether a transaction is open, which failures are worth running again, and how to hear of
-other processes' commits. Two exist: :data:`SQLITE` (the standard library's ``sqlite3``) and
+A dialect renders the statements (``?`` placeholders, ``{tokens}`` for types and locking
+clauses), connects, names its driver's errors, tells whether a transaction is open, which
+failures are worth running again, and how to hear of other processes' commits. Two exist:
+:data:`SQLITE` (the standard library's ``sqlite3``, with :class:`WalCheckpointer`) and
 :data:`POSTGRES` (psycopg 3, the ``postgres`` extra, imported only when a PostgreSQL store is
-opened).
+opened, with :class:`ChangeListener`). The PostgreSQL URL helpers live here too.
 """
 
 from __future__ import annotations
@@ -18,15 +16,10 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
 from voltrl.errors import StoreError
-from voltrl.store.browse import RolloutQuery
-
-SCHEMA_VERSION = 2
-"""Version 2 added the rollout columns that browsing filters and sorts on (reward, resources
-version, attempts, task id, start and end times), filled from each row's JSON on upgrade."""
 
 CHANNEL = "voltrl_changes"
 """The PostgreSQL notification channel on which commits that waiters care about are sent."""
@@ -334,251 +327,6 @@ POSTGRES = PostgresDialect(
     max_params=10000,
     in_thread=True,
 )
-
-
-class Statements:
-    """Every SQL statement the store runs, written once with ``?`` placeholders and
-    ``{tokens}``; an instance holds them rendered for one dialect."""
-
-    schema = (
-        "CREATE TABLE IF NOT EXISTS schema_version (version {int} NOT NULL)",
-        "CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value {int} NOT NULL)",
-        "CREATE TABLE IF NOT EXISTS runs (seq {id}, run_id TEXT NOT NULL UNIQUE, "
-        "created_at {float} NOT NULL, data TEXT NOT NULL)",
-        "CREATE TABLE IF NOT EXISTS resources (version {int} PRIMARY KEY, "
-        "created_at {float} NOT NULL, data TEXT NOT NULL)",
-        "CREATE TABLE IF NOT EXISTS rollouts (seq {id}, rollout_id TEXT NOT NULL UNIQUE, "
-        "run_id TEXT, status TEXT NOT NULL, mode TEXT NOT NULL, created_at {float} NOT NULL, "
-        "queue_seq {int}, data TEXT NOT NULL, task_id TEXT, resources_version {int}, "
-        "reward {float}, attempt_count {int}, started_at {float}, finished_at {float})",
-        "CREATE INDEX IF NOT EXISTS rollouts_queue ON rollouts (status, queue_seq)",
-        "CREATE INDEX IF NOT EXISTS rollouts_created ON rollouts (created_at)",
-        "CREATE INDEX IF NOT EXISTS rollouts_run ON rollouts (run_id, created_at)",
-        "CREATE TABLE IF NOT EXISTS attempts (attempt_id TEXT PRIMARY KEY, "
-        "rollout_id TEXT NOT NULL REFERENCES rollouts (rollout_id), idx {int} NOT NULL, "
-        "status TEXT NOT NULL, lease_expires_at {float} NOT NULL, data TEXT NOT NULL)",
-        "CREATE INDEX IF NOT EXISTS attempts_rollout ON attempts (rollout_id, idx)",
-        "CREATE INDEX IF NOT EXISTS attempts_lease ON attempts (status, lease_expires_at)",
-        *(
-            f"CREATE TABLE IF NOT EXISTS {table} (seq {{id}}, "
-            "rollout_id TEXT NOT NULL REFERENCES rollouts (rollout_id), "
-            f"attempt_id TEXT NOT NULL, {extra}data TEXT NOT NULL)"
-            for table, extra in (
-                ("llm_calls", "sequence_id {int} NOT NULL, "),
-                ("spans", "sequence_id {int}, "),
-                ("rewards", ""),
-            )
-        ),
-        *(
-            f"CREATE INDEX IF NOT EXISTS {t}_rollout ON {t} (rollout_id, attempt_id)"
-            for t in ("llm_calls", "spans", "rewards")
-        ),
-    )
-    schema_version = "SELECT version FROM schema_version"
-    set_schema_version = "INSERT INTO schema_version (version) VALUES (?)"
-    bump = (
-        "INSERT INTO counters (name, value) VALUES (?, ?) ON CONFLICT (name) "
-        "DO UPDATE SET value = counters.value + excluded.value RETURNING value"
-    )
-    upsert_run = (
-        "INSERT INTO runs (run_id, created_at, data) VALUES (?, ?, ?) ON CONFLICT (run_id) "
-        "DO UPDATE SET created_at = excluded.created_at, data = excluded.data"
-    )
-    list_runs = "SELECT data FROM runs ORDER BY created_at, seq"
-    last_resources_version = "SELECT COALESCE(MAX(version), 0) FROM resources"
-    insert_resources = "INSERT INTO resources (version, created_at, data) VALUES (?, ?, ?)"
-    get_resources = "SELECT data FROM resources WHERE version = ?"
-    latest_resources = "SELECT data FROM resources ORDER BY version DESC LIMIT 1"
-    insert_rollout = (
-        "INSERT INTO rollouts (rollout_id, run_id, mode, created_at, task_id, status, "
-        "queue_seq, data, resources_version, reward, attempt_count, started_at, finished_at) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-    )
-    update_rollout = (
-        "UPDATE rollouts SET status = ?, queue_seq = ?, data = ?, resources_version = ?, "
-        "reward = ?, attempt_count = ?, started_at = ?, finished_at = ? WHERE rollout_id = ?"
-    )
-    ROLLOUT_COLUMNS: ClassVar[dict[str, str]] = {  # added by version 2: name -> JSON path
-        "task_id": "task.task_id",
-        "resources_version": "resources_version",
-        "reward": "reward",
-        "attempt_count": "attempt_count",
-        "started_at": "started_at",
-        "finished_at": "finished_at",
-    }
-    get_rollout = "SELECT data FROM rollouts WHERE rollout_id = ?{row_lock}"
-    read_rollout = "SELECT data FROM rollouts WHERE rollout_id = ?"
-    rollout_exists = "SELECT 1 FROM rollouts WHERE rollout_id = ?"
-    next_queued = (
-        "SELECT data FROM rollouts WHERE status = 'queued' ORDER BY queue_seq LIMIT 1{claim_lock}"
-    )
-    insert_attempt = (
-        "INSERT INTO attempts (attempt_id, rollout_id, idx, status, lease_expires_at, data) "
-        "VALUES (?, ?, ?, ?, ?, ?)"
-    )
-    update_attempt = (
-        "UPDATE attempts SET status = ?, lease_expires_at = ?, data = ? WHERE attempt_id = ?"
-    )
-    get_attempt = "SELECT data FROM attempts WHERE attempt_id = ?{row_lock}"
-    running_attempt_of = (
-        "SELECT data FROM attempts WHERE rollout_id = ? AND status = 'running'{row_lock}"
-    )
-    attempts_of = "SELECT data FROM attempts WHERE rollout_id = ? ORDER BY idx"
-    any_due = "SELECT 1 FROM attempts WHERE status = 'running' AND lease_expires_at <= ? LIMIT 1"
-    due_attempts = (
-        "SELECT data FROM attempts WHERE status = 'running' AND lease_expires_at <= ? "
-        "ORDER BY lease_expires_at, attempt_id{row_lock}"
-    )
-    next_expiry = "SELECT MIN(lease_expires_at) FROM attempts WHERE status = 'running'"
-    insert_call = (
-        "INSERT INTO llm_calls (rollout_id, attempt_id, sequence_id, data) VALUES (?, ?, ?, ?)"
-    )
-    insert_span = (
-        "INSERT INTO spans (rollout_id, attempt_id, sequence_id, data) VALUES (?, ?, ?, ?)"
-    )
-    insert_reward = "INSERT INTO rewards (rollout_id, attempt_id, data) VALUES (?, ?, ?)"
-
-    BROWSE_FILTERS: ClassVar[dict[str, str]] = {  # RolloutQuery field -> its condition
-        "run_id": "run_id = ?",
-        "mode": "mode = ?",
-        "reward_min": "reward >= ?",
-        "reward_max": "reward <= ?",
-        "resources_version": "resources_version = ?",
-        "task_id": "task_id = ?",
-        "min_attempts": "attempt_count >= ?",
-    }
-
-    FILTERS: ClassVar[dict[str, str]] = {
-        "run_id": "run_id = ?",
-        "mode": "mode = ?",
-        "since": "created_at >= ?",
-        "until": "created_at < ?",
-    }
-
-    def __init__(self, dialect: Dialect) -> None:
-        self._render = dialect.render
-        self._dialect = dialect
-        for name, sql in vars(Statements).items():
-            if isinstance(sql, str) and not name.startswith("_"):
-                setattr(self, name, dialect.render(sql))
-        self.schema = tuple(dialect.render(sql) for sql in Statements.schema)
-        # Browsing by agent (``RolloutQuery.agent``) finds a rollout's calls of an agent
-        # through this index, without reading each call's JSON.
-        agent = dialect.json_value("data", "agent_name")
-        agent_index = (
-            f"CREATE INDEX IF NOT EXISTS llm_calls_agent ON llm_calls (rollout_id, {agent})"
-        )
-        self.schema += (agent_index, *dialect.schema_extra)
-        types = {"task_id": "TEXT", "resources_version": dialect.int_type}
-        self.upgrade_to_2 = (
-            *(
-                f"ALTER TABLE rollouts ADD COLUMN {c} {types.get(c, dialect.float_type)}"
-                for c in self.ROLLOUT_COLUMNS
-            ),
-            "UPDATE rollouts SET "
-            + ", ".join(
-                f"{c} = {dialect.json_value('data', path, number=c != 'task_id')}"
-                for c, path in self.ROLLOUT_COLUMNS.items()
-            ),
-            agent_index,
-            "UPDATE schema_version SET version = 2",
-        )
-        """Statements that bring a version 1 store to version 2."""
-        self.records_of = {
-            (table, by_attempt): dialect.render(
-                f"SELECT data FROM {table} WHERE rollout_id = ?"
-                + (" AND attempt_id = ?" if by_attempt else "")
-                + " ORDER BY seq"
-            )
-            for table in ("llm_calls", "spans", "rewards")
-            for by_attempt in (False, True)
-        }
-
-    def query_rollouts(self, filters: dict[str, Any], limit: int | None) -> tuple[str, list]:
-        """The rollout query for the filters of :meth:`Store.query_rollouts`, by name (None,
-        or an empty status list, does not filter), oldest first."""
-        where, params = [], []
-        for name, value in filters.items():
-            if value is None or (name == "status" and not value):
-                continue
-            if name in ("status", "rollout_ids"):
-                column = "status" if name == "status" else "rollout_id"
-                where.append(f"{column} IN ({', '.join(['?'] * len(value))})")
-                params.extend(value)
-            else:
-                where.append(self.FILTERS[name])
-                params.append(value)
-        sql = "SELECT created_at, seq, data FROM rollouts"
-        sql += f" WHERE {' AND '.join(where)}" if where else ""
-        sql += " ORDER BY created_at, seq" + (" LIMIT ?" if limit is not None else "")
-        return self._render(sql), params if limit is None else [*params, limit]
-
-    def browse_rollouts(self, query: RolloutQuery) -> tuple[str, str, list[Any]]:
-        """The page query and the (capped) count query of :meth:`Store.browse_rollouts`,
-        and their shared parameters: the page query then takes ``limit, offset``, the count
-        query ``COUNT_CAP + 1``. The filters mean what :func:`voltrl.store.browse.matches`
-        says."""
-        d = self._dialect
-
-        def num(path: str, column: str = "data") -> str:
-            return d.json_value(column, path, number=True)
-
-        where: list[str] = []
-        params: list[Any] = []
-
-        def add(sql: str, *values: Any) -> None:
-            where.append(sql)
-            params.extend(values)
-
-        q = query
-        for name, condition in self.BROWSE_FILTERS.items():
-            value = getattr(q, name)
-            if value is not None:
-                add(condition, value)
-        if q.status:
-            add(f"status IN ({', '.join('?' * len(q.status))})", *q.status)
-        if q.text:
-            escaped = q.text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-            add(f"{d.json_text('data', 'task')} {d.like} ? ESCAPE '\\'", f"%{escaped}%")
-        if q.agent is not None:
-            agent = d.json_value("c.data", "agent_name")  # as indexed (llm_calls_agent)
-            add(
-                "EXISTS (SELECT 1 FROM llm_calls c WHERE c.rollout_id = rollouts.rollout_id "
-                f"AND {agent} = ?)",
-                q.agent,
-            )
-        sort = {
-            "created_at": "created_at",
-            "status": "status",
-            "reward": "reward",
-            "attempts": "attempt_count",
-            "resources_version": "resources_version",
-            "duration": "(finished_at - started_at)",
-        }[q.sort]
-        way = "DESC" if q.descending else "ASC"
-        filters = f" WHERE {' AND '.join(where)}" if where else ""
-        nulls = "" if q.sort in ("created_at", "status") else f"({sort}) IS NULL, "  # NOT NULL
-        page = (
-            f"SELECT data FROM rollouts{filters} ORDER BY {nulls}{sort} {way}, "
-            f"created_at {way}, rollout_id {way} LIMIT ? OFFSET ?"
-        )
-        count = f"SELECT COUNT(*) FROM (SELECT 1 FROM rollouts{filters} LIMIT ?) AS matched"
-        mark = d.placeholder
-        return page.replace("?", mark), count.replace("?", mark), params
-
-    def rollout_counts(self) -> str:
-        """The query of :meth:`Store.rollout_counts` (one parameter: the run id): rows of
-        mode, resources version, status, count, rewarded, reward sum, sum of squares."""
-        d = self._dialect
-        ok = "status = 'succeeded' AND reward IS NOT NULL"
-        sql = (
-            "SELECT mode, resources_version, status, COUNT(*), "
-            f"SUM(CASE WHEN {ok} THEN 1 ELSE 0 END), "
-            f"SUM(CASE WHEN {ok} THEN reward ELSE 0 END), "
-            f"SUM(CASE WHEN {ok} THEN reward * reward ELSE 0 END) "
-            "FROM rollouts WHERE run_id = ? GROUP BY mode, resources_version, status"
-        )
-        return sql.replace("?", d.placeholder)
 
 
 def is_postgres_url(text: str) -> bool:

@@ -1,23 +1,20 @@
 """SQL store: durable rollouts, attempts and records in SQLite (default) or PostgreSQL.
 
-One implementation serves both. What differs between databases (placeholders, how a write
-transaction starts, how the claim query locks its row, column types, connecting) lives in a
-small :class:`~voltrl.store.sql.dialects.Dialect`; every statement is written once, in
-:class:`~voltrl.store.sql.dialects.Statements`.
-
-Rows hold the pydantic model as JSON in ``data``, next to real, indexed columns for what the
-store filters and orders on (ids, status, mode, times, lease expiry, queue position). Both are
-always written together from the model, and the state machine is the one in
-:mod:`voltrl.store.lifecycle`, so the semantics are those of the in-memory store.
+One implementation serves both: what differs between the databases is a
+:class:`~voltrl.store.sql.dialects.Dialect`, every statement is written once in
+:mod:`~voltrl.store.sql.statements`, the tables in :mod:`~voltrl.store.sql.schema`, and the
+connection with its transactions is a :class:`~voltrl.store.sql.connection.Database`. Rows
+hold the model as JSON next to the columns the store filters on, always written together from
+the model; the state machine is :mod:`voltrl.store.lifecycle`'s, so the semantics are those
+of the in-memory store.
 
 Each operation is one transaction (two for those that first end due leases) that never awaits
 in the middle, so it is atomic for every caller. Methods are written as plain blocking code;
 ``_db_call`` makes them the async methods of the store interface:
 
-- SQLite calls are sub-millisecond, so they run inline on the event loop. A lock guards the
-  connection within the process, ``BEGIN IMMEDIATE`` serialises writers across processes.
-  WAL with ``synchronous=NORMAL``: a committed change survives the process being killed, and
-  other processes (``voltrl runs`` reading while a trainer writes) can open the same file.
+- SQLite calls are sub-millisecond, so they run inline on the event loop. WAL with
+  ``synchronous=NORMAL``: a committed change survives the process being killed, and other
+  processes (``voltrl runs`` reading while a trainer writes) can open the same file.
 - PostgreSQL calls wait on a socket, so each store object sends them from one worker thread
   of its own, over one connection, in the order they were made: the event loop never waits
   on the network, and the code stays the same blocking code as SQLite's (psycopg's async
@@ -27,26 +24,16 @@ in the middle, so it is atomic for every caller. Methods are written as plain bl
   a deadlock is run again. An operation whose caller is cancelled still finishes on the
   thread (a claim nobody receives is retried when its lease runs out). A lost connection is
   opened again on the next call.
-
-Waiters wake on changes made through store objects of this process (all objects on one
-database share a notifier). On PostgreSQL they also wake when another process commits a
-change: triggers send a notification that a thread of each store object LISTENs for. On
-SQLite, where the process that serves the store is its one writer in a VoltRL run, a commit
-by another process on the same file is seen at the waiter's next wake-up (a change here, a
-lease expiry or its deadline), not at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import threading
 import time
-import weakref
 from collections import Counter
-from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
@@ -60,20 +47,19 @@ from voltrl.store.browse import (
     RolloutQuery,
     count_order,
 )
-from voltrl.store.lifecycle import Notifier, apply_result, expire_attempt
+from voltrl.store.lifecycle import apply_result, expire_attempt
+from voltrl.store.sql.connection import Database, sqlite_path
 from voltrl.store.sql.dialects import (
     POSTGRES,
-    SCHEMA_VERSION,
     SQLITE,
-    ChangeListener,
     Connection,
     Dialect,
-    Statements,
-    WalCheckpointer,
     is_postgres_url,
     postgres_location,
     redact,
 )
+from voltrl.store.sql.schema import ensure_schema
+from voltrl.store.sql.statements import Statements, attempt_row, rollout_row
 from voltrl.types import (
     Attempt,
     AttemptResult,
@@ -99,43 +85,6 @@ DEADLOCK_RETRIES = 4  # times a PostgreSQL transaction aborted to break a deadlo
 DEADLOCK_BACKOFF_S = 0.02  # before the first of them; doubled for each next one
 
 
-_NOTIFIERS: weakref.WeakValueDictionary[str, Notifier] = weakref.WeakValueDictionary()
-_NOTIFIERS_LOCK = threading.Lock()
-
-
-def _shared_notifier(key: str) -> Notifier:
-    """One notifier per database file in this process, so every store object on the file
-    wakes the others' waiters."""
-    with _NOTIFIERS_LOCK:
-        return _NOTIFIERS.setdefault(key, Notifier())
-
-
-def _rollout_row(r: Rollout, queue_seq: int | None) -> tuple[Any, ...]:
-    """A rollout's columns in the order of ``Statements.insert_rollout``; the last eight
-    are the ones ``Statements.update_rollout`` sets."""
-    return (
-        r.rollout_id,
-        r.run_id,
-        r.mode,
-        r.created_at,
-        r.task.task_id,
-        r.status,
-        queue_seq,
-        r.model_dump_json(),
-        r.resources_version,
-        r.reward,
-        r.attempt_count,
-        r.started_at,
-        r.finished_at,
-    )
-
-
-def _attempt_row(a: Attempt) -> tuple[Any, ...]:
-    """An attempt's columns after its id, in the order of ``Statements.insert_attempt``; the
-    last three are the ones ``Statements.update_attempt`` sets."""
-    return (a.rollout_id, a.index, a.status, a.lease_expires_at, a.model_dump_json())
-
-
 def _tagged(records: Sequence[T], rollout_id: str, attempt_id: str) -> list[T]:
     """``records`` of an attempt's report, each tagged with the attempt (copied only when a
     record names another rollout or attempt: a runner's records already name their own)."""
@@ -146,17 +95,6 @@ def _tagged(records: Sequence[T], rollout_id: str, attempt_id: str) -> list[T]:
         else rec.model_copy(update=tag)
         for rec in records
     ]
-
-
-def sqlite_path(path_or_url: str | Path) -> Path:
-    """The file of a SQLite store given as a path or a ``sqlite:///path`` URL (as in
-    SQLAlchemy: ``sqlite:///runs/store.sqlite`` is relative, ``sqlite:////tmp/x`` absolute)."""
-    text = str(path_or_url)
-    if text.startswith("sqlite:"):
-        if not text.startswith("sqlite:///") or len(text) == len("sqlite:///"):
-            raise StoreError(f"bad SQLite URL {text!r}: expected sqlite:///PATH")
-        text = text[len("sqlite:///") :]
-    return Path(text).expanduser()
 
 
 def _db_call(
@@ -170,8 +108,9 @@ def _db_call(
         executor = self._executor
         if executor is None:
             result = method(self, *args, **kwargs)
-            if self._group is not None:  # answer once what the method wrote is committed
-                await self._group_committed(self._group)
+            group = self._db.group
+            if group is not None:  # answer once what the method wrote is committed
+                await Database.group_committed(group)
             return result
         run, loop = functools.partial(method, self, *args, **kwargs), asyncio.get_running_loop()
         for i in range(DEADLOCK_RETRIES):
@@ -202,239 +141,42 @@ class SQLStore(LocalStore):
         """The SQLite file; None for PostgreSQL."""
         if is_postgres_url(text):
             self._dialect: Dialect = POSTGRES
-            self.path, self._target, self.location = None, text, redact(text)
+            self.path, target, self.location = None, text, redact(text)
             notifier_key = f"postgresql://{postgres_location(text)}"
         else:
             self._dialect = SQLITE
             self.path = sqlite_path(path_or_url)
-            self._target = self.location = str(self.path)
+            target = self.location = str(self.path)
             notifier_key = str(self.path.resolve())
         self._sql = Statements(self._dialect)
-        self._lock = threading.Lock()
-        self._conn: Connection | None = self._open()
-        self._executor: ThreadPoolExecutor | None = None
-        self._listener: ChangeListener | None = None
-        self._checkpointer: WalCheckpointer | None = None
-        self._grouping = False
-        self._group: asyncio.Future[None] | None = None  # the open group transaction's commit
-        self._notify_after_group = False
+        self._db = Database(self._dialect, target, self.location, notifier_key)
         try:
-            self._ensure_schema()
+            ensure_schema(self._db)
         except BaseException:
-            self._disconnect()
+            self._db.close()
             raise
+        self._executor: ThreadPoolExecutor | None = None
         if self._dialect.in_thread or threaded:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="voltrl-store")
-        self._changed = _shared_notifier(notifier_key)
-        self._listener = self._dialect.listen(self._target, self._changed.notify, self._own)
-        if self._dialect is SQLITE:  # commits no longer wait for checkpoints (see the class)
-            self._checkpointer = WalCheckpointer(self._target)
-            self._conn.execute("PRAGMA wal_autocheckpoint=0")
+        self._changed = self._db.changed
+        self._db.watch()
 
     def __repr__(self) -> str:
         return f"SQLStore({self.location!r})"
 
     def group_commits(self) -> None:
-        """Commit the writes of concurrent calls together (SQLite only; PostgreSQL ignores it).
-
-        Each write still runs in a transaction of its own (a savepoint: an error undoes only
-        that call's changes), but the savepoints of one turn of the event loop share one
-        ``COMMIT``, run at the start of the next turn, and every call answers only once that
-        commit is done: nothing is answered that is not committed, and a failed commit fails
-        every call in it. A rollout's pages (the tail of each table and index) are written to
-        the WAL once per group rather than once per call, which is most of a commit's cost.
-
-        For a store used from one event loop only, as ``voltrl serve`` uses its own.
-        """
-        if self._dialect is SQLITE:
-            self._grouping = True
-
-    def _notify(self) -> None:
-        """Wake waiters on this database; after the commit when a group is open."""
-        if self._group is not None:
-            self._notify_after_group = True
-        else:
-            self._changed.notify()
-
-    async def _group_committed(self, group: asyncio.Future[None]) -> None:
-        """Wait for ``group``'s commit. A call that is cancelled meanwhile still waits for it
-        (its changes are in the group): then it ends as if the cancellation came after it."""
-        try:
-            await asyncio.shield(group)
-        except asyncio.CancelledError:
-            if not group.done():
-                await group
-            group.result()
-
-    def _commit_group(self) -> None:
-        """Commit the open group transaction; its calls get the outcome."""
-        group, self._group = self._group, None
-        if group is None:
-            return
-        error: BaseException | None = None
-        with self._lock:
-            conn = self._conn
-            try:
-                if conn is None:
-                    raise StoreError(f"store {self.location} is closed")
-                conn.execute("COMMIT")
-            except self._dialect.error as e:
-                error = StoreError(f"{self._dialect.name} store {self.location}: {e}")
-            except StoreError as e:
-                error = e
-            if error is not None and conn is not None and self._dialect.in_transaction(conn):
-                conn.execute("ROLLBACK")
-        if error is not None:
-            group.set_exception(error)
-            group.exception()  # retrieved by each waiting call; no warning if none is left
-            return
-        if self._checkpointer is not None:
-            self._checkpointer.dirty = True
-        group.set_result(None)
-        if self._notify_after_group:
-            self._notify_after_group = False
-            self._changed.notify()
-
-    # ---- connection and transactions ----------------------------------------------------
-    def _open(self) -> Connection:
-        conn = self._dialect.connect(self._target)
-        try:
-            for statement in self._dialect.setup:
-                conn.execute(statement)
-        except self._dialect.error as e:
-            conn.close()
-            raise StoreError(f"cannot open {self._dialect.name} store {self.location}: {e}") from e
-        return conn
-
-    def _connection(self) -> Connection:
-        if self._conn is None:
-            raise StoreError(f"store {self.location} is closed")
-        if self._dialect.broken(self._conn):  # the server restarted: connect again
-            self._conn = self._open()
-        return self._conn
-
-    def _own(self) -> Connection | None:
-        return self._conn
-
-    def _disconnect(self) -> None:
-        with self._lock:
-            if self._conn is not None:
-                if self._listener is not None:
-                    self._listener.close(self._conn)
-                if self._checkpointer is not None:
-                    self._checkpointer.close()
-                    self._checkpointer = None
-                self._conn.close()
-                self._conn = None
-
-    @contextmanager
-    def _read(self) -> Iterator[Connection]:
-        with self._lock:
-            try:
-                yield self._connection()
-            except self._dialect.error as e:
-                raise StoreError(f"{self._dialect.name} store {self.location}: {e}") from e
-
-    @contextmanager
-    def _write(self) -> Iterator[Connection]:
-        """One write transaction: committed on success, rolled back on any error (with
-        :meth:`group_commits`, a savepoint of the group transaction)."""
-        if self._grouping:
-            with self._grouped_write() as conn:
-                yield conn
-            return
-        with self._lock:
-            conn = self._connection()
-            try:
-                conn.execute(self._dialect.begin_write)
-                yield conn
-                conn.execute("COMMIT")
-                if self._checkpointer is not None:
-                    self._checkpointer.dirty = True
-            except BaseException as e:
-                if self._dialect.in_transaction(conn):
-                    conn.execute("ROLLBACK")
-                if isinstance(e, self._dialect.error):
-                    raise StoreError(f"{self._dialect.name} store {self.location}: {e}") from e
-                raise
-
-    @contextmanager
-    def _grouped_write(self) -> Iterator[Connection]:
-        """A savepoint in the group transaction, which is opened (and its commit scheduled
-        for the next turn of the event loop) if none is open."""
-        with self._lock:
-            conn = self._connection()
-            try:
-                if self._group is None:
-                    loop = asyncio.get_running_loop()
-                    conn.execute(self._dialect.begin_write)
-                    self._group = loop.create_future()
-                    loop.call_soon(self._commit_group)
-                conn.execute("SAVEPOINT call")
-            except self._dialect.error as e:
-                raise StoreError(f"{self._dialect.name} store {self.location}: {e}") from e
-            try:
-                yield conn
-                conn.execute("RELEASE call")
-            except BaseException as e:
-                try:
-                    conn.execute("ROLLBACK TO call")
-                    conn.execute("RELEASE call")
-                except self._dialect.error:  # the whole transaction is gone: end the group
-                    if self._dialect.in_transaction(conn):
-                        conn.execute("ROLLBACK")
-                    group, self._group = self._group, None
-                    if group is not None:
-                        group.set_exception(StoreError(f"store {self.location}: {e}"))
-                        group.exception()
-                if isinstance(e, self._dialect.error):
-                    raise StoreError(f"{self._dialect.name} store {self.location}: {e}") from e
-                raise
-
-    def _ensure_schema(self) -> None:
-        with self._read() as conn:
-            try:
-                row = conn.execute(self._sql.schema_version).fetchone()
-            except self._dialect.error:  # no schema yet
-                row = None
-        if row is None:
-            with self._write() as conn:
-                if self._dialect.schema_lock:
-                    conn.execute(self._dialect.schema_lock)
-                for statement in self._sql.schema:
-                    conn.execute(statement)
-                row = conn.execute(self._sql.schema_version).fetchone()
-                if row is None:
-                    conn.execute(self._sql.set_schema_version, (SCHEMA_VERSION,))
-                    row = (SCHEMA_VERSION,)
-        if row[0] == 1:
-            row = self._upgrade_to_2()
-        if row[0] != SCHEMA_VERSION:
-            raise StoreError(
-                f"store {self.location} has schema version {row[0]}; this VoltRL reads version "
-                f"{SCHEMA_VERSION}"
-            )
-
-    def _upgrade_to_2(self) -> tuple[int]:
-        """Add version 2's rollout columns to a version 1 store, filled from each rollout's
-        JSON (once: a store another process upgraded meanwhile is left as it is)."""
-        with self._write() as conn:
-            if self._dialect.schema_lock:
-                conn.execute(self._dialect.schema_lock)
-            row = conn.execute(self._sql.schema_version).fetchone()
-            if row[0] == 1:
-                for statement in self._sql.upgrade_to_2:
-                    conn.execute(statement)
-                row = (2,)
-        return row
+        """Commit the writes of concurrent calls together (SQLite only); see
+        :meth:`Database.group_commits <voltrl.store.sql.connection.Database.group_commits>`.
+        For a store used from one event loop only, as ``voltrl serve`` uses its own."""
+        self._db.group_commits()
 
     async def close(self) -> None:
-        self._commit_group()  # what calls wrote before the close is kept
+        self._db.commit_group()  # what calls wrote before the close is kept
         executor, self._executor = self._executor, None
         if executor is None:
-            self._disconnect()
+            self._db.close()
             return
-        await asyncio.get_running_loop().run_in_executor(executor, self._disconnect)
+        await asyncio.get_running_loop().run_in_executor(executor, self._db.close)
         executor.shutdown(wait=False)
 
     # ---- row helpers (inside a transaction) ---------------------------------------------
@@ -454,10 +196,10 @@ class SQLStore(LocalStore):
     def _update_rollout(self, conn: Connection, r: Rollout) -> None:
         """Write a changed rollout; one that became queued goes to the back of the queue."""
         queue_seq = self._bump(conn, "queue", 1) if r.status == "queued" else None
-        conn.execute(self._sql.update_rollout, (*_rollout_row(r, queue_seq)[-8:], r.rollout_id))
+        conn.execute(self._sql.update_rollout, (*rollout_row(r, queue_seq)[-8:], r.rollout_id))
 
     def _update_attempt(self, conn: Connection, a: Attempt) -> None:
-        conn.execute(self._sql.update_attempt, (*_attempt_row(a)[-3:], a.attempt_id))
+        conn.execute(self._sql.update_attempt, (*attempt_row(a)[-3:], a.attempt_id))
 
     def _require_rollouts(self, conn: Connection, rollout_ids: Iterable[str]) -> None:
         for rollout_id in dict.fromkeys(rollout_ids):
@@ -506,30 +248,30 @@ class SQLStore(LocalStore):
     # ---- runs and resources -------------------------------------------------------------
     @_db_call
     def add_run(self, run: Run) -> Run:
-        with self._write() as conn:
+        with self._db.write() as conn:
             conn.execute(self._sql.upsert_run, (run.run_id, run.created_at, run.model_dump_json()))
         return run
 
     @_db_call
     def list_runs(self) -> list[Run]:
-        with self._read() as conn:
+        with self._db.read() as conn:
             return self._all(conn, self._sql.list_runs, (), Run)
 
     @_db_call
     def add_resources(self, resources: Resources) -> Resources:
-        with self._write() as conn:
+        with self._db.write() as conn:
             self._bump(conn, "resources", 1)  # a row lock: concurrent writers take turns
             version = int(conn.execute(self._sql.last_resources_version).fetchone()[0]) + 1
             saved = resources.model_copy(update={"version": version}, deep=True)
             conn.execute(
                 self._sql.insert_resources, (version, saved.created_at, saved.model_dump_json())
             )
-        self._notify()
+        self._db.notify()
         return saved
 
     @_db_call
     def get_resources(self, version: int | None = None) -> Resources | None:
-        with self._read() as conn:
+        with self._db.read() as conn:
             if version is None:
                 return self._one(conn, self._sql.latest_resources, (), Resources)
             return self._one(conn, self._sql.get_resources, (version,), Resources)
@@ -553,16 +295,16 @@ class SQLStore(LocalStore):
         rollouts = [Rollout(task=task, **settings) for task in tasks]
         if not rollouts:
             return []
-        with self._write() as conn:
+        with self._db.write() as conn:
             first = self._bump(conn, "queue", len(rollouts)) - len(rollouts) + 1
-            rows = [_rollout_row(r, first + i) for i, r in enumerate(rollouts)]
+            rows = [rollout_row(r, first + i) for i, r in enumerate(rollouts)]
             conn.cursor().executemany(self._sql.insert_rollout, rows)
-        self._notify()
+        self._db.notify()
         return rollouts
 
     @_db_call
     def _claim_now(self, worker_id: str, lease_s: float) -> Claim | None:
-        with self._write() as conn:
+        with self._db.write() as conn:
             r = self._one(conn, self._sql.next_queued, (), Rollout)
             if r is None:
                 return None
@@ -576,12 +318,12 @@ class SQLStore(LocalStore):
                 lease_expires_at=now() + lease_s,
             )
             self._update_rollout(conn, r)
-            conn.execute(self._sql.insert_attempt, (a.attempt_id, *_attempt_row(a)))
+            conn.execute(self._sql.insert_attempt, (a.attempt_id, *attempt_row(a)))
         return Claim(rollout=r, attempt=a)
 
     @_db_call
     def _next_lease_expiry(self) -> float | None:
-        with self._read() as conn:
+        with self._db.read() as conn:
             return conn.execute(self._sql.next_expiry).fetchone()[0]
 
     @_db_call
@@ -592,7 +334,7 @@ class SQLStore(LocalStore):
         if not attempt_ids:
             return []
         stale: list[str] = []
-        with self._write() as conn:
+        with self._db.write() as conn:
             t = now()
             for attempt_id in attempt_ids:
                 a = self._one(conn, self._sql.get_attempt, (attempt_id,), Attempt)
@@ -607,7 +349,7 @@ class SQLStore(LocalStore):
     @_db_call
     def complete(self, attempt_id: str, result: AttemptResult) -> Rollout:
         self._expire_leases()
-        with self._write() as conn:
+        with self._db.write() as conn:
             a = self._one(conn, self._sql.get_attempt, (attempt_id,), Attempt)
             if a is None:
                 raise StaleAttemptError(f"unknown attempt {attempt_id}")
@@ -623,12 +365,12 @@ class SQLStore(LocalStore):
             apply_result(r, a, result)
             self._update_attempt(conn, a)
             self._update_rollout(conn, r)
-        self._notify()
+        self._db.notify()
         return r
 
     @_db_call
     def cancel(self, rollout_id: str) -> Rollout:
-        with self._write() as conn:
+        with self._db.write() as conn:
             r = self._one(conn, self._sql.get_rollout, (rollout_id,), Rollout)
             if r is None:
                 raise NotFoundError(f"no rollout with id {rollout_id!r}")
@@ -640,7 +382,7 @@ class SQLStore(LocalStore):
                 self._update_attempt(conn, a)
             r.status, r.finished_at, r.error = "cancelled", now(), "cancelled"
             self._update_rollout(conn, r)
-        self._notify()
+        self._db.notify()
         return r
 
     @_db_call
@@ -650,19 +392,19 @@ class SQLStore(LocalStore):
 
     def _expire_leases(self) -> int:
         t = time.time()
-        with self._read() as conn:
+        with self._db.read() as conn:
             if conn.execute(self._sql.any_due, (t,)).fetchone() is None:
                 return 0
-        with self._write() as conn:
+        with self._db.write() as conn:
             n = self._expire_due(conn, t)
         if n:
-            self._notify()
+            self._db.notify()
         return n
 
     # ---- records ------------------------------------------------------------------------
     @_db_call
     def add_llm_calls(self, calls: Sequence[LLMCall]) -> list[LLMCall]:
-        with self._write() as conn:
+        with self._db.write() as conn:
             self._require_rollouts(conn, (c.rollout_id for c in calls))
             calls = self._with_sequence_ids(conn, "call", calls, keep=False)
             conn.cursor().executemany(
@@ -673,20 +415,20 @@ class SQLStore(LocalStore):
 
     @_db_call
     def add_spans(self, spans: Sequence[Span]) -> list[Span]:
-        with self._write() as conn:
+        with self._db.write() as conn:
             self._require_rollouts(conn, (s.rollout_id for s in spans))
             return self._insert_spans(conn, spans)
 
     @_db_call
     def add_rewards(self, rewards: Sequence[Reward]) -> None:
-        with self._write() as conn:
+        with self._db.write() as conn:
             self._require_rollouts(conn, (rw.rollout_id for rw in rewards))
             self._insert_rewards(conn, rewards)
 
     # ---- queries ------------------------------------------------------------------------
     @_db_call
     def get_rollout(self, rollout_id: str) -> Rollout:
-        with self._read() as conn:
+        with self._db.read() as conn:
             r = self._one(conn, self._sql.read_rollout, (rollout_id,), Rollout)
         if r is None:
             raise NotFoundError(f"no rollout with id {rollout_id!r}")
@@ -714,7 +456,7 @@ class SQLStore(LocalStore):
             size = self._dialect.max_params - len(statuses) - 5
             chunks = [ids[i : i + size] for i in range(0, len(ids), size)]
         rows: list[tuple[float, int, str]] = []
-        with self._read() as conn:
+        with self._db.read() as conn:
             for chunk in chunks:
                 sql, params = self._sql.query_rollouts({**filters, "rollout_ids": chunk}, limit)
                 rows.extend(conn.execute(sql, params))
@@ -726,7 +468,7 @@ class SQLStore(LocalStore):
     @_db_call
     def browse_rollouts(self, query: RolloutQuery) -> RolloutPage:
         page, count, params = self._sql.browse_rollouts(query)
-        with self._read() as conn:
+        with self._db.read() as conn:
             rows = conn.execute(page, [*params, query.limit, query.offset]).fetchall()
             total = conn.execute(count, [*params, COUNT_CAP + 1]).fetchone()[0]
         return RolloutPage(
@@ -737,7 +479,7 @@ class SQLStore(LocalStore):
 
     @_db_call
     def rollout_counts(self, run_id: str) -> list[RolloutCount]:
-        with self._read() as conn:
+        with self._db.read() as conn:
             rows = conn.execute(self._sql.rollout_counts(), (run_id,)).fetchall()
         counts = [
             RolloutCount(
@@ -755,14 +497,14 @@ class SQLStore(LocalStore):
 
     @_db_call
     def get_attempts(self, rollout_id: str) -> list[Attempt]:
-        with self._read() as conn:
+        with self._db.read() as conn:
             self._require_rollouts(conn, (rollout_id,))
             return self._all(conn, self._sql.attempts_of, (rollout_id,), Attempt)
 
     def _records(
         self, table: str, cls: type[M], rollout_id: str, attempt_id: str | None
     ) -> list[M]:
-        with self._read() as conn:
+        with self._db.read() as conn:
             self._require_rollouts(conn, (rollout_id,))
             if attempt_id is None:
                 return self._all(conn, self._sql.records_of[table, False], (rollout_id,), cls)
