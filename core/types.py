@@ -133,6 +133,11 @@ class Reward(Model):
         return v
 
 
+REFUSED_SPAN = "gateway.refused"
+"""The name of the span the gateway records for a call the backend refused with a 4xx (the
+trajectory builder reads it)."""
+
+
 class Span(Model):
     """An OpenTelemetry-shaped span, tagged with the rollout and attempt it belongs to."""
 

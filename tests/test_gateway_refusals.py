@@ -13,10 +13,9 @@ from helpers import serve_gateway
 from test_gateway import MESSAGES, Env, env, new_rollout  # noqa: F401 (env is a fixture)
 
 from voltrl.gateway import Gateway
-from voltrl.gateway.errors import REFUSED_SPAN
 from voltrl.store.memory import InMemoryStore
 from voltrl.trajectory import TrajectoryConfig, trajectories_from_store
-from voltrl.types import AttemptResult
+from voltrl.types import REFUSED_SPAN, AttemptResult
 
 VLLM_SAYS = (
     "This model's maximum context length is 4096 tokens. However, you requested 5000 tokens "

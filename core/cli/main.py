@@ -24,6 +24,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from voltrl._console import printable
 from voltrl.cli import dashboard, dev, model, runner, runs, serve, show, train
 from voltrl.errors import TooManyFailuresError, VoltRLError
 
@@ -49,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args))
     except VoltRLError as exc:
         message = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
-        print(f"voltrl: error: {message}", file=sys.stderr)
+        print(f"voltrl: error: {printable(message)}", file=sys.stderr)
         return 1 if isinstance(exc, TooManyFailuresError) else 2
     except KeyboardInterrupt:
         print("voltrl: interrupted", file=sys.stderr)

@@ -62,13 +62,17 @@ def _render(rows: list[tuple[Any, ...]], args: argparse.Namespace) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from voltrl._console import printable
+    from voltrl._console import text as console_text
+
     if not rows:
-        print(f"no runs found in {args.store or args.run_dir}")
+        print(printable(f"no runs found in {args.store or args.run_dir}"))
         return
     wide = args.wide
     table = Table(title="runs")
     # A long name folds onto more lines rather than being cut short; --wide never wraps.
-    table.add_column("name", overflow="fold", min_width=min(20, max(len(r[1].name) for r in rows)))
+    name_width = min(20, max(len(console_text(r[1].name)) for r in rows))
+    table.add_column("name", overflow="fold", min_width=name_width)
     columns = ["status", "kind", "started", "rollouts", "reward"]
     for col in columns + (["algorithm", "run id", "store", "error"] if wide else []):
         table.add_column(col, overflow="fold")
@@ -81,7 +85,7 @@ def _render(rows: list[tuple[Any, ...]], args: argparse.Namespace) -> None:
         cells = [run.name, run.status, run.kind, started, rollouts, reward]
         if wide:
             cells += [run.algorithm, run.run_id, str(path), run.error or ""]
-        table.add_row(*cells)
+        table.add_row(*(console_text(c) for c in cells))
     Console(width=100_000 if wide else None).print(table)
 
 

@@ -80,7 +80,7 @@ async def run_server(
     ``graceful_s`` seconds, then the gateway's pending writes finish and the store closes.
     """
     from voltrl._http.serving import check_bindable
-    from voltrl.store import open_store
+    from voltrl.store import open_store, parse_store
     from voltrl.store.sql import SQLStore
 
     require_token_off_loopback(host, token)
@@ -100,7 +100,8 @@ async def run_server(
         ui = store_spec if isinstance(store, SQLStore) and store.path is not None else True
         app = server_app(store, token=token, gateway=gw, dashboard=ui)
         async with served(app, host, port, graceful_s) as url:
-            print(f"voltrl store: {url}{API_PREFIX} ({_describe(store_spec)})", flush=True)
+            where = parse_store(store_spec).describe()
+            print(f"voltrl store: {url}{API_PREFIX} ({where})", flush=True)
             if gw is not None:
                 print(f"voltrl gateway: {url}/v1 -> {', '.join(gw.backends)}", flush=True)
             auth = "bearer token" if token else "none"
@@ -168,12 +169,6 @@ async def _check_store_server(url: str, token: str | None) -> None:
         raise VoltRLError(f"cannot use the store: {exc}") from None
     finally:
         await store.close()
-
-
-def _describe(store_spec: str) -> str:
-    """A store spec fit to print: a database URL loses its user and password."""
-    scheme, sep, rest = store_spec.partition("://")
-    return f"{scheme}://{rest.rpartition('@')[2]}" if sep else store_spec
 
 
 # ---- the commands ------------------------------------------------------------------------

@@ -38,9 +38,6 @@ class GatewayHTTPError(Exception):
         return json.dumps({"error": err}).encode()
 
 
-REFUSED_SPAN = "gateway.refused"
-"""The name of the span recording a call the backend refused with a 4xx."""
-
 _CONTEXT_OVERFLOW = re.compile(
     r"context[ _]length|maximum context|model's context|context of \d+|context size|"
     r"prompt is too long|exceeds the context",

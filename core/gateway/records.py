@@ -18,9 +18,9 @@ from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
-from voltrl.gateway.errors import REFUSED_SPAN, GatewayHTTPError
+from voltrl.gateway.errors import GatewayHTTPError
 from voltrl.store.base import Store
-from voltrl.types import LLMCall, Span
+from voltrl.types import REFUSED_SPAN, LLMCall, Span
 
 logger = logging.getLogger(__name__)
 

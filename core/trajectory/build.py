@@ -8,7 +8,6 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from voltrl.gateway.errors import REFUSED_SPAN
 from voltrl.trajectory.config import TrajectoryConfig
 from voltrl.trajectory.credit import (
     agent_final_rewards,
@@ -26,7 +25,7 @@ from voltrl.trajectory.rows import (
     rows_from_transitions,
     turns,
 )
-from voltrl.types import LLMCall, Reward, Rollout, Span, Trajectory, Transition
+from voltrl.types import REFUSED_SPAN, LLMCall, Reward, Rollout, Span, Trajectory, Transition
 
 if TYPE_CHECKING:
     from voltrl.store.base import Store

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
+from voltrl._redact import redact, scrub
 from voltrl.errors import StoreError
 
 CHANNEL = "voltrl_changes"
@@ -150,15 +151,16 @@ class PostgresDialect(Dialect):
         try:
             params = psycopg.conninfo.conninfo_to_dict(target)
         except psycopg.Error as e:
-            raise StoreError(f"bad PostgreSQL URL {redact(target)!r}: {_scrub(e, target)}") from e
+            why = scrub(str(e).strip(), urlsplit(target).password)
+            raise StoreError(f"bad PostgreSQL URL {redact(target)!r}: {why}") from e
         params.setdefault("connect_timeout", CONNECT_TIMEOUT_S)
         params.setdefault("application_name", "voltrl")
         try:
             return psycopg.connect(**params, autocommit=True)
         except psycopg.Error as e:
-            raise StoreError(
-                f"cannot connect to PostgreSQL at {where}: {_scrub(e, target)}"
-            ) from None  # the driver's error may repeat the connection string
+            # the driver's error may repeat the connection string, password and all
+            why = scrub(str(e).strip(), urlsplit(target).password)
+            raise StoreError(f"cannot connect to PostgreSQL at {where}: {why}") from None
 
     @property
     def error(self) -> type[Exception]:
@@ -334,15 +336,6 @@ def is_postgres_url(text: str) -> bool:
     return text.startswith(("postgresql://", "postgres://"))
 
 
-def redact(url: str) -> str:
-    """A URL with its password replaced by ``***``, for messages and ``repr``."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return parts._replace(netloc=netloc).geturl()
-
-
 def postgres_location(url: str) -> str:
     """``host:port/database`` of a PostgreSQL URL, for messages (no user, no password)."""
     try:
@@ -353,13 +346,6 @@ def postgres_location(url: str) -> str:
     except ValueError as e:
         raise StoreError(f"bad PostgreSQL URL {redact(url)!r}: {e}") from None
     return f"{host}:{port}{parts.path or '/'}"
-
-
-def _scrub(error: BaseException, url: str) -> str:
-    """The driver's message for ``error``, with the URL's password removed."""
-    text = str(error).strip()
-    password = urlsplit(url).password
-    return text.replace(password, "***") if password else text
 
 
 def _psycopg() -> Any:

@@ -37,6 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
+from voltrl._redact import redact
 from voltrl.errors import NotFoundError, StaleAttemptError, StoreError
 from voltrl.resources import Resources
 from voltrl.store.base import DEFAULT_LEASE_S, LocalStore
@@ -56,7 +57,6 @@ from voltrl.store.sql.dialects import (
     Dialect,
     is_postgres_url,
     postgres_location,
-    redact,
 )
 from voltrl.store.sql.schema import ensure_schema
 from voltrl.store.sql.statements import Statements, attempt_row, rollout_row
