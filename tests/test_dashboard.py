@@ -4,7 +4,10 @@ sources, clear answers to bad input. (Pages in a real browser: test_dashboard_br
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -236,3 +239,183 @@ def test_advantages_of_a_run_with_lora_adapters_are_computed_per_adapter():
         assert [rows[f"r{i}"][k].advantage for i in range(4)] == expected
         assert expected != batch_advantages(batch, PolicyUpdateConfig()).tolist()[k::3]
     assert all(rows[f"r{i}"][2].advantage is None for i in range(4))
+
+
+# ---- sessions -----------------------------------------------------------------------------------
+def sign_in(c: httpx.Client, prefix: str = "") -> str:
+    """Sign in through the form; returns the session cookie's value."""
+    answer = c.post(f"{prefix}/login", data={"token": TOKEN, "next": f"{prefix}/"})
+    assert answer.status_code == 303, answer.text
+    return answer.cookies["voltrl_session"]
+
+
+def signed_out(c: httpx.Client, cookie: str, prefix: str = "") -> bool:
+    """Whether a request with ``cookie`` as the session is sent to the sign-in page."""
+    c.cookies.clear()
+    c.cookies.set("voltrl_session", cookie)
+    answer = c.get(f"{prefix}/")
+    return answer.status_code == 307 and f"{prefix}/login?" in answer.headers["location"]
+
+
+def test_the_session_cookie_is_signed_and_holds_no_token(client: httpx.Client) -> None:
+    answer = client.post("/login", data={"token": TOKEN, "next": "/"})
+    cookie = answer.cookies["voltrl_session"]
+    header = answer.headers["set-cookie"].lower()
+    assert TOKEN not in header and "httponly" in header and "samesite=strict" in header
+    assert "path=/" in header and "max-age=43200" in header  # 12 hours
+    assert not signed_out(client, cookie)
+    expires, nonce, mac = cookie.split(".")
+    assert signed_out(client, f"{int(expires) + 3_600_000}.{nonce}.{mac}")  # a longer life
+    assert signed_out(client, f"{expires}.{nonce}.{'0' * len(mac)}")
+    assert signed_out(client, "garbage") and signed_out(client, "")
+
+
+def test_the_token_itself_opens_no_page_as_a_cookie(client: httpx.Client) -> None:
+    for name in ("voltrl_token", "voltrl_session"):  # where it was kept before, and now
+        client.cookies.clear()
+        client.cookies.set(name, TOKEN)
+        assert client.get("/").status_code == 307, name
+
+
+def test_a_session_expires(runs_dir: Path) -> None:
+    app = dashboard_app(Catalog([runs_dir]), token=TOKEN, session_s=1.0)
+    with serve_in_thread(app) as server, httpx.Client(base_url=server.url) as c:
+        cookie = sign_in(c)
+        assert "run-row" in c.get("/").text
+        time.sleep(1.2)
+        assert signed_out(c, cookie)
+
+
+def test_a_session_made_under_another_token_is_refused(runs_dir: Path) -> None:
+    with (
+        serve_in_thread(dashboard_app(Catalog([runs_dir]), token=TOKEN)) as first,
+        httpx.Client(base_url=first.url) as c,
+    ):
+        cookie = sign_in(c)
+    app = dashboard_app(Catalog([runs_dir]), token="a-new-token")
+    with serve_in_thread(app) as second, httpx.Client(base_url=second.url) as c:
+        assert signed_out(c, cookie)
+
+
+def test_signing_out_ends_the_session(client: httpx.Client) -> None:
+    cookie = sign_in(client)
+    page = client.get("/").text
+    assert 'action="/logout"' in page and "Sign out" in page
+    answer = client.post("/logout")
+    assert answer.status_code == 303 and answer.headers["location"] == "/login"
+    assert 'voltrl_session=""' in answer.headers["set-cookie"]  # the browser forgets it
+    assert "voltrl_session" not in client.cookies
+    assert signed_out(client, cookie)  # and a copy of it no longer opens the pages
+
+
+def test_voltrl_serve_signs_in_and_out_under_ui(runs_dir: Path) -> None:
+    store = SQLStore(runs_dir / "dash" / "store.sqlite")
+    try:
+        with (
+            serve_in_thread(server_app(store, token=TOKEN)) as server,
+            httpx.Client(base_url=server.url) as c,
+        ):
+            answer = c.post("/ui/login", data={"token": TOKEN, "next": "/ui/"})
+            assert "path=/ui/" in answer.headers["set-cookie"].lower()
+            assert "run-row" in c.get("/ui/").text
+            cookie = answer.cookies["voltrl_session"]
+            assert c.post("/ui/logout").headers["location"] == "/ui/login"
+            assert signed_out(c, cookie, "/ui")
+    finally:
+        asyncio.run(store.close())
+
+
+# ---- what an anonymous visitor sees -------------------------------------------------------------
+def test_an_anonymous_visitor_learns_nothing_about_the_server(runs_dir: Path) -> None:
+    """Unknown paths, files and methods answer without the store's path or description."""
+    store = SQLStore(runs_dir / "dash" / "store.sqlite")
+    where = str(runs_dir.resolve())
+    try:
+        with (
+            serve_in_thread(server_app(store, token=TOKEN)) as server,
+            httpx.Client(base_url=server.url) as c,
+        ):
+            for path in ("/ui/loginx", "/ui/login/x", "/ui/static/nope.js", "/ui/static/../x"):
+                answer = c.get(path)
+                assert answer.status_code in (307, 404), path
+                assert where not in answer.text and "store.sqlite" not in answer.text, path
+                assert "reading" not in answer.text, path
+            assert c.get("/ui/static/nope.js").status_code == 404
+            assert c.put("/ui/login").status_code == 405
+            sign_in(c, "/ui")  # signed in, the same page says where it reads
+            assert where in c.get("/ui/static/nope.js").text
+    finally:
+        asyncio.run(store.close())
+
+
+# ---- open resources -----------------------------------------------------------------------------
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def make_runs(root: Path, count: int) -> list[str]:
+    """``count`` run directories under ``root``, each with a tiny SQLite store holding one
+    run (finished or still running) and one rollout; returns the run ids."""
+    from voltrl.types import Run, Task
+
+    async def one(i: int) -> str:
+        store = SQLStore(root / f"run-{i:03d}" / "store.sqlite")
+        try:
+            status = "running" if i % 3 == 0 else "finished"
+            run = await store.add_run(Run(name=f"run-{i:03d}", kind="fit", status=status))
+            await store.enqueue([Task(input={"i": i})], run_id=run.run_id, resources_version=0)
+            return run.run_id
+        finally:
+            await store.close()
+
+    async def all_of_them() -> list[str]:
+        return [await one(i) for i in range(count)]
+
+    return asyncio.run(all_of_them())
+
+
+MAX_OPEN = 16  # voltrl.observability.dashboard.open_stores.MAX_OPEN
+
+
+def test_a_catalog_of_many_runs_keeps_few_stores_open(tmp_path: Path) -> None:
+    """Every page of 60 runs fetched: threads and file descriptors stay those of at most
+    ``MAX_OPEN`` stores (each about 2 threads and 5 descriptors), not of 60."""
+    run_ids = make_runs(tmp_path, 60)
+    catalog = Catalog([tmp_path])
+    with serve_in_thread(dashboard_app(catalog)) as server, httpx.Client(base_url=server.url) as c:
+        assert c.get("/health-of-nothing").status_code == 404  # the connection is open
+        fds, threads = open_fds(), threading.active_count()
+        assert c.get("/").text.count("run-row") == 60
+        for run_id in run_ids:
+            page = c.get(f"/runs/{run_id}")
+            assert page.status_code == 200 and run_id in page.text
+        assert c.get("/workers").status_code == 200
+        for run_id in run_ids[::20]:  # a rollout is looked for in every store
+            rows = c.get(f"/rollouts?run_id={run_id}").text
+            [rollout_id] = re.findall(r"/rollouts/(ro-[0-9a-f]+)", rows)
+            assert rollout_id in c.get(f"/rollouts/{rollout_id}").text
+        # the stores' threads, and those asyncio decodes tokens on (at most 6 on 2 cores)
+        most = threads + 2 * MAX_OPEN + min(32, (os.cpu_count() or 1) + 4)
+        deadline = time.monotonic() + 10  # a closed store's reader thread ends on its own
+        while threading.active_count() > most and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert threading.active_count() <= most
+        assert open_fds() <= fds + 5 * MAX_OPEN + 10
+
+
+def test_idle_stores_are_closed(tmp_path: Path) -> None:
+    run_ids = make_runs(tmp_path, 8)
+    catalog = Catalog([tmp_path], idle_s=0.5)
+    with serve_in_thread(dashboard_app(catalog)) as server, httpx.Client(base_url=server.url) as c:
+        assert c.get("/health-of-nothing").status_code == 404
+        fds, threads = open_fds(), threading.active_count()
+        for run_id in run_ids:
+            assert c.get(f"/runs/{run_id}").status_code == 200
+        assert open_fds() >= fds + 8 * 4  # all open: fewer than the bound
+        deadline = time.monotonic() + 10
+        while (open_fds() > fds or threading.active_count() > threads) and (
+            time.monotonic() < deadline
+        ):
+            time.sleep(0.05)
+        assert open_fds() <= fds and threading.active_count() <= threads
+        assert c.get(f"/runs/{run_ids[0]}").status_code == 200  # opened again when needed

@@ -193,6 +193,32 @@ def test_token_view_shows_the_loss_mask_and_advantages(browser, url: str) -> Non
     assert len(css(d, ".group .card")) == 3
 
 
+def test_signing_in_and_out_through_the_page(browser, runs_dir: Path) -> None:
+    """With a token: the sign-in form leads back to the page asked for, the session cookie is
+    out of scripts' reach and holds no token, and "Sign out" ends it."""
+    token = "browser-token"
+    with serve_in_thread(dashboard_app(Catalog([runs_dir]), token=token)) as server:
+        d = browser
+        d.delete_all_cookies()
+        d.get(f"{server.url}/rollouts")
+        until(d, lambda: css(d, "input[name=token]"))
+        assert "/login?next=" in d.current_url and "reading" not in d.page_source
+        css(d, "input[name=token]")[0].send_keys(token)
+        css(d, "form.login button")[0].click()
+        until(d, lambda: css(d, "tr.rollout-row"))
+        visit(d, d.current_url, "signed-in")
+        assert d.current_url == f"{server.url}/rollouts"
+        [cookie] = d.get_cookies()
+        assert cookie["name"] == "voltrl_session" and token not in cookie["value"]
+        assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and cookie["path"] == "/"
+        assert "voltrl_session" not in d.execute_script("return document.cookie")
+        css(d, "form.signout button")[0].click()
+        until(d, lambda: css(d, "input[name=token]"))
+        assert not d.get_cookies()
+        d.get(f"{server.url}/")
+        until(d, lambda: css(d, "input[name=token]"))  # signed out: the form again
+
+
 def test_pages_update_while_a_run_trains(browser, url: str, runs_dir: Path) -> None:
     d = visit(browser, url + "/", "live-before")
     d.execute_script("window.__notReloaded = true")

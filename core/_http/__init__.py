@@ -1,2 +1,2 @@
 """HTTP plumbing shared by every server of VoltRL: serving an ASGI app, bearer-token auth,
-loopback checks."""
+loopback checks (a token off loopback, the Host check on it)."""

@@ -10,6 +10,9 @@ the server accepts requests:
 
       with serve_in_thread(store_app(store)) as server:
           client = HTTPStore(server.url)
+
+On a loopback address both answer only requests whose ``Host`` is a loopback name
+(:mod:`voltrl._http.hosts`, against DNS rebinding).
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.util
-import ipaddress
 import signal
 import socket
 import threading
@@ -28,6 +30,7 @@ from typing import Any, TypeVar
 import uvicorn
 from starlette.types import ASGIApp
 
+from voltrl._http.hosts import HostCheck, is_loopback
 from voltrl.errors import VoltRLError
 
 
@@ -110,8 +113,12 @@ def run(main: Coroutine[Any, Any, _T]) -> _T:
 def _config(
     app: ASGIApp, host: str, port: int, log_level: str, graceful_s: float
 ) -> uvicorn.Config:
+    """uvicorn's settings for ``app`` on ``host:port``. On a loopback address the app answers
+    only requests for loopback names (:class:`~voltrl._http.hosts.HostCheck`, against DNS
+    rebinding): every server of VoltRL starts here, so none is left out. Off loopback a token
+    guards the server and clients use whatever name reaches the machine: no Host check."""
     return uvicorn.Config(
-        app,
+        HostCheck(app) if is_loopback(host) else app,
         host=host,
         port=port,
         log_level=log_level,
@@ -252,16 +259,6 @@ def serve_in_thread(
     """
     server = BackgroundServer(app, host=host, port=port, log_level=log_level, graceful_s=graceful_s)
     return server.start()
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` names only this machine (``127.0.0.1``, ``::1``, ``localhost``)."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def require_token_off_loopback(host: str, token: str | None) -> None:

@@ -11,11 +11,16 @@ Pages (under the mount point, ``/`` for ``voltrl dashboard``, ``/ui`` in ``voltr
 ``/group``                   a GRPO group (run, task, resources version) side by side
 ``/workers``                 running attempts: claims, heartbeats, leases
 ``/api/runs/{run_id}``       a run's metric series as JSON (the charts poll it while it runs)
+``/login``, ``/logout``      sign in with the token (a session cookie), sign out
 ===========================  ==============================================================
 
 Charts are uPlot and live updates htmx (both vendored under ``static/vendor``: the dashboard
 works offline). A page of a run that is still running refreshes its tables every few seconds
 and its charts poll the JSON series; nothing reloads.
+
+With a token, every page but sign-in needs a session (:mod:`.sessions`) or an
+``Authorization: Bearer`` header; a visitor who has neither learns nothing about the server,
+not even from an error page.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import math
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -37,24 +43,29 @@ from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from voltrl.errors import NotFoundError, StoreError
 from voltrl.observability.dashboard import data
+from voltrl.observability.dashboard.sessions import DEFAULT_SESSION_S, SESSION_COOKIE, Sessions
 from voltrl.observability.metrics import FIRST_METRICS, Series, metric_series
 from voltrl.store.browse import RolloutPage, RolloutQuery, duration
 
 HERE = Path(__file__).resolve().parent
 REFRESH_S = 3
 """How often a live page polls."""
-TOKEN_COOKIE = "voltrl_token"
 STORE_CURVES = tuple(f"store/{mode}_reward_by_version" for mode in ("train", "val", "dev"))
 """The reward curves drawn from the store where no metrics.jsonl is known."""
 
 
-def dashboard_app(catalog: data.Catalog, *, token: str | None = None) -> FastAPI:
-    """The dashboard over ``catalog``'s stores. With a ``token``, pages need the cookie that
-    ``/login`` sets once given the token (or an ``Authorization: Bearer`` header)."""
+def dashboard_app(
+    catalog: data.Catalog, *, token: str | None = None, session_s: float = DEFAULT_SESSION_S
+) -> FastAPI:
+    """The dashboard over ``catalog``'s stores. With a ``token``, pages need the session
+    cookie that ``/login`` sets once given the token, good for ``session_s`` seconds or until
+    ``/logout`` (or an ``Authorization: Bearer`` header with the token)."""
     app = FastAPI(title="VoltRL dashboard", docs_url=None, redoc_url=None, openapi_url=None)
+    sessions = Sessions(token, session_s) if token else None
     templates = Jinja2Templates(directory=HERE / "templates")
     templates.env.filters["ago"] = _ago
     templates.env.filters["seconds"] = _seconds
@@ -63,13 +74,32 @@ def dashboard_app(catalog: data.Catalog, *, token: str | None = None) -> FastAPI
     templates.env.globals["REFRESH_S"] = REFRESH_S
     templates.env.globals["first_metrics"] = [*FIRST_METRICS, *STORE_CURVES]
     templates.env.globals["url_for"] = _url_path
+    templates.env.globals["session_s"] = session_s
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     counts_of_finished: dict[str, list[Any]] = {}  # a finished run's counts never change
 
+    def signed_in(request: Request) -> bool:
+        """Whether the request may see the dashboard: no token, or a session or the token."""
+        if sessions is None or token is None:
+            return True
+        header = request.headers.get("authorization", "")
+        if header.lower().startswith("bearer "):
+            return hmac.compare_digest(header[7:].strip().encode(), token.encode())
+        return sessions.valid(request.cookies.get(SESSION_COOKIE, ""))
+
     def page(request: Request, name: str, status: int = 200, **context: Any) -> HTMLResponse:
-        context.setdefault("sources", catalog.describe())
+        shown = signed_in(request)
+        context.setdefault("sources", catalog.describe() if shown else "")
+        context["sign_out"] = sessions is not None and shown
         context["here"] = _here(request)
         return templates.TemplateResponse(request, name, context, status_code=status)
+
+    def error(request: Request, status: int, title: str, message: str) -> HTMLResponse:
+        """An error page; a visitor not signed in gets only its title (nothing about the
+        server: no paths, no store)."""
+        if not signed_in(request):
+            title, message = ("Not found" if status == 404 else f"Error {status}"), ""
+        return page(request, "error.html", status, title=title, message=message)
 
     async def counts(entry: data.RunEntry) -> list[Any]:
         run_id = entry.run.run_id
@@ -80,12 +110,12 @@ def dashboard_app(catalog: data.Catalog, *, token: str | None = None) -> FastAPI
             counts_of_finished[run_id] = found
         return found
 
-    if token:
+    if sessions is not None:
 
         @app.middleware("http")
-        async def require_token(request: Request, call_next: Any) -> Response:
+        async def require_session(request: Request, call_next: Any) -> Response:
             path = request.url.path.removeprefix(request.scope.get("root_path", ""))
-            if path.startswith(("/login", "/static/")) or _authorized(request, token):
+            if path in ("/login", "/logout") or path.startswith("/static/") or signed_in(request):
                 return await call_next(request)
             if request.method == "GET" and not path.startswith("/api/"):
                 login_page = request.url_for("login").path
@@ -104,13 +134,28 @@ def dashboard_app(catalog: data.Catalog, *, token: str | None = None) -> FastAPI
         home = request.url_for("runs").path
         if not target.startswith("/") or target.startswith("//") or "\\" in target:
             target = home  # only a page of this site: no redirect elsewhere after sign-in
-        if not token or not hmac.compare_digest(given.encode(), token.encode()):
+        if not token or not sessions or not hmac.compare_digest(given.encode(), token.encode()):
             return page(request, "login.html", 401, next=target, wrong=True)
         response = RedirectResponse(target, status_code=303)
         response.set_cookie(
-            TOKEN_COOKIE,
-            given,
+            SESSION_COOKIE,
+            sessions.start(),
+            max_age=math.ceil(sessions.lifetime_s),
             path=home,  # the dashboard's pages only (under voltrl serve: /ui/, not the gateway)
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",
+        )
+        return response
+
+    @app.post("/logout", name="logout")
+    async def logout(request: Request) -> Response:
+        if sessions is not None:
+            sessions.end(request.cookies.get(SESSION_COOKIE, ""))
+        response = RedirectResponse(request.url_for("login").path, status_code=303)
+        response.delete_cookie(
+            SESSION_COOKIE,
+            path=request.url_for("runs").path,
             httponly=True,
             samesite="strict",
             secure=request.url.scheme == "https",
@@ -119,28 +164,28 @@ def dashboard_app(catalog: data.Catalog, *, token: str | None = None) -> FastAPI
 
     @app.exception_handler(NotFoundError)
     async def not_found(request: Request, exc: NotFoundError) -> HTMLResponse:
-        return page(request, "error.html", 404, title="Not found", message=str(exc))
+        return error(request, 404, "Not found", str(exc))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> HTMLResponse:
         title = "Not found" if exc.status_code == 404 else f"Error {exc.status_code}"
-        return page(request, "error.html", exc.status_code, title=title, message=str(exc.detail))
+        return error(request, exc.status_code, title, str(exc.detail))
 
     @app.exception_handler(RequestValidationError)
     async def bad_request(request: Request, exc: RequestValidationError) -> HTMLResponse:
-        message = "; ".join(_problem(e) for e in exc.errors())
-        return page(request, "error.html", 400, title="Bad request", message=message)
+        return error(request, 400, "Bad request", "; ".join(_problem(e) for e in exc.errors()))
 
     @app.exception_handler(StoreError)
     async def store_error(request: Request, exc: StoreError) -> HTMLResponse:
-        return page(request, "error.html", 502, title="The store did not answer", message=str(exc))
+        return error(request, 502, "The store did not answer", str(exc))
 
     @app.get("/", response_class=HTMLResponse, name="runs")
     async def runs(request: Request) -> HTMLResponse:
         entries = await catalog.runs()
         rows = []
         for entry in entries:
-            rows.append(_run_row(entry, await counts(entry)))
+            async with catalog.hold():  # one run's store at a time: a long list opens few
+                rows.append(_run_row(entry, await counts(entry)))
         live = any(e.run.status == "running" for e in entries)
         return page(request, "runs.html", rows=rows, live=live)
 
@@ -194,13 +239,13 @@ def dashboard_app(catalog: data.Catalog, *, token: str | None = None) -> FastAPI
             return page(request, "error.html", 400, title="Bad filter", message=str(e))
         entries = await catalog.runs()
         names = {e.run.run_id: e.run.name for e in entries}
-        stores = catalog.stores
-        if query.run_id is None and len(stores) > 1 and entries:  # a page comes from one store
+        locations = catalog.locations
+        if query.run_id is None and len(locations) > 1 and entries:  # a page is of one store
             query = query.model_copy(update={"run_id": entries[0].run.run_id})
         if query.run_id is not None:
             store = (await catalog.run(query.run_id)).store
-        elif stores:
-            store = stores[0][1]
+        elif locations:
+            store = catalog.store(locations[0])
         else:  # a directory with no run yet
             store = None
         found_page = (
@@ -219,7 +264,7 @@ def dashboard_app(catalog: data.Catalog, *, token: str | None = None) -> FastAPI
             capped=capped,
             names=names,
             runs=entries,
-            any_run=len(stores) == 1,
+            any_run=len(locations) == 1,
             live=live,
             link=_link(params),
             duration=duration,
@@ -331,7 +376,24 @@ def dashboard_app(catalog: data.Catalog, *, token: str | None = None) -> FastAPI
     async def workers(request: Request) -> HTMLResponse:
         return page(request, "workers.html", workers=await data.workers(catalog), live=True)
 
+    app.add_middleware(_HoldStores, catalog=catalog)
     return app
+
+
+class _HoldStores:
+    """ASGI middleware: the stores a request opens stay open until it is answered (the
+    catalog closes idle ones between requests)."""
+
+    def __init__(self, app: ASGIApp, catalog: data.Catalog) -> None:
+        self.app = app
+        self.catalog = catalog
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        async with self.catalog.hold():
+            await self.app(scope, receive, send)
 
 
 @jinja2.pass_context
@@ -351,14 +413,6 @@ def _problem(error: Mapping[str, Any]) -> str:
     """One validation error as a reader wants it: ``reward_min: Input should be a number``."""
     where = ".".join(str(p) for p in error.get("loc", ()) if p not in ("query", "body"))
     return f"{where}: {error.get('msg', 'invalid')}" if where else str(error.get("msg"))
-
-
-def _authorized(request: Request, token: str) -> bool:
-    given = request.cookies.get(TOKEN_COOKIE, "")
-    header = request.headers.get("authorization", "")
-    if header.lower().startswith("bearer "):
-        given = header[7:].strip()
-    return bool(given) and hmac.compare_digest(given.encode(), token.encode())
 
 
 def _rollout_query(params: Any) -> RolloutQuery:
@@ -458,8 +512,6 @@ def _series(entry: data.RunEntry, counts: list[Any]) -> Series:
 
 def _prob(logprob: float | None) -> float:
     """A token's probability from its logprob (1 when unknown, so it shades fully)."""
-    import math
-
     return 1.0 if logprob is None else math.exp(max(-50.0, logprob))
 
 

@@ -11,18 +11,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from voltrl._redact import redact
 from voltrl.errors import NotFoundError, StoreError, VoltRLError
 from voltrl.observability import metrics
+from voltrl.observability.dashboard.open_stores import IDLE_S, MAX_OPEN, OpenStores
 from voltrl.store import open_store
 from voltrl.store.base import Store
 from voltrl.store.browse import RolloutQuery
-from voltrl.store.sql.dialects import redact
 from voltrl.types import LLMCall, Rollout, Run, Span
 
 STORE_FILE = "store.sqlite"
@@ -32,42 +35,70 @@ TOKENIZER_DIRS = ("tokenizer", "final")  # LocalRL saves the first at setup, the
 
 @dataclass
 class RunEntry:
-    """A run, the store holding it, and its run directory when known (metrics, tokenizer)."""
+    """A run, where its store is, and its run directory when known (metrics, tokenizer)."""
 
     run: Run
-    store: Store
+    location: str
+    """The store's location, as the catalog opens it (a path or URL)."""
     where: str
+    """The location as pages show it (passwords hidden)."""
     run_dir: Path | None
+    catalog: Catalog = field(repr=False, compare=False)
+
+    @property
+    def store(self) -> Store:
+        """The run's store, opened again if it was closed (see :meth:`Catalog.store`)."""
+        return self.catalog.store(self.location)
 
 
 @dataclass
 class _Source:
     spec: str
     root: Path | None = None  # a directory of run directories, scanned for new ones
-    stores: dict[str, Store] = field(default_factory=dict)  # location -> store
+    locations: list[str] = field(default_factory=list)  # of the stores found
 
 
 class Catalog:
     """The stores the dashboard reads: each source is a directory of run directories
     (``runs/``, scanned again on every listing, so new runs appear), a run directory, a store
     file, or a store URL (``http://``, ``postgresql://``). A store server's token comes from
-    ``token`` (else ``$VOLTRL_TOKEN``, as :func:`~voltrl.store.open_store` reads it)."""
+    ``token`` (else ``$VOLTRL_TOKEN``, as :func:`~voltrl.store.open_store` reads it).
 
-    def __init__(self, sources: Sequence[str | Path | Store], *, token: str | None = None) -> None:
+    Store files are opened when a page needs them and closed again (at most ``max_open`` open,
+    none unused for longer than ``idle_s``: :class:`~.open_stores.OpenStores`), so a directory
+    of hundreds of runs costs no more threads and files than a few; a page holds what it uses
+    through :meth:`hold`. Stores at URLs stay open (there are as many as sources); stores given
+    as objects are used as they are and never closed here.
+    """
+
+    def __init__(
+        self,
+        sources: Sequence[str | Path | Store],
+        *,
+        token: str | None = None,
+        max_open: int = MAX_OPEN,
+        idle_s: float = IDLE_S,
+    ) -> None:
         if not sources:
             raise VoltRLError("the dashboard needs a store: a run directory, a file or a URL")
         self._token = token
+        self._kept: dict[str, Store] = {}  # location -> a store open all along
+        self._owned: list[Store] = []  # those of them this catalog opened
+        self._files = OpenStores(self._open, max_open=max_open, idle_s=idle_s)
         self._sources = [self._source(s) for s in sources]
-        self._owned = [not isinstance(s, Store) for s in sources]
         self._runs: dict[str, RunEntry] = {}
+        self._listed: dict[str, tuple[tuple[int, ...], list[Run]]] = {}  # location -> runs
 
     def _source(self, source: str | Path | Store) -> _Source:
         if isinstance(source, Store):  # a store open elsewhere (voltrl serve's), not closed here
             location = str(getattr(source, "location", type(source).__name__))
-            return _Source(location, stores={location: source})
+            self._kept[location] = source
+            return _Source(location, locations=[location])
         spec = str(source)
         if "://" in spec and not spec.startswith("sqlite:"):
-            return _Source(spec, stores={spec: self._open(spec)})
+            self._kept[spec] = store = self._open(spec)
+            self._owned.append(store)
+            return _Source(spec, locations=[spec])
         path = Path(spec).expanduser()
         if path.is_dir() and not (path / STORE_FILE).exists():
             return _Source(spec, root=path)
@@ -79,7 +110,7 @@ class Catalog:
                 f"no store at {spec}{hint}: expected a run directory, a directory of them, "
                 "a store file or a store URL"
             )
-        return _Source(spec, stores={str(path): self._open(str(path))})
+        return _Source(spec, locations=[str(path)])
 
     def _open(self, spec: str) -> Store:
         if spec.startswith(("http://", "https://")) and self._token:
@@ -97,14 +128,40 @@ class Catalog:
     def _scan(self) -> None:
         for source in self._sources:
             if source.root is not None and source.root.is_dir():
+                known = set(source.locations)
                 for path in sorted(source.root.glob(f"*/{STORE_FILE}")):
-                    if str(path) not in source.stores:
-                        source.stores[str(path)] = self._open(str(path))
+                    if str(path) not in known:
+                        source.locations.append(str(path))
 
     @property
-    def stores(self) -> list[tuple[str, Store]]:
-        """Every store found so far, with its location."""
-        return [(loc, s) for src in self._sources for loc, s in src.stores.items()]
+    def locations(self) -> list[str]:
+        """Where every store found so far is."""
+        return [loc for src in self._sources for loc in src.locations]
+
+    def store(self, location: str) -> Store:
+        """The store at ``location``, opened if it is a file not open now. Inside
+        :meth:`hold` it stays open until the block ends; outside, until the next listing
+        may close it."""
+        kept = self._kept.get(location)
+        return kept if kept is not None else self._files.get(location)
+
+    def hold(self) -> contextlib.AbstractAsyncContextManager[None]:
+        """Keep the stores used inside the block open until it ends (a page's queries never
+        meet a closed store); then close those over the bound or idle."""
+        return self._files.hold()
+
+    async def _list(self, location: str) -> list[Run]:
+        """The runs of the store at ``location``; a store file that has not changed since
+        the last listing is not opened again (idle run directories stay closed)."""
+        stamp = _file_stamp(location) if location not in self._kept else None
+        cached = self._listed.get(location)
+        if stamp is not None and cached is not None and cached[0] == stamp:
+            return cached[1]
+        async with self.hold():  # one store at a time: a long listing never opens them all
+            found = await self.store(location).list_runs()
+        if stamp is not None:
+            self._listed[location] = (stamp, found)
+        return found
 
     async def runs(self) -> list[RunEntry]:
         """Every run in every store, newest first (stores that fail to answer are skipped,
@@ -112,14 +169,15 @@ class Catalog:
         self._scan()
         entries: list[RunEntry] = []
         errors: list[str] = []
-        for location, store in self.stores:
+        for location in self.locations:
             try:
-                found = await store.list_runs()
+                found = await self._list(location)
             except StoreError as e:
                 errors.append(str(e))
                 continue
+            where = redact(location)
             for run in found:
-                entries.append(RunEntry(run, store, redact(location), _run_dir(location, run)))
+                entries.append(RunEntry(run, location, where, _run_dir(location, run), self))
         if errors and not entries:
             raise StoreError("; ".join(errors))
         self._runs = {e.run.run_id: e for e in entries}
@@ -130,7 +188,7 @@ class Catalog:
         :class:`NotFoundError`."""
         known = self._runs.get(run_id)
         if known is not None:
-            for run in await known.store.list_runs():
+            for run in await self._list(known.location):
                 if run.run_id == run_id:
                     known.run = run
                     return known
@@ -140,17 +198,36 @@ class Catalog:
         return self._runs[run_id]
 
     async def rollout(self, rollout_id: str) -> tuple[Store, Rollout, RunEntry | None]:
-        """A rollout, its store and its run; raises :class:`NotFoundError`."""
+        """A rollout, its store and its run; raises :class:`NotFoundError`. The stores open
+        now are asked first: a rollout is mostly opened from a page of its run."""
         self._scan()  # a run started since the last listing has a store of its own
-        for _, store in self.stores:
-            with contextlib.suppress(NotFoundError, StoreError):  # another store may have it
-                rollout = await store.get_rollout(rollout_id)
-                entry = None
-                if rollout.run_id is not None:
-                    with contextlib.suppress(NotFoundError):
-                        entry = await self.run(rollout.run_id)
-                return store, rollout, entry
-        raise NotFoundError(f"no rollout {rollout_id!r} in {self.describe()}")
+        recent = [loc for loc in self._files.recent() if loc in self.locations]
+        for location in dict.fromkeys([*recent, *self.locations]):
+            async with self.hold():  # the others are closed again as the search goes on
+                with contextlib.suppress(NotFoundError, StoreError):  # another may have it
+                    rollout = await self.store(location).get_rollout(rollout_id)
+                    break
+        else:
+            raise NotFoundError(f"no rollout {rollout_id!r} in {self.describe()}")
+        store = self.store(location)  # the most recently used: still open, held from now on
+        entry = None
+        if rollout.run_id is not None:
+            with contextlib.suppress(NotFoundError):
+                entry = await self.run(rollout.run_id)
+        return store, rollout, entry
+
+    async def live_locations(self) -> list[str]:
+        """The stores that may have running attempts: all but those whose every run has
+        ended (known from the listing, so idle run directories are not opened)."""
+        self._scan()
+        live = []
+        for location in self.locations:
+            with contextlib.suppress(StoreError):  # one that fails to answer is asked anyway
+                runs = await self._list(location)
+                if runs and all(r.status != "running" for r in runs):
+                    continue
+            live.append(location)
+        return live
 
     def describe(self) -> str:
         """The sources, for messages and the page footer (passwords in URLs hidden, paths
@@ -162,9 +239,26 @@ class Catalog:
 
     async def close(self) -> None:
         """Close every store this catalog opened."""
-        for source, owned in zip(self._sources, self._owned, strict=True):
-            for store in source.stores.values() if owned else ():
-                await store.close()
+        await self._files.close()
+        for store in self._owned:
+            await store.close()
+
+
+def _file_stamp(location: str) -> tuple[int, ...] | None:
+    """What changes when a SQLite store file is written: its size and time, and those of its
+    write-ahead log while it holds pages. Opening and closing the store change none of them
+    (a reader leaves the log empty); None where the location is not a file."""
+    path = Path(location)
+    try:
+        main = path.stat()
+    except OSError:
+        return None
+    try:
+        wal = Path(f"{location}-wal").stat()
+        log = (wal.st_size, wal.st_mtime_ns) if wal.st_size else (0, 0)
+    except OSError:
+        log = (0, 0)
+    return (main.st_size, main.st_mtime_ns, *log)
 
 
 def _run_dir(location: str, run: Run) -> Path | None:
@@ -179,8 +273,18 @@ def _run_dir(location: str, run: Run) -> Path | None:
     return None
 
 
+def _keep(cache: OrderedDict[Any, Any], key: Any, value: Any, limit: int) -> None:
+    """Put ``value`` in ``cache`` as its newest entry, dropping the oldest past ``limit``."""
+    cache[key] = value
+    cache.move_to_end(key)
+    while len(cache) > limit:
+        cache.popitem(last=False)
+
+
 # ---- metrics ------------------------------------------------------------------------------------
-_METRICS_CACHE: dict[Path, tuple[tuple[float, int], list[dict[str, Any]]]] = {}
+METRICS_KEPT = 32
+"""Runs whose parsed ``metrics.jsonl`` is kept (the most recently read)."""
+_METRICS_CACHE: OrderedDict[Path, tuple[tuple[float, int], list[dict[str, Any]]]] = OrderedDict()
 
 
 def read_metrics(entry: RunEntry) -> list[dict[str, Any]]:
@@ -192,12 +296,16 @@ def read_metrics(entry: RunEntry) -> list[dict[str, Any]]:
     key = (stat.st_mtime, stat.st_size)
     cached = _METRICS_CACHE.get(path)
     if cached is None or cached[0] != key:
-        _METRICS_CACHE[path] = cached = (key, metrics.read_metrics(path))
+        cached = (key, metrics.read_metrics(path))
+    _keep(_METRICS_CACHE, path, cached, METRICS_KEPT)
     return [r for r in cached[1] if r.get("run_id") in (None, entry.run.run_id)]
 
 
 # ---- tokens -------------------------------------------------------------------------------------
-_TOKENIZERS: dict[Path, Any] = {}
+TOKENIZERS_KEPT = 4
+"""Tokenizers kept loaded (the most recently used): each may hold tens of megabytes."""
+_TOKENIZERS: OrderedDict[Path, Any] = OrderedDict()
+_TOKENIZERS_LOCK = threading.Lock()  # pages decode on threads
 
 
 def load_tokenizer(entry: RunEntry | None) -> tuple[Any | None, str]:
@@ -207,13 +315,17 @@ def load_tokenizer(entry: RunEntry | None) -> tuple[Any | None, str]:
     for name in TOKENIZER_DIRS:
         path = entry.run_dir / name
         if (path / "tokenizer_config.json").exists():
-            if path not in _TOKENIZERS:
+            with _TOKENIZERS_LOCK:
+                tokenizer = _TOKENIZERS.get(path)
+            if tokenizer is None:
                 try:
                     from transformers import AutoTokenizer
                 except ImportError:
                     return None, "decoding needs transformers (pip install 'voltrl[local]')"
-                _TOKENIZERS[path] = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-            return _TOKENIZERS[path], f"decoded with the tokenizer in {path}"
+                tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+            with _TOKENIZERS_LOCK:
+                _keep(_TOKENIZERS, path, tokenizer, TOKENIZERS_KEPT)
+            return tokenizer, f"decoded with the tokenizer in {path}"
     return None, f"no tokenizer saved in {entry.run_dir} (LocalRL saves one): ids shown"
 
 
@@ -249,7 +361,7 @@ class Step:
     note: str
 
 
-_STEPS: dict[tuple[str, int], Step] = {}  # finished steps never change: kept once built
+_STEPS: OrderedDict[tuple[str, int], Step] = OrderedDict()  # a finished step never changes
 STEPS_KEPT = 64
 LOCAL_RL = "local_rl"
 
@@ -300,9 +412,7 @@ async def step_rows(entry: RunEntry, rollout: Rollout) -> Step:
         note += "; the run re-tokenised calls without token ids, which are left out here"
     step = Step(rows, dropped, note)
     if not running:
-        _STEPS[key] = step
-        if len(_STEPS) > STEPS_KEPT:
-            del _STEPS[next(iter(_STEPS))]  # the oldest built
+        _keep(_STEPS, key, step, STEPS_KEPT)
     return step
 
 
@@ -456,14 +566,16 @@ async def workers(catalog: Catalog) -> list[WorkerRow]:
     """Every running attempt in every store (claims, heartbeats, leases)."""
     now = time.time()
     rows: list[WorkerRow] = []
-    for location, store in catalog.stores:
-        try:
-            running = await store.browse_rollouts(RolloutQuery(status=["running"], limit=500))
-        except StoreError:
-            continue
-        attempts = await asyncio.gather(
-            *(store.get_attempts(r.rollout_id) for r in running.rollouts)
-        )
+    for location in await catalog.live_locations():
+        async with catalog.hold():  # one store at a time
+            store = catalog.store(location)
+            try:
+                running = await store.browse_rollouts(RolloutQuery(status=["running"], limit=500))
+            except StoreError:
+                continue
+            attempts = await asyncio.gather(
+                *(store.get_attempts(r.rollout_id) for r in running.rollouts)
+            )
         for r, tries in zip(running.rollouts, attempts, strict=True):
             for a in tries:
                 if a.status == "running":
@@ -475,7 +587,7 @@ async def workers(catalog: Catalog) -> list[WorkerRow]:
                             now - a.started_at,
                             now - a.heartbeat_at,
                             a.lease_expires_at - now,
-                            location,
+                            redact(location),
                         )
                     )
     return sorted(rows, key=lambda w: (w.worker_id, w.started_s_ago))

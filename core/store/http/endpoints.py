@@ -38,8 +38,9 @@ GET       /rollouts/{rollout_id}/rewards      ``get_rewards`` (``?attempt_id=``)
 
 Errors are JSON ``{"error": {"type": ..., "message": ...}}``: ``NotFoundError`` 404,
 ``StaleAttemptError`` 409, other store errors 400, bad bodies 422, missing or wrong token 401,
-a body over the size limit 413, anything unexpected 500 (logged here with its traceback; the
-answer carries only the message).
+a body over the size limit 413, a ``Host`` that is not a loopback name on a server bound to
+loopback 421 (:mod:`voltrl._http.hosts`), anything unexpected 500 (logged here with its
+traceback; the answer carries only the message).
 
 Writes (every POST but ``/rollouts/query``, ``/rollouts/wait`` and ``/v1/traces``) honour an
 ``X-Request-Id`` header: the first request with an id runs, later ones with the same id get its
@@ -491,7 +492,9 @@ def store_app(
     every route but ``/v1/store/health`` needs it. Without one, the app is a FastAPI app.
     Unknown paths and methods, and anything unexpected in ``root``, also answer in the JSON
     error format. ``ui`` (the dashboard) is served under ``/ui``; with a token it does its
-    own sign-in (a browser sends no bearer header), accepting the same token.
+    own sign-in (a browser sends no bearer header): the same token buys a session cookie
+    for ``/ui/`` only. Served on loopback, the app answers only requests for loopback names
+    (:func:`~voltrl._http.serving.serve` adds the Host check).
     """
     app = StoreApp(title="VoltRL store", version="1", docs_url=None, redoc_url=None)
     router = store_router(
