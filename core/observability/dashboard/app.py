@@ -45,6 +45,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from voltrl._redact import shown
 from voltrl.errors import NotFoundError, StoreError
 from voltrl.observability.dashboard import data
 from voltrl.observability.dashboard.sessions import DEFAULT_SESSION_S, SESSION_COOKIE, Sessions
@@ -202,7 +203,7 @@ def dashboard_app(
             row=_run_row(entry, found),
             versions=versions,
             series=series,
-            config=json.dumps(entry.run.config, indent=2, default=str),
+            config=json.dumps(shown(entry.run.config), indent=2, default=str),
             live=entry.run.status == "running",
         )
 

@@ -23,12 +23,11 @@ from voltrl._redact import redact
 from voltrl.errors import NotFoundError, StoreError, VoltRLError
 from voltrl.observability import metrics
 from voltrl.observability.dashboard.open_stores import IDLE_S, MAX_OPEN, OpenStores
-from voltrl.store import open_store
 from voltrl.store.base import Store
 from voltrl.store.browse import RolloutQuery
+from voltrl.store.spec import STORE_FILE, parse_store
 from voltrl.types import LLMCall, Rollout, Run, Span
 
-STORE_FILE = "store.sqlite"
 METRICS_FILE = "metrics.jsonl"
 TOKENIZER_DIRS = ("tokenizer", "final")  # LocalRL saves the first at setup, the second at the end
 
@@ -95,35 +94,25 @@ class Catalog:
             self._kept[location] = source
             return _Source(location, locations=[location])
         spec = str(source)
-        if "://" in spec and not spec.startswith("sqlite:"):
-            self._kept[spec] = store = self._open(spec)
-            self._owned.append(store)
-            return _Source(spec, locations=[spec])
         path = Path(spec).expanduser()
-        if path.is_dir() and not (path / STORE_FILE).exists():
-            return _Source(spec, root=path)
-        if path.is_dir():
-            path = path / STORE_FILE
-        if not path.exists():
+        if "://" not in spec and path.is_dir() and not (path / STORE_FILE).exists():
+            return _Source(spec, root=path)  # a directory of run directories
+        try:
+            where = parse_store(spec, token=self._token, existing=True)
+        except StoreError as e:
             hint = " (no run was trained here yet: `make demo` makes one)" if spec == "runs" else ""
-            raise VoltRLError(
-                f"no store at {spec}{hint}: expected a run directory, a directory of them, "
-                "a store file or a store URL"
-            )
-        return _Source(spec, locations=[str(path)])
+            raise VoltRLError(f"{e}{hint}; or a directory of run directories") from None
+        if where.kind == "sqlite":
+            return _Source(spec, locations=[str(where.sqlite_file)])
+        self._kept[spec] = store = where.open()
+        self._owned.append(store)
+        return _Source(spec, locations=[spec])
 
-    def _open(self, spec: str) -> Store:
-        if spec.startswith(("http://", "https://")) and self._token:
-            from voltrl.store.http import HTTPStore
-
-            return HTTPStore(spec, token=self._token)
-        if "://" not in spec or spec.startswith("sqlite:"):
-            from voltrl.store.sql import SQLStore
-
-            # Its own connection, read on a thread: a page's queries never hold up the event
-            # loop, nor a trainer serving the same file from another store object.
-            return SQLStore(spec, threaded=True)
-        return open_store(spec)
+    @staticmethod
+    def _open(location: str) -> Store:
+        """A run's SQLite store with its own connection, read on a thread: a page's queries
+        never hold up the event loop, nor a trainer serving the same file."""
+        return parse_store(location, existing=True).open(threaded=True)
 
     def _scan(self) -> None:
         for source in self._sources:
