@@ -87,7 +87,7 @@ class RolloutContext:
         agent returns one; earlier ones are per-step rewards for credit assignment.
         ``agents`` (a regex fully matching agent names) makes it instead the final reward of
         those agents' calls, e.g. each team's outcome in a game (see
-        :func:`voltrl.trajectory.builder.agent_final_rewards`). Raises
+        :func:`voltrl.trajectory.credit.agent_final_rewards`). Raises
         :class:`~voltrl.errors.NoActiveRolloutError` once the rollout has finished."""
         meta = dict(metadata or {})
         if agents is not None:
@@ -141,7 +141,11 @@ class RolloutContext:
     def span(self, name: str, **attributes: Any) -> Iterator[Span]:
         """Time a block as a span. It ends ``ok`` unless the block set ``span.status`` itself
         or raised, which marks it ``error`` (the exception is re-raised). A span opened inside
-        another (in the same task, or a task started inside it) is its child."""
+        another (in the same task, or a task started inside it) is its child.
+
+        A span that ends after its rollout finished is rejected
+        (:class:`~voltrl.errors.NoActiveRolloutError`), unless the block raised: then the
+        span is dropped and the block's own exception propagates unchanged."""
         parent = _current_span.get()
         span = Span(
             rollout_id=self.rollout_id,
@@ -152,11 +156,13 @@ class RolloutContext:
             attributes=attributes,
         )
         entered = _current_span.set((self.attempt_id, span.span_id))
+        raised = False
         try:
             yield span
             if span.status == "unset":
                 span.status = "ok"
         except BaseException as exc:
+            raised = True
             span.status = "error"
             span.events.append(
                 {
@@ -170,7 +176,12 @@ class RolloutContext:
         finally:
             _current_span.reset(entered)
             span.end_time = now()
-            self.add_span(span)
+            if raised:
+                # the block's error says what went wrong; that the rollout ended meanwhile
+                # (it was cancelled or timed out, say) would hide it
+                self.add_span_if_running(span)
+            else:
+                self.add_span(span)
 
 
 def check_reward(value: Any, rollout_id: str | None = None) -> float:

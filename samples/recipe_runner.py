@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import voltrl as vl
-from voltrl.runtime.trainer import free_run_name
+from voltrl.runtime import free_run_name
 
 HERE = Path(__file__).resolve().parent
 

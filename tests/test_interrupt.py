@@ -1,7 +1,8 @@
-"""Ctrl-C, as a terminal sends it (SIGINT to the whole process group), during ``voltrl dev``
-and a LocalRL ``voltrl train``: the run stops within seconds, its rollouts in flight are
-cancelled (not failed), LocalRL checkpoints, the run is marked ``interrupted``, the command
-exits 130; a second Ctrl-C exits at once; ``resume`` continues an interrupted run."""
+"""Ctrl-C, as a terminal sends it (SIGINT to the whole process group), and SIGTERM, as a
+scheduler preempting a job sends it, during ``voltrl dev`` and a LocalRL ``voltrl train``: the
+run stops within seconds, its rollouts in flight are cancelled (not failed), LocalRL
+checkpoints, the run is marked ``interrupted``, the command exits 130 (Ctrl-C) or 143
+(SIGTERM); a second signal exits at once; ``resume`` continues an interrupted run."""
 
 from __future__ import annotations
 
@@ -45,6 +46,16 @@ def until(check, timeout_s: float, what: str) -> None:
 
 def ctrl_c(proc: subprocess.Popen[str]) -> None:
     os.killpg(proc.pid, signal.SIGINT)
+
+
+def sigterm(proc: subprocess.Popen[str]) -> None:
+    """SIGTERM to the ``voltrl`` process alone, as ``kill`` or a container runtime sends it."""
+    os.kill(proc.pid, signal.SIGTERM)
+
+
+def sigterm_all(proc: subprocess.Popen[str]) -> None:
+    """SIGTERM to the whole process group (its workers too), as Slurm preempts a job."""
+    os.killpg(proc.pid, signal.SIGTERM)
 
 
 def stored(path: Path):
@@ -124,8 +135,37 @@ def test_a_second_ctrl_c_exits_at_once(tmp_path: Path, backend: str) -> None:
     assert "exiting now" in out
 
 
-@pytest.mark.timeout(600)
-def test_ctrl_c_during_local_rl_training_checkpoints_and_resume_continues(tmp_path: Path) -> None:
+@pytest.mark.timeout(300)
+def test_sigterm_stops_voltrl_dev_as_ctrl_c_does_and_exits_143(
+    tmp_path: Path, backend: str
+) -> None:
+    proc = voltrl(*dev_command(tmp_path, backend), cwd=tmp_path)
+    until(lambda: len(list((tmp_path / "started").iterdir())) == 4, 120, "4 rollouts to start")
+    sigterm(proc)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 143, out
+    assert "SIGTERM: stopping the run" in out and "terminated by SIGTERM" in out
+    assert "Traceback" not in out and "exiting now" not in out
+    runs, rollouts = stored(tmp_path / "runs" / "dev-run" / "store.sqlite")
+    assert [r.status for r in runs] == ["interrupted"], out
+    assert sorted(r.status for r in rollouts) == ["cancelled"] * 4
+
+
+@pytest.mark.timeout(300)
+def test_a_second_sigterm_exits_at_once(tmp_path: Path, backend: str) -> None:
+    proc = voltrl(*dev_command(tmp_path, backend), cwd=tmp_path)
+    until(lambda: len(list((tmp_path / "started").iterdir())) == 4, 120, "4 rollouts to start")
+    sigterm(proc)
+    time.sleep(0.2)
+    sigterm(proc)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 143, out
+    assert "exiting now" in out
+
+
+def stop_local_rl_training_then_resume(tmp_path: Path, stop, status: int) -> None:
+    """Train LocalRL with ``voltrl train``, ``stop`` it after two steps (it must exit with
+    ``status``, checkpointed and ``interrupted``), then resume it for one step more."""
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text("".join(f'{{"question": "q{i}"}}\n' for i in range(4)))
     config = {
@@ -148,9 +188,9 @@ def test_ctrl_c_during_local_rl_training_checkpoints_and_resume_continues(tmp_pa
     proc = voltrl("train", str(path), cwd=tmp_path)
     metrics = run_dir / "metrics.jsonl"
     until(lambda: metrics.exists() and metrics.read_text().count("\n") >= 2, 300, "two steps")
-    ctrl_c(proc)
+    stop(proc)
     out, _ = proc.communicate(timeout=90)
-    assert proc.returncode == 130, out
+    assert proc.returncode == status, out
     assert "interrupted: checkpoint of step" in out and "exiting now" not in out
     runs, _ = stored(run_dir / "store.sqlite")
     assert [r.status for r in runs] == ["interrupted"], out
@@ -175,3 +215,14 @@ def test_ctrl_c_during_local_rl_training_checkpoints_and_resume_continues(tmp_pa
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert records[-1]["step"] == done + 1
     assert {r["run_id"] for r in records} == {runs[0].run_id}
+
+
+@pytest.mark.timeout(600)
+def test_ctrl_c_during_local_rl_training_checkpoints_and_resume_continues(tmp_path: Path) -> None:
+    stop_local_rl_training_then_resume(tmp_path, ctrl_c, 130)
+
+
+@pytest.mark.timeout(600)
+def test_sigterm_during_local_rl_training_checkpoints_and_resume_continues(tmp_path: Path) -> None:
+    """A preempted job: SIGTERM reaches the trainer and its workers."""
+    stop_local_rl_training_then_resume(tmp_path, sigterm_all, 143)

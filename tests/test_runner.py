@@ -462,6 +462,61 @@ async def test_a_worker_process_past_the_abandoned_thread_limit_is_replaced_and_
         await asyncio.to_thread(server.stop)
 
 
+@pytest.mark.timeout(120)
+def test_stopping_the_pool_while_its_supervisor_restarts_a_worker_leaves_no_process_behind(
+    monkeypatch,
+):
+    """``stop()`` runs while the supervisor is inside a restart (its worker exited at once):
+    it waits for that start, stops the new process too, and ends the supervisor."""
+    import subprocess
+    import sys
+    from types import SimpleNamespace
+
+    from fault_agents import SyncSleeper
+
+    from voltrl.runtime import workers
+
+    started: list[subprocess.Popen[bytes]] = []
+    restarting, release = threading.Event(), threading.Event()
+
+    def popen(args, **kwargs):
+        """The first worker reads its settings and exits; the restart blocks until
+        released, then starts a worker that would run for 5 minutes."""
+        if started:
+            restarting.set()
+            release.wait(60)
+        lasts = 300 if started else 0
+        code = f"import sys, time; sys.stdin.buffer.read(); time.sleep({lasts})"
+        started.append(subprocess.Popen([sys.executable, "-c", code], **kwargs))
+        return started[-1]
+
+    fake = SimpleNamespace(
+        Popen=popen, PIPE=subprocess.PIPE, TimeoutExpired=subprocess.TimeoutExpired
+    )
+    monkeypatch.setattr(workers, "subprocess", fake)
+    errors: list[BaseException | None] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: errors.append(args.exc_value))
+    pool = workers.WorkerPool(SyncSleeper(), "http://127.0.0.1:9", n=1, token="t")
+    try:
+        pool.start()
+        assert restarting.wait(60), "the supervisor never restarted the worker"
+        stopper = threading.Thread(target=pool.stop, kwargs={"grace_s": 10.0})
+        stopper.start()
+        time.sleep(0.5)  # stop() is under way while the restart is
+        release.set()
+        stopper.join(60)
+        assert not stopper.is_alive()
+        assert len(started) == 2 and [p.poll() is None for p in started] == [False, False]
+        assert [t for t in threading.enumerate() if "supervis" in t.name] == []
+        assert errors == []
+    finally:
+        release.set()
+        for proc in started:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
 @pytest.mark.timeout(300)
 def test_the_readme_quick_start_runs_as_a_script_without_a_main_guard(tmp_path):
     """The README's first snippet, pasted into a file as it is (no ``__main__`` guard): its

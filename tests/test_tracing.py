@@ -110,6 +110,22 @@ def test_span_records_timing_status_and_errors():
     assert ev.attributes == {"step": 3} and ev.start_time == ev.end_time
 
 
+def test_a_span_whose_rollout_ended_meanwhile_lets_the_blocks_own_exception_through():
+    """The block raised after its rollout finished (a cancelled or timed-out rollout's thread,
+    say): its exception propagates unchanged, not a NoActiveRolloutError about the span."""
+    c = ctx("ro-ended")
+    with activate(c), pytest.raises(KeyError) as raised, vl.span("tool:lookup"):
+        c.finish()  # the rollout ends while the block runs
+        raise KeyError("missing")
+    assert raised.value.args == ("missing",) and c.spans == []
+    # a span whose block ends cleanly after its rollout finished is still rejected
+    later = ctx("ro-ended-2")
+    rejected = pytest.raises(vl.NoActiveRolloutError, match="has finished")
+    with activate(later), rejected, vl.span("tool:late"):
+        later.finish()
+    assert later.spans == []
+
+
 async def test_replacing_the_loops_executor_keeps_its_threads_and_their_children_alive():
     """A child started from an executor thread with a parent-death signal (as Ray starts its
     processes when ``ray.init`` runs in ``asyncio.to_thread``) outlives the executor being

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import voltrl as vl
+from voltrl.runtime.dataset import load_tasks
 from voltrl.store.sql import SQLStore
 
 ROWS = [{"a": i, "b": i + 1} for i in range(6)]
@@ -88,7 +89,7 @@ def test_datasets_load_from_jsonl_json_parquet_and_indexables(tmp_path: Path):
             return ROWS[i]
 
     for data in (jsonl, str(js), pqf, Indexable()):
-        assert [t.input for t in vl.dataset.load_tasks(data)] == ROWS
+        assert [t.input for t in load_tasks(data)] == ROWS
 
 
 @pytest.mark.parametrize(
@@ -109,7 +110,7 @@ def test_bad_dataset_rows_raise_a_typed_error_before_anything_is_stored(tmp_path
 
 def test_missing_dataset_file_is_a_typed_error(tmp_path):
     with pytest.raises(vl.DatasetError, match="does not exist"):
-        vl.dataset.load_tasks(tmp_path / "nope.jsonl")
+        load_tasks(tmp_path / "nope.jsonl")
 
 
 def test_bad_results_and_unknown_resources_fail_their_rollout_with_a_clear_error(tmp_path):

@@ -151,6 +151,11 @@ class WorkerPool:
     it never re-imports the user's script. ``llm_keys`` (provider API keys by resource name,
     see :class:`~voltrl.resources.ApiKeys`) and ``token`` (the store's and the gateways') reach
     it through its standard input.
+
+    A supervisor thread restarts the processes while :meth:`stop` may run in another thread:
+    one lock guards the process table, and a process is started only under it and only while
+    the pool is not stopping, so :meth:`stop` (which sets that under the same lock) sees every
+    process there will ever be.
     """
 
     def __init__(
@@ -165,22 +170,27 @@ class WorkerPool:
         name: str = "worker",
         llm_keys: Mapping[str, str] | None = None,
     ) -> None:
-
         self._blob = _pickled(agent)
         self._llm_keys = dict(llm_keys or {})
         self._url, self._token, self._config = store_url, token, config
         self._n, self._name, self._max_restarts = n, name, max_restarts
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
-        self._exits: queue.Queue[tuple[str, subprocess.Popen[bytes]]] = queue.Queue()
+        """The live worker of each id (one that died for good is dropped); guarded by the
+        pool's lock."""
+        self._lock = threading.Lock()
+        # (worker id, its process) as each exits; None wakes the supervisor to stop
+        self._exits: queue.Queue[tuple[str, subprocess.Popen[bytes]] | None] = queue.Queue()
         self.restarts = 0
         self.recycled = 0
         self._stopping = False
         self._supervisor: threading.Thread | None = None
 
     def _spawn(self, worker_id: str) -> None:
+        """Start the process of ``worker_id`` unless the pool is stopping; the caller holds
+        the lock, so :meth:`stop` waits for a start under way and then stops that process."""
         import pickle
 
-        if self._stopping:  # a crash handled while the pool stops: no new process
+        if self._stopping:
             return
         settings = {
             "store_url": self._url,
@@ -204,73 +214,91 @@ class WorkerPool:
 
     def start(self) -> None:
         """Start the processes and a thread that restarts any that die."""
-        for i in range(self._n):
-            self._spawn(f"{self._name}-{i}")
-        self._supervisor = threading.Thread(target=self._supervise, daemon=True)
+        with self._lock:
+            for i in range(self._n):
+                self._spawn(f"{self._name}-{i}")
+        self._supervisor = threading.Thread(
+            target=self._supervise, name=f"voltrl-{self._name}-supervisor", daemon=True
+        )
         self._supervisor.start()
 
     def _supervise(self) -> None:
-        while not self._stopping and self.processes:
-            try:
-                wid, proc = self._exits.get(timeout=1.0)
-            except queue.Empty:
-                continue
-            if self._stopping:
-                return
-            if self.processes.get(wid) is not proc:
-                continue  # an exit already handled
-            code = proc.returncode
-            if code == AGENT_LOAD_EXIT_CODE:  # said on its stderr; another try fails the same
-                log.error("worker %s could not load the agent; not restarting it", wid)
-                self.processes.pop(wid)
-            elif code == RECYCLE_EXIT_CODE:
-                self.recycled += 1
-                log.warning(
-                    "worker %s retired: more than %d threads of timed-out or cancelled sync "
-                    "rollouts were still running in it (max_abandoned_threads); starting "
-                    "a fresh process",
-                    wid,
-                    self._config.max_abandoned_threads,
-                )
-                self._spawn(wid)
-            elif self.restarts >= self._max_restarts:
-                log.error("worker %s died (exit %s); restart limit reached", wid, code)
-                self.processes.pop(wid)
-            else:
-                self.restarts += 1
-                log.warning("worker %s died (exit %s); restarting it", wid, code)
-                self._spawn(wid)
+        """The supervisor thread: handle each exit (:meth:`_restart`) until the pool stops or
+        every worker has died for good."""
+        while True:
+            exit_ = self._exits.get()
+            with self._lock:
+                if exit_ is None or self._stopping:
+                    return
+                wid, proc = exit_
+                if self.processes.get(wid) is not proc:
+                    continue  # an exit already handled
+                self._restart(wid, proc.returncode)
+                if not self.processes:
+                    return  # every worker died for good
+
+    def _restart(self, wid: str, code: int | None) -> None:
+        """Restart ``wid``, which exited with ``code``, or drop it for good (under the lock)."""
+        if code == AGENT_LOAD_EXIT_CODE:  # said on its stderr; another try fails the same
+            log.error("worker %s could not load the agent; not restarting it", wid)
+            self.processes.pop(wid)
+        elif code == RECYCLE_EXIT_CODE:
+            self.recycled += 1
+            log.warning(
+                "worker %s retired: more than %d threads of timed-out or cancelled sync "
+                "rollouts were still running in it (max_abandoned_threads); starting "
+                "a fresh process",
+                wid,
+                self._config.max_abandoned_threads,
+            )
+            self._spawn(wid)
+        elif self.restarts >= self._max_restarts:
+            log.error("worker %s died (exit %s); restart limit reached", wid, code)
+            self.processes.pop(wid)
+        else:
+            self.restarts += 1
+            log.warning("worker %s died (exit %s); restarting it", wid, code)
+            self._spawn(wid)
 
     @property
     def alive(self) -> int:
         """How many worker processes are running."""
-        return sum(p.poll() is None for p in self.processes.values())
+        with self._lock:
+            return sum(p.poll() is None for p in self.processes.values())
+
+    def _stopped(self) -> list[subprocess.Popen[bytes]]:
+        """Mark the pool stopping, so no process starts any more; returns its processes (a
+        start under way finishes first: it holds the lock)."""
+        with self._lock:
+            self._stopping = True
+            return list(self.processes.values())
 
     def stop(self, grace_s: float | None = None) -> None:
         """SIGTERM every worker (they finish or release in-flight rollouts, see
         :func:`run_worker`), then kill the ones still running after ``grace_s`` (default: the
-        config's ``grace_s`` plus 10 s to report)."""
-        self._stopping = True
+        config's ``grace_s`` plus 10 s to report); returns once they and the supervisor
+        thread have ended."""
+        processes = self._stopped()
+        self._exits.put(None)
         if grace_s is None:
             grace_s = self._config.grace_s + 10.0
-        for proc in self.processes.values():
+        for proc in processes:
             if proc.poll() is None:
                 proc.terminate()
         deadline = time.monotonic() + grace_s
-        for proc in self.processes.values():
+        for proc in processes:
             try:
                 proc.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(5)
         if self._supervisor is not None:
-            self._supervisor.join(2)
+            self._supervisor.join()
 
     def kill(self) -> None:
         """SIGKILL every worker now (their leases expire and the store retries their
-        rollouts)."""
-        self._stopping = True
-        for proc in self.processes.values():
+        rollouts); none starts any more."""
+        for proc in self._stopped():
             if proc.poll() is None:
                 proc.kill()
 

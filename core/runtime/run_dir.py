@@ -1,0 +1,194 @@
+"""The run directory: the name a run gets, ``runs/<name>/``, and the ``train.yaml`` written there
+that runs it again.
+
+A run's name is the one asked for unless its directory holds another run (:data:`RUN_FILES`)
+that this one does not resume; then it is ``NAME-2``, ``NAME-3``... (:func:`free_run_name`).
+``train.yaml`` is the ``voltrl train`` config of a ``fit``: the agent, the data, the
+algorithm's config and the trainer's arguments (:func:`trainer_section`, also what the run's
+experiment trackers get as its config), never a secret.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from voltrl.agent import FunctionAgent, LitAgent
+from voltrl.observability.trackers import LOGGERS
+from voltrl.resources import LLM, Resources
+from voltrl.runtime.dataset import Dataset
+from voltrl.types import Run, Task
+
+if TYPE_CHECKING:
+    from voltrl.runtime.trainer import Trainer
+
+RUN_FILES = ("store.sqlite", "metrics.jsonl")
+"""Files whose presence means a run directory holds a run (other files, such as the data a
+script wrote there first, do not)."""
+
+TRAIN_YAML_ALGORITHMS = ("local_rl", "sft", "baseline")
+"""The algorithms ``voltrl train`` builds, so the only ones a ``train.yaml`` can run again."""
+
+
+def free_run_name(run_dir: str | Path, name: str) -> str:
+    """The name a new run called ``name`` gets in ``run_dir``: ``name`` itself unless its
+    directory holds a run (:data:`RUN_FILES`), else the first of ``name-2``, ``name-3``...
+    that has no directory yet. A script that starts something beside the run (a server
+    writing its log into the run directory) picks the name with it first."""
+    run_dir = Path(run_dir)
+    if not any((run_dir / name / f).exists() for f in RUN_FILES):
+        return name
+    n = 2
+    while (run_dir / f"{name}-{n}").exists():
+        n += 1
+    return f"{name}-{n}"
+
+
+def run_name(run_dir: Path, name: str | None, kind: str, resume: bool) -> str:
+    """A run's name in ``run_dir``: ``name``, unless its directory holds another run and this
+    one does not resume it (then ``NAME-2``, ``NAME-3``..., said on the console); with no
+    ``name``, ``KIND-DATE-TIME-XXXX``."""
+    if name is None:
+        return f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+    free = free_run_name(run_dir, name)
+    if resume or free == name:
+        return name
+    print(
+        f"run {name!r} exists in {run_dir}; this run is {free!r} "
+        "(to continue that run instead, resume it: e.g. LocalRL(resume=True))",
+        flush=True,
+    )
+    return free
+
+
+def write_train_yaml(
+    trainer: Trainer,
+    run_dir: Path,
+    agent: LitAgent,
+    train: tuple[Dataset, list[Task]],
+    val: tuple[Dataset, list[Task] | None],
+) -> Path | None:
+    """Write ``run_dir/train.yaml``, the ``voltrl train`` config that runs ``trainer``'s
+    ``fit`` of ``agent`` again (datasets given as objects are written beside it as JSONL),
+    when its algorithm is one ``voltrl train`` builds (:data:`TRAIN_YAML_ALGORITHMS`).
+    Returns its path."""
+    import yaml
+
+    algo = trainer.algorithm
+    if algo.name not in TRAIN_YAML_ALGORITHMS:
+        return None
+
+    def data_file(source: Dataset, tasks: list[Task], split: str) -> str:
+        if isinstance(source, str | Path):
+            return str(Path(source).resolve())
+        path = run_dir / f"{split}.jsonl"
+        path.write_text("".join(json.dumps(t.input) + "\n" for t in tasks))
+        return str(path.resolve())
+
+    data = {"train": data_file(*train, "train")}
+    if val[1] is not None:
+        data["val"] = data_file(val[0], val[1], "val")
+    algorithm = {"name": algo.name, **jsonable(algo.config())}
+    notes = []
+    model = getattr(algo, "model", None)
+    if algo.name in ("local_rl", "sft") and not isinstance(model, str | Path):
+        algorithm["model"] = None
+        notes.append("# This run was given a model object: set algorithm.model to its path.")
+    spec = agent_spec(agent)
+    if spec == "MODULE:AGENT":
+        notes.append("# The agent is not importable by name: set agent to MODULE:AGENT.")
+    config = {
+        "agent": spec,
+        "data": data,
+        "algorithm": algorithm,
+        "trainer": trainer_section(trainer, run_dir),
+    }
+    path = run_dir / "train.yaml"
+    header = "# Runs this training again: voltrl train " + str(path) + "\n"
+    # in the order given: mappings such as lora_adapters route by their order
+    body = yaml.safe_dump(config, sort_keys=False)
+    path.write_text(header + "".join(n + "\n" for n in notes) + body)
+    return path
+
+
+def trainer_section(trainer: Trainer, run_dir: Path) -> dict[str, Any]:
+    """``trainer``'s arguments as ``voltrl train``'s ``trainer:`` section for the run in
+    ``run_dir`` (the token is left out: it is a secret; API keys never serialize)."""
+    config: dict[str, Any] = {
+        "n_runners": trainer.n_runners,
+        "run_dir": str(run_dir.parent.resolve()),
+        "name": run_dir.name,
+        "max_concurrency": trainer.runner_config.max_concurrency,
+        "max_attempts": trainer.max_attempts,
+        "retry_agent_errors": trainer.retry_agent_errors,
+        "stop_at_failure_rate": trainer.stop_at_failure_rate,
+        "rollout_timeout_s": trainer.rollout_timeout_s,
+        "lease_s": trainer.runner_config.lease_s,
+        "record_calls": trainer.record_calls,
+        "request_token_ids": trainer.request_token_ids,
+        "host": trainer.host,
+        "port": trainer.port,
+    }
+    if isinstance(trainer.store, str | Path):  # without a password: the YAML is no secret
+        config["store"] = _without_password(str(trainer.store))
+    if trainer.gateway_retry is not None:
+        config["gateway_retry"] = trainer.gateway_retry.model_dump()
+    if loggers := [lg for lg in trainer.loggers if type(lg) is LOGGERS.get(lg.name)]:
+        # with the options given (an offline W&B stays offline); one's own are left out
+        config["loggers"] = [
+            {"name": lg.name, **lg.model_dump(exclude_defaults=True)} for lg in loggers
+        ]
+    if trainer.resources is not None:
+        resources = trainer.resources
+        items = resources.items if isinstance(resources, Resources) else resources
+        config["resources"] = {
+            name: item.model_dump(exclude={"kind"})
+            for name, item in items.items()
+            if isinstance(item, LLM)
+        }
+    return config
+
+
+def tracked_config(trainer: Trainer, run: Run, run_dir: Path) -> dict[str, Any]:
+    """What the run's experiment trackers get as its config: the run, the algorithm's config
+    and the trainer's arguments (as in ``train.yaml``)."""
+    return {
+        "run": {"name": run.name, "kind": run.kind, "run_id": run.run_id},
+        "algorithm": {"name": run.algorithm, **run.config},
+        "trainer": trainer_section(trainer, run_dir),
+    }
+
+
+def _without_password(spec: str) -> str:
+    """A store spec with a database URL's password left out (``user@host``)."""
+    scheme, sep, rest = spec.partition("://")
+    userinfo, at, host = rest.rpartition("@")
+    if not (sep and at and ":" in userinfo):
+        return spec
+    return f"{scheme}://{userinfo.split(':', 1)[0]}@{host}"
+
+
+def agent_spec(agent: LitAgent) -> str:
+    """``MODULE:NAME`` that imports ``agent`` in ``voltrl runner`` and ``voltrl train``, or
+    ``FILE.py:NAME`` for a script or a top-level module (found from any directory);
+    ``MODULE:AGENT`` when it has no importable name."""
+    target: Any = agent.fn if isinstance(agent, FunctionAgent) else type(agent)
+    module, name = getattr(target, "__module__", None), getattr(target, "__qualname__", "")
+    if not module or "<" in name:
+        return "MODULE:AGENT"
+    if "." not in module:
+        path = getattr(sys.modules.get(module), "__file__", None)
+        if path and path.endswith(".py"):
+            return f"{Path(path).resolve()}:{name}"
+        if module == "__main__":
+            return "MODULE:AGENT"
+    return f"{module}:{name}"
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` as plain JSON data (what JSON cannot hold becomes its ``repr``)."""
+    return json.loads(json.dumps(value, default=repr))

@@ -1,0 +1,224 @@
+"""The run's services, started in order and stopped in reverse: the store server, the workers,
+the gateways in front of the trainer's LLMs.
+
+:meth:`Services.start` pushes each stop onto the run's exit stack as it starts the service,
+so the stack stops them in reverse: the gateways (with the :class:`TrainContext`'s cleanup),
+then the workers (given ``grace_s`` to finish or release their rollouts), then the store
+server they reached it through. With ``inline=True`` the workers are tasks of this process
+and no store server is started; with ``n_runners=0`` none is started and the server waits
+for ``voltrl runner`` processes started elsewhere (:func:`runner_command`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from voltrl.agent import LitAgent
+from voltrl.errors import VoltRLError
+from voltrl.observability.metrics import MetricsLog
+from voltrl.resources import LLM, ApiKeys, Resource, Resources, llm_keys
+from voltrl.runtime.context import TrainContext
+from voltrl.runtime.run_dir import agent_spec
+from voltrl.runtime.runner import RunnerConfig, run_worker
+from voltrl.runtime.workers import WorkerPool
+from voltrl.store.base import Store
+from voltrl.types import Run
+
+if TYPE_CHECKING:
+    from voltrl.runtime.trainer import Trainer
+
+
+class Services:
+    """Starts the services of ``trainer``'s runs with its settings; holds the worker pool of
+    the run in progress, which a hard exit kills (:meth:`kill_workers`)."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        self._trainer = trainer
+        self.pool: WorkerPool | None = None
+
+    async def start(
+        self,
+        stack: contextlib.AsyncExitStack,
+        store: Store,
+        run: Run,
+        run_dir: Path,
+        metrics: MetricsLog,
+        agent: LitAgent,
+    ) -> TrainContext:
+        """Serve the store, start the workers, front the LLMs with gateways and publish them;
+        returns the run's context (``stack`` stops it all, in reverse)."""
+        t = self._trainer
+        token = t.token or os.environ.get("VOLTRL_TOKEN") or secrets.token_urlsafe(24)
+        keys = llm_keys(t.resources) if t.resources is not None and not t.record_calls else {}
+        alive, token = await self._start_workers(stack, store, agent, token, run_dir, keys)
+        ctx = TrainContext(
+            store=store,
+            run=run,
+            run_dir=run_dir,
+            metrics=metrics,
+            max_attempts=t.max_attempts,
+            rollout_timeout_s=t.rollout_timeout_s,
+            progress=t.progress,
+            workers_alive=alive,
+            remote_runners=t.n_runners == 0,
+            host=t.host,
+            token=token,
+            gateway_retry=t.gateway_retry,
+        )
+        stack.push_async_callback(ctx.cleanup.aclose)
+        if t.resources is not None:
+            resources = t.resources
+            if t.record_calls:
+                resources = await self._behind_gateways(ctx, resources)
+            ctx.trainer_resources = dict(
+                resources.items if isinstance(resources, Resources) else resources
+            )
+            await ctx.publish({})
+        return ctx
+
+    def kill_workers(self) -> None:
+        """SIGKILL the worker processes of the run in progress, if any (a hard exit: their
+        leases expire and the store retries their rollouts)."""
+        if self.pool is not None:
+            self.pool.kill()
+
+    async def _behind_gateways(
+        self, ctx: TrainContext, resources: Resources | Mapping[str, Resource]
+    ) -> dict[str, Resource]:
+        """The resources with each LLM endpoint served through a recording gateway of the
+        run (agents get the run's token as their key); the LLM's own key goes, in memory
+        only, to its backend."""
+        items = dict(resources.items if isinstance(resources, Resources) else resources)
+        urls: dict[tuple[str, str, bool], str] = {}
+        for name, item in items.items():
+            if isinstance(item, LLM) and item.gateway and item.reasoning_split:
+                raise VoltRLError(
+                    f"resource {name!r}: reasoning_split applies to the gateway the trainer "
+                    "puts in front of an endpoint, and this LLM is a gateway already; turn "
+                    "the split on where that gateway is served (voltrl serve|gateway "
+                    "--reasoning-split)"
+                )
+            if not isinstance(item, LLM) or item.gateway:
+                continue
+            key = ApiKeys().fill(name, item).api_key  # the key given, or from api_key_env
+            backend = (item.endpoint, key, item.reasoning_split)
+            if backend not in urls:
+                served = await ctx.serve_gateway(
+                    [item.endpoint],
+                    backend_api_key=key,
+                    request_token_ids=self._trainer.request_token_ids,
+                    reasoning_split=item.reasoning_split,
+                )
+                urls[backend] = served.url
+            items[name] = item.model_copy(update={"endpoint": urls[backend], "gateway": True})
+        return items
+
+    async def _start_workers(
+        self,
+        stack: contextlib.AsyncExitStack,
+        store: Store,
+        agent: LitAgent,
+        token: str,
+        run_dir: Path,
+        keys: dict[str, str],
+    ) -> tuple[Callable[[], bool], str | None]:
+        """Start the workers; returns a check that some can still run rollouts, and the
+        token they hold (the one the run's gateways check)."""
+        t = self._trainer
+        if t.inline and t.n_runners > 0:
+            stop = asyncio.Event()
+            tasks = [
+                asyncio.create_task(
+                    run_worker(
+                        store,
+                        agent,
+                        worker_id=f"inline-{i}",
+                        config=t.runner_config,
+                        stop=stop,
+                        keys=ApiKeys(gateway=token, llms=keys),
+                    )
+                )
+                for i in range(t.n_runners)
+            ]
+
+            async def stop_inline() -> None:
+                stop.set()
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+            stack.push_async_callback(stop_inline)
+            return (lambda: not all(task.done() for task in tasks)), token
+
+        url, runner_token = await self._serve_store(stack, store, token)
+        if t.n_runners == 0:
+            token_file = None
+            if runner_token:  # removed when the run ends: the token dies with it
+                token_file = run_dir / "runner.token"
+                _write_secret(token_file, runner_token)
+                stack.callback(token_file.unlink, missing_ok=True)
+            print(f"store server: {url}; waiting for remote runners, started with:", flush=True)
+            print(f"  {runner_command(t.runner_config, url, token_file, agent)}", flush=True)
+            if keys:
+                print(
+                    f"  (LLMs {sorted(keys)} carry API keys the store never holds: remote runners"
+                    " read them from the variables named by LLM(api_key_env=...))",
+                    flush=True,
+                )
+            return (lambda: True), runner_token
+        pool = WorkerPool(
+            agent,
+            url,
+            n=t.n_runners,
+            token=runner_token,
+            config=t.runner_config,
+            llm_keys=keys,
+        )
+        pool.start()
+        self.pool = pool
+        stack.push_async_callback(asyncio.to_thread, pool.stop)
+        return (lambda: bool(pool.processes)), runner_token
+
+    async def _serve_store(
+        self, stack: contextlib.AsyncExitStack, store: Store, token: str
+    ) -> tuple[str, str | None]:
+        """The URL and token of a store server for ``store`` (started here with ``token``),
+        or of the one ``store`` already is."""
+        from voltrl.store.http import HTTPStore
+
+        if isinstance(store, HTTPStore):  # a store server already exists: use it directly
+            return store.url, store.token
+        from voltrl._http.serving import reachable_url, serve
+        from voltrl.observability.dashboard import Catalog, dashboard_app
+        from voltrl.store.http import store_app
+
+        t = self._trainer
+        # the store API for the workers, and the run's dashboard under /ui (as voltrl serve)
+        app = store_app(store, token=token, ui=dashboard_app(Catalog([store]), token=token))
+        url, stop_server = await serve(app, t.host, t.port)
+        url = reachable_url(url)
+        stack.push_async_callback(stop_server)
+        return url, token
+
+
+def runner_command(config: RunnerConfig, url: str, token_file: Path | None, agent: LitAgent) -> str:
+    """The ``voltrl runner`` command line that runs ``agent`` with ``config`` for the store
+    server at ``url`` (``--workers N``: as many worker processes as wanted). The token is
+    read from ``token_file`` (or ``$VOLTRL_TOKEN``): it never appears in the command."""
+    parts = ["voltrl runner", f"--store {url}"]
+    parts += [f"--token-file {token_file}"] if token_file else []
+    parts += [f"--agent {agent_spec(agent)}", "--workers N"]
+    parts += [f"--max-concurrency {config.max_concurrency}", f"--lease {config.lease_s:g}"]
+    return " ".join(parts)
+
+
+def _write_secret(path: Path, secret: str) -> None:
+    """Write ``secret`` to ``path``, readable by its owner only."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secret + "\n")
+    os.chmod(path, 0o600)
