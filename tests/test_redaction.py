@@ -33,6 +33,8 @@ def test_urls_lose_their_passwords_and_secret_fields_their_values() -> None:
         "http://127.0.0.1:8400/v1 and runs/store.sqlite"
     )
     assert redact("postgresql://alice:p@ss:w@host/db") == "postgresql://alice:***@host/db"
+    assert without_secrets("postgresql://alice@db/runs") == "postgresql://alice@db/runs"
+    assert without_secrets("runs/store.sqlite") == "runs/store.sqlite"
     config = {
         "source": [dsn, "runs/teacher"],
         "backend_api_key": SECRET,

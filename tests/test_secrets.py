@@ -165,12 +165,3 @@ async def test_a_key_from_api_key_env_reaches_the_backend_through_the_gateway(
     assert result.rewards == [1.0]
     assert [r["authorization"] for r in backend.requests] == [f"Bearer {SECRET}"]
     assert files_containing(tmp_path, SECRET) == []
-
-
-def test_a_database_password_stays_out_of_train_yaml() -> None:
-    from voltrl.runtime.run_dir import _without_password
-
-    dsn = "postgresql://voltrl:hunter2@db.example:5432/runs"
-    assert _without_password(dsn) == "postgresql://voltrl@db.example:5432/runs"
-    assert _without_password("runs/store.sqlite") == "runs/store.sqlite"
-    assert _without_password("postgresql://voltrl@db/runs") == "postgresql://voltrl@db/runs"

@@ -165,8 +165,8 @@ def metric_series(records: Iterable[dict[str, Any]]) -> Series:
     return [(n, sorted(by_name[n]), [by_name[n][k] for k in sorted(by_name[n])]) for n in order]
 
 
-def format_stats_table(title: str, rows: dict[str, RewardStats]) -> Any:
-    """A rich table of reward statistics, one row per name."""
+def format_stats_table(title: Any, rows: dict[str, RewardStats]) -> Any:
+    """A rich table of reward statistics, one row per name (``title``: a string or rich Text)."""
     from rich.table import Table
 
     table = Table(title=title)

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from voltrl._redact import without_secrets
 from voltrl.agent import FunctionAgent, LitAgent
 from voltrl.observability.trackers import LOGGERS
 from voltrl.resources import LLM, Resources
@@ -24,6 +25,7 @@ from voltrl.runtime.dataset import Dataset
 from voltrl.types import Run, Task
 
 if TYPE_CHECKING:
+    from voltrl.algorithms.base import Algorithm
     from voltrl.runtime.trainer import Trainer
 
 RUN_FILES = ("store.sqlite", "metrics.jsonl")
@@ -92,7 +94,7 @@ def write_train_yaml(
     data = {"train": data_file(*train, "train")}
     if val[1] is not None:
         data["val"] = data_file(val[0], val[1], "val")
-    algorithm = {"name": algo.name, **jsonable(algo.config())}
+    algorithm = {"name": algo.name, **algorithm_config(algo)}
     notes = []
     model = getattr(algo, "model", None)
     if algo.name in ("local_rl", "sft") and not isinstance(model, str | Path):
@@ -133,8 +135,8 @@ def trainer_section(trainer: Trainer, run_dir: Path) -> dict[str, Any]:
         "host": trainer.host,
         "port": trainer.port,
     }
-    if isinstance(trainer.store, str | Path):  # without a password: the YAML is no secret
-        config["store"] = _without_password(str(trainer.store))
+    if isinstance(trainer.store, str | Path):
+        config["store"] = str(trainer.store)
     if trainer.gateway_retry is not None:
         config["gateway_retry"] = trainer.gateway_retry.model_dump()
     if loggers := [lg for lg in trainer.loggers if type(lg) is LOGGERS.get(lg.name)]:
@@ -150,26 +152,19 @@ def trainer_section(trainer: Trainer, run_dir: Path) -> dict[str, Any]:
             for name, item in items.items()
             if isinstance(item, LLM)
         }
-    return config
+    return without_secrets(config)
 
 
 def tracked_config(trainer: Trainer, run: Run, run_dir: Path) -> dict[str, Any]:
     """What the run's experiment trackers get as its config: the run, the algorithm's config
     and the trainer's arguments (as in ``train.yaml``)."""
-    return {
-        "run": {"name": run.name, "kind": run.kind, "run_id": run.run_id},
-        "algorithm": {"name": run.algorithm, **run.config},
-        "trainer": trainer_section(trainer, run_dir),
-    }
-
-
-def _without_password(spec: str) -> str:
-    """A store spec with a database URL's password left out (``user@host``)."""
-    scheme, sep, rest = spec.partition("://")
-    userinfo, at, host = rest.rpartition("@")
-    if not (sep and at and ":" in userinfo):
-        return spec
-    return f"{scheme}://{userinfo.split(':', 1)[0]}@{host}"
+    return without_secrets(
+        {
+            "run": {"name": run.name, "kind": run.kind, "run_id": run.run_id},
+            "algorithm": {"name": run.algorithm, **run.config},
+            "trainer": trainer_section(trainer, run_dir),
+        }
+    )
 
 
 def agent_spec(agent: LitAgent) -> str:
@@ -187,6 +182,13 @@ def agent_spec(agent: LitAgent) -> str:
         if module == "__main__":
             return "MODULE:AGENT"
     return f"{module}:{name}"
+
+
+def algorithm_config(algorithm: Algorithm) -> dict[str, Any]:
+    """The algorithm's settings as the run records them (its ``Run.config``, ``train.yaml``'s
+    ``algorithm:`` section, the trackers' config): plain JSON data without secrets (a source
+    database's password, an API key; :func:`voltrl._redact.without_secrets`)."""
+    return without_secrets(jsonable(algorithm.config()))
 
 
 def jsonable(value: Any) -> Any:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from voltrl._console import text as console_text
 from voltrl.agent import FunctionAgent, LitAgent, rollout
 from voltrl.algorithms.base import Algorithm
 from voltrl.errors import VoltRLError
@@ -39,7 +40,7 @@ from voltrl.resources import Resource, Resources
 from voltrl.runtime.context import TrainContext
 from voltrl.runtime.dataset import Dataset, load_tasks
 from voltrl.runtime.interrupt import interruptible
-from voltrl.runtime.run_dir import jsonable, run_name, tracked_config, write_train_yaml
+from voltrl.runtime.run_dir import algorithm_config, run_name, tracked_config, write_train_yaml
 from voltrl.runtime.runner import RunnerConfig
 from voltrl.runtime.services import Services, runner_command
 from voltrl.store.base import Store
@@ -286,7 +287,7 @@ class Trainer:
     async def _open_run(self, store: Store, name: str, kind: str, resume: bool) -> Run:
         """The run record: the latest run of this name when resuming (``running`` again),
         else a new one."""
-        config = jsonable(self.algorithm.config())
+        config = algorithm_config(self.algorithm)
         if resume:
             previous = [r for r in await store.list_runs() if r.name == name and r.kind == kind]
             if previous:
@@ -365,8 +366,8 @@ class Trainer:
             from rich.console import Console
 
             console = Console()
-            console.print(format_stats_table(f"run {ctx.run.name}", by_mode))
-            console.print(f"run directory: {ctx.run_dir}")
+            console.print(format_stats_table(console_text(f"run {ctx.run.name}"), by_mode))
+            console.print(console_text(f"run directory: {ctx.run_dir}"))
         return result
 
 
