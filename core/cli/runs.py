@@ -8,7 +8,7 @@ import asyncio
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from voltrl.errors import VoltRLError
+from voltrl.store.spec import STORE_FILE, StoreSpec, parse_store
 
 if TYPE_CHECKING:
     from voltrl.cli.options import Subparsers
@@ -17,7 +17,12 @@ if TYPE_CHECKING:
 def register(sub: Subparsers) -> None:
     """Add ``voltrl runs`` to the ``voltrl`` parser."""
     runs = sub.add_parser("runs", help="list runs and their reward statistics")
-    runs.add_argument("--store", default=None, help="a store.sqlite file")
+    runs.add_argument(
+        "--store",
+        default=None,
+        help="a store: a store.sqlite file, a run directory, postgresql://... or http(s)://... "
+        "(a store server's token from VOLTRL_TOKEN)",
+    )
     runs.add_argument("--run-dir", default="runs", help="directory of run directories")
     runs.add_argument(
         "--status",
@@ -35,17 +40,16 @@ def register(sub: Subparsers) -> None:
 
 def _command(args: argparse.Namespace) -> int:
     from voltrl.observability.metrics import summarize
-    from voltrl.store.sql import SQLStore
 
     async def collect() -> list[tuple[Any, ...]]:
         rows = []
-        for path in _store_paths(args):
-            store = SQLStore(path)
+        for spec in _store_specs(args):
+            store = spec.open()
             try:
                 for run in await store.list_runs():
                     if _run_shown(run, args):
                         rollouts = await store.query_rollouts(run_id=run.run_id)
-                        rows.append((path, run, summarize(rollouts)))
+                        rows.append((spec.describe(), run, summarize(rollouts)))
             finally:
                 await store.close()
         return rows
@@ -55,7 +59,7 @@ def _command(args: argparse.Namespace) -> int:
 
 
 def _render(rows: list[tuple[Any, ...]], args: argparse.Namespace) -> None:
-    """Print the ``(store path, run, summary)`` rows as a table (or that there are none): the
+    """Print the ``(store, run, summary)`` rows as a table (or that there are none): the
     one place ``voltrl runs`` prints what it found."""
     import time
 
@@ -89,14 +93,13 @@ def _render(rows: list[tuple[Any, ...]], args: argparse.Namespace) -> None:
     Console(width=100_000 if wide else None).print(table)
 
 
-def _store_paths(args: argparse.Namespace) -> list[Path]:
+def _store_specs(args: argparse.Namespace) -> list[StoreSpec]:
+    """The store ``--store`` names, else the store of each run directory in ``--run-dir``."""
     if args.store:
-        path = Path(args.store)
-        if not path.exists():
-            raise VoltRLError(f"store {path} does not exist")
-        return [path]
+        return [parse_store(args.store, existing=True)]
     root = Path(args.run_dir)
-    return sorted(root.glob("*/store.sqlite")) if root.exists() else []
+    paths = sorted(root.glob(f"*/{STORE_FILE}")) if root.exists() else []
+    return [parse_store(path, existing=True) for path in paths]
 
 
 def _run_shown(run: Any, args: argparse.Namespace) -> bool:
