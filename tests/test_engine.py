@@ -16,8 +16,9 @@ from openai import AsyncOpenAI, BadRequestError, OpenAI
 
 from voltrl._http.serving import BackgroundServer
 from voltrl.algorithms.local.engine import Engine, SamplingParams
-from voltrl.algorithms.local.openai_api import parse_tool_calls, serve_engine_in_thread
+from voltrl.algorithms.local.openai_api import serve_engine_in_thread
 from voltrl.algorithms.local.tiny import build_tiny_model, build_tiny_tokenizer
+from voltrl.algorithms.local.toolcalls import parse_tool_calls
 
 CALC = {
     "type": "function",

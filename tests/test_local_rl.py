@@ -13,7 +13,7 @@ from openai import AsyncOpenAI
 
 import voltrl as vl
 from voltrl.algorithms.local.tiny import build_tiny_model, build_tiny_tokenizer
-from voltrl.algorithms.local.update import PolicyUpdateConfig
+from voltrl.algorithms.local.update import PolicyTrainer, PolicyUpdateConfig
 from voltrl.store.sql import SQLStore
 from voltrl.trajectory import TrajectoryConfig
 
@@ -117,6 +117,88 @@ def test_local_rl_resumes_from_its_last_checkpoint(tmp_path: Path):
     assert steps == [2]  # step 1 came from the checkpoint
     lines = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines if "update/loss" in x] == [1, 2]
+
+
+def run_statuses(path: Path) -> list[str]:
+    async def statuses() -> list[str]:
+        store = SQLStore(path)
+        try:
+            return [r.status for r in await store.list_runs()]
+        finally:
+            await store.close()
+
+    return asyncio.run(statuses())
+
+
+def test_a_run_whose_update_fails_keeps_a_checkpoint_of_its_last_step_and_resume_finishes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+):
+    """An exception outside the optimizer step (here: out of memory in step 2's update, before
+    any weight moved) leaves the weights of step 1: they are checkpointed as step 1, and a
+    resumed run trains steps 2 and 3 and saves the final model."""
+    updates = 0
+    step = PolicyTrainer.step
+
+    def out_of_memory_in_the_second_update(self: PolicyTrainer, batch) -> dict:
+        nonlocal updates
+        updates += 1
+        if updates == 2:
+            raise RuntimeError("CUDA out of memory (simulated)")
+        return step(self, batch)
+
+    monkeypatch.setattr(PolicyTrainer, "step", out_of_memory_in_the_second_update)
+    run = tmp_path / "oom"
+    first = make_algorithm(steps=3, val_every=0, checkpoint_every=0)
+    trainer = vl.Trainer(first, n_runners=1, inline=True, run_dir=tmp_path, name="oom")
+    with pytest.raises(RuntimeError, match="out of memory"):
+        trainer.fit(two_turn_agent, ROWS)
+    assert [p.name for p in (run / "checkpoints").iterdir()] == ["step_00000001"]
+    assert "failed (RuntimeError): checkpoint of step 1 in" in capsys.readouterr().out
+    assert not (run / "final").exists()
+    assert run_statuses(run / "store.sqlite") == ["failed"]
+
+    monkeypatch.undo()
+    resumed = make_algorithm(steps=3, val_every=0, checkpoint_every=0, resume=True)
+    result = vl.Trainer(
+        resumed, n_runners=1, inline=True, run_dir=tmp_path, name="oom", progress=False
+    ).fit(two_turn_agent, ROWS)
+    assert [m["step"] for m in result.metrics if "update/loss" in m] == [2, 3]
+    assert (run / "final" / "config.json").exists()
+    assert run_statuses(run / "store.sqlite") == ["finished"]  # the same run, continued
+    # the last step is checkpointed too, so the finished run can go on with more steps
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == [
+        "step_00000001",
+        "step_00000003",
+    ]
+
+
+def test_weights_an_optimizer_step_failed_in_are_not_checkpointed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+):
+    """An exception inside ``optimizer.step`` may leave some weights updated and others not:
+    no checkpoint holds them, the last one stays the latest, and the console says why."""
+    import torch
+
+    steps = 0
+    adamw_step = torch.optim.AdamW.step
+
+    def fails_in_the_second(self: torch.optim.AdamW, *args: object, **kwargs: object) -> object:
+        nonlocal steps
+        steps += 1
+        if steps == 2:
+            with torch.no_grad():  # half of the update applied
+                self.param_groups[0]["params"][0].add_(1.0)
+            raise RuntimeError("CUDA out of memory (simulated)")
+        return adamw_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", fails_in_the_second)
+    algo = make_algorithm(steps=3, val_every=0, checkpoint_every=1)
+    trainer = vl.Trainer(algo, n_runners=1, inline=True, run_dir=tmp_path, name="half")
+    with pytest.raises(RuntimeError, match="out of memory"):
+        trainer.fit(two_turn_agent, ROWS)
+    assert [p.name for p in (tmp_path / "half" / "checkpoints").iterdir()] == ["step_00000001"]
+    out = capsys.readouterr().out
+    assert "no checkpoint of these weights: the update of step 2 failed" in out
 
 
 def test_local_rl_needs_a_tokenizer_with_a_model_object(tmp_path: Path):

@@ -11,6 +11,7 @@ import pytest
 import torch
 import transformers
 
+from voltrl.algorithms.local.checkpoints import latest_checkpoint
 from voltrl.algorithms.local.loss import (
     agg_loss,
     agg_normaliser,
@@ -18,15 +19,11 @@ from voltrl.algorithms.local.loss import (
     kl_penalty,
     policy_loss,
     rollout_weights,
-    split_common_prefix,
     token_logprobs,
     weight_advantages,
 )
-from voltrl.algorithms.local.update import (
-    PolicyTrainer,
-    PolicyUpdateConfig,
-    latest_checkpoint,
-)
+from voltrl.algorithms.local.prefix_cache import split_common_prefix
+from voltrl.algorithms.local.update import PolicyTrainer, PolicyUpdateConfig
 from voltrl.trajectory import TrainingBatch, TrajectoryConfig, build_trajectory, collate
 from voltrl.types import LLMCall, Rollout, Task, Trajectory, Transition
 

@@ -23,7 +23,7 @@ from openai import AsyncOpenAI
 
 import voltrl as vl
 from voltrl.algorithms.local.chat import chat_retokenizer, render_chat
-from voltrl.algorithms.local.loss import split_common_prefix
+from voltrl.algorithms.local.prefix_cache import split_common_prefix
 from voltrl.algorithms.local.tiny import build_tiny_model, build_tiny_tokenizer
 from voltrl.errors import VoltRLError
 from voltrl.store.sql import SQLStore

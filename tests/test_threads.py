@@ -16,9 +16,8 @@ from test_local_rl import ROWS, make_algorithm, two_turn_agent
 from test_policy_update import tiny_model, varied_batch
 
 import voltrl as vl
-from voltrl.algorithms.local import engine as engine_module
-from voltrl.algorithms.local.engine import Engine
-from voltrl.algorithms.local.sampling import SamplingParams
+from voltrl.algorithms.local.engine import Engine, SamplingParams
+from voltrl.algorithms.local.engine import core as engine_module
 from voltrl.algorithms.local.sft import supervised_warmup
 from voltrl.algorithms.local.threads import decide_threads, usable_cpus, use_threads
 from voltrl.algorithms.local.tiny import build_tiny_model, build_tiny_tokenizer

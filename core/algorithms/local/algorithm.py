@@ -15,10 +15,13 @@ Each step reads top to bottom:
 With ``PolicyUpdateConfig(use_lora=True)`` only LoRA adapters train; the engine serves a plain
 copy of the model with the adapters merged in (at start and after every update).
 
-Checkpoints go to ``<run dir>/checkpoints`` (with LoRA: the adapters and the optimizer); with
-``resume=True`` a run with the same name continues from its latest one. The final model is
-saved to ``<run dir>/final``, which ``AutoModelForCausalLM.from_pretrained`` loads (with LoRA,
-the merged model); with LoRA the adapter alone goes to ``<run dir>/final/adapter``, which
+Checkpoints go to ``<run dir>/checkpoints`` (with LoRA: the adapters and the optimizer):
+every ``checkpoint_every`` steps, after the last step, and when the run stops early (Ctrl-C,
+SIGTERM, or an exception: a dead worker pool, the store, out of memory in the update), unless
+the weights are then half-updated (see :meth:`LocalRL.train`). With ``resume=True`` a run with
+the same name continues from its latest one. The final model is saved to ``<run dir>/final``,
+which ``AutoModelForCausalLM.from_pretrained`` loads (with LoRA, the merged model); with LoRA
+the adapter alone goes to ``<run dir>/final/adapter``, which
 ``PeftModel.from_pretrained(base_model, ...)`` loads onto the model training started from.
 The tokenizer is saved to ``<run dir>/tokenizer`` at setup, so the dashboard can decode the
 token ids of a run still training.
@@ -45,9 +48,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from voltrl.algorithms.base import Algorithm
+from voltrl.algorithms.local.checkpoints import (
+    checkpoint_dir,
+    checkpoint_steps,
+    resume_step,
+    save_final,
+)
 from voltrl.algorithms.local.lora_adapters import LoraAdapters
+from voltrl.algorithms.local.reports import (
+    adapters_summary,
+    draw_reward_curve,
+    same_reward_warning,
+    step_line,
+    untrained_warning,
+)
 from voltrl.errors import VoltRLError
-from voltrl.observability.metrics import RewardStats, summarize
+from voltrl.observability.metrics import summarize
 from voltrl.resources import LLM
 from voltrl.trajectory import TrainingBatch, TrajectoryConfig, collate, trajectories_from_store
 from voltrl.types import Rollout, Task
@@ -89,7 +105,9 @@ class LocalRL(Algorithm):
         trajectory: how calls become training rows (transition or trajectory mode, credit):
             a ``TrajectoryConfig`` or its fields as a dict.
         served_name: the model name the engine serves and the agent's ``LLM`` carries.
-        checkpoint_every: save a checkpoint every this many steps (0: only at the end).
+        checkpoint_every: save a checkpoint every this many steps (0: none on the way). One
+            is also saved after the last step and when the run stops early (Ctrl-C, SIGTERM, an
+            exception), so this bounds what a killed process (``kill -9``, the machine) loses.
         resume: continue from the latest checkpoint in the run directory, if there is one.
         device: where to train and serve (default: CUDA if available, else CPU).
         threads: torch intra-op threads (default: ``$OMP_NUM_THREADS``, else half the usable
@@ -130,7 +148,7 @@ class LocalRL(Algorithm):
         update: PolicyUpdateConfig | dict[str, Any] | None = None,
         trajectory: TrajectoryConfig | dict[str, Any] | None = None,
         served_name: str = "voltrl-local",
-        checkpoint_every: int = 0,
+        checkpoint_every: int = 10,
         resume: bool = False,
         device: str | None = None,
         threads: int | None = None,
@@ -200,6 +218,9 @@ class LocalRL(Algorithm):
         self._warned_untrained = False
         self._policy_lock = threading.Lock()
         self._steps_done = 0
+        self._torn_update = False
+        """An update of several adapters failed after some of them had stepped: their weights
+        are a step ahead of the others'."""
         self._engine: Engine | None = None
         self._gateway: Gateway | None = None
         self._policies: dict[str | None, PolicyTrainer] = {}
@@ -254,9 +275,19 @@ class LocalRL(Algorithm):
         model, tokenizer = await asyncio.to_thread(self._load)
         # The dashboard and ``voltrl show`` decode the run's token ids with it.
         await asyncio.to_thread(tokenizer.save_pretrained, ctx.run_dir / TOKENIZER_DIR)
-        resume_step = self._resume_step(ctx.run_dir / "checkpoints") if self.resume else None
-        if self.warm_start is not None:
-            await self._warm_start(ctx, model, tokenizer, resumed=resume_step is not None)
+        resume_from = None
+        if self.resume:
+            names = self.adapters.names if self.adapters is not None else None
+            resume_from = resume_step(checkpoint_dir(ctx.run_dir, None), names)
+        if self.warm_start is not None:  # before LoRA wraps the model: it trains every weight
+            await self.warm_start.warm_up(
+                ctx,
+                model,
+                tokenizer,
+                resumed=resume_from is not None,
+                keep_base=self.update.use_lora,
+                threads=self.threads,
+            )
         if self.adapters is None:
             served = copy.deepcopy(model)  # a plain copy: with LoRA, peft wraps ``model``
             self._policies = {None: PolicyTrainer(model, self.update)}
@@ -265,13 +296,13 @@ class LocalRL(Algorithm):
                 self._policies[name] = PolicyTrainer(model, self.update, adapter=name)
                 model = self._policies[name].model
         self._start_step = 0
-        if resume_step is not None:
+        if resume_from is not None:
             for key, policy in self._policies.items():
-                ckpt = self._checkpoint_dir(ctx.run_dir, key, resume_step)
+                ckpt = checkpoint_dir(ctx.run_dir, key, resume_from)
                 self._start_step = policy.load_checkpoint(ckpt)
             if ctx.progress:
-                where = ctx.run_dir / "checkpoints"
-                print(f"resuming from the checkpoint of step {resume_step} in {where}", flush=True)
+                where = checkpoint_dir(ctx.run_dir, None)
+                print(f"resuming from the checkpoint of step {resume_from} in {where}", flush=True)
         if self.adapters is None:
             served.load_state_dict(self._policies[None].merged_state_dict())
         else:  # the engine's copy: the same base and adapters, unmerged, served by name
@@ -306,76 +337,9 @@ class LocalRL(Algorithm):
         )
         await ctx.publish({"main_llm": self._llm})
 
-    def _resume_step(self, root: Path) -> int | None:
-        """The step to resume from: the latest checkpoint, or with adapters the latest step
-        every adapter has a checkpoint of (an interrupted save may have left one ahead)."""
-        from voltrl.algorithms.local.update import checkpoint_steps
-
-        names = self.adapters.names if self.adapters is not None else []
-        per_adapter = {name: checkpoint_steps(root / name) for name in names}
-        whole = checkpoint_steps(root)
-        other = [p.name for p in root.glob("*/") if p.is_dir() and checkpoint_steps(p)]
-        if self.adapters is None:
-            if other and not whole:
-                raise VoltRLError(
-                    f"cannot resume: the checkpoints in {root} are per LoRA adapter "
-                    f"({', '.join(sorted(other))}); pass the run's lora_adapters"
-                )
-            return max(whole, default=None)
-        if whole and not any(per_adapter.values()):
-            raise VoltRLError(
-                f"cannot resume: the checkpoints in {root} are of a run without lora_adapters"
-            )
-        if not any(per_adapter.values()):
-            return None
-        missing = [name for name, steps in per_adapter.items() if not steps]
-        if missing:
-            raise VoltRLError(
-                f"cannot resume: adapter(s) {', '.join(missing)} have no checkpoint in {root} "
-                f"(an adapter added since the run started cannot resume with it)"
-            )
-        common = set.intersection(*per_adapter.values())
-        if not common:
-            raise VoltRLError(f"cannot resume: the adapters' checkpoints in {root} share no step")
-        return max(common)
-
-    @staticmethod
-    def _checkpoint_dir(run_dir: Path, adapter: str | None, step: int | None = None) -> Path:
-        """``<run dir>/checkpoints`` (``/<adapter>`` with adapters; ``/step_N`` with ``step``)."""
-        from voltrl.algorithms.local.update import checkpoint_path
-
-        root = run_dir / "checkpoints"
-        root = root if adapter is None else root / adapter
-        return root if step is None else checkpoint_path(root, step)
-
     def _adapter_versions(self) -> dict[str, int]:
         """Each adapter's weights version: the updates it has had (resumed runs included)."""
         return {k: p.global_step for k, p in self._policies.items() if k is not None}
-
-    async def _warm_start(
-        self, ctx: TrainContext, model: Any, tokenizer: Any, *, resumed: bool
-    ) -> None:
-        """Run the SFT warm-up on ``model`` (all its weights, before LoRA wraps it), unless the
-        run resumes: a full checkpoint has the warmed weights; LoRA checkpoints hold adapters
-        only, so the warmed base is kept in ``<run dir>/warm_start`` and loaded again."""
-        assert self.warm_start is not None
-        warmed = ctx.run_dir / "warm_start"
-        if not resumed:
-            if self.warm_start.threads is None:  # its own count when given, else ours
-                self.warm_start.threads = self.threads
-            await self.warm_start.run(ctx, model, tokenizer)
-            if self.update.use_lora:
-                await asyncio.to_thread(model.save_pretrained, warmed)
-        elif self.update.use_lora:
-            if not (warmed / "config.json").exists():
-                raise VoltRLError(
-                    f"cannot resume: the LoRA checkpoints sit on the warm-started model, which "
-                    f"is not in {warmed}"
-                )
-            state = await asyncio.to_thread(
-                lambda: type(model).from_pretrained(warmed, dtype=model.dtype).state_dict()
-            )
-            model.load_state_dict(state)
 
     async def teardown(self, ctx: TrainContext) -> None:
         """Stop the engine (the run stops its gateway). The gateway is closed first: calls
@@ -401,7 +365,19 @@ class LocalRL(Algorithm):
             yield from order
 
     async def train(self, ctx: TrainContext, train: list[Task], val: list[Task] | None) -> None:
-        """Run ``steps`` policy updates, validating every ``val_every`` steps."""
+        """Run ``steps`` policy updates, validating every ``val_every`` steps; checkpoint every
+        ``checkpoint_every`` steps and after the last.
+
+        A run that stops early still keeps what it learned. Cancelled (Ctrl-C, SIGTERM) or
+        failed outside the optimizer's parameter step (the rollouts, a dead worker pool, the
+        store, building the batch, the forward/backward, serving the new weights), the weights
+        are those of the last completed update: they are checkpointed with its step and
+        ``resume=True`` continues from there. Failed inside an update that had begun to change
+        them (an optimizer step raised, or a later mini-batch or adapter after one ran), they
+        are neither that step's nor the next, and saving them under either step would resume
+        from weights that no step produced: they are not saved, and the last checkpoint stays
+        the latest. Nothing goes to ``final/`` (a resumed run writes it when it completes).
+        """
         assert self._policies and self._engine is not None
         stream = self._task_stream(train)
         for _ in range(self._start_step * self.tasks_per_step):
@@ -423,25 +399,47 @@ class LocalRL(Algorithm):
                     await self.validate(ctx, val, step + 1)
             if val and self.val_every and self.steps % self.val_every:
                 await self.validate(ctx, val, self.steps)
-            await asyncio.to_thread(self._save_final, ctx.run_dir / "final")
-            if ctx.progress and self.adapters is not None:
-                print(self._adapters_summary(), flush=True)
-        except asyncio.CancelledError:  # Ctrl-C: keep what was learned, resume continues
-            path = await asyncio.to_thread(self._checkpoint, ctx.run_dir)
-            print(f"interrupted: checkpoint of step {self._steps_done} in {path}", flush=True)
+            if self._steps_done > self._start_step:  # a finished run can go on with more steps
+                await asyncio.to_thread(self._checkpoint, ctx.run_dir)
+            names = self.adapters.names if self.adapters is not None else None
+            final = ctx.run_dir / "final"
+            model = self._engine.model
+            await asyncio.to_thread(save_final, final, model, self.tokenizer, self._policies, names)
+            if ctx.progress and names is not None:
+                updates = {name: self._policies[name].global_step for name in names}
+                print(adapters_summary(names, self.history, updates), flush=True)
+        except BaseException as exc:  # Ctrl-C, SIGTERM or a failure: keep what was learned
+            await self._checkpoint_stopped(ctx, exc)
             raise
         finally:
-            self._draw_curve(ctx)
+            draw_reward_curve(ctx.metrics.history(), ctx.run_dir, ctx.run.name)
 
-    def _draw_curve(self, ctx: TrainContext) -> None:
-        """``reward_curve.png`` in the run directory; a failure to draw is only reported (it
-        must not hide why the run ended)."""
-        from voltrl.observability.plots import reward_curve
-
+    async def _checkpoint_stopped(self, ctx: TrainContext, exc: BaseException) -> None:
+        """Checkpoint a run that ``exc`` stopped before its end, if its weights are those of a
+        step (see :meth:`train`), and say so. A failure to save is reported, not raised: it
+        must not hide why the run stopped."""
+        cancelled = isinstance(exc, asyncio.CancelledError)
+        stopped = "interrupted" if cancelled else f"failed ({type(exc).__name__})"
         try:
-            reward_curve(ctx.metrics.history(), ctx.run_dir / "reward_curve.png", ctx.run.name)
-        except Exception as exc:
-            print(f"warning: reward_curve.png not drawn: {type(exc).__name__}: {exc}", flush=True)
+            path = await asyncio.to_thread(self._checkpoint, ctx.run_dir, stopped=True)
+        except Exception as error:
+            print(
+                f"{stopped}: warning: no checkpoint saved: {type(error).__name__}: {error}",
+                flush=True,
+            )
+            return
+        if path is not None:
+            print(f"{stopped}: checkpoint of step {self._steps_done} in {path}", flush=True)
+        elif self._weights_torn():
+            print(
+                f"{stopped}: no checkpoint of these weights: the update of step "
+                f"{self._steps_done + 1} failed after it had begun to change them, so they "
+                f"belong to no step; resume=True continues from the latest checkpoint in "
+                f"{checkpoint_dir(ctx.run_dir, None)}, if any",
+                flush=True,
+            )
+        else:
+            print(f"{stopped}: no checkpoint: no update was done", flush=True)
 
     def _update(
         self, parts: dict[str | None, TrainingBatch], step: int
@@ -449,17 +447,40 @@ class LocalRL(Algorithm):
         """The policy update of ``step``: each trainer on its part of the batch (on a worker
         thread; a checkpoint waits for it). Returns each trainer's metrics."""
         with self._policy_lock:
-            metrics = {key: self._policies[key].step(part) for key, part in parts.items()}
+            metrics: dict[str | None, dict[str, Any]] = {}
+            try:
+                for key, part in parts.items():
+                    metrics[key] = self._policies[key].step(part)
+            except BaseException:
+                self._torn_update = bool(metrics)  # the adapters done are a step ahead
+                raise
             self._steps_done = step + 1
             return metrics
 
-    def _checkpoint(self, run_dir: Path) -> Path:
+    def _checkpoint(self, run_dir: Path, *, stopped: bool = False) -> Path | None:
         """Save a checkpoint of the steps done, once no update is running (with adapters,
-        one per adapter, under ``checkpoints/<adapter>/``); returns where."""
+        one per adapter, under ``checkpoints/<adapter>/``); returns where. One already saved
+        is kept. ``None``, and nothing saved, when the weights belong to no step (an update
+        failed after it had begun to change them: :attr:`PolicyTrainer.mid_update`), or, for
+        a ``stopped`` run, when neither an update nor a warm-up changed the model as loaded
+        (a resumed run loads it again)."""
         with self._policy_lock:
+            if self._weights_torn():
+                return None
+            if stopped and self._steps_done == 0 and self.warm_start is None:
+                return None
             for key, policy in self._policies.items():
-                path = policy.save_checkpoint(self._checkpoint_dir(run_dir, key), self._steps_done)
+                root = checkpoint_dir(run_dir, key)
+                path = checkpoint_dir(run_dir, key, self._steps_done)
+                if self._steps_done not in checkpoint_steps(root):
+                    policy.save_checkpoint(root, self._steps_done)
         return path if self.adapters is None else path.parent.parent
+
+    def _weights_torn(self) -> bool:
+        """Whether an update failed after it had begun to change the weights: some optimizer
+        step ran (or raised) and the update did not complete, or with adapters some trainers
+        stepped and others not. The weights then belong to no step."""
+        return self._torn_update or any(p.mid_update for p in self._policies.values())
 
     def _parts(self, batch: TrainingBatch) -> tuple[dict[str | None, TrainingBatch], list[int]]:
         """The batch per trainer: whole, or each adapter's rows; and the rows no adapter
@@ -476,15 +497,7 @@ class LocalRL(Algorithm):
         if not untrained or self._warned_untrained or self.adapters is None:
             return
         self._warned_untrained = True
-        agents = sorted({str(batch.agent_names[i]) for i in untrained})
-        patterns = ", ".join(f"{k}={v!r}" for k, v in self.adapters.config().items())
-        print(
-            f"warning: in step {step + 1}, {len(untrained)} of {len(batch)} rows matched no LoRA "
-            f"adapter (agents: {', '.join(agents)}; adapters: {patterns}): the base model served "
-            'them and they train nothing. Add an adapter for them (".*" last catches the rest) '
-            "if they should train (this warning is shown once)",
-            flush=True,
-        )
+        print(untrained_warning(batch, untrained, step, self.adapters.config()), flush=True)
 
     async def _serve_new_weights(self, ctx: TrainContext, trained: list[str | None]) -> None:
         """Load the trained weights into the engine while the gateway is paused (calls in
@@ -540,65 +553,13 @@ class LocalRL(Algorithm):
             resources_version=ctx.resources_version,
         )
         if ctx.progress:
-            print(self._step_line(step, stats, trained, t1 - t0, t2 - t1), flush=True)
+            print(step_line(step, self.steps, stats, trained, t1 - t0, t2 - t1), flush=True)
             self._warn_untrained(batch, untrained, step)
         adv_tokens = sum(m["adv_tokens"] for m in trained.values())
         if trained and not adv_tokens and not self._warned_same_reward:
             self._warned_same_reward = True
-            print(
-                f"warning: in step {step + 1} every group had the same reward, so no token has"
-                " a non-zero advantage and the rewards trained nothing. GRPO learns from reward"
-                " differences within a task's group: make rewards vary, or raise group_size or"
-                " the sampling temperature (this warning is shown once)",
-                flush=True,
-            )
+            print(same_reward_warning(step), flush=True)
         return record
-
-    def _step_line(
-        self,
-        step: int,
-        stats: RewardStats,
-        trained: dict[str | None, dict[str, Any]],
-        rollout_s: float,
-        update_s: float,
-    ) -> str:
-        """The console line of a training step (with adapters, the update of each)."""
-        head = f"step {step + 1}/{self.steps}  reward {stats.reward_mean or 0:.3f}"
-        times = f"  rollouts {rollout_s:.1f}s  update {update_s:.1f}s"
-        if not stats.succeeded:
-            return f"{head}  every rollout failed: not trained{times}"
-        if not trained:
-            return f"{head}  no trainable rows: not trained{times}"
-        parts = []
-        for key, m in trained.items():
-            done = (
-                f"trained {m['adv_tokens']:.0f} tok ({m['tokens_per_s']:.0f}/s)"
-                if m["adv_tokens"]
-                else "trained 0 tokens with non-zero advantage"
-            )
-            name = "" if key is None else f"[{key}] reward {m['reward_mean']:.3f}  "
-            parts.append(f"{name}loss {m['loss']:.4f}  entropy {m['entropy']:.3f}  {done}")
-        return f"{head}  {'  '.join(parts)}{times}"
-
-    def _adapters_summary(self) -> str:
-        """What each adapter got: its updates in all, and in this session (since the start
-        or the resume) the tokens it trained with a non-zero advantage and its rows' reward
-        at the first and last update; where it was saved."""
-        lines = ["LoRA adapters (tokens and reward: this session):"]
-        for name in self.adapters.names if self.adapters else []:
-            rewards = [
-                h[f"update/{name}/reward_mean"]
-                for h in self.history
-                if f"update/{name}/reward_mean" in h
-            ]
-            tokens = sum(h.get(f"update/{name}/adv_tokens", 0) for h in self.history)
-            trend = f"{rewards[0]:.3f} -> {rewards[-1]:.3f}" if rewards else "-"
-            updates = self._policies[name].global_step
-            lines.append(
-                f"  {name}: {updates} update{'s' * (updates != 1)}, {tokens:.0f} tokens trained "
-                f"with an advantage, its rows' reward {trend}; saved in final/adapters/{name}"
-            )
-        return "\n".join(lines)
 
     async def validate(self, ctx: TrainContext, tasks: list[Task], step: int) -> list[Rollout]:
         """Run every validation task ``val_n`` times with ``val_sampling``; logs ``val/*``
@@ -618,26 +579,3 @@ class LocalRL(Algorithm):
         if ctx.progress:
             print(f"validation @ {step}: reward {stats.reward_mean or 0:.3f}", flush=True)
         return rollouts
-
-    def _save_final(self, directory: Path) -> None:
-        """Save the served model (LoRA merged in) and the tokenizer to ``directory``, which
-        ``from_pretrained`` loads; with LoRA also the adapter alone to ``directory/adapter``,
-        which ``PeftModel.from_pretrained(base_model, ...)`` loads. With adapters: the base
-        model to ``directory`` and each adapter to ``directory/adapters/<name>``."""
-        assert self._engine is not None and self._policies
-        if self.tokenizer is not None:
-            self.tokenizer.save_pretrained(directory)
-        if self.adapters is None:
-            self._engine.model.save_pretrained(directory)
-            if self.update.use_lora:
-                self._policies[None].model.save_pretrained(directory / "adapter")
-            return
-        peft_model = self._policies[self.adapters.names[0]].model
-        base = peft_model.get_base_model()
-        weights = {
-            k.replace(".base_layer", ""): v
-            for k, v in base.state_dict().items()
-            if "lora_" not in k
-        }
-        base.save_pretrained(directory, state_dict=weights)
-        peft_model.save_pretrained(directory / "adapters", selected_adapters=self.adapters.names)

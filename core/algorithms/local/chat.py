@@ -14,7 +14,7 @@ from typing import Any
 
 from jinja2 import TemplateError
 
-from voltrl.trajectory.builder import Retokenizer, assistant_message
+from voltrl.trajectory import Retokenizer, assistant_message
 from voltrl.types import LLMCall
 
 ROLES = {"system", "developer", "user", "assistant", "tool"}
@@ -92,7 +92,7 @@ def end_of_turn_id(tokenizer: Any) -> int:
 
 
 def chat_retokenizer(tokenizer: Any) -> Retokenizer:
-    """A :data:`voltrl.trajectory.builder.Retokenizer` for ``TrajectoryConfig(missing_token_ids=
+    """A :data:`voltrl.trajectory.Retokenizer` for ``TrajectoryConfig(missing_token_ids=
     "retokenize", retokenizer=...)``: a call recorded without token ids becomes
 
     - ``prompt_ids``: the request's messages and tools rendered with the generation prompt

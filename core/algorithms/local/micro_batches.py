@@ -2,7 +2,7 @@
 
 A micro-batch is fed as one padded tensor: its rows' prompts left-padded to the longest,
 their responses cut after the last trained token of any of them, and the prompt tokens all
-its rows start with fed once (:func:`~voltrl.algorithms.local.loss.split_common_prefix`).
+its rows start with fed once (:func:`~.prefix_cache.split_common_prefix`).
 Which rows share a micro-batch decides how many tokens that costs: an agent's ``write`` and
 ``check`` calls share little of their prompts, two calls of one agent share its system prompt
 and tools, the rollouts of one GRPO group share the whole task prompt.
@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
-from voltrl.algorithms.local.loss import MIN_SHARED_PREFIX
+from voltrl.algorithms.local.prefix_cache import MIN_SHARED_PREFIX
 
 PASS_COST = 64
 """What one more forward pass costs, in tokens fed: the fixed cost of a pass (kernel
@@ -36,7 +36,7 @@ def plan_micro_batches(
     Row ``i`` is the prompt ``prompts[i]`` (its real tokens) then ``ends[i]`` response
     columns. A micro-batch ``G`` of rows with longest prompt ``P``, longest response ``E``
     and ``L`` prompt tokens in common (when ``share_prefix``, as ``split_common_prefix`` takes
-    them: at least :data:`~voltrl.algorithms.local.loss.MIN_SHARED_PREFIX`, at most one less
+    them: at least :data:`~.prefix_cache.MIN_SHARED_PREFIX`, at most one less
     than its shortest prompt; else 0) costs::
 
         cost(G) = PASS_COST + L + |G| * (P - L + E)       tokens fed, the prefix once

@@ -18,8 +18,12 @@ is set (:func:`~voltrl.algorithms.local.chat.chat_retokenizer`; such rows carry
 the engine serves it, so the first validation measures the student after warm-up.
 
 **Written conversations.** ``tokenize_conversation`` renders a conversation with the chat
-template and marks the assistant's tokens; ``supervised_warmup`` trains on them (the calculator
-demo teaches a tiny model the format this way).
+template and marks the assistant's tokens; ``supervised_warmup`` makes them rows and trains on
+them (the calculator demo teaches a tiny model the format this way).
+
+Both train in one loop, :func:`fit_rows`: ``steps`` AdamW steps of ``batch_size`` rows of a
+:class:`~voltrl.trajectory.TrainingBatch`, fed in micro-batches by
+:class:`~voltrl.algorithms.local.rows.TokenRows` as the policy update feeds its rows.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from voltrl.algorithms.base import Algorithm
 from voltrl.algorithms.local.threads import use_threads
 from voltrl.errors import VoltRLError
 from voltrl.trajectory import TrainingBatch, TrajectoryConfig, collate, trajectories_from_store
-from voltrl.types import Rollout, Task
+from voltrl.types import Rollout, Task, Trajectory, Transition
 
 if TYPE_CHECKING:
     import torch
@@ -85,6 +89,25 @@ def tokenize_conversation(
     return full, mask
 
 
+def conversation_batch(tokenizer: Any, conversations: Sequence[Conversation]) -> TrainingBatch:
+    """The conversations as training rows, one each: the prompt is what comes before the first
+    assistant token, the response the rest, with :func:`tokenize_conversation`'s mask (the
+    turns between assistant turns are context, as in a trajectory-mode row)."""
+    trajectories = []
+    for i, conversation in enumerate(conversations):
+        ids, mask = tokenize_conversation(tokenizer, conversation)
+        start = mask.index(1) if 1 in mask else len(ids)
+        row = Transition(
+            prompt_token_ids=ids[:start],
+            response_token_ids=ids[start:],
+            response_mask=mask[start:],
+            reward=0.0,
+        )
+        trajectories.append(Trajectory(rollout_id=str(i), task_id=str(i), transitions=[row]))
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    return collate(trajectories, TrajectoryConfig(pad_token_id=pad))
+
+
 def supervised_warmup(
     model: torch.nn.Module,
     tokenizer: Any,
@@ -98,50 +121,31 @@ def supervised_warmup(
     threads: int | None = None,
     log: Callable[[int, float], None] | None = None,
 ) -> list[float]:
-    """Train ``model`` on the assistant turns of ``conversations``; returns the loss per step.
+    """Train ``model`` on the assistant turns of ``conversations``; returns the loss per step
+    (``log(step, loss)`` is called after each).
 
-    AdamW with linear warm-up and cosine decay; batches are sampled with replacement. torch
-    runs ``threads`` intra-op threads (default: :func:`~.threads.decide_threads`'s, half the
-    usable CPUs), set for the calling thread.
+    The conversations become rows (:func:`conversation_batch`) and train in SFT's loop,
+    :func:`fit_rows`: AdamW with linear warm-up and cosine decay, ``batch_size`` rows per
+    step in a fresh shuffled order each epoch (fewer conversations than ``batch_size``
+    repeat within a step). torch runs ``threads`` intra-op threads (default:
+    :func:`~.threads.decide_threads`'s, half the usable CPUs), set for the calling thread.
     """
-    import torch
-
-    use_threads(threads)
-    rng = random.Random(seed)
-    data = [tokenize_conversation(tokenizer, c) for c in conversations]
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
-
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, cosine_schedule(steps, warmup_steps))
-    model.train()
-    losses: list[float] = []
-    for step in range(steps):
-        batch = [data[rng.randrange(len(data))] for _ in range(batch_size)]
-        width = max(len(ids) for ids, _ in batch)
-        input_ids = torch.full((batch_size, width), pad, dtype=torch.long)
-        labels = torch.full((batch_size, width), -100, dtype=torch.long)
-        attention = torch.zeros((batch_size, width), dtype=torch.long)
-        for row, (ids, mask) in enumerate(batch):
-            input_ids[row, : len(ids)] = torch.tensor(ids)
-            attention[row, : len(ids)] = 1
-            labels[row, : len(ids)] = torch.tensor(
-                [t if m else -100 for t, m in zip(ids, mask, strict=True)]
-            )
-        loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        scheduler.step()
-        losses.append(loss.item())
-        if log is not None:
-            log(step, losses[-1])
-    model.zero_grad(set_to_none=True)
-    model.eval()
-    return losses
+    each = None if log is None else lambda step, values: log(step, values["loss"])
+    return fit_rows(
+        model,
+        conversation_batch(tokenizer, conversations),
+        steps=steps,
+        batch_size=batch_size,
+        micro_batch_size=batch_size,
+        lr=lr,
+        warmup_steps=warmup_steps,
+        seed=seed,
+        threads=threads,
+        log=each,
+    )
 
 
-# ---- SFT on recorded rollouts -------------------------------------------------------------------
+# ---- the loop -----------------------------------------------------------------------------------
 
 
 def cosine_schedule(steps: int, warmup_steps: int) -> Callable[[int], float]:
@@ -154,6 +158,82 @@ def cosine_schedule(steps: int, warmup_steps: int) -> Callable[[int], float]:
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
 
     return factor
+
+
+def fit_rows(
+    model: torch.nn.Module,
+    batch: TrainingBatch,
+    *,
+    steps: int,
+    batch_size: int,
+    micro_batch_size: int,
+    lr: float,
+    warmup_steps: int,
+    seed: int = 0,
+    threads: int | None = None,
+    log: Callable[[int, dict[str, float]], None] | None = None,
+    stop: threading.Event | None = None,
+) -> list[float]:
+    """Train ``model`` on ``batch``'s masked response tokens; the loss per step.
+
+    ``steps`` AdamW steps (weight decay 0.01, gradients clipped at 1, learning rate ``lr``
+    with :func:`cosine_schedule`) of ``batch_size`` rows, the rows with a trained token in a
+    fresh shuffled order each epoch. A step's loss is the mean NLL of its trained tokens::
+
+        loss = - sum_t m_t * log pi(y_t | y_<t) / sum_t m_t
+
+    however its rows are split into micro-batches of at most ``micro_batch_size``
+    (:meth:`~voltrl.algorithms.local.rows.TokenRows.micro_batches`: rows sharing a prompt
+    prefix together, that prefix fed once). ``log(step, {"loss", "tokens", "lr"})`` after each
+    step; the loop ends early, between steps, once ``stop`` is set. torch runs ``threads``
+    intra-op threads in the calling thread. Leaves no gradient and the model in eval mode.
+    """
+    import torch
+
+    from voltrl.algorithms.local.rows import TokenRows
+
+    use_threads(threads)
+    data = TokenRows.of(batch, next(model.parameters()).device)
+    mask = data.response_mask
+    row_tokens = mask.sum(1).tolist()
+    rows = data.trained
+    if not rows:
+        raise ValueError("nothing to train on: no row has a trained token")
+    rng = random.Random(seed)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, cosine_schedule(steps, warmup_steps))
+    order: list[int] = []
+    model.train()
+    losses: list[float] = []
+    for step in range(steps):
+        if stop is not None and stop.is_set():  # the run was cancelled: stop between steps
+            break
+        chosen = []
+        while len(chosen) < batch_size:
+            if not order:
+                order = rng.sample(rows, len(rows))
+            chosen.append(order.pop())
+        tokens = float(sum(row_tokens[i] for i in chosen))
+        total = 0.0
+        optimizer.zero_grad(set_to_none=True)
+        for idx, first, width in data.micro_batches(model, chosen, max_rows=micro_batch_size):
+            logp, _, _ = data.logprobs(model, idx, first, width, with_entropy=False)
+            loss = -(logp * mask[idx, :width]).sum() / tokens
+            loss.backward()
+            total += loss.item()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        scheduler.step()
+        losses.append(total)
+        if log is not None:
+            log(step, {"loss": total, "tokens": tokens, "lr": scheduler.get_last_lr()[0]})
+    model.zero_grad(set_to_none=True)  # nothing of SFT's reaches a later optimizer
+    model.eval()
+    return losses
+
+
+# ---- SFT on recorded rollouts -------------------------------------------------------------------
 
 
 def open_source(source: str | Path) -> Store:
@@ -361,97 +441,21 @@ class SFT(Algorithm):
         batch: TrainingBatch,
         log: Callable[[int, dict[str, float]], None] | None = None,
     ) -> list[float]:
-        """Train ``model`` on ``batch``'s masked response tokens; the loss per step. A step's
-        rows are split into micro-batches that feed few tokens, rows sharing a prompt
-        prefix together (:func:`~voltrl.algorithms.local.micro_batches.plan_micro_batches`),
-        and the prompt tokens a micro-batch's rows all start with (an agent's system prompt
-        and tools) are fed once for all of them."""
-        import torch
-
-        from voltrl.algorithms.local.loss import (
-            shares_prefix_cache,
-            split_common_prefix,
-            token_logprobs,
+        """Train ``model`` on ``batch``'s masked response tokens with these settings
+        (:func:`fit_rows`); the loss per step. Ends between steps once the run is cancelled."""
+        return fit_rows(
+            model,
+            batch,
+            steps=self.steps,
+            batch_size=self.batch_size,
+            micro_batch_size=self.micro_batch_size,
+            lr=self.lr,
+            warmup_steps=self.warmup_steps,
+            seed=self.seed,
+            threads=self.threads,
+            log=log,
+            stop=self._stop,
         )
-        from voltrl.algorithms.local.micro_batches import plan_micro_batches
-
-        use_threads(self.threads)
-        device = next(model.parameters()).device
-        t = batch.to_torch(device)
-        mask = t["response_mask"]
-        width = batch.prompt_length
-        prompt_lengths = t["prompt_mask"].sum(1).tolist()
-        row_tokens = mask.sum(1).tolist()
-        r = mask.shape[1]
-        last = r - torch.flip(mask, dims=[1]).argmax(dim=1)
-        ends = torch.where(mask.sum(1) > 0, last, torch.zeros_like(last)).tolist()
-        rows = [i for i, end in enumerate(ends) if end > 0]
-        prompts = [
-            ids[width - n :] for ids, n in zip(batch.prompt_ids, prompt_lengths, strict=True)
-        ]
-        empty = [i for i in rows if prompt_lengths[i] == 0]
-        if empty:
-            raise ValueError(f"rows {empty} have an empty prompt: their first token has no context")
-        rng = random.Random(self.seed)
-        params = [p for p in model.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(params, lr=self.lr, weight_decay=0.01)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, cosine_schedule(self.steps, self.warmup_steps)
-        )
-        order: list[int] = []
-        model.train()
-        losses: list[float] = []
-        for step in range(self.steps):
-            if self._stop.is_set():  # the run was cancelled: stop between steps
-                break
-            chosen = []
-            while len(chosen) < self.batch_size:
-                if not order:
-                    order = rng.sample(rows, len(rows))
-                chosen.append(order.pop())
-            tokens = float(sum(row_tokens[i] for i in chosen))
-            plan = plan_micro_batches(
-                [prompts[i] for i in chosen],
-                [ends[i] for i in chosen],
-                max_rows=self.micro_batch_size,
-                share_prefix=shares_prefix_cache(model),
-            )
-            total = 0.0
-            optimizer.zero_grad(set_to_none=True)
-            for group in plan:
-                part = [chosen[k] for k in group]
-                idx = torch.tensor(part, device=device)
-                first = width - max(prompt_lengths[i] for i in part)
-                w = max(ends[i] for i in part)
-                prefix, ids, att, positions = split_common_prefix(
-                    model,
-                    t["input_ids"][idx, first : width + w],
-                    t["attention_mask"][idx, first : width + w],
-                    t["position_ids"][idx, first : width + w],
-                    [prompt_lengths[i] for i in part],
-                )
-                logp, _ = token_logprobs(
-                    model,
-                    ids,
-                    att,
-                    positions,
-                    w,
-                    keep=mask[idx, :w],
-                    with_entropy=False,
-                    prefix=prefix,
-                )
-                loss = -(logp * mask[idx, :w]).sum() / tokens
-                loss.backward()
-                total += loss.item()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            optimizer.step()
-            scheduler.step()
-            losses.append(total)
-            if log is not None:
-                log(step, {"loss": total, "tokens": tokens, "lr": scheduler.get_last_lr()[0]})
-        model.zero_grad(set_to_none=True)  # nothing of SFT's reaches a later optimizer
-        model.eval()
-        return losses
 
     async def run(self, ctx: TrainContext, model: Any, tokenizer: Any) -> list[float]:
         """Build the batch from the sources and train ``model`` on it; logs ``sft/loss``,
@@ -505,6 +509,39 @@ class SFT(Algorithm):
             loss_curve(self.losses, ctx.run_dir / "sft_loss.png", f"{ctx.run.name}: SFT")
         except Exception as exc:  # a failure to draw must not end the run
             print(f"warning: sft_loss.png not drawn: {type(exc).__name__}: {exc}", flush=True)
+
+    # ---- under LocalRL: before the engine serves the model -------------------------------------
+    async def warm_up(
+        self,
+        ctx: TrainContext,
+        model: Any,
+        tokenizer: Any,
+        *,
+        resumed: bool,
+        keep_base: bool,
+        threads: int,
+    ) -> None:
+        """Warm up LocalRL's ``model`` (every weight) with :meth:`run`, unless the run resumes:
+        a full checkpoint holds the warmed weights; LoRA checkpoints (``keep_base``) hold the
+        adapters only, so the warmed model is kept in ``<run dir>/warm_start`` and loaded
+        again. ``threads``: LocalRL's, used unless this SFT was given its own."""
+        warmed = ctx.run_dir / "warm_start"
+        if not resumed:
+            if self.threads is None:
+                self.threads = threads
+            await self.run(ctx, model, tokenizer)
+            if keep_base:
+                await asyncio.to_thread(model.save_pretrained, warmed)
+        elif keep_base:
+            if not (warmed / "config.json").exists():
+                raise VoltRLError(
+                    f"cannot resume: the LoRA checkpoints sit on the warm-started model, which "
+                    f"is not in {warmed}"
+                )
+            state = await asyncio.to_thread(
+                lambda: type(model).from_pretrained(warmed, dtype=model.dtype).state_dict()
+            )
+            model.load_state_dict(state)
 
     # ---- alone: load, train, save -------------------------------------------------------------
     async def setup(self, ctx: TrainContext) -> None:

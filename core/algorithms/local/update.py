@@ -26,13 +26,17 @@ What :meth:`PolicyTrainer.step` does, top to bottom (the maths lives in
    drops the padding columns none of its rows needs (left of its longest prompt, right of
    its last trained token), the prompt tokens all its rows start with (an agent's system
    prompt and tools) are fed once for all of them
-   (:func:`~voltrl.algorithms.local.loss.split_common_prefix`), and only response columns
+   (:func:`~voltrl.algorithms.local.prefix_cache.split_common_prefix`), and only response columns
    holding a trained token go through the LM head. Each micro-batch's loss is divided by the
    *mini-batch's* normaliser (:func:`~voltrl.algorithms.local.loss.agg_normaliser`), so the
    accumulated gradient is the mini-batch's gradient whatever the micro-batch size.
    Rows whose loss is identically 0 (advantage 0 with no KL or entropy term: a GRPO group
    whose rollouts all got the same reward) still count in the normaliser but are not run.
+   (:class:`~voltrl.algorithms.local.rows.TokenRows` feeds the micro-batches, as for SFT.)
 5. **Step.** Gradient-norm clipping (a non-finite norm skips the step), then AdamW.
+
+The settings are :class:`~voltrl.algorithms.local.update_config.PolicyUpdateConfig`; where
+checkpoints go is :mod:`~voltrl.algorithms.local.checkpoints`.
 
 Rows are as the trajectory builder made them in either mode: in trajectory mode the
 mask-0 tokens inside a response (tool results, the next user turn) are fed to the model as
@@ -50,16 +54,14 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from pydantic import Field
 from torch import Tensor
 
+from voltrl.algorithms.local.checkpoints import checkpoint_path, latest_checkpoint
 from voltrl.algorithms.local.lora_adapters import adapter_of
 from voltrl.algorithms.local.loss import (
-    KLKind,
-    LossAgg,
     agg_loss,
     agg_normaliser,
     grpo_advantages,
@@ -67,75 +69,25 @@ from voltrl.algorithms.local.loss import (
     masked_mean,
     policy_loss,
     rollout_weights,
-    shares_prefix_cache,
-    split_common_prefix,
-    token_logprobs,
     weight_advantages,
 )
-from voltrl.algorithms.local.micro_batches import plan_micro_batches
+from voltrl.algorithms.local.rows import TokenRows
 from voltrl.algorithms.local.threads import decide_threads, use_threads
+from voltrl.algorithms.local.update_config import PolicyUpdateConfig
 from voltrl.trajectory import TrainingBatch
-from voltrl.types import Model
 
-CHECKPOINT_PREFIX = "step_"
-
-
-class PolicyUpdateConfig(Model):
-    """Settings of the policy update. Defaults are a plain GRPO step: one epoch, one
-    optimizer step per batch, PPO-clip against the sampling logprobs, no KL term.
-
-    There is no temperature setting: the engine records raw temperature-1 logprobs, which
-    are PPO's old logprobs, so the update scores at temperature 1 too (the sampling
-    temperature is ``LocalRL(sampling={"temperature": ...})`` and changes neither).
-    """
-
-    # optimizer
-    lr: float = Field(1e-5, gt=0)
-    betas: tuple[float, float] = (0.9, 0.999)
-    weight_decay: float = Field(0.0, ge=0)
-    max_grad_norm: float | None = Field(1.0, gt=0)
-    # loss
-    clip_eps: float = Field(0.2, gt=0)
-    clip_eps_high: float | None = Field(None, gt=0)
-    kl_coef: float = Field(0.0, ge=0)
-    kl_kind: KLKind = "low_var_kl"
-    entropy_coef: float = 0.0
-    loss_agg: LossAgg = "token-mean"
-    old_logprobs: Literal["rollout", "recompute"] = "rollout"
-    # advantages
-    norm_adv_by_std: bool = True
-    adv_eps: float = Field(1e-6, ge=0)
-    rollout_weighting: bool = False
-    # batching
-    micro_batch_size: int = Field(4, ge=1)
-    max_tokens_per_micro_batch: int | None = Field(None, ge=1)
-    ppo_epochs: int = Field(1, ge=1)
-    mini_batches: int = Field(1, ge=1)
-    gradient_checkpointing: bool = False
-    # LoRA
-    use_lora: bool = False
-    lora_r: int = Field(16, ge=1)
-    lora_alpha: int = Field(32, ge=1)
-    lora_dropout: float = Field(0.0, ge=0, lt=1)
-    lora_target_modules: list[str] | str = "all-linear"
-    seed: int = 0
+__all__ = ["PolicyTrainer", "PolicyUpdateConfig", "batch_advantages"]
 
 
 @dataclass
 class _Prepared:
-    """A batch as tensors on the model's device, with what every micro-batch needs."""
+    """A batch on the model's device with what the update adds to it: advantages, PPO's "old"
+    logprobs and the reference policy's."""
 
-    input_ids: Tensor  # (B, P + R)
-    attention_mask: Tensor  # (B, P + R)
-    position_ids: Tensor  # (B, P + R)
-    response_mask: Tensor  # (B, R), the loss mask
+    rows: TokenRows
     old_logprobs: Tensor  # (B, R)
     old_known: Tensor  # (B, R) bool: where old_logprobs is a real logprob
     advantages: Tensor  # (B,)
-    prompt_lengths: list[int]  # real prompt tokens per row
-    prompts: list[list[int]]  # each row's real prompt tokens
-    response_ends: list[int]  # 1 + index of the last trained token (0: none)
-    prompt_width: int  # P
     ref_logprobs: Tensor | None = None  # (B, R) when kl_coef > 0
 
 
@@ -176,27 +128,6 @@ def _with_lora(model: Any, cfg: PolicyUpdateConfig, adapter: str | None) -> Any:
     if adapter is not None and adapter not in model.peft_config:
         model.add_adapter(adapter, lora)
     return model
-
-
-def checkpoint_path(directory: str | Path, step: int) -> Path:
-    """Where :meth:`PolicyTrainer.save_checkpoint` puts the checkpoint of ``step``."""
-    return Path(directory) / f"{CHECKPOINT_PREFIX}{step:08d}"
-
-
-def checkpoint_steps(directory: str | Path) -> set[int]:
-    """The steps of the complete checkpoints under ``directory``."""
-    return {
-        int(p.name[len(CHECKPOINT_PREFIX) :])
-        for p in Path(directory).glob(f"{CHECKPOINT_PREFIX}*")
-        if p.is_dir() and p.name[len(CHECKPOINT_PREFIX) :].isdigit() and (p / "state.pt").exists()
-    }
-
-
-def latest_checkpoint(directory: str | Path) -> Path | None:
-    """The checkpoint with the highest step under ``directory`` (``step_00000012/``...), or
-    ``None`` when there is none."""
-    steps = checkpoint_steps(directory)
-    return checkpoint_path(directory, max(steps)) if steps else None
 
 
 class PolicyTrainer:
@@ -249,6 +180,10 @@ class PolicyTrainer:
         self.device = next(model.parameters()).device
         self.generator = torch.Generator().manual_seed(cfg.seed)
         self.global_step = 0
+        self.mid_update = False
+        """Whether an update has begun to change the weights without completing: an optimizer
+        step ran (or raised) and the update did not finish, so the weights are neither the last
+        completed update's nor the next one's, and no checkpoint should hold them."""
         self.threads = torch.get_num_threads() if threads is None else decide_threads(threads)
 
     # ---- the update ---------------------------------------------------------------------------
@@ -289,6 +224,7 @@ class PolicyTrainer:
                 else:
                     skipped += 1
         self.global_step += 1
+        self.mid_update = False
         seconds = time.perf_counter() - start
         n_steps = cfg.ppo_epochs * min(cfg.mini_batches, len(batch))
         weighted = max(sums.get("tokens_run", 0.0), 1.0)
@@ -337,36 +273,18 @@ class PolicyTrainer:
 
     def _prepare(self, batch: TrainingBatch) -> _Prepared:
         cfg = self.config
-        t = batch.to_torch(self.device)
-        adv = batch_advantages(batch, cfg, t["rewards"])
-        mask = t["response_mask"]
-        r = mask.shape[1]
-        last = r - torch.flip(mask, dims=[1]).argmax(dim=1)
-        ends = torch.where(mask.sum(1) > 0, last, torch.zeros_like(last))
-        old = t["response_logprobs"]
-        lengths = t["prompt_mask"].sum(1).tolist()
-        p = batch.prompt_length
+        rows = TokenRows.of(batch, self.device)
+        old = rows.tensors["response_logprobs"]
         data = _Prepared(
-            input_ids=t["input_ids"],
-            attention_mask=t["attention_mask"],
-            position_ids=t["position_ids"],
-            response_mask=mask,
+            rows,
             old_logprobs=old,
             old_known=old != 0,
-            advantages=adv,
-            prompt_lengths=lengths,
-            prompts=[ids[p - n :] for ids, n in zip(batch.prompt_ids, lengths, strict=True)],
-            response_ends=ends.tolist(),
-            prompt_width=batch.prompt_length,
+            advantages=batch_advantages(batch, cfg, rows.tensors["rewards"]),
         )
-        active = [i for i in range(len(batch)) if data.response_ends[i] > 0]
-        empty = [i for i in active if data.prompt_lengths[i] == 0]
-        if empty:
-            raise ValueError(f"rows {empty} have an empty prompt: their first token has no context")
         if cfg.kl_coef > 0:
-            data.ref_logprobs = self._logprobs_no_grad(data, active, reference=True)
+            data.ref_logprobs = self._logprobs_no_grad(data, rows.trained, reference=True)
         if cfg.old_logprobs == "recompute":
-            data.old_logprobs = self._logprobs_no_grad(data, active, reference=False)
+            data.old_logprobs = self._logprobs_no_grad(data, rows.trained, reference=False)
             data.old_known = torch.ones_like(data.old_known)
         return data
 
@@ -385,52 +303,14 @@ class PolicyTrainer:
     def _micro_batches(
         self, model: Any, data: _Prepared, rows: list[int]
     ) -> Iterator[tuple[Tensor, int, int]]:
-        """Split ``rows`` into micro-batches that feed ``model`` few tokens
-        (:func:`~voltrl.algorithms.local.micro_batches.plan_micro_batches`: at most
-        ``micro_batch_size`` rows and ``max_tokens_per_micro_batch`` padded tokens each).
-        Yields ``(row index tensor, first column, response width)``: the columns
-        ``[first, P + width)`` cover every real prompt token and every trained token of those
-        rows."""
-        plan = plan_micro_batches(
-            [data.prompts[i] for i in rows],
-            [data.response_ends[i] for i in rows],
+        """``rows`` cut into micro-batches as the config bounds them
+        (:meth:`~voltrl.algorithms.local.rows.TokenRows.micro_batches`)."""
+        return data.rows.micro_batches(
+            model,
+            rows,
             max_rows=self.config.micro_batch_size,
             max_tokens=self.config.max_tokens_per_micro_batch,
-            share_prefix=shares_prefix_cache(model),
         )
-        for group in plan:
-            part = [rows[k] for k in group]
-            p = max(data.prompt_lengths[i] for i in part)
-            w = max(data.response_ends[i] for i in part)
-            yield torch.tensor(part, device=self.device), data.prompt_width - p, w
-
-    def _forward(
-        self, model: Any, data: _Prepared, idx: Tensor, first: int, width: int, **kw: Any
-    ) -> tuple[Tensor, Tensor | None, tuple[float, float]]:
-        """Logprobs (and entropies) of the trained tokens of rows ``idx``, fed from column
-        ``first`` to the end of their trained responses, the prompt tokens they all start
-        with fed once; and how many tokens were fed, and how many of them were padding."""
-        end = data.prompt_width + width
-        prefix, ids, mask, positions = split_common_prefix(
-            model,
-            data.input_ids[idx, first:end],
-            data.attention_mask[idx, first:end],
-            data.position_ids[idx, first:end],
-            [data.prompt_lengths[i] for i in idx.tolist()],
-        )
-        logprobs, entropy = token_logprobs(
-            model,
-            ids,
-            mask,
-            positions,
-            width,
-            keep=data.response_mask[idx, :width],
-            prefix=prefix,
-            **kw,
-        )
-        fed = mask[:, :-1]
-        shared = 0 if prefix is None else len(prefix)
-        return logprobs, entropy, (float(fed.numel() + shared), float(fed.numel() - fed.sum()))
 
     def _logprobs_no_grad(self, data: _Prepared, rows: list[int], *, reference: bool) -> Tensor:
         """Logprobs of the trained tokens of ``rows`` (0 elsewhere) under the reference
@@ -443,7 +323,7 @@ class PolicyTrainer:
         self.model.eval()
         with torch.inference_mode(), ctx:
             for idx, first, width in self._micro_batches(model, data, rows):
-                logprobs, _, _ = self._forward(model, data, idx, first, width, with_entropy=False)
+                logprobs, _, _ = data.rows.logprobs(model, idx, first, width, with_entropy=False)
                 out[idx, :width] = logprobs
         self.model.train(was_training)
         return out
@@ -458,20 +338,20 @@ class PolicyTrainer:
         in ``.grad`` and sum to the mini-batch loss's gradient."""
         cfg = self.config
         self.model.train()
-        mask = data.response_mask[rows]
+        mask = data.rows.response_mask[rows]
         norm = agg_normaliser(mask, cfg.loss_agg)
         needs_all = cfg.kl_coef > 0 or cfg.entropy_coef != 0
         run = [
             i
             for i in rows
-            if data.response_ends[i] > 0 and (needs_all or bool(data.advantages[i] != 0))
+            if data.rows.response_ends[i] > 0 and (needs_all or bool(data.advantages[i] != 0))
         ]
         sums = {"tokens": float(mask.sum()), "tokens_forward": 0.0, "padding": 0.0}
         sums["adv_tokens"] = float(mask[data.advantages[rows] != 0].sum())
         for idx, first, width in self._micro_batches(self.model, data, run):
-            m = data.response_mask[idx, :width]
-            logprobs, entropy, fed = self._forward(
-                self.model, data, idx, first, width, entropy_grad=cfg.entropy_coef != 0
+            m = data.rows.response_mask[idx, :width]
+            logprobs, entropy, fed = data.rows.logprobs(
+                self.model, idx, first, width, entropy_grad=cfg.entropy_coef != 0
             )
             assert entropy is not None
             pg, stats = policy_loss(
@@ -515,6 +395,9 @@ class PolicyTrainer:
         limit = self.config.max_grad_norm or float("inf")
         norm = float(torch.nn.utils.clip_grad_norm_(self.params, limit))
         if math.isfinite(norm):
+            # An exception inside ``optimizer.step`` may leave some weights updated and others
+            # not; one after it (a later mini-batch) leaves a part of the update applied.
+            self.mid_update = True
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return norm
@@ -625,4 +508,5 @@ class PolicyTrainer:
         self.generator.set_state(state["generator"])
         # a trainer of one LoRA adapter may have done fewer updates than the run has steps
         self.global_step = int(state.get("updates", state["step"]))
+        self.mid_update = False
         return int(state["step"])

@@ -1,5 +1,5 @@
-"""Sampling for the LocalRL :class:`~.engine.Engine`: a request's parameters and results, and
-the per-step token sampling and incremental detokenisation the engine runs on its thread.
+"""Sampling for the LocalRL :class:`~.Engine`: a request's parameters and results, and the
+per-step token sampling and incremental detokenisation the engine runs on its thread.
 
 Logprob semantics (what the trainer's PPO ratio needs): ``logprobs`` are the log-probabilities
 of each sampled token under the model's **raw** distribution, i.e. ``log_softmax(logits)`` at
@@ -42,18 +42,18 @@ class SamplingParams:
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first bad parameter."""
         mt, t, p, k, n = self.max_tokens, self.temperature, self.top_p, self.top_k, self.n
-        _require(mt is None or (_is_int(mt) and mt >= 1), f"max_tokens must be >= 1, not {mt!r}")
+        _require(mt is None or (is_int(mt) and mt >= 1), f"max_tokens must be >= 1, not {mt!r}")
         _require(_is_num(t) and 0 <= t <= 100, f"temperature must be in [0, 100], not {t!r}")
         _require(_is_num(p) and 0 < p <= 1, f"top_p must be in (0, 1], not {p!r}")
-        _require(_is_int(k) and k >= -1, f"top_k must be an integer >= -1 (0, -1: off), not {k!r}")
-        _require(_is_int(n) and n >= 1, f"n must be a positive integer, not {n!r}")
-        _require(self.seed is None or _is_int(self.seed), f"seed must be an integer: {self.seed!r}")
+        _require(is_int(k) and k >= -1, f"top_k must be an integer >= -1 (0, -1: off), not {k!r}")
+        _require(is_int(n) and n >= 1, f"n must be a positive integer, not {n!r}")
+        _require(self.seed is None or is_int(self.seed), f"seed must be an integer: {self.seed!r}")
         stops_ok = all(isinstance(s, str) and s for s in self.stop)
         _require(stops_ok, "stop must be a non-empty string or a list of them")
-        ids_ok = all(_is_int(i) and i >= 0 for i in self.stop_token_ids)
+        ids_ok = all(is_int(i) and i >= 0 for i in self.stop_token_ids)
         _require(ids_ok, "stop_token_ids must be a list of token ids")
         top = self.top_logprobs
-        top_ok = _is_int(top) and 0 <= top <= MAX_TOP_LOGPROBS
+        top_ok = is_int(top) and 0 <= top <= MAX_TOP_LOGPROBS
         _require(top_ok, f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], not {top!r}")
 
 
@@ -204,7 +204,8 @@ def _require(ok: bool, message: str) -> None:
         raise ValueError(message)
 
 
-def _is_int(x: Any) -> bool:
+def is_int(x: Any) -> bool:
+    """Whether ``x`` is an integer (a ``bool`` is not)."""
     return isinstance(x, int) and not isinstance(x, bool)
 
 

@@ -1,32 +1,10 @@
-"""A small continuous-batching inference engine for a Hugging Face causal LM (CPU or one GPU).
+"""The :class:`Engine`: continuous-batching generation for a causal LM on a thread of its own.
 
-The model runs on one dedicated thread. Requests arrive from any event loop
-(:meth:`Engine.stream`, :meth:`Engine.generate`) and join the running batch at the next step
-boundary: their prompts are prefilled together (left-padded, with attention masks and position
-ids), each prompt's KV cache is repeated for its ``n`` choices, and the rows are merged into the
-batch's ``DynamicCache``. Every step then decodes one token for every running choice in one
-forward pass; finished choices leave the batch at once and the cache's all-padding columns are
-trimmed.
-
-Requests are described by :class:`~.sampling.SamplingParams` and answered with
-:class:`~.sampling.Choice` deltas and :class:`~.sampling.RequestOutput`s (re-exported here);
-:mod:`.sampling` samples the tokens and documents the ``logprobs`` / ``sampling_logprobs``
-semantics.
-
-Text follows vLLM: special tokens are skipped, a stop string ends generation and is cut from the
-text (with the rest of the text after it), and EOS / ``stop_token_ids`` tokens are kept in
-``token_ids`` (they were sampled, the trainer needs them) but not in the text.
-
-:meth:`Engine.update_weights` swaps weights at a step boundary; choices in flight go on with
-the new weights (their cached keys and values stay), and each delta records the
-``weights_version`` that sampled it.
-
-**LoRA adapters.** Given a ``peft`` model holding several LoRA adapters (one per agent role)
-and ``lora_adapters=True``, the engine serves them all at once: each request names its adapter
-(``adapter=``; None: the base model), and requests for different adapters share one decode
-batch: a forward pass runs the base weights once for every row and each adapter's low-rank
-update on its own rows (peft's mixed-adapter batches). ``update_weights(state,
-adapter=name)`` swaps one adapter's weights and leaves the others, and the base, as they are.
+Requests enter from any event loop (:meth:`Engine.stream`, :meth:`Engine.generate`) and new
+weights from any thread (:meth:`Engine.update_weights`); the engine thread admits waiting
+requests at each step boundary, prefills them together, then decodes one token for every
+running choice per forward pass (:mod:`.batch` holds the rows' KV cache, :mod:`.sequences`
+each choice's tokens and text).
 """
 
 from __future__ import annotations
@@ -38,95 +16,30 @@ import secrets
 import threading
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
-from voltrl.algorithms.local.lora_adapters import adapter_key, adapter_of
-from voltrl.algorithms.local.loss import cache_keyword
-from voltrl.algorithms.local.sampling import (
-    MAX_TOP_LOGPROBS,
+from voltrl.algorithms.local.engine.batch import Batch
+from voltrl.algorithms.local.engine.sampling import (
     Choice,
-    FinishReason,
     RequestOutput,
     SamplingParams,
-    _is_int,
-    decode_increment,
-    find_stop,
+    is_int,
     sample,
 )
+from voltrl.algorithms.local.engine.sequences import (
+    EngineError,
+    Request,
+    Seq,
+    deliver,
+    failure,
+)
+from voltrl.algorithms.local.lora_adapters import adapter_key, adapter_of
+from voltrl.algorithms.local.prefix_cache import cache_keyword
 from voltrl.algorithms.local.threads import decide_threads, use_threads
-
-__all__ = [
-    "MAX_TOP_LOGPROBS",
-    "Choice",
-    "Engine",
-    "EngineError",
-    "FinishReason",
-    "RequestOutput",
-    "SamplingParams",
-]
-
-
-class EngineError(RuntimeError):
-    """The engine failed a request: closed, or the model raised while serving it."""
-
-
-BASE = "__base__"
-"""peft's name for "no adapter" in a mixed-adapter batch."""
-
-
-class _Request:
-    """A submitted request, shared between its event loop and the engine thread."""
-
-    def __init__(
-        self,
-        rid: str,
-        prompt: list[int],
-        params: SamplingParams,
-        max_tokens: int,
-        adapter: str | None = None,
-    ) -> None:
-        self.id, self.prompt, self.params, self.max_tokens = rid, prompt, params, max_tokens
-        self.adapter = adapter or BASE
-        self.loop = asyncio.get_running_loop()
-        self.queue: asyncio.Queue[list[Choice] | BaseException] = asyncio.Queue()
-        self.aborted = False
-        self.stops = list(params.stop)
-        self.hold = max((len(s) for s in self.stops), default=1) - 1
-        self.stop_ids = frozenset(params.stop_token_ids)
-
-    def emit(self, item: list[Choice] | BaseException) -> None:
-        """Hand ``item`` to the request's event loop (from the engine thread)."""
-        try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
-        except RuntimeError:  # the caller's loop is closed: nobody is listening any more
-            self.aborted = True
-
-
-@dataclass(slots=True, eq=False)
-class _Seq:
-    """One choice being generated: its tokens, logprobs and incremental detokenisation
-    (``prefix``/``read`` window; ``sent`` characters and ``flushed`` tokens delivered)."""
-
-    req: _Request
-    index: int
-    gen: torch.Generator | None
-    ids: list[int] = field(default_factory=list)
-    lps: list[float] = field(default_factory=list)
-    slps: list[float] = field(default_factory=list)
-    tops: list[list[tuple[int, float]]] = field(default_factory=list)
-    text: str = ""
-    prefix: int = 0
-    read: int = 0
-    sent: int = 0
-    flushed: int = 0
-    finish: FinishReason | None = None
-    stop_reason: str | int | None = None
 
 
 class Engine:
@@ -200,20 +113,13 @@ class Engine:
         self._gen = torch.Generator(device=self.device)
         self._gen.manual_seed(seed if seed is not None else secrets.randbits(63))
         self._cv = threading.Condition()
-        self._waiting: collections.deque[_Request] = collections.deque()
+        self._waiting: collections.deque[Request] = collections.deque()
         self._updates: list[
             tuple[Mapping[str, torch.Tensor], bool, str | None, threading.Event, list]
         ] = []
         self._thread: threading.Thread | None = None
         self._closing = False
-        # The running batch: its rows (one per choice), KV cache, left padding per row, cache
-        # length, and each row's last sampled token (not yet in the cache).
-        self._seqs: list[_Seq] = []
-        self._cache: DynamicCache | None = None
-        self._pad = torch.zeros(0, dtype=torch.long, device=self.device)
-        self._len = 0
-        self._padded = False  # whether any row has left padding (else no mask is needed)
-        self._last = torch.zeros(0, dtype=torch.long, device=self.device)
+        self._batch = Batch(self.device)
 
     # ---- lifecycle ------------------------------------------------------------------------
     def start(self) -> Engine:
@@ -266,7 +172,7 @@ class Engine:
         req = self._submit(list(prompt_token_ids), params or SamplingParams(), request_id, adapter)
         return self._iterate(req)
 
-    async def _iterate(self, req: _Request) -> AsyncIterator[list[Choice]]:
+    async def _iterate(self, req: Request) -> AsyncIterator[list[Choice]]:
         left = req.params.n
         try:
             while left:
@@ -315,7 +221,7 @@ class Engine:
         prompt = prompt_token_ids
         if not prompt:
             raise ValueError("the prompt is empty")
-        if any(not _is_int(t) or not 0 <= t < self.vocab_size for t in prompt):
+        if any(not is_int(t) or not 0 <= t < self.vocab_size for t in prompt):
             raise ValueError(f"prompt token ids must be integers in [0, {self.vocab_size})")
         if len(prompt) >= self.max_model_len:
             raise ValueError(
@@ -334,10 +240,10 @@ class Engine:
 
     def _submit(
         self, prompt: list[int], params: SamplingParams, rid: str | None, adapter: str | None
-    ) -> _Request:
+    ) -> Request:
         max_tokens = self.check(prompt, params, adapter)
         rid = rid or f"req-{uuid.uuid4().hex[:16]}"
-        req = _Request(rid, prompt, params, max_tokens, adapter)
+        req = Request(rid, prompt, params, max_tokens, adapter)
         self.start()
         with self._cv:
             self._waiting.append(req)
@@ -404,11 +310,11 @@ class Engine:
     # ---- the engine thread ----------------------------------------------------------------
     def _run(self) -> None:
         use_threads(self.threads)
-        new: list[_Request] = []
+        new: list[Request] = []
         try:
             while True:
                 with self._cv:
-                    while not (self._closing or self._waiting or self._seqs or self._updates):
+                    while not (self._closing or self._waiting or self._batch.seqs or self._updates):
                         self._cv.wait()
                     if self._closing:
                         break
@@ -426,19 +332,19 @@ class Engine:
                             self._prefill(new)
                     except Exception as e:  # the running batch is untouched: fail the new ones
                         for req in new:
-                            req.emit(_failure(e))
+                            req.emit(failure(e))
                     new = []
-                if self._seqs:
+                if self._batch.seqs:
                     try:
                         with torch.inference_mode():
                             self._flush()  # first tokens out at once; drops rows already done
-                            if self._seqs:
+                            if self._batch.seqs:
                                 self._decode()
                                 self._flush()
                     except Exception as e:
                         for req in self._requests_of([]):
-                            req.emit(_failure(e))
-                        self._reset_batch()
+                            req.emit(failure(e))
+                        self._batch.reset()
         finally:  # closed, or a bug: no request may wait forever
             reason = "was closed" if self._closing else "stopped unexpectedly"
             error = EngineError(f"the engine {reason}")
@@ -451,17 +357,17 @@ class Engine:
                     done.set()
             for req in self._requests_of(pending):
                 req.emit(error)
-            self._reset_batch()
+            self._batch.reset()
 
-    def _requests_of(self, extra: list[_Request]) -> list[_Request]:
-        seen: dict[int, _Request] = {id(r): r for r in extra}
-        for s in self._seqs:
+    def _requests_of(self, extra: list[Request]) -> list[Request]:
+        seen: dict[int, Request] = {id(r): r for r in extra}
+        for s in self._batch.seqs:
             seen.setdefault(id(s.req), s.req)
         return list(seen.values())
 
-    def _admit(self) -> list[_Request]:
+    def _admit(self) -> list[Request]:
         """Take waiting requests that fit the batch (called holding the lock)."""
-        rows, new, longest = len(self._seqs), [], 0
+        rows, new, longest = len(self._batch.seqs), [], 0
         while self._waiting:
             req = self._waiting[0]
             if req.aborted:
@@ -476,18 +382,13 @@ class Engine:
             rows += req.params.n
         return new
 
-    def _reset_batch(self) -> None:
-        self._seqs, self._cache, self._len, self._padded = [], None, 0, False
-        self._pad = self._pad[:0]
-        self._last = self._last[:0]
-
     def _forward(
         self,
         ids: torch.Tensor,
         mask: torch.Tensor | None,
         pos: torch.Tensor,
         cache: DynamicCache,
-        reqs: Sequence[_Request],
+        reqs: Sequence[Request],
     ) -> torch.Tensor:
         """Next-token logits of each row; ``reqs``: each row's request (its adapter)."""
         adapters = {"adapter_names": [r.adapter for r in reqs]} if self.adapters else {}
@@ -502,7 +403,7 @@ class Engine:
         )
         return out.logits[:, -1].float()
 
-    def _prefill(self, new: list[_Request]) -> None:
+    def _prefill(self, new: list[Request]) -> None:
         """Run the new prompts together, sample each choice's first token, join the batch."""
         lengths = [len(r.prompt) for r in new]
         width = max(lengths)
@@ -523,164 +424,60 @@ class Engine:
                 layer.batch_select_indices(index)
             logits = logits[index]
         pad = torch.tensor([width - lengths[i] for i in rows], device=self.device)
-        seqs = [_Seq(r, j, self._seq_generator(r, j)) for r in new for j in range(r.params.n)]
+        seqs = [Seq(r, j, self._seq_generator(r, j)) for r in new for j in range(r.params.n)]
         tokens = self._sample(seqs, logits)
-        self._join(seqs, cache, pad, width, tokens)
+        self._batch.join(seqs, cache, pad, width, tokens)
 
-    def _seq_generator(self, req: _Request, index: int) -> torch.Generator | None:
+    def _seq_generator(self, req: Request, index: int) -> torch.Generator | None:
         if req.params.seed is None or req.params.temperature == 0:
             return None
         gen = torch.Generator(device=self.device)
         gen.manual_seed((req.params.seed * 1_000_003 + index) % (2**63))
         return gen
 
-    def _join(
-        self,
-        seqs: list[_Seq],
-        cache: DynamicCache,
-        pad: torch.Tensor,
-        length: int,
-        tokens: torch.Tensor,
-    ) -> None:
-        """Merge prefilled rows into the running batch, left-padding the shorter cache."""
-        for layer in cache.layers:
-            if type(layer).__name__ != "DynamicLayer":
-                raise EngineError(
-                    f"the engine supports full-attention DynamicLayer caches, not "
-                    f"{type(layer).__name__} (sliding-window models are not supported)"
-                )
-        if self._cache is None:
-            self._seqs, self._cache, self._pad, self._len = seqs, cache, pad, length
-            self._last = tokens
-            self._padded = bool(pad.any())
-            return
-        width = max(self._len, length)
-        for old, add in zip(self._cache.layers, cache.layers, strict=True):
-            old.keys = torch.cat([_left_pad(old.keys, width), _left_pad(add.keys, width)])
-            old.values = torch.cat([_left_pad(old.values, width), _left_pad(add.values, width)])
-        self._pad = torch.cat([self._pad + width - self._len, pad + width - length])
-        self._len = width
-        self._padded = bool(self._pad.any())
-        self._seqs += seqs
-        self._last = torch.cat([self._last, tokens])
-
     def _decode(self) -> None:
         """One forward pass for every running choice: feed its last token, sample the next."""
-        assert self._cache is not None
-        mask = None
-        if self._padded:
-            cols = torch.arange(self._len + 1, device=self.device)
-            mask = (cols[None, :] >= self._pad[:, None]).long()
-        pos = (self._len - self._pad)[:, None]
-        reqs = [s.req for s in self._seqs]
-        logits = self._forward(self._last[:, None], mask, pos, self._cache, reqs)
-        self._len += 1
+        batch = self._batch
+        assert batch.cache is not None
+        ids, mask, pos = batch.decode_inputs()
+        logits = self._forward(ids, mask, pos, batch.cache, [s.req for s in batch.seqs])
         self.stats["steps"] += 1
-        self.stats["decode_tokens"] += len(self._seqs)
-        self._last = self._sample(self._seqs, logits)
+        self.stats["decode_tokens"] += len(batch.seqs)
+        batch.advance(self._sample(batch.seqs, logits))
 
-    def _sample(self, seqs: list[_Seq], logits: torch.Tensor) -> torch.Tensor:
+    def _sample(self, seqs: list[Seq], logits: torch.Tensor) -> torch.Tensor:
         """Sample one token per row; record raw and sampling logprobs and top alternatives."""
         params = [s.req.params for s in seqs]
         tokens, lps, slps, tops = sample(logits, params, [s.gen for s in seqs], self._gen)
         for s, t, lp, slp, top in zip(seqs, tokens.tolist(), lps, slps, tops, strict=True):
-            self._append(s, t, lp, slp, top)
+            s.append(t, lp, slp, top, eos_token_ids=self.eos_token_ids, tokenizer=self.tokenizer)
         return tokens
-
-    def _append(
-        self, s: _Seq, token: int, lp: float, slp: float, top: list[tuple[int, float]]
-    ) -> None:
-        """Add a sampled token to a choice: detokenise, then check stop conditions."""
-        s.ids.append(token)
-        s.lps.append(lp)
-        s.slps.append(slp)
-        s.tops.append(top)
-        req, params = s.req, s.req.params
-        if token in req.stop_ids or (token in self.eos_token_ids and not params.ignore_eos):
-            s.finish = "stop"
-            s.stop_reason = token if token in req.stop_ids else None
-            self._detokenize(s, len(s.ids) - 1, final=True)  # the stop token is not text
-            return
-        start = len(s.text)
-        final = len(s.ids) >= req.max_tokens
-        self._detokenize(s, len(s.ids), final=final)
-        if req.stops and len(s.text) > start:
-            hit = find_stop(s.text, start, req.stops)
-            if hit:
-                cut, stop = hit
-                s.text = s.text[:cut]
-                s.finish, s.stop_reason = "stop", stop
-                return
-        if final:
-            s.finish = "length"
-
-    def _detokenize(self, s: _Seq, end: int, *, final: bool) -> None:
-        """Incremental decoding of ``ids[:end]`` over a short window. An incomplete UTF-8
-        sequence at the end waits for the next token, unless ``final``."""
-        skip = s.req.params.skip_special_tokens
-        text = decode_increment(
-            self.tokenizer, s.ids, s.prefix, s.read, end, skip_special_tokens=skip, final=final
-        )
-        if text:
-            s.text += text
-            s.prefix, s.read = s.read, end
 
     def _flush(self) -> None:
         """Send each request its choices' new deltas; drop finished and aborted rows."""
-        by_req: dict[int, tuple[_Request, list[Choice]]] = {}
+        by_req: dict[int, tuple[Request, list[Choice]]] = {}
         keep: list[int] = []
-        for row, s in enumerate(self._seqs):
+        for row, s in enumerate(self._batch.seqs):
             if s.req.aborted:
-                continue
-            if s.finish is None and s.flushed == len(s.ids):
-                keep.append(row)
                 continue
             if s.finish is None:
                 keep.append(row)
-                release = max(s.sent, len(s.text) - s.req.hold)
-            else:
-                release = len(s.text)
-            delta = Choice(
-                index=s.index,
-                token_ids=s.ids[s.flushed :],
-                logprobs=s.lps[s.flushed :],
-                sampling_logprobs=s.slps[s.flushed :],
-                top_logprobs=s.tops[s.flushed :],
-                text=s.text[s.sent : release],
-                finish_reason=s.finish,
-                stop_reason=s.stop_reason,
-                weights_version=self.weights_version,
-            )
-            s.flushed, s.sent = len(s.ids), release
-            by_req.setdefault(id(s.req), (s.req, []))[1].append(delta)
-        by_loop: dict[int, list[tuple[_Request, list[Choice]]]] = {}
+            delta = s.take_delta(self.weights_version)
+            if delta is not None:
+                by_req.setdefault(id(s.req), (s.req, []))[1].append(delta)
+        by_loop: dict[int, list[tuple[Request, list[Choice]]]] = {}
         for req, deltas in by_req.values():
             by_loop.setdefault(id(req.loop), []).append((req, deltas))
         for items in by_loop.values():  # one wake-up per event loop, not one per request
             try:
-                items[0][0].loop.call_soon_threadsafe(_deliver, items)
+                items[0][0].loop.call_soon_threadsafe(deliver, items)
             except RuntimeError:  # that loop is closed: nobody is listening any more
                 for req, _ in items:
                     req.aborted = True
         self.stats["generated_tokens"] += sum(
             len(d.token_ids) for _, ds in by_req.values() for d in ds
         )
-        if len(keep) == len(self._seqs):
-            return
-        if not keep:
-            self._reset_batch()
-            return
-        assert self._cache is not None
-        index = torch.tensor(keep, device=self.device)
-        self._seqs = [self._seqs[i] for i in keep]
-        self._pad, self._last = self._pad[index], self._last[index]
-        trim = int(self._pad.min())
-        for layer in self._cache.layers:
-            layer.keys = layer.keys[index, :, trim:]
-            layer.values = layer.values[index, :, trim:]
-        self._pad -= trim
-        self._len -= trim
-        self._padded = bool(self._pad.any())
+        self._batch.keep(keep)
 
     def describe(self) -> dict[str, Any]:
         """Counters (steps, tokens prefilled, decoded and sent) and the current load."""
@@ -688,25 +485,8 @@ class Engine:
             waiting = len(self._waiting)
         return {
             **self.stats,
-            "running": len(self._seqs),
+            "running": len(self._batch.seqs),
             "waiting": waiting,
             "weights_version": self.weights_version,
             **({"adapter_versions": dict(self.adapter_versions)} if self.adapters else {}),
         }
-
-
-def _deliver(items: list[tuple[_Request, list[Choice]]]) -> None:
-    """On a request's event loop: queue each request's deltas."""
-    for req, deltas in items:
-        req.queue.put_nowait(deltas)
-
-
-def _failure(e: Exception) -> EngineError:
-    error = EngineError(f"generation failed: {type(e).__name__}: {e}")
-    error.__cause__ = e
-    return error
-
-
-def _left_pad(t: torch.Tensor, width: int) -> torch.Tensor:
-    """Zero-pad a ``[batch, heads, length, dim]`` tensor on the left to ``width`` columns."""
-    return t if t.shape[-2] == width else F.pad(t, (0, 0, width - t.shape[-2], 0))

@@ -1,0 +1,118 @@
+"""A LocalRL run's weights on disk: its checkpoints, the step it resumes from, its final model.
+
+::
+
+    <run dir>/checkpoints/step_00000010/              model.pt, optimizer.pt, state.pt
+    <run dir>/checkpoints/<adapter>/step_00000010/    the same, per LoRA adapter
+    <run dir>/final/                                  from_pretrained loads it (LoRA merged)
+    <run dir>/final/adapter/  or  final/adapters/<adapter>/     the LoRA adapters, for peft
+
+:meth:`~voltrl.algorithms.local.update.PolicyTrainer.save_checkpoint` writes a folder under a
+temporary name and renames it, so a folder with a ``state.pt`` is complete.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from voltrl.errors import VoltRLError
+
+if TYPE_CHECKING:
+    from voltrl.algorithms.local.update import PolicyTrainer
+
+CHECKPOINT_PREFIX = "step_"
+CHECKPOINTS_DIR = "checkpoints"
+"""``<run dir>/checkpoints``."""
+
+
+def checkpoint_path(directory: str | Path, step: int) -> Path:
+    """Where :meth:`~voltrl.algorithms.local.update.PolicyTrainer.save_checkpoint` puts the
+    checkpoint of ``step``."""
+    return Path(directory) / f"{CHECKPOINT_PREFIX}{step:08d}"
+
+
+def checkpoint_steps(directory: str | Path) -> set[int]:
+    """The steps of the complete checkpoints under ``directory``."""
+    return {
+        int(p.name[len(CHECKPOINT_PREFIX) :])
+        for p in Path(directory).glob(f"{CHECKPOINT_PREFIX}*")
+        if p.is_dir() and p.name[len(CHECKPOINT_PREFIX) :].isdigit() and (p / "state.pt").exists()
+    }
+
+
+def latest_checkpoint(directory: str | Path) -> Path | None:
+    """The checkpoint with the highest step under ``directory`` (``step_00000012/``...), or
+    ``None`` when there is none."""
+    steps = checkpoint_steps(directory)
+    return checkpoint_path(directory, max(steps)) if steps else None
+
+
+def checkpoint_dir(run_dir: Path, adapter: str | None, step: int | None = None) -> Path:
+    """``<run dir>/checkpoints`` (``/<adapter>`` with adapters; ``/step_N`` with ``step``)."""
+    root = run_dir / CHECKPOINTS_DIR
+    root = root if adapter is None else root / adapter
+    return root if step is None else checkpoint_path(root, step)
+
+
+def resume_step(root: Path, adapters: Sequence[str] | None) -> int | None:
+    """The step a run resumes from: the latest checkpoint under ``root``, or with LoRA
+    ``adapters`` the latest step every adapter has a checkpoint of (an interrupted save may
+    have left one ahead); ``None`` when there is none. Checkpoints that do not fit the run
+    (per adapter for a run without, or an adapter missing) are an error."""
+    names = list(adapters or [])
+    per_adapter = {name: checkpoint_steps(root / name) for name in names}
+    whole = checkpoint_steps(root)
+    other = [p.name for p in root.glob("*/") if p.is_dir() and checkpoint_steps(p)]
+    if adapters is None:
+        if other and not whole:
+            raise VoltRLError(
+                f"cannot resume: the checkpoints in {root} are per LoRA adapter "
+                f"({', '.join(sorted(other))}); pass the run's lora_adapters"
+            )
+        return max(whole, default=None)
+    if whole and not any(per_adapter.values()):
+        raise VoltRLError(
+            f"cannot resume: the checkpoints in {root} are of a run without lora_adapters"
+        )
+    if not any(per_adapter.values()):
+        return None
+    missing = [name for name, steps in per_adapter.items() if not steps]
+    if missing:
+        raise VoltRLError(
+            f"cannot resume: adapter(s) {', '.join(missing)} have no checkpoint in {root} "
+            f"(an adapter added since the run started cannot resume with it)"
+        )
+    common = set.intersection(*per_adapter.values())
+    if not common:
+        raise VoltRLError(f"cannot resume: the adapters' checkpoints in {root} share no step")
+    return max(common)
+
+
+def save_final(
+    directory: Path,
+    served: Any,
+    tokenizer: Any,
+    policies: Mapping[str | None, PolicyTrainer],
+    adapters: Sequence[str] | None,
+) -> None:
+    """Save the ``served`` model (LoRA merged in) and the tokenizer to ``directory``, which
+    ``from_pretrained`` loads; with LoRA also the adapter alone to ``directory/adapter``,
+    which ``PeftModel.from_pretrained(base_model, ...)`` loads. With ``adapters`` (a trainer
+    each in ``policies``): the base model to ``directory`` and each adapter to
+    ``directory/adapters/<name>``."""
+    if tokenizer is not None:
+        tokenizer.save_pretrained(directory)
+    if adapters is None:
+        served.save_pretrained(directory)
+        if policies[None].config.use_lora:
+            policies[None].model.save_pretrained(directory / "adapter")
+        return
+    peft_model = policies[adapters[0]].model
+    base = peft_model.get_base_model()
+    weights = {
+        k.replace(".base_layer", ""): v for k, v in base.state_dict().items() if "lora_" not in k
+    }
+    base.save_pretrained(directory, state_dict=weights)
+    peft_model.save_pretrained(directory / "adapters", selected_adapters=list(adapters))

@@ -1,0 +1,52 @@
+"""A small continuous-batching inference engine for a Hugging Face causal LM (CPU or one GPU).
+
+The model runs on one dedicated thread. Requests arrive from any event loop
+(:meth:`Engine.stream`, :meth:`Engine.generate`) and join the running batch at the next step
+boundary: their prompts are prefilled together (left-padded, with attention masks and position
+ids), each prompt's KV cache is repeated for its ``n`` choices, and the rows are merged into the
+batch's ``DynamicCache``. Every step then decodes one token for every running choice in one
+forward pass; finished choices leave the batch at once and the cache's all-padding columns are
+trimmed.
+
+Requests are described by :class:`~.sampling.SamplingParams` and answered with
+:class:`~.sampling.Choice` deltas and :class:`~.sampling.RequestOutput`s (re-exported here);
+:mod:`.sampling` samples the tokens and documents the ``logprobs`` / ``sampling_logprobs``
+semantics. The parts: :mod:`.core` (the :class:`Engine`: its thread, requests, weights),
+:mod:`.batch` (the running batch's KV cache), :mod:`.sequences` (each choice's tokens, text
+and stop conditions), :mod:`.sampling`.
+
+Text follows vLLM: special tokens are skipped, a stop string ends generation and is cut from the
+text (with the rest of the text after it), and EOS / ``stop_token_ids`` tokens are kept in
+``token_ids`` (they were sampled, the trainer needs them) but not in the text.
+
+:meth:`Engine.update_weights` swaps weights at a step boundary; choices in flight go on with
+the new weights (their cached keys and values stay), and each delta records the
+``weights_version`` that sampled it.
+
+**LoRA adapters.** Given a ``peft`` model holding several LoRA adapters (one per agent role)
+and ``lora_adapters=True``, the engine serves them all at once: each request names its adapter
+(``adapter=``; None: the base model), and requests for different adapters share one decode
+batch: a forward pass runs the base weights once for every row and each adapter's low-rank
+update on its own rows (peft's mixed-adapter batches). ``update_weights(state,
+adapter=name)`` swaps one adapter's weights and leaves the others, and the base, as they are.
+"""
+
+from voltrl.algorithms.local.engine.core import Engine
+from voltrl.algorithms.local.engine.sampling import (
+    MAX_TOP_LOGPROBS,
+    Choice,
+    FinishReason,
+    RequestOutput,
+    SamplingParams,
+)
+from voltrl.algorithms.local.engine.sequences import EngineError
+
+__all__ = [
+    "MAX_TOP_LOGPROBS",
+    "Choice",
+    "Engine",
+    "EngineError",
+    "FinishReason",
+    "RequestOutput",
+    "SamplingParams",
+]

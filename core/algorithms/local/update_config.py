@@ -1,0 +1,56 @@
+"""The policy update's settings: :class:`PolicyUpdateConfig` (``LocalRL(update=...)``).
+
+Each field is one knob of :class:`~voltrl.algorithms.local.update.PolicyTrainer`'s step: the
+optimizer, the loss (:mod:`~voltrl.algorithms.local.loss`), the advantages, how rows are
+batched, LoRA. The run's ``train.yaml`` records them as ``algorithm.update``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from voltrl.algorithms.local.loss import KLKind, LossAgg
+from voltrl.types import Model
+
+
+class PolicyUpdateConfig(Model):
+    """Settings of the policy update. Defaults are a plain GRPO step: one epoch, one
+    optimizer step per batch, PPO-clip against the sampling logprobs, no KL term.
+
+    There is no temperature setting: the engine records raw temperature-1 logprobs, which
+    are PPO's old logprobs, so the update scores at temperature 1 too (the sampling
+    temperature is ``LocalRL(sampling={"temperature": ...})`` and changes neither).
+    """
+
+    # optimizer
+    lr: float = Field(1e-5, gt=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = Field(0.0, ge=0)
+    max_grad_norm: float | None = Field(1.0, gt=0)
+    # loss
+    clip_eps: float = Field(0.2, gt=0)
+    clip_eps_high: float | None = Field(None, gt=0)
+    kl_coef: float = Field(0.0, ge=0)
+    kl_kind: KLKind = "low_var_kl"
+    entropy_coef: float = 0.0
+    loss_agg: LossAgg = "token-mean"
+    old_logprobs: Literal["rollout", "recompute"] = "rollout"
+    # advantages
+    norm_adv_by_std: bool = True
+    adv_eps: float = Field(1e-6, ge=0)
+    rollout_weighting: bool = False
+    # batching
+    micro_batch_size: int = Field(4, ge=1)
+    max_tokens_per_micro_batch: int | None = Field(None, ge=1)
+    ppo_epochs: int = Field(1, ge=1)
+    mini_batches: int = Field(1, ge=1)
+    gradient_checkpointing: bool = False
+    # LoRA
+    use_lora: bool = False
+    lora_r: int = Field(16, ge=1)
+    lora_alpha: int = Field(32, ge=1)
+    lora_dropout: float = Field(0.0, ge=0, lt=1)
+    lora_target_modules: list[str] | str = "all-linear"
+    seed: int = 0
