@@ -37,3 +37,10 @@ def test_wheel_builds_without_warnings_and_ships_the_tiny_tokenizer(tmp_path: Pa
     ui = "voltrl/observability/dashboard/"
     assert {ui + "templates/rollout.html", ui + "static/dashboard.js"} <= names
     assert {ui + "static/vendor/htmx-2.0.11.min.js", ui + "static/vendor/LICENSES.txt"} <= names
+    # every module ships: a new package left out of pyproject.toml's list would not
+    modules = {f"voltrl/{p.relative_to(ROOT / 'core')}" for p in (ROOT / "core").rglob("*.py")}
+    modules |= {
+        f"voltrl/adapters/{p.relative_to(ROOT / 'adapters')}"
+        for p in (ROOT / "adapters").rglob("*.py")
+    }
+    assert modules - names == set()
