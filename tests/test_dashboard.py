@@ -112,10 +112,10 @@ def test_a_store_server_url_is_a_source(runs_dir: Path) -> None:
 
 
 def test_a_source_that_is_not_a_store_is_refused(tmp_path: Path, capsys) -> None:
-    with pytest.raises(VoltRLError, match="no store at"):
+    with pytest.raises(VoltRLError, match="does not exist"):
         Catalog([tmp_path / "missing"])
     assert main(["dashboard", str(tmp_path / "missing"), "--port", "0"]) == 2
-    assert "no store at" in capsys.readouterr().err
+    assert "does not exist" in capsys.readouterr().err
 
 
 def test_binding_beyond_loopback_needs_a_token(runs_dir: Path, capsys) -> None:

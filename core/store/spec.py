@@ -97,7 +97,7 @@ def parse_store(
             raise StoreError(f"{text} is a directory without a {STORE_FILE}: not a run directory")
         path = path / STORE_FILE
     elif existing and not path.is_file():
-        raise StoreError(f"no store at {text}: expected a run directory or a store file")
+        raise StoreError(f"store {text} does not exist: expected a run directory or a store file")
     return StoreSpec("sqlite", str(path))
 
 

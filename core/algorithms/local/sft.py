@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from voltrl.algorithms.base import Algorithm
 from voltrl.algorithms.local.threads import use_threads
 from voltrl.errors import VoltRLError
+from voltrl.store import open_store
 from voltrl.trajectory import TrainingBatch, TrajectoryConfig, collate, trajectories_from_store
 from voltrl.types import Rollout, Task, Trajectory, Transition
 
@@ -236,21 +237,6 @@ def fit_rows(
 # ---- SFT on recorded rollouts -------------------------------------------------------------------
 
 
-def open_source(source: str | Path) -> Store:
-    """The store a source names: a run directory (its ``store.sqlite``) or a store spec
-    (:func:`voltrl.store.open_store`: a file, ``sqlite:///``, ``postgresql://``, ``http://``)."""
-    from voltrl.store import open_store
-
-    path = Path(source)
-    if path.is_dir():
-        if not (path / "store.sqlite").exists():
-            raise VoltRLError(f"{path} is a directory without a store.sqlite: not a run directory")
-        return open_store(path / "store.sqlite")
-    if "://" not in str(source) and not path.exists():
-        raise VoltRLError(f"SFT source {source} does not exist (a run directory or a store)")
-    return open_store(source)
-
-
 class SFT(Algorithm):
     """Supervised fine-tuning on the recorded assistant turns of selected rollouts.
 
@@ -404,8 +390,10 @@ class SFT(Algorithm):
             update["retokenizer"] = chat_retokenizer(tokenizer)
         config = self.trajectory.model_copy(update=update)
         trajectories, selected = [], 0
-        stores = [open_source(source) for source in self.sources]
+        stores: list[Store] = []
         try:
+            for source in self.sources:  # a run directory or a store spec that must exist
+                stores.append(open_store(source, existing=True))
             for store, run_ids in zip(stores, await self._run_ids(stores), strict=True):
                 rollouts = await self.select(store, run_ids)
                 selected += len(rollouts)
