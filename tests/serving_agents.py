@@ -42,6 +42,21 @@ async def calls_once(task: dict, llm: vl.LLM) -> float:
 
 
 @vl.rollout
+async def calls_twice_slowly(task: dict, llm: vl.LLM) -> float:
+    """Two calls half a second apart: a rollout likely to be between its calls when the run
+    is stopped."""
+    import asyncio
+
+    client = AsyncOpenAI(base_url=llm.endpoint, api_key=llm.api_key, max_retries=0)
+    for _ in range(2):
+        reply = await client.chat.completions.create(
+            model=llm.model, messages=[{"role": "user", "content": "hello"}]
+        )
+        await asyncio.sleep(0.5)
+    return float(bool(reply.choices))
+
+
+@vl.rollout
 async def calls_then_waits(task: dict, llm: vl.LLM) -> float:
     """One call, then a note in ``task["started_dir"]`` and a long wait: a rollout that is in
     flight when the test presses Ctrl-C."""

@@ -157,7 +157,7 @@ def stop_local_rl_training_then_resume(tmp_path: Path, stop, status: int) -> Non
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text("".join(f'{{"question": "q{i}"}}\n' for i in range(4)))
     config = {
-        "agent": f"{AGENTS}:calls_once",
+        "agent": f"{AGENTS}:calls_twice_slowly",
         "data": {"train": str(tasks)},
         "algorithm": {
             "name": "local_rl",
@@ -180,8 +180,10 @@ def stop_local_rl_training_then_resume(tmp_path: Path, stop, status: int) -> Non
     out, _ = proc.communicate(timeout=90)
     assert proc.returncode == status, out
     assert "interrupted: checkpoint of step" in out and "exiting now" not in out
-    runs, _ = stored(run_dir / "store.sqlite")
+    runs, rollouts = stored(run_dir / "store.sqlite")
     assert [r.status for r in runs] == ["interrupted"], out
+    # the rollouts in flight were cancelled before the gateway closed, not failed by it
+    assert [r.status for r in rollouts if r.status not in ("succeeded", "cancelled")] == []
     checkpoints = sorted((run_dir / "checkpoints").glob("step_*"))
     assert checkpoints, out
     done = int(checkpoints[-1].name.removeprefix("step_"))
@@ -207,6 +209,22 @@ def stop_local_rl_training_then_resume(tmp_path: Path, stop, status: int) -> Non
 
 @pytest.mark.timeout(600)
 def test_sigterm_during_local_rl_training_checkpoints_and_resume_continues(tmp_path: Path) -> None:
-    """A preempted job: SIGTERM reaches the trainer and its workers. (Ctrl-C takes the same
-    path: its first signal cancels the run, as the dev tests above show.)"""
-    stop_local_rl_training_then_resume(tmp_path, sigterm_all, 143)
+    """``kill PID``: SIGTERM reaches the trainer, whose workers go on claiming until the run
+    cancels its rollouts. (Ctrl-C takes the same path: its first signal cancels the run, as
+    the dev tests above show.)"""
+    stop_local_rl_training_then_resume(tmp_path, sigterm, 143)
+
+
+@pytest.mark.timeout(300)
+def test_sigterm_to_the_process_group_stops_the_workers_and_the_run(
+    tmp_path: Path, backend: str
+) -> None:
+    """A preempted job: SIGTERM reaches the trainer and its workers at once."""
+    proc = voltrl(*dev_command(tmp_path, backend), cwd=tmp_path)
+    until(lambda: len(list((tmp_path / "started").iterdir())) == 4, 120, "4 rollouts to start")
+    sigterm_all(proc)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 143, out
+    runs, rollouts = stored(tmp_path / "runs" / "dev-run" / "store.sqlite")
+    assert [r.status for r in runs] == ["interrupted"], out
+    assert sorted(r.status for r in rollouts) == ["cancelled"] * 4

@@ -50,7 +50,7 @@ class HostCheck:
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
-        message = "this server answers only requests for this machine (localhost, 127.0.0.1)"
+        message = "this server answers only requests for this machine (localhost, 127.x, [::1])"
         refusal = {"error": {"type": "MisdirectedRequest", "message": message}}
         self._refusal = json.dumps(refusal).encode()
 

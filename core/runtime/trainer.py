@@ -221,11 +221,8 @@ class Trainer:
         agent = _as_agent(agent)
         async with self._session("fit", agent) as ctx, self._reporting_failures(ctx, agent):
             self.write_config(ctx.run_dir, agent, (train_dataset, train), (val_dataset, val))
-            try:
-                await self.algorithm.setup(ctx)
+            async with self._algorithm(ctx):
                 await self.algorithm.train(ctx, train, val)
-            finally:
-                await self.algorithm.teardown(ctx)
             return await self._result(ctx)
 
     async def dev_async(self, agent: LitAgent | Callable[..., Any], dataset: Dataset) -> RunResult:
@@ -233,12 +230,9 @@ class Trainer:
         tasks = load_tasks(dataset, split="dev")
         agent = _as_agent(agent)
         async with self._session("dev", agent) as ctx, self._reporting_failures(ctx, agent):
-            try:
-                await self.algorithm.setup(ctx)
+            async with self._algorithm(ctx):
                 rollouts = await ctx.run_rollouts(tasks, mode="dev")
                 ctx.log(0, **summarize(rollouts).flat("dev/"))
-            finally:
-                await self.algorithm.teardown(ctx)
             return await self._result(ctx)
 
     def write_config(
@@ -301,6 +295,21 @@ class Trainer:
                 return await store.add_run(previous[-1].model_copy(update=update))
         algorithm = self.algorithm.name
         return await store.add_run(Run(name=name, kind=kind, algorithm=algorithm, config=config))  # type: ignore[arg-type]
+
+    @contextlib.asynccontextmanager
+    async def _algorithm(self, ctx: TrainContext) -> AsyncIterator[None]:
+        """The algorithm set up for the block and torn down after it. A block that does not
+        end well (Ctrl-C, SIGTERM, an error) cancels the run's unfinished rollouts first:
+        teardown closes the gateways their agents call, whose refusals (503) would otherwise
+        fail the rollouts and send them round the retries."""
+        try:
+            await self.algorithm.setup(ctx)
+            yield
+        except BaseException:
+            await _cancel_unfinished(ctx.store, ctx.run)
+            raise
+        finally:
+            await self.algorithm.teardown(ctx)
 
     @contextlib.asynccontextmanager
     async def _session(self, kind: str, agent: LitAgent) -> AsyncIterator[TrainContext]:
