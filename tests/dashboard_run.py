@@ -20,8 +20,8 @@ _failed_once: set[str] = set()
 @vl.rollout
 async def writer_checker(task: dict, llm: vl.LLM) -> float:
     """Two writer calls (one conversation: trajectory mode merges them, the user's second
-    turn fed in with mask 0), a tool span, a checker call; the first try of task ``d``
-    raises.
+    turn fed in with mask 0), a tool span, a checker call, a ``verdict`` event; the first try
+    of task ``d`` raises.
 
     The writer's first reply is greedy: an untrained model sampled at temperature 1 often
     ends a reply inside a multi-byte UTF-8 character, whose text (with U+FFFD) re-tokenizes
@@ -51,7 +51,9 @@ async def writer_checker(task: dict, llm: vl.LLM) -> float:
     second = await client.chat.completions.create(
         model=llm.model, messages=question, **llm.sampling_parameters
     )
-    return float(task["letter"] in (second.choices[0].message.content or "")) + 0.5 * found
+    said = second.choices[0].message.content or ""
+    vl.emit_event("verdict", letter=task["letter"], found=found, checked=task["letter"] in said)
+    return float(task["letter"] in said) + 0.5 * found
 
 
 def make_run(run_dir: Path, *, steps: int = 2, name: str = RUN_NAME) -> vl.LocalRL:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import statistics
 import threading
 import time
 from collections.abc import Iterator
@@ -205,7 +206,7 @@ def test_advantages_of_a_run_with_lora_adapters_are_computed_per_adapter():
     """Each adapter's rows are normalised within its own GRPO groups, as LocalRL's update
     does; rows of no adapter get none (they are not trained)."""
     from voltrl.algorithms.local.update import PolicyUpdateConfig, batch_advantages
-    from voltrl.observability.dashboard.data import TrainingRow, _advantages
+    from voltrl.observability.dashboard.training_rows import TrainingRow, _advantages
     from voltrl.trajectory import TrajectoryConfig, collate
     from voltrl.types import Run, Trajectory, Transition
 
@@ -239,6 +240,9 @@ def test_advantages_of_a_run_with_lora_adapters_are_computed_per_adapter():
         assert [rows[f"r{i}"][k].advantage for i in range(4)] == expected
         assert expected != batch_advantages(batch, PolicyUpdateConfig()).tolist()[k::3]
     assert all(rows[f"r{i}"][2].advantage is None for i in range(4))
+    writer = rows["r0"][0].group  # the numbers its tooltip explains the advantage with
+    assert writer is not None and (writer.rows, writer.mean) == (4, 1.5)
+    assert abs(writer.std - statistics.stdev([0.0, 1.0, 2.0, 3.0])) < 1e-9
 
 
 # ---- sessions -----------------------------------------------------------------------------------

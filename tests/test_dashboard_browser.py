@@ -1,6 +1,7 @@
 """The dashboard in a real browser (headless Chromium through Selenium) against the store of
 a real short LocalRL run: every page renders without console errors, filters and sorting
-change the rows, the token view shows the loss mask, and pages update while a run trains.
+change the rows, token views load when opened and show the loss mask, and pages update while
+a run trains.
 
 Screenshots of every page are saved to ``.artifacts/dashboard/`` for review. Chromium comes
 from Debian (``apt-get install -y chromium chromium-driver``, which ``make test`` runs); when it
@@ -89,6 +90,12 @@ def until(driver, condition, timeout: float = WAIT_S) -> None:
         time.sleep(0.2)
 
 
+def open_part(driver, details) -> None:
+    """Open a ``<details>`` whose content is fetched when opened, and wait for it."""
+    details.find_element("css selector", ":scope > summary").click()
+    until(driver, lambda: details.get_attribute("data-loaded") == "yes")
+
+
 def css(driver, selector: str) -> list:
     from selenium.webdriver.common.by import By
 
@@ -118,7 +125,13 @@ def test_every_page_renders_without_console_errors(browser, url: str) -> None:
     link.click()
     visit(d, d.current_url, "rollout")
     assert css(d, "section.call") and css(d, "tr.attempt")
-    assert "tool.lookup" in d.page_source
+    events = [e.text for e in css(d, "#outcome .event")]
+    assert events and events[0].startswith("verdict") and "letter=" in events[0]
+    outcome, call = css(d, "#outcome")[0], css(d, "section.call")[0]
+    assert outcome.location["y"] < call.location["y"], "the outcome comes before the calls"
+    assert "tool.lookup" not in d.page_source  # the spans are folded, fetched when opened
+    open_part(d, css(d, "details#spans")[0])
+    assert "tool.lookup" in css(d, "details#spans")[0].text
 
     visit(d, f"{url}/workers", "workers")
     assert "No attempt is running" in d.page_source
@@ -167,6 +180,8 @@ def test_token_view_shows_the_loss_mask_and_advantages(browser, url: str) -> Non
     for link in links:
         d.get(link)
         until(d, lambda: css(d, "section.row") or "no training row" in d.page_source)
+        for row in css(d, "section.row"):
+            open_part(d, css(row, "details.tokens")[0])  # the tokens load when opened
         rows = [r for r in css(d, "section.row") if css(r, ".tok.ctx[data-mask='0']")]
         if rows:
             merged = rows[0]
@@ -176,21 +191,96 @@ def test_token_view_shows_the_loss_mask_and_advantages(browser, url: str) -> Non
         "longer re-tokenizes to its own ids (see dashboard_run.writer_checker)"
     )
     visit(d, d.current_url, "rollout-calls")
+    until(d, lambda: css(d, "section.row"))
+    for row in css(d, "section.row"):
+        open_part(d, css(row, "details.tokens")[0])
     merged = next(r for r in css(d, "section.row") if css(r, ".tok.ctx[data-mask='0']"))
-    d.execute_script("arguments[0].scrollIntoView()", css(d, "h2")[-1])  # training rows
+    d.execute_script("arguments[0].scrollIntoView()", css(d, "#rows")[0])  # training rows
     d.save_screenshot(str(SHOTS / "token-view.png"))
+    credit = css(merged, ".meta.credit")[0].get_attribute("title")
+    assert "group" in credit and "mean" in credit, "the tooltip explains the advantage"
     trained = css(merged, ".tok.gen[data-mask='1']")
     fed_in = css(merged, ".tok.ctx[data-mask='0']")
     assert trained and "writer" in merged.text, "the writer's answers are trained"
     assert "Again." in "".join(t.get_attribute("textContent") for t in fed_in)
     assert "advantage" in merged.text and "over the step's batch" in d.page_source
-    assert css(d, ".tokenview .tok.prompt")
+    prompt = css(merged, "details.prompt-tokens")[0]  # after the response, folded
+    assert not prompt.get_attribute("open") and css(prompt, ".tok.prompt")
 
     group = next(a for a in css(d, "a") if a.text == "its group")
     group.click()
     until(d, lambda: css(d, ".group .card"))
     visit(d, d.current_url, "group")
     assert len(css(d, ".group .card")) == 3
+
+
+def test_a_calls_token_view_loads_when_opened(browser, url: str) -> None:
+    """The page carries no token; opening a call's token view fetches it: the response's
+    tokens first, the prompt's folded after them."""
+    d = visit(browser, f"{url}/rollouts?mode=train&status=succeeded", "rollouts-for-tokens")
+    d.get(css(d, "tr.rollout-row a[href*='/rollouts/']")[0].get_attribute("href"))
+    until(d, lambda: css(d, "section.call"))
+    assert not css(d, "section.call .tok"), "no token is on the page before it is asked for"
+    view = css(d, "section.call details.tokens")[0]
+    open_part(d, view)
+    generated = css(view, ".response-tokens .tok.gen")
+    assert generated and all(t.is_displayed() for t in generated[:3])
+    prompt = css(view, "details.prompt-tokens")[0]
+    assert not prompt.get_attribute("open") and not css(view, ".tok.prompt")[0].is_displayed()
+    css(prompt, "summary")[0].click()
+    until(d, lambda: css(view, ".tok.prompt")[0].is_displayed())
+    visit(d, d.current_url, "rollout-call-tokens")  # no console error on the way
+
+
+def test_a_live_rollout_keeps_the_token_view_it_opened(browser, tmp_path: Path) -> None:
+    """A running rollout's page refreshes every few seconds: an opened token view stays open
+    with its tokens, and is not fetched again."""
+    import asyncio
+
+    from voltrl.store.sql import SQLStore
+    from voltrl.types import LLMCall, Run, Task
+
+    async def running() -> str:
+        store = SQLStore(tmp_path / "live-rollout" / "store.sqlite")
+        try:
+            run = await store.add_run(Run(name="live-rollout", kind="dev"))
+            await store.enqueue([Task(input={"q": 1})], run_id=run.run_id)
+            claim = await store.claim("worker-0", lease_s=600)
+            assert claim is not None
+            rid = claim.rollout.rollout_id
+            answer = {"role": "assistant", "content": "hello"}
+            call = LLMCall(
+                rollout_id=rid,
+                attempt_id=claim.attempt.attempt_id,
+                request={"messages": [{"role": "user", "content": "hi"}]},
+                response={"choices": [{"index": 0, "message": answer}]},
+                prompt_token_ids=[1, 2, 3],
+                response_token_ids=[4, 5],
+                response_logprobs=[-0.1, -0.2],
+            )
+            await store.add_llm_calls([call])
+            return rid
+        finally:
+            await store.close()
+
+    rollout_id = asyncio.run(running())
+    with serve_in_thread(dashboard_app(Catalog([tmp_path]))) as server:
+        d = visit(browser, f"{server.url}/rollouts/{rollout_id}", "rollout-live")
+        d.execute_script(
+            "window.__fetched = []; const f = window.fetch;"
+            "window.fetch = (url, ...rest) => { window.__fetched.push(String(url)); "
+            "return f(url, ...rest); };"
+        )
+        open_part(d, css(d, "details#t-1-0")[0])
+        assert [t.text.strip() for t in css(d, "details#t-1-0 .tok.gen")] == ["#4", "#5"]
+        section = css(d, "section.call")[0]
+        until(d, lambda: _stale(section))  # the page refreshed
+        view = css(d, "details#t-1-0")[0]
+        assert view.get_attribute("open") is not None and len(css(view, ".tok.gen")) == 2
+        fetched = d.execute_script("return window.__fetched")
+        assert [u for u in fetched if u.endswith("/tokens")] == [
+            f"/rollouts/{rollout_id}/calls/1/0/tokens"
+        ]
 
 
 def test_signing_in_and_out_through_the_page(browser, runs_dir: Path) -> None:

@@ -6,8 +6,11 @@ Pages (under the mount point, ``/`` for ``voltrl dashboard``, ``/ui`` in ``voltr
 ``/``                        runs: status, steps, reward, duration; pick two to compare
 ``/runs/{run_id}``           a run: a chart per metric, rollouts per resources version
 ``/compare?run=A&run=B``     two runs' metrics on shared charts
-``/rollouts``                rollouts: filters, sorting and pages answered by the store
-``/rollouts/{rollout_id}``   a rollout: attempts, spans, calls as conversations, token views
+``/rollouts``                rollouts: filters, sorting and pages answered by the store; a
+                             filter on recorded events' fields (:mod:`.event_filter`)
+``/rollouts/{rollout_id}``   a rollout: its outcome, its calls as one conversation, its
+                             training rows; token views and spans when opened
+                             (:mod:`.rollout_page`)
 ``/group``                   a GRPO group (run, task, resources version) side by side
 ``/workers``                 running attempts: claims, heartbeats, leases
 ``/api/runs/{run_id}``       a run's metric series as JSON (the charts poll it while it runs)
@@ -25,7 +28,6 @@ not even from an error page.
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import json
 import math
@@ -47,7 +49,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from voltrl._redact import shown
 from voltrl.errors import NotFoundError, StoreError
-from voltrl.observability.dashboard import data
+from voltrl.observability.dashboard import conversation, data, training_rows
+from voltrl.observability.dashboard.event_filter import filter_by_events, parse
+from voltrl.observability.dashboard.rollout_page import add_rollout_pages
 from voltrl.observability.dashboard.sessions import DEFAULT_SESSION_S, SESSION_COOKIE, Sessions
 from voltrl.observability.metrics import FIRST_METRICS, Series, metric_series
 from voltrl.store.browse import RolloutPage, RolloutQuery, duration
@@ -71,7 +75,8 @@ def dashboard_app(
     templates.env.filters["ago"] = _ago
     templates.env.filters["seconds"] = _seconds
     templates.env.filters["num"] = _num
-    templates.env.filters["pretty"] = data.pretty
+    templates.env.filters["pretty"] = conversation.text_of
+    templates.env.filters["shown"] = conversation.shown_value
     templates.env.globals["REFRESH_S"] = REFRESH_S
     templates.env.globals["first_metrics"] = [*FIRST_METRICS, *STORE_CURVES]
     templates.env.globals["url_for"] = _url_path
@@ -91,6 +96,7 @@ def dashboard_app(
     def page(request: Request, name: str, status: int = 200, **context: Any) -> HTMLResponse:
         shown = signed_in(request)
         context.setdefault("sources", catalog.describe() if shown else "")
+        context["signed_in"] = shown
         context["sign_out"] = sessions is not None and shown
         context["here"] = _here(request)
         return templates.TemplateResponse(request, name, context, status_code=status)
@@ -233,10 +239,11 @@ def dashboard_app(
         params = request.query_params
         try:
             query = _rollout_query(params)
+            conditions = parse(params.get("event", ""))
         except ValidationError as e:
             message = "; ".join(_problem(err) for err in e.errors())
             return page(request, "error.html", 400, title="Bad filter", message=message)
-        except ValueError as e:  # a page number that is not one
+        except ValueError as e:  # a page number that is not one, an event filter without =
             return page(request, "error.html", 400, title="Bad filter", message=str(e))
         entries = await catalog.runs()
         names = {e.run.run_id: e.run.name for e in entries}
@@ -249,9 +256,13 @@ def dashboard_app(
             store = catalog.store(locations[0])
         else:  # a directory with no run yet
             store = None
-        found_page = (
-            await store.browse_rollouts(query) if store else RolloutPage(rollouts=[], total=0)
-        )
+        found_page, scanned = RolloutPage(rollouts=[], total=0), None
+        if store is not None and conditions:
+            filtered = await filter_by_events(store, query, conditions)
+            found_page = filtered.page
+            scanned = filtered.scanned if filtered.stopped else None
+        elif store is not None:
+            found_page = await store.browse_rollouts(query)
         found, total, capped = found_page.rollouts, found_page.total, found_page.total_capped
         live = any(r.status in ("queued", "running") for r in found) or any(
             e.run.status == "running" for e in entries if query.run_id in (None, e.run.run_id)
@@ -263,6 +274,8 @@ def dashboard_app(
             rollouts=found,
             total=total,
             capped=capped,
+            scanned=scanned,
+            event=params.get("event", ""),
             names=names,
             runs=entries,
             any_run=len(locations) == 1,
@@ -271,62 +284,7 @@ def dashboard_app(
             duration=duration,
         )
 
-    @app.get("/rollouts/{rollout_id}", response_class=HTMLResponse)
-    async def rollout(request: Request, rollout_id: str) -> HTMLResponse:
-        store, ro, entry = await catalog.rollout(rollout_id)
-        attempts, calls, spans, rewards = await asyncio.gather(
-            store.get_attempts(rollout_id),
-            store.get_llm_calls(rollout_id),
-            store.get_spans(rollout_id),
-            store.get_rewards(rollout_id),
-        )
-        rows: list[data.TrainingRow] = []
-        rows_note = "the rollout's run is not in these stores"
-        if entry is not None and ro.finished:
-            step = await data.step_rows(entry, ro)
-            rows = step.rows.get(ro.rollout_id, [])
-            rows_note = step.note
-            if ro.rollout_id in step.dropped:
-                why = step.dropped[ro.rollout_id]
-                rows_note = f"the trajectory builder makes no training row of it ({why})"
-        elif entry is not None:
-            rows_note = "training rows appear once the rollout has finished"
-
-        def decode() -> tuple[str, dict[str, Any], list[Any]]:  # on a thread: it may be slow
-            tokenizer, note = data.load_tokenizer(entry)
-            texts = {
-                c.call_id: (
-                    data.tokens(c.prompt_token_ids or [], tokenizer),
-                    data.tokens(c.response_token_ids or [], tokenizer),
-                )
-                for c in calls
-                if c.has_token_ids
-            }
-            decoded = [
-                (r, data.tokens(r.prompt, tokenizer), data.tokens(r.response, tokenizer))
-                for r in rows
-            ]
-            return note, texts, decoded
-
-        token_note, call_tokens, decoded_rows = await asyncio.to_thread(decode)
-        return page(
-            request,
-            "rollout.html",
-            ro=ro,
-            entry=entry,
-            attempts=attempts,
-            calls=calls,
-            spans=data.span_tree(spans),
-            rewards=rewards,
-            rows=decoded_rows,
-            rows_note=rows_note,
-            token_note=token_note,
-            call_tokens=call_tokens,
-            attempt_index={a.attempt_id: a.index for a in attempts},
-            response_message=data.response_message,
-            live=not ro.finished,
-            exp=_prob,
-        )
+    add_rollout_pages(app, catalog, page)
 
     @app.get("/group", response_class=HTMLResponse)
     async def group(
@@ -347,19 +305,25 @@ def dashboard_app(
                 f"no train rollouts of task {task_id!r} at version {version} in run {run_id!r}"
             )
         finished = next((m for m in members if m.finished), None)
-        step = await data.step_rows(entry, finished) if finished else data.Step({}, {}, "")
+        step = (
+            await training_rows.step_rows(entry, finished)
+            if finished
+            else training_rows.Step({}, {}, "")
+        )
         cards = []
         for ro in members:
             calls = await entry.store.get_llm_calls(ro.rollout_id)
             rows = step.rows.get(ro.rollout_id, [])
-            last = data.response_message(calls[-1]) if calls else {}
+            last = conversation.response_message(calls[-1]) if calls else {}
             cards.append(
                 {
                     "ro": ro,
                     "calls": len(calls),
                     "tokens": sum(len(c.response_token_ids or []) for c in calls),
                     "advantages": [(r.agent, r.advantage) for r in rows],
-                    "answer": data.pretty(last.get("content") or last.get("tool_calls") or ""),
+                    "answer": conversation.text_of(
+                        last.get("content") or "\n".join(conversation.tool_calls(last))
+                    ),
                 }
             )
         return page(
@@ -443,8 +407,11 @@ def _link(params: Any) -> Any:
 
 def _run_row(entry: data.RunEntry, counts: list[Any]) -> dict[str, Any]:
     """A run's line on the runs page."""
-    train = [c for c in counts if c.mode == "train"]
-    versions = {c.resources_version for c in train if c.resources_version is not None}
+    train = [c for c in counts if c.mode == "train" and c.resources_version is not None]
+    # A step stopped by an interrupt has its unfinished rollouts cancelled; a resumed run does
+    # it again at a new version: it is one step, not two.
+    stopped = {c.resources_version for c in train if c.status == "cancelled"}
+    versions = {c.resources_version for c in train} - stopped
     by_status: dict[str, int] = {}
     for c in counts:
         by_status[c.status] = by_status.get(c.status, 0) + c.count
@@ -509,11 +476,6 @@ def _series(entry: data.RunEntry, counts: list[Any]) -> Series:
             xs, ys = [p[0] for p in points], [p[1] for p in points]
             series.append((f"store/{mode}_reward_by_version", xs, ys))  # STORE_CURVES
     return series
-
-
-def _prob(logprob: float | None) -> float:
-    """A token's probability from its logprob (1 when unknown, so it shades fully)."""
-    return 1.0 if logprob is None else math.exp(max(-50.0, logprob))
 
 
 def _ago(t: float | None) -> str:

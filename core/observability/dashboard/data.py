@@ -2,15 +2,15 @@
 
 Plain data for the templates: no HTML here. :class:`Catalog` finds runs in any number of stores
 (run directories, store files, store servers, PostgreSQL); the other functions read one run's
-metrics, decode token ids with the run's tokenizer, rebuild the training rows of a rollout and
-the advantages LocalRL gave them, and lay out spans as a tree.
+metrics, decode token ids with the run's tokenizer, lay out spans as a tree and list the
+running attempts. (A rollout's training rows: :mod:`.training_rows`; its outcome and
+conversation: :mod:`.conversation`.)
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import threading
 import time
 from collections import OrderedDict
@@ -26,7 +26,7 @@ from voltrl.observability.dashboard.open_stores import IDLE_S, MAX_OPEN, OpenSto
 from voltrl.store.base import Store
 from voltrl.store.browse import RolloutQuery
 from voltrl.store.spec import STORE_FILE, parse_store
-from voltrl.types import LLMCall, Rollout, Run, Span
+from voltrl.types import Rollout, Run, Span
 
 METRICS_FILE = "metrics.jsonl"
 TOKENIZER_DIRS = ("tokenizer", "final")  # LocalRL saves the first at setup, the second at the end
@@ -262,7 +262,7 @@ def _run_dir(location: str, run: Run) -> Path | None:
     return None
 
 
-def _keep(cache: OrderedDict[Any, Any], key: Any, value: Any, limit: int) -> None:
+def keep_newest(cache: OrderedDict[Any, Any], key: Any, value: Any, limit: int) -> None:
     """Put ``value`` in ``cache`` as its newest entry, dropping the oldest past ``limit``."""
     cache[key] = value
     cache.move_to_end(key)
@@ -286,7 +286,7 @@ def read_metrics(entry: RunEntry) -> list[dict[str, Any]]:
     cached = _METRICS_CACHE.get(path)
     if cached is None or cached[0] != key:
         cached = (key, metrics.read_metrics(path))
-    _keep(_METRICS_CACHE, path, cached, METRICS_KEPT)
+    keep_newest(_METRICS_CACHE, path, cached, METRICS_KEPT)
     return [r for r in cached[1] if r.get("run_id") in (None, entry.run.run_id)]
 
 
@@ -297,25 +297,34 @@ _TOKENIZERS: OrderedDict[Path, Any] = OrderedDict()
 _TOKENIZERS_LOCK = threading.Lock()  # pages decode on threads
 
 
-def load_tokenizer(entry: RunEntry | None) -> tuple[Any | None, str]:
-    """The run's tokenizer and where it came from, or None and why not."""
+def tokenizer_dir(entry: RunEntry | None) -> tuple[Path | None, str]:
+    """Where the run's tokenizer is saved and what the pages say of it, or None and why
+    token ids are shown as ids (nothing is loaded)."""
     if entry is None or entry.run_dir is None:
         return None, "the run directory is unknown (a store URL): token ids are shown as ids"
     for name in TOKENIZER_DIRS:
         path = entry.run_dir / name
         if (path / "tokenizer_config.json").exists():
-            with _TOKENIZERS_LOCK:
-                tokenizer = _TOKENIZERS.get(path)
-            if tokenizer is None:
-                try:
-                    from transformers import AutoTokenizer
-                except ImportError:
-                    return None, "decoding needs transformers (pip install 'voltrl[local]')"
-                tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-            with _TOKENIZERS_LOCK:
-                _keep(_TOKENIZERS, path, tokenizer, TOKENIZERS_KEPT)
-            return tokenizer, f"decoded with the tokenizer in {path}"
+            return path, f"decoded with the tokenizer in {path}"
     return None, f"no tokenizer saved in {entry.run_dir} (LocalRL saves one): ids shown"
+
+
+def load_tokenizer(entry: RunEntry | None) -> tuple[Any | None, str]:
+    """The run's tokenizer and where it came from, or None and why not."""
+    path, note = tokenizer_dir(entry)
+    if path is None:
+        return None, note
+    with _TOKENIZERS_LOCK:
+        tokenizer = _TOKENIZERS.get(path)
+    if tokenizer is None:
+        try:
+            from transformers import AutoTokenizer
+        except ImportError:
+            return None, "decoding needs transformers (pip install 'voltrl[local]')"
+        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    with _TOKENIZERS_LOCK:
+        keep_newest(_TOKENIZERS, path, tokenizer, TOKENIZERS_KEPT)
+    return tokenizer, note
 
 
 def tokens(ids: Sequence[int], tokenizer: Any | None) -> list[str]:
@@ -323,171 +332,6 @@ def tokens(ids: Sequence[int], tokenizer: Any | None) -> list[str]:
     if tokenizer is None:
         return [f"#{i} " for i in ids]
     return tokenizer.batch_decode([[i] for i in ids])
-
-
-@dataclass
-class TrainingRow:
-    """One training row of a rollout, as the trainer saw it (token ids, not yet decoded)."""
-
-    prompt: list[int]
-    response: list[int]
-    mask: list[int]
-    logprobs: list[float | None]
-    reward: float | None
-    advantage: float | None
-    agent: str | None
-    model: str | None = None
-    """The model that sampled the row (with per-role LoRA adapters: the adapter it trains)."""
-
-
-@dataclass
-class Step:
-    """The training rows of a step's rollouts and the advantage of each, as LocalRL's update
-    computed them; ``note`` says how (or why there are none)."""
-
-    rows: dict[str, list[TrainingRow]]
-    dropped: dict[str, str]
-    note: str
-
-
-_STEPS: OrderedDict[tuple[str, int], Step] = OrderedDict()  # a finished step never changes
-STEPS_KEPT = 64
-LOCAL_RL = "local_rl"
-
-
-async def step_rows(entry: RunEntry, rollout: Rollout) -> Step:
-    """The training rows of ``rollout``'s step (every train rollout of its run at its
-    resources version, any status, as LocalRL's step batches them), rebuilt with the run's
-    trajectory settings, and the advantage LocalRL's update gives each row in that batch.
-    A validation rollout is its own step, with no advantages."""
-    from voltrl.trajectory import TrajectoryConfig, trajectories_from_store
-
-    run = entry.run
-    train = rollout.mode == "train" and rollout.resources_version is not None
-    key = (run.run_id, rollout.resources_version or 0)
-    if train and key in _STEPS:
-        return _STEPS[key]
-    settings = run.config.get("trajectory")
-    try:
-        trajectory = TrajectoryConfig(**(settings if isinstance(settings, dict) else {}))
-    except ValueError as e:
-        return Step({}, {}, f"the run's trajectory settings do not load here: {e}")
-    retokenized = trajectory.missing_token_ids == "retokenize"
-    if retokenized:  # needs the run's retokenizer: calls without token ids are left out here
-        trajectory = trajectory.model_copy(update={"missing_token_ids": "drop"})
-    mates, running = [rollout], False
-    if train:
-        mates = await _all_rollouts(
-            entry.store,
-            RolloutQuery(
-                run_id=run.run_id, mode="train", resources_version=rollout.resources_version
-            ),
-        )
-        running = any(not m.finished for m in mates)
-        mates = [m for m in mates if m.finished] or [rollout]
-    built = await trajectories_from_store(entry.store, mates, trajectory)
-    rows: dict[str, list[TrainingRow]] = {}
-    dropped: dict[str, str] = {}
-    for t in built:
-        if not t.transitions:
-            dropped[t.rollout_id] = ", ".join(k for k in t.stats if k.startswith("dropped/"))
-        rows[t.rollout_id] = [_row(tr) for tr in t.transitions]
-    if not train:
-        return Step(rows, dropped, f"{rollout.mode} rollouts are not trained on: no advantage")
-    note = _advantages(run, trajectory, built, rows)
-    if running:
-        note += "; the step is still running: over the rollouts finished so far"
-    if retokenized:
-        note += "; the run re-tokenised calls without token ids, which are left out here"
-    step = Step(rows, dropped, note)
-    if not running:
-        _keep(_STEPS, key, step, STEPS_KEPT)
-    return step
-
-
-async def _all_rollouts(store: Store, query: RolloutQuery) -> list[Rollout]:
-    """Every rollout matching ``query``, page by page."""
-    found: list[Rollout] = []
-    while True:
-        page = await store.browse_rollouts(
-            query.model_copy(update={"offset": len(found), "limit": 500})
-        )
-        found += page.rollouts
-        if len(page.rollouts) < 500:
-            return found
-
-
-def _row(t: Any) -> TrainingRow:
-    n = len(t.response_token_ids)
-    lps = list(t.response_logprobs or [])
-    return TrainingRow(
-        prompt=list(t.prompt_token_ids),
-        response=list(t.response_token_ids),
-        mask=list(t.response_mask or [1] * n),
-        logprobs=[lps[i] if i < len(lps) else None for i in range(n)],
-        reward=t.reward,
-        advantage=None,
-        agent=t.agent_name,
-        model=t.model,
-    )
-
-
-def _advantages(
-    run: Run, trajectory: Any, built: Sequence[Any], rows: dict[str, list[TrainingRow]]
-) -> str:
-    """Set each row's advantage as LocalRL's update computes it over the step's batch
-    (``batch_advantages``, the update's own function); returns the note."""
-    from voltrl.trajectory import collate
-
-    if run.algorithm != LOCAL_RL or not isinstance(run.config.get("update"), dict):
-        return f"advantages are shown for LocalRL runs (this one is {run.algorithm or run.kind})"
-    try:
-        from voltrl.algorithms.local.update import PolicyUpdateConfig, batch_advantages
-    except ImportError:
-        return "advantages need torch (pip install 'voltrl[local]')"
-    try:
-        batch = collate(built, trajectory)
-        if not len(batch):
-            return "no rollout of this step has a training row"
-        config = PolicyUpdateConfig(**run.config["update"])
-        parts = _parts(run, batch)
-        values: list[float | None] = [None] * len(batch)
-        for indices in parts.values():
-            part = batch_advantages(batch.select(indices), config).tolist()
-            for i, value in zip(indices, part, strict=True):
-                values[i] = value
-    except (ValueError, TypeError) as e:  # settings of another VoltRL version, say
-        return f"advantages could not be computed here: {e}"
-    seen: dict[str, int] = {}
-    for rid, value in zip(batch.rollout_ids, values, strict=True):
-        index = seen.get(rid, 0)
-        seen[rid] = index + 1
-        rows[rid][index].advantage = value
-    groups = len(set(batch.group_ids))
-    if len(parts) == 1 and None in parts:
-        return (
-            f"advantages as LocalRL's update computed them over the step's batch "
-            f"({len(batch)} rows, {groups} groups)"
-        )
-    sizes = ", ".join(f"{name} {len(i)}" for name, i in parts.items())
-    return (
-        f"advantages as LocalRL's update computed them, each LoRA adapter over its own rows "
-        f"of the step's batch ({sizes} rows; rows of no adapter are not trained)"
-    )
-
-
-def _parts(run: Run, batch: Any) -> dict[str | None, list[int]]:
-    """The rows each trainer of the run's update took: all of them, or, with per-role LoRA
-    adapters, each adapter's (rows of no adapter are left out: not trained)."""
-    mapping = run.config.get("lora_adapters")
-    if not mapping:
-        return {None: list(range(len(batch)))}
-    from voltrl.algorithms.local.lora_adapters import LoraAdapters
-
-    served = str(run.config.get("served_name") or "")
-    parts = LoraAdapters.parse(mapping, served_name=served).rows_by_adapter(batch)
-    parts.pop(None, None)
-    return parts
 
 
 # ---- spans, calls, workers ----------------------------------------------------------------------
@@ -519,23 +363,6 @@ def span_tree(spans: Sequence[Span]) -> list[SpanNode]:
 
     walk(None, 0)
     return out
-
-
-def response_message(call: LLMCall) -> dict[str, Any]:
-    """The assistant message the call answered with (of its choice)."""
-    choices = call.response.get("choices") or []
-    choice = next((c for c in choices if c.get("index") == call.choice_index), None)
-    choice = choice or (choices[0] if choices else {})
-    return choice.get("message") or {}
-
-
-def pretty(value: Any) -> str:
-    """Content as text: strings as they are, anything else as indented JSON."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list) and all(isinstance(p, dict) and "text" in p for p in value):
-        return "\n".join(str(p["text"]) for p in value)
-    return json.dumps(value, indent=2, ensure_ascii=False, default=str)
 
 
 @dataclass

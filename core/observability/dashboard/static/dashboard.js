@@ -1,5 +1,6 @@
-// VoltRL dashboard: the charts (uPlot) and the runs table's sparklines. Tables update
-// through htmx attributes in the pages; the charts poll the run's JSON series while it runs.
+// VoltRL dashboard: the charts (uPlot), the runs table's sparklines, and the parts of a page
+// fetched when opened. Tables update through htmx attributes in the pages; the charts poll the
+// run's JSON series while it runs.
 "use strict";
 
 const COLORS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea"];
@@ -145,7 +146,34 @@ function drawSparks(root) {
   }
 }
 
-document.addEventListener("DOMContentLoaded", () => { startCharts(); drawSparks(document); });
+// A <details class="lazy" data-part="..."> (a call's tokens, the spans...) is fetched when it
+// opens, from its part under the enclosing data-base: the page itself carries none of it.
+// "toggle" does not bubble, hence the capture.
+async function openLazy(details) {
+  const base = details.closest("[data-base]");
+  if (!details.open || !base || details.dataset.loaded) return;
+  const slot = details.querySelector(":scope > .slot");
+  details.dataset.loaded = "loading";
+  slot.textContent = "loading…";
+  try {
+    const answer = await fetch(base.dataset.base + details.dataset.part, { credentials: "same-origin" });
+    if (!answer.ok) throw new Error(`the dashboard answered ${answer.status}`);
+    slot.innerHTML = await answer.text();  // rendered by the server, escaped there
+    details.dataset.loaded = "yes";
+  } catch (err) {
+    slot.textContent = `could not load this: ${err.message}`;
+    delete details.dataset.loaded;  // closing and opening it again tries again
+  }
+}
+document.addEventListener("toggle", e => {
+  if (e.target instanceof HTMLDetailsElement && e.target.classList.contains("lazy")) openLazy(e.target);
+}, true);
+
+document.addEventListener("DOMContentLoaded", () => {
+  startCharts();
+  drawSparks(document);
+  document.querySelectorAll("details.lazy[open]").forEach(openLazy);
+});
 // A live region is swapped every few seconds: keep what the reader ticked or opened in it.
 let kept = null;
 document.addEventListener("htmx:beforeSwap", e => {
@@ -153,10 +181,17 @@ document.addEventListener("htmx:beforeSwap", e => {
   kept = {
     checked: Array.from(root.querySelectorAll("input[type=checkbox]:checked"), i => `${i.name}=${i.value}`),
     open: Array.from(root.querySelectorAll("details[id]"), d => [d.id, d.open]),
+    // a call's tokens and request never change: what was fetched is kept, not fetched again
+    parts: Array.from(root.querySelectorAll("details.tokens[data-loaded=yes], details.request[data-loaded=yes]"),
+      d => [d.id, d.querySelector(":scope > .slot").innerHTML]),
   };
 });
 document.addEventListener("htmx:afterSettle", () => {
   if (kept) {
+    for (const [id, html] of kept.parts) {
+      const el = document.getElementById(id);
+      if (el) { el.querySelector(":scope > .slot").innerHTML = html; el.dataset.loaded = "yes"; }
+    }
     for (const box of document.querySelectorAll("input[type=checkbox]")) {
       if (kept.checked.includes(`${box.name}=${box.value}`)) box.checked = true;
     }
@@ -167,6 +202,7 @@ document.addEventListener("htmx:afterSettle", () => {
     kept = null;
   }
   drawSparks(document);
+  document.querySelectorAll("details.lazy[open]").forEach(openLazy);  // swapped in open
 });
 
 // The "live" badge says whether the page still hears from the dashboard.
