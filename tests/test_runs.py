@@ -118,3 +118,49 @@ def test_a_local_rl_run_leaves_its_curve_and_the_config_that_runs_it_again(tmp_p
     assert "".join(cell.strip() for cell, _ in rows) == name
     assert rows[0][1].strip() == "finished"
     assert name not in voltrl_runs(tmp_path, "--kind", "dev")
+
+
+def test_cancelled_rollouts_are_counted_in_voltrl_runs_and_voltrl_show(tmp_path: Path) -> None:
+    """A run stopped early: one rollout succeeded, one failed, two cancelled."""
+    from voltrl.types import AttemptResult, Run, Task
+
+    async def record() -> None:
+        store = SQLStore(tmp_path / "stopped" / "store.sqlite")
+        try:
+            run = await store.add_run(Run(name="stopped", kind="dev", status="interrupted"))
+            tasks = [Task(input={"q": i}) for i in range(4)]
+            rollouts = await store.enqueue(
+                tasks, mode="dev", run_id=run.run_id, retry_agent_errors=False
+            )
+            for result in (
+                AttemptResult(status="succeeded", reward=1.0),
+                AttemptResult(status="failed", error="ValueError: x", agent_error=True),
+            ):
+                claim = await store.claim("w")
+                assert claim is not None
+                await store.complete(claim.attempt.attempt_id, result)
+            for rollout in rollouts[2:]:
+                await store.cancel(rollout.rollout_id)
+        finally:
+            await store.close()
+
+    (tmp_path / "stopped").mkdir()
+    asyncio.run(record())
+    listed = voltrl_runs(tmp_path, "--wide")  # not wrapped
+    assert "4 (1 failed, 2 cancelled)" in listed, listed
+    out = subprocess.run(
+        [sys.executable, "-m", "voltrl.cli", "show", "stopped", "--run-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "200", "NO_COLOR": "1"},
+        timeout=120,
+    )
+    header = next(x for x in out.stdout.splitlines() if "┃ rollouts ┃" in x)
+    assert [c.strip() for c in header.split("┃")[2:6]] == [
+        "rollouts",
+        "succeeded",
+        "failed",
+        "cancelled",
+    ]
+    row = next(x for x in out.stdout.splitlines() if x.startswith("│ dev"))
+    assert [c.strip() for c in row.split("│")[2:7]] == ["4", "1", "1", "2", "1.000"], out.stdout

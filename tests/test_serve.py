@@ -98,7 +98,10 @@ def test_serve_errors_are_one_line(tmp_path):
         taken.listen()
         port = str(taken.getsockname()[1])
         for args, message in [
-            (["--store", "memory", "--port", port], "Address already in use"),
+            (
+                ["--store", "memory", "--port", port],
+                "the port is in use (--port 0 picks a free one)",
+            ),
             (["--store", "mysql://h/db", "--port", "0"], "unknown store 'mysql://h/db'"),
             (
                 ["--store", "postgresql://u:secret@127.0.0.1:1/db", "--port", "0"],
@@ -314,7 +317,7 @@ def test_serve_on_a_port_in_use_says_so_without_creating_the_store_file(tmp_path
             timeout=60,
             cwd=tmp_path,
         )
-    assert out.returncode == 2 and "Address already in use" in out.stderr, out.stderr
+    assert out.returncode == 2 and "port is in use (--port 0 picks a free one)" in out.stderr
     assert out.stderr.count("\n") == 1
     assert not (tmp_path / "X.sqlite").exists()
 

@@ -143,7 +143,10 @@ def test_a_run_shows_its_summary_reward_statistics_and_metric_curves(runs: Path,
     assert "run demo" in out and run.run_id in out and "finished" in out
     assert "fit · algorithm steps" in out
     train = line_of(out, "│ train")  # rewards 1/3, 2/3, 1 for one task of two, 0 for the other
-    assert "│        6 │         6 │      0 │       0.333 │ 0.385 │ 0.000 │ 1.000 │" in train
+    assert (
+        "│        6 │         6 │      0 │         0 │       0.333 │ 0.385 │ 0.000 │ 1.000 │"
+        in train
+    )
     assert "0.000" in line_of(out, "│ val") and "│ all   │        9 │" in out
     metrics = [x.split()[0] for x in out.splitlines() if "/" in x and "steps" in x]
     assert metrics[:3] == ["train/reward_mean", "val/reward_mean", "train/rollouts"]
@@ -275,6 +278,47 @@ def test_rendering_folds_long_contents_and_says_when_there_are_no_token_ids() ->
     assert "ValueError: bad [/] input" in out and "[bold]as is[/bold]" in out
     render_rollout(view, console, full=True)
     assert "line 50" in console.export_text()
+
+
+def test_a_rollout_that_returned_its_reward_says_none_was_emitted() -> None:
+    rollout = Rollout(task=Task(input={}), run_id="run-1", status="succeeded", reward=0.0)
+    run = Run(run_id="run-1", name="r", kind="dev")
+    view = RolloutView(Found(None, run, "here", None), rollout, [], [], [], [])
+    console = Console(record=True, width=120)
+    render_rollout(view, console)
+    out = console.export_text()
+    assert re.search(r"^reward +0 *$", out, re.M)
+    assert "no rewards emitted (the rollout returned its reward, 0)" in out
+    assert not re.search(r"^no rewards *$", out, re.M)
+
+
+def test_the_statistics_table_counts_each_final_status() -> None:
+    from voltrl.observability.metrics import format_stats_table
+
+    statuses = ["succeeded", "succeeded", "failed", "cancelled", "cancelled", "cancelled"]
+    rollouts = [
+        Rollout(task=Task(input={}), run_id="r", status=s, reward=1.0 if s == "succeeded" else None)
+        for s in statuses
+    ]
+    console = Console(record=True, width=120)
+    console.print(format_stats_table("rollouts", {"dev": summarize(rollouts)}))
+    out = console.export_text()
+    header = line_of(out, "┃ ")
+    assert [c.strip() for c in header.split("┃")[1:-1]][:5] == [
+        "",
+        "rollouts",
+        "succeeded",
+        "failed",
+        "cancelled",
+    ]
+    assert [c.strip() for c in line_of(out, "│ dev").split("│")[1:-1]][:6] == [
+        "dev",
+        "6",
+        "2",
+        "1",
+        "3",
+        "1.000",
+    ]
 
 
 def test_sparkline_scales_to_its_range_and_width() -> None:

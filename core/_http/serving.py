@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import importlib.util
 import signal
 import socket
@@ -72,8 +73,22 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 def check_bindable(host: str, port: int) -> None:
-    """Raise ``OSError`` if ``host:port`` cannot be bound now (e.g. the port is in use)."""
-    _bind(host, port).close()
+    """Raise :func:`cannot_listen`'s :class:`VoltRLError` if ``host:port`` cannot be bound now
+    (e.g. the port is in use): what a command checks before it loads or opens anything."""
+    try:
+        _bind(host, port).close()
+    except OSError as exc:
+        raise cannot_listen(host, port, exc) from None
+
+
+def cannot_listen(host: str, port: int, exc: OSError) -> VoltRLError:
+    """The one-line error of a command whose server cannot bind ``host:port``; a port in use
+    says so and that ``--port 0`` picks a free one (each command that binds has ``--port``)."""
+    if exc.errno == errno.EADDRINUSE:
+        reason = "the port is in use (--port 0 picks a free one)"
+    else:
+        reason = exc.strerror or str(exc)
+    return VoltRLError(f"cannot listen on {host}:{port}: {reason}")
 
 
 def _url(host: str, port: int) -> str:
@@ -286,11 +301,11 @@ async def wait_for_signal() -> None:
 @contextlib.asynccontextmanager
 async def served(app: ASGIApp, host: str, port: int, graceful_s: float) -> AsyncIterator[str]:
     """Serve ``app`` on the running loop while the block runs; yields its URL. A port that
-    cannot be bound is a :class:`VoltRLError` saying so."""
+    cannot be bound is :func:`cannot_listen`'s :class:`VoltRLError` (for commands)."""
     try:
         url, stop = await serve(app, host, port, graceful_s=graceful_s)
     except OSError as exc:
-        raise VoltRLError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+        raise cannot_listen(host, port, exc) from None
     try:
         yield url
     finally:

@@ -85,7 +85,10 @@ def _render(rows: list[tuple[Any, ...]], args: argparse.Namespace) -> None:
         if wide and s.reward_std is not None:
             reward += f" ± {s.reward_std:.3f}"
         started = time.strftime("%m-%d %H:%M", time.localtime(run.created_at))
-        rollouts = f"{s.rollouts}" + (f" ({s.failed} failed)" if s.failed else "")
+        ended = [
+            f"{n} {what}" for n, what in ((s.failed, "failed"), (s.cancelled, "cancelled")) if n
+        ]
+        rollouts = f"{s.rollouts}" + (f" ({', '.join(ended)})" if ended else "")
         cells = [run.name, run.status, run.kind, started, rollouts, reward]
         if wide:
             cells += [run.algorithm, run.run_id, str(path), run.error or ""]

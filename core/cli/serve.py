@@ -16,7 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.types import ASGIApp
 
-from voltrl._http.serving import require_token_off_loopback, served, wait_for_signal
+from voltrl._http.serving import (
+    check_bindable,
+    require_token_off_loopback,
+    served,
+    wait_for_signal,
+)
 from voltrl.cli.options import add_token_args, bearer_token
 from voltrl.errors import VoltRLError
 from voltrl.gateway import Gateway, start_gateway
@@ -79,15 +84,11 @@ async def run_server(
     Prints the URLs once the server accepts requests. On the signal, requests in flight get
     ``graceful_s`` seconds, then the gateway's pending writes finish and the store closes.
     """
-    from voltrl._http.serving import check_bindable
     from voltrl.store import open_store, parse_store
     from voltrl.store.sql import SQLStore
 
     require_token_off_loopback(host, token)
-    try:  # a port in use fails here, before the store (a new SQLite file) is created
-        check_bindable(host, port)
-    except OSError as exc:
-        raise VoltRLError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    check_bindable(host, port)  # a port in use fails here, before a new SQLite file is made
     store = open_store(store_spec)
     if isinstance(store, SQLStore):  # used from this loop only: concurrent writes commit together
         store.group_commits()
@@ -132,6 +133,7 @@ async def run_gateway(
     require_token_off_loopback(host, token)
     if not backends:
         raise VoltRLError("the gateway needs at least one --backend URL")
+    check_bindable(host, port)
     await _check_store_server(store_url, token)
     store = HTTPStore(store_url, token=token)
     try:

@@ -170,7 +170,18 @@ def format_stats_table(title: Any, rows: dict[str, RewardStats]) -> Any:
     from rich.table import Table
 
     table = Table(title=title)
-    for col in ("", "rollouts", "succeeded", "failed", "reward mean", "std", "min", "max"):
+    columns = (
+        "",
+        "rollouts",
+        "succeeded",
+        "failed",
+        "cancelled",
+        "reward mean",
+        "std",
+        "min",
+        "max",
+    )
+    for col in columns:
         table.add_column(col, justify="left" if not col else "right")
 
     def f(x: float | None) -> str:
@@ -182,6 +193,7 @@ def format_stats_table(title: Any, rows: dict[str, RewardStats]) -> Any:
             str(s.rollouts),
             str(s.succeeded),
             str(s.failed),
+            str(s.cancelled),
             f(s.reward_mean),
             f(s.reward_std),
             f(s.reward_min),

@@ -498,7 +498,12 @@ def render_rollout(view: RolloutView, console: Console, *, full: bool = False) -
         agents = str(w.metadata["agents"]) if "agents" in w.metadata else ""
         cells = (w.source, _num(w.step), Text(agents), f"#{index.get(w.attempt_id, '?')}")
         table.add_row(_num(w.value), Text(w.name), *cells)
-    console.print(table if view.rewards else "no rewards")
+    if view.rewards:
+        console.print(table)
+    elif r.reward is None:
+        console.print("no rewards")
+    else:  # no reward records: the rollout returned its reward
+        console.print(f"no rewards emitted (the rollout returned its reward, {_num(r.reward)})")
     console.print(_span_tree(view.spans, index, full) if view.spans else "no spans")
 
 

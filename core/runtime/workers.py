@@ -12,6 +12,7 @@ needed) and secrets never appear on a command line.
 from __future__ import annotations
 
 import asyncio
+import io
 import logging
 import os
 import queue
@@ -20,7 +21,12 @@ import subprocess
 import sys
 import threading
 import time
+import types
+from collections import ChainMap
 from collections.abc import Mapping
+from typing import Any
+
+import cloudpickle
 
 from voltrl.agent import LitAgent
 from voltrl.errors import AgentLoadError
@@ -65,8 +71,6 @@ def _run_worker_process(
     logging.basicConfig(
         level=logging.WARNING, format=f"%(asctime)s [{worker_id}] %(levelname)s %(message)s"
     )
-    import cloudpickle
-
     from voltrl.store.http import HTTPStore
 
     try:
@@ -115,13 +119,29 @@ def _run_worker_process(
     asyncio.run(main())
 
 
+def _code_reduce(code: types.CodeType) -> tuple[Any, tuple[Any, ...]]:
+    """cloudpickle's reduction of ``code`` with its file name kept: cloudpickle writes
+    ``<dynamic-code>`` there, so a traceback in a worker would not name the user's script
+    (its line numbers are kept either way)."""
+    constructor, args = cloudpickle.Pickler.dispatch_table[types.CodeType](code)
+    return constructor, tuple(code.co_filename if a == "<dynamic-code>" else a for a in args)
+
+
+class _AgentPickler(cloudpickle.Pickler):
+    """cloudpickle's pickler, but code pickled by value keeps its file name (see
+    :func:`_code_reduce`)."""
+
+    dispatch_table = ChainMap({types.CodeType: _code_reduce}, cloudpickle.Pickler.dispatch_table)
+
+
 def _pickled(agent: LitAgent) -> bytes:
     """``agent`` pickled for worker processes (by value when it lives in a script, so they
-    never import the script), or an :class:`AgentLoadError` naming what cannot be sent."""
-    import cloudpickle
-
+    never import the script, with its file names and line numbers, so their tracebacks point
+    at it), or an :class:`AgentLoadError` naming what cannot be sent."""
     try:
-        return cloudpickle.dumps(agent)
+        buffer = io.BytesIO()
+        _AgentPickler(buffer, protocol=cloudpickle.DEFAULT_PROTOCOL).dump(agent)
+        return buffer.getvalue()
     except Exception as exc:
         target = getattr(agent, "fn", type(agent))
         names = getattr(getattr(target, "__code__", None), "co_names", ())
