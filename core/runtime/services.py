@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import secrets
 from collections.abc import Callable, Mapping
@@ -199,7 +200,12 @@ class Services:
         t = self._trainer
         # the store API for the workers, and the run's dashboard under /ui (as voltrl serve)
         app = store_app(store, token=token, ui=dashboard_app(Catalog([store]), token=token))
-        url, stop_server = await serve(app, t.host, t.port)
+        try:
+            url, stop_server = await serve(app, t.host, t.port)
+        except OSError as exc:  # the YAML's trainer.port, or Trainer(port=...)
+            in_use = exc.errno == errno.EADDRINUSE
+            reason = "the port is in use (port 0 picks a free one)" if in_use else exc.strerror
+            raise VoltRLError(f"cannot listen on {t.host}:{t.port}: {reason or exc}") from None
         url = reachable_url(url)
         stack.push_async_callback(stop_server)
         return url, token

@@ -260,7 +260,7 @@ class LocalRL(Algorithm):
 
     # ---- setup: model, engine, gateway, resources ---------------------------------------
     def _load(self) -> tuple[Any, Any]:
-        from voltrl.algorithms.local.tiny import load_model
+        from voltrl.algorithms.local.models import load_model
 
         return load_model(self.model, self.tokenizer, device=self.device, seed=self.seed)
 

@@ -534,7 +534,7 @@ class SFT(Algorithm):
     # ---- alone: load, train, save -------------------------------------------------------------
     async def setup(self, ctx: TrainContext) -> None:
         """Load the model (``model`` is required when SFT runs alone)."""
-        from voltrl.algorithms.local.tiny import load_model
+        from voltrl.algorithms.local.models import load_model
 
         if self.model is None:
             raise VoltRLError("SFT alone needs model=...; under LocalRL(warm_start=...) it trains")

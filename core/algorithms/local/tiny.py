@@ -5,8 +5,7 @@ The tokenizer is a committed fixture (``assets/tiny-tokenizer``, made by
 Hermes tool-call tokens and a Qwen2.5-style chat template that renders ``tools``. The model is a
 randomly initialised ``Qwen2ForCausalLM`` sized for it, deterministic for a given seed.
 
-:func:`load_model` turns a ``model`` argument into a model and tokenizer: the name
-:data:`TINY` picks these, a path or hub name goes to ``from_pretrained``.
+The name :data:`TINY` picks these (:func:`voltrl.algorithms.local.models.load_model`).
 """
 
 from __future__ import annotations
@@ -15,14 +14,10 @@ from pathlib import Path
 
 import torch
 from transformers import (
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2ForCausalLM,
 )
-
-from voltrl.errors import VoltRLError
 
 TINY_TOKENIZER_DIR = Path(__file__).resolve().parent / "assets" / "tiny-tokenizer"
 """Where the committed tiny tokenizer fixture lives (``from_pretrained`` loads it)."""
@@ -103,38 +98,3 @@ TINY = "tiny"
 """The model name that picks the built-in tiny model and tokenizer: ``LocalRL("tiny")``,
 ``model: tiny`` in ``voltrl train``'s YAML, ``voltrl model serve tiny``. Its weights are
 random, so an agent's rewards stay near 0: it proves the plumbing, not learning."""
-
-
-def load_model(
-    model: str | Path | PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase | None = None,
-    *,
-    device: str | None = None,
-    seed: int = 0,
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """The model and tokenizer that a ``model`` argument names, on ``device`` (default: CUDA
-    if available, else CPU). The one place that decides it, for LocalRL and
-    ``voltrl model serve``:
-
-    - :data:`TINY`: the built-in tiny model (``seed`` picks its weights) and tokenizer;
-    - a path or hub name: ``from_pretrained`` in float32, and its tokenizer unless given;
-    - a loaded model: as it is, with ``tokenizer`` (required).
-
-    Raises :class:`~voltrl.errors.VoltRLError` when ``from_pretrained`` cannot load it.
-    """
-    if tokenizer is None and not isinstance(model, str | Path):
-        raise ValueError("pass tokenizer= with a model object")
-    if model == TINY:
-        model, tiny_tokenizer = build_tiny(seed=seed)
-        tokenizer = tokenizer or tiny_tokenizer
-    elif isinstance(model, str | Path):
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        try:
-            loaded = AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.float32)
-            tokenizer = tokenizer or AutoTokenizer.from_pretrained(str(model))
-        except (OSError, ValueError) as exc:
-            raise VoltRLError(f"cannot load a model from {model}: {exc}") from None
-        model = loaded
-    assert tokenizer is not None
-    return model.to(device or ("cuda" if torch.cuda.is_available() else "cpu")), tokenizer
