@@ -1,4 +1,5 @@
-"""Microsoft Agent Framework adapter (``pip install voltrl[agent-framework]``).
+"""Microsoft Agent Framework adapter. From the clone's root:
+``pip install -e ".[agent-framework]" -c constraints/frameworks.txt``.
 
 - :func:`chat_client`: the framework's chat-completions client (``OpenAIChatCompletionClient``)
   for a :class:`~voltrl.LLM`, rollout-safe and with the LLM's sampling parameters;

@@ -1,4 +1,4 @@
-"""AgentScope 2.x adapter (``pip install voltrl[agentscope] -c constraints/agentscope.txt``).
+"""AgentScope 2.x adapter (``pip install -e ".[agentscope,local]" -c constraints/agentscope.txt``).
 
 - :func:`chat_model`: AgentScope's ``OpenAIChatModel`` for a :class:`~voltrl.LLM`,
   rollout-safe and with the LLM's sampling parameters;

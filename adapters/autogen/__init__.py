@@ -1,4 +1,5 @@
-"""VoltRL for AutoGen (``pip install voltrl[autogen]``): keep your AutoGen agent, train it.
+"""VoltRL for AutoGen: keep your AutoGen agent, train it. From the clone's root:
+``pip install -e ".[autogen]" -c constraints/frameworks.txt``.
 
 - :func:`model_client` builds AutoGen's ``OpenAIChatCompletionClient`` (chat-completions)
   from a :class:`voltrl.LLM`, with an agent name for multi-agent systems;

@@ -1,4 +1,4 @@
-"""LangChain / LangGraph adapter: ``pip install voltrl[langchain]``.
+"""LangChain / LangGraph adapter: ``pip install -e ".[langchain]" -c constraints/frameworks.txt``.
 
 - :func:`chat_model` builds LangChain's ``ChatOpenAI`` from a :class:`voltrl.LLM` (chat-completions,
   sampling parameters from the LLM, calls recorded against the running rollout and named after

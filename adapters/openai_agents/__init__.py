@@ -1,4 +1,5 @@
-"""VoltRL adapter for the OpenAI Agents SDK (``pip install voltrl[openai-agents]``).
+"""VoltRL adapter for the OpenAI Agents SDK. From the clone's root:
+``pip install -e ".[openai-agents]" -c constraints/frameworks.txt``.
 
     from agents import Agent, Runner
     from voltrl.adapters import openai_agents as vla
