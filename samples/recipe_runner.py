@@ -6,7 +6,8 @@
    prompt and the gateway records every call into ``runs/<sample>-teacher<seed>-<key>/``.
    Recorded once per teacher configuration (tasks, teacher seed, teacher code) and reused by
    every seed.
-2. **SFT.** A tiny model built from scratch (random weights, the built-in tokenizer) is
+2. **SFT.** A tiny model built from scratch (random weights, the built-in tokenizer; saved
+   once under ``runs/.cache`` so that the run's ``train.yaml`` names it by path) is
    fine-tuned on the teacher's rollouts (``vl.SFT(source=teacher runs, retokenize=True)``:
    re-tokenised with the student's chat template). All of them, mistakes included: the student
    learns the framework's conversation, the tool-call format and the task's skills, and inherits
@@ -28,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -139,20 +141,34 @@ def _agent(recipe: Recipe, run_dir: Path) -> Iterator[Any]:
             yield agent
 
 
-def student(recipe: Recipe, seed: int) -> dict[str, Any]:
-    """LocalRL's ``model``/``tokenizer`` keywords: a tiny model with random weights."""
+def student(recipe: Recipe, seed: int, cache: Path = Path("runs") / ".cache") -> dict[str, Any]:
+    """LocalRL's (or SFT's) ``model`` keyword: a tiny model with random weights
+    (``recipe.model``'s size, ``seed``'s weights), saved once under ``cache`` and named by its
+    path, so the run's ``train.yaml`` loads it again."""
     from voltrl.algorithms.local.tiny import build_tiny_model, build_tiny_tokenizer
 
-    tokenizer = build_tiny_tokenizer()
-    return {"model": build_tiny_model(tokenizer, seed=seed, **recipe.model), "tokenizer": tokenizer}
+    size = "-".join(f"{k}{v}" for k, v in sorted(recipe.model.items()))
+    path = (cache / f"tiny-{size}-seed{seed}").resolve()
+    if not (path / "config.json").exists():
+        tokenizer = build_tiny_tokenizer()
+        model = build_tiny_model(tokenizer, seed=seed, **recipe.model)
+        tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        with contextlib.suppress(OSError):  # another process saved the same model first
+            tmp.rename(path)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {"model": str(path)}
 
 
 def run_recipe(recipe: Recipe, seed: int, out: Path = Path("runs")) -> dict[str, Any]:
     """Teacher (cached), then SFT and LocalRL in one ``fit``; the seed's row of the table."""
-    teacher_dirs = [record_teacher(recipe, out, s) for s in recipe.teacher_seeds]
+    # absolute paths: the run's train.yaml runs it again from any directory
+    teacher_dirs = [record_teacher(recipe, out, s).resolve() for s in recipe.teacher_seeds]
     _, train, val = recipe.tasks(seed)
     sft = vl.SFT(source=teacher_dirs, retokenize=True, seed=seed, **recipe.sft)
-    algorithm = vl.LocalRL(**student(recipe, seed), warm_start=sft, seed=seed, **recipe.rl)
+    model = student(recipe, seed, out / ".cache")
+    algorithm = vl.LocalRL(**model, warm_start=sft, seed=seed, **recipe.rl)
     # the trainer would name it the same; known now, the agent's side files go there too
     name = free_run_name(out, f"{recipe.sample}-recipe-seed{seed}")
     started = time.time()

@@ -761,16 +761,36 @@ def test_run_py_says_what_is_wrong_in_one_line(tmp_path: Path, data_dir: Path):
     assert customer.stderr.startswith("error: the assistant's endpoint: no OpenAI-compatible")
 
 
+@pytest.mark.timeout(900)
 def test_run_py_train_with_the_scripted_customer_trains_on_the_assistant_alone(
     tmp_path: Path, data_dir: Path
 ):
     """The README's first command, smaller: LocalRL on the tiny model, the scripted
-    customer (no customer call at all), the episodes' endings reported."""
-    out = run_py(
-        "train", "--data", str(data_dir), "--out", str(tmp_path), "--steps", "1",
-        "--tasks-per-step", "1", "--group-size", "2", "--n-val", "1", timeout=600,
-    )  # fmt: skip
+    customer (no customer call at all), the episodes' endings reported; its metrics also go
+    to TensorBoard (``--loggers``). Its ``train.yaml`` runs it again through ``voltrl train``,
+    and a ``--resume`` with another customer is refused, leaving the run as it was."""
+    from helpers import voltrl
+    from test_loggers import tensorboard_events
+
+    options = ("--data", str(data_dir), "--run-dir", str(tmp_path), "--steps", "1",
+               "--tasks-per-step", "1", "--group-size", "2", "--n-val", "1")  # fmt: skip
+    out = run_py("train", *options, "--name", "first", "--loggers", "tensorboard", timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "step 1: 2 assistant rows (0 merge failures), 0 user calls left out" in out.stdout
     assert "train episodes: user_stop 2" in out.stdout
     assert "val episodes: user_stop 2" in out.stdout  # before and after training
+    first = tmp_path / "first"
+    events = tensorboard_events(first / "tensorboard")
+    assert "update/loss" in events.Tags()["scalars"]
+
+    metrics = (first / "metrics.jsonl").read_bytes()
+    resumed = run_py("train", *options, "--name", "first", "--resume", "--user", "policy")
+    assert resumed.returncode == 1 and "Traceback" not in resumed.stderr
+    assert resumed.stderr.startswith("error: cannot resume run 'first' with a different set-up")
+    assert 'train data row 1.user is "main_llm" (the run\'s: "scripted")' in resumed.stderr
+    assert (first / "metrics.jsonl").read_bytes() == metrics
+
+    again = voltrl("train", str(first / "train.yaml"), cwd=tmp_path, timeout=600)
+    assert again.returncode == 0, again.stderr[-2000:]
+    lines = (tmp_path / "first-2" / "metrics.jsonl").read_text().splitlines()
+    assert [m["step"] for m in map(json.loads, lines) if "update/loss" in m] == [1]

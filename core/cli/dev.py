@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from voltrl.cli.agents import load_agent
 from voltrl.cli.endpoints import check_endpoint
+from voltrl.cli.options import add_loggers_arg
 
 if TYPE_CHECKING:
     from voltrl.cli.options import Subparsers
@@ -32,6 +33,7 @@ def register(sub: Subparsers) -> None:
     dev.add_argument("--store", default=None, help="store path (default: the run directory)")
     dev.add_argument("--run-dir", default="runs")
     dev.add_argument("--name", default=None)
+    add_loggers_arg(dev)
     dev.add_argument("--inline", action="store_true", help="run workers in this process")
     dev.add_argument(
         "--skip-endpoint-check",
@@ -77,6 +79,7 @@ def _command(args: argparse.Namespace) -> int:
         max_concurrency=args.max_concurrency,
         rollout_timeout_s=args.timeout,
         inline=args.inline,
+        loggers=args.loggers,
     )
     result = trainer.dev(agent, args.data)
     return 0 if result.stats.failed == 0 else 1

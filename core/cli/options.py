@@ -1,5 +1,6 @@
-"""Options several ``voltrl`` commands share: the bearer token, given on the command line, in a
-file or in the environment."""
+"""Options several ``voltrl`` commands (and the samples' ``run.py`` scripts) share: the bearer
+token, given on the command line, in a file or in the environment; the experiment trackers a run
+logs to (``--loggers tensorboard,wandb``)."""
 
 from __future__ import annotations
 
@@ -41,3 +42,31 @@ def bearer_token(args: argparse.Namespace) -> str | None:
             raise VoltRLError(f"--token-file {args.token_file} is empty")
         return value
     return os.environ.get("VOLTRL_TOKEN") or None
+
+
+def add_loggers_arg(parser: argparse.ArgumentParser) -> None:
+    """Add ``--loggers NAME[,NAME...]``: the run's trackers besides ``metrics.jsonl``, as
+    ``Trainer(loggers=...)`` takes them (a list of names; ``[]`` when not given)."""
+    from voltrl.observability.trackers import LOGGER_NAMES
+
+    parser.add_argument(
+        "--loggers",
+        type=logger_names,
+        default=[],
+        metavar="NAMES",
+        help="experiment trackers besides metrics.jsonl, comma-separated: "
+        + ", ".join(n for n in LOGGER_NAMES if n != "jsonl")
+        + " (options such as a W&B project: the trainer's loggers= or train.yaml)",
+    )
+
+
+def logger_names(value: str) -> list[str]:
+    """``--loggers``' value as a list of tracker names; an unknown name is a usage error."""
+    from voltrl.observability.trackers import LOGGER_NAMES
+
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    if unknown := [n for n in names if n not in LOGGER_NAMES]:
+        raise argparse.ArgumentTypeError(
+            f"unknown logger {unknown[0]!r}: choose from {', '.join(LOGGER_NAMES)}"
+        )
+    return names

@@ -1,22 +1,35 @@
-"""``voltrl train CONFIG.yaml``: train an agent as a YAML config says."""
+"""``voltrl train CONFIG.yaml``: train an agent as a YAML config says.
+
+The config is checked whole before anything starts (:func:`build_from_config`): a config that
+cannot run (no model, a misspelt setting, a missing file or store, an agent that does not
+load) is one line naming the field, and no run directory is made.
+"""
 
 from __future__ import annotations
 
 import argparse
+import difflib
+import inspect
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from voltrl.cli.agents import load_agent
+from voltrl.cli.options import add_loggers_arg
 from voltrl.errors import VoltRLError
 
 if TYPE_CHECKING:
     from voltrl.cli.options import Subparsers
+
+SECTIONS = ("agent", "data", "algorithm", "trainer")
+"""The sections of a ``voltrl train`` config."""
 
 
 def register(sub: Subparsers) -> None:
     """Add ``voltrl train`` to the ``voltrl`` parser."""
     train = sub.add_parser("train", help="train an agent as a YAML config says")
     train.add_argument("config", help="YAML: agent, data, algorithm, trainer")
+    add_loggers_arg(train)
     train.set_defaults(func=_command)
 
 
@@ -28,44 +41,154 @@ def build_from_config(config: dict[str, Any]) -> tuple[Any, Any, str, str | None
     arguments; LocalRL's ``update``, ``trajectory`` and ``warm_start`` (SFT's arguments)
     sections are their configs) and ``trainer``
     (:class:`~voltrl.Trainer` arguments; ``resources`` maps names to LLM fields).
+    Raises :class:`VoltRLError` naming the field (``algorithm.model``, ``data.train``...)
+    of the first thing that cannot run, before anything is started or written.
     """
-    from voltrl.algorithms.baseline import Baseline
     from voltrl.resources import LLM
     from voltrl.runtime import Trainer
 
-    unknown = set(config) - {"agent", "data", "algorithm", "trainer"}
-    if unknown:
-        raise VoltRLError(f"unknown config sections {sorted(unknown)}")
+    if unknown := sorted(set(config) - set(SECTIONS)):
+        raise VoltRLError(f"unknown config sections {unknown}; use {', '.join(SECTIONS)}")
     for key in ("agent", "data"):
         if key not in config:
             raise VoltRLError(f"the config needs a {key!r} section")
     data = config["data"]
     if not isinstance(data, dict) or "train" not in data:
         raise VoltRLError("data needs a 'train' file (and optionally 'val')")
-    algo_cfg = dict(config.get("algorithm") or {"name": "baseline"})
-    name = algo_cfg.pop("name", "baseline")
+    if unknown := sorted(set(data) - {"train", "val"}):
+        raise VoltRLError(f"data.{unknown[0]}: unknown field; data has train and val")
+    algorithm = _algorithm(dict(config.get("algorithm") or {"name": "baseline"}))
+    trainer_cfg = dict(config.get("trainer") or {})
+    _check_fields("trainer", trainer_cfg, Trainer)
     try:
-        if name == "local_rl":  # its update and trajectory sections are taken as dicts
-            from voltrl.algorithms.local import SFT, LocalRL
-
-            if algo_cfg.get("warm_start") is not None:  # a recorded config has it as null
-                algo_cfg["warm_start"] = SFT(**algo_cfg["warm_start"])
-            algorithm: Any = LocalRL(**algo_cfg)
-        elif name == "sft":
-            from voltrl.algorithms.local import SFT
-
-            algorithm = SFT(**algo_cfg)
-        elif name == "baseline":
-            algorithm = Baseline(**algo_cfg)
-        else:
-            raise VoltRLError(f"unknown algorithm {name!r}; use local_rl, sft or baseline")
-        trainer_cfg = dict(config.get("trainer") or {})
         if "resources" in trainer_cfg:
-            trainer_cfg["resources"] = {k: LLM(**v) for k, v in trainer_cfg["resources"].items()}
+            trainer_cfg["resources"] = {
+                name: _validated(LLM, f"trainer.resources.{name}", value)
+                for name, value in (trainer_cfg["resources"] or {}).items()
+            }
         trainer = Trainer(algorithm, **trainer_cfg)
     except (TypeError, ValueError) as exc:
-        raise VoltRLError(f"bad config: {exc}") from None
-    return trainer, load_agent(config["agent"]), data["train"], data.get("val")
+        raise VoltRLError(f"trainer: {exc}") from None
+    for split in ("train", "val"):
+        if data.get(split) is not None and not Path(str(data[split])).is_file():
+            raise VoltRLError(f"data.{split}: file {data[split]} does not exist")
+    return trainer, _agent(config["agent"]), data["train"], data.get("val")
+
+
+def _algorithm(algo_cfg: dict[str, Any]) -> Any:
+    """The ``algorithm`` section's algorithm, each field checked (see :func:`build_from_config`)."""
+    from voltrl.algorithms.baseline import Baseline
+
+    name = algo_cfg.pop("name", "baseline")
+    if name == "baseline":
+        _check_fields("algorithm", algo_cfg, Baseline)
+        return _built(Baseline, "algorithm", algo_cfg)
+    if name not in ("local_rl", "sft"):
+        raise VoltRLError(
+            f"algorithm.name: unknown algorithm {name!r}; use local_rl, sft or baseline"
+        )
+    from voltrl.algorithms.local import SFT, LocalRL
+    from voltrl.algorithms.local.update_config import PolicyUpdateConfig
+    from voltrl.trajectory import TrajectoryConfig
+
+    _check_model("algorithm.model", algo_cfg.get("model"))
+    if name == "sft":
+        _check_sft("algorithm", algo_cfg)
+        return _built(SFT, "algorithm", algo_cfg)
+    _check_fields("algorithm", algo_cfg, LocalRL)
+    for key, model in (("update", PolicyUpdateConfig), ("trajectory", TrajectoryConfig)):
+        if algo_cfg.get(key) is not None:
+            _validated(model, f"algorithm.{key}", algo_cfg[key])
+    if (warm := algo_cfg.get("warm_start")) is not None:  # a recorded config has it as null
+        if not isinstance(warm, dict):
+            raise VoltRLError("algorithm.warm_start: expected SFT's settings (a mapping)")
+        if warm.get("model") is not None:
+            raise VoltRLError("algorithm.warm_start.model: leave it out (it trains LocalRL's)")
+        warm = {k: v for k, v in warm.items() if k != "model"}
+        _check_sft("algorithm.warm_start", warm)
+        algo_cfg["warm_start"] = _built(SFT, "algorithm.warm_start", warm)
+    return _built(LocalRL, "algorithm", algo_cfg)
+
+
+def _check_fields(where: str, given: dict[str, Any], target: Callable[..., Any]) -> None:
+    """A setting ``target`` does not take (from a config) is an error naming it, and the
+    nearest one it takes."""
+    objects = ("self", "tokenizer", "algorithm")  # objects, which no config holds
+    known = [p for p in inspect.signature(target).parameters if p not in objects]
+    for key in given:
+        if key not in known:
+            near = difflib.get_close_matches(key, known, n=1)
+            hint = f" (did you mean {near[0]!r}?)" if near else ""
+            raise VoltRLError(f"{where}.{key}: unknown field{hint}")
+
+
+def _check_model(where: str, model: Any) -> None:
+    """The model must be a name or path that can load: ``tiny``, a hub name, a directory."""
+    if model is None:
+        raise VoltRLError(
+            f"{where}: none given (a run given a model object records null): set it to a "
+            "model directory, a hub name or tiny"
+        )
+    if not isinstance(model, str):
+        raise VoltRLError(f"{where}: expected a model directory, a hub name or tiny")
+    if model == "tiny" or Path(model).expanduser().exists():
+        return
+    try:
+        from huggingface_hub.utils import HFValidationError, validate_repo_id
+    except ModuleNotFoundError:  # LocalRL's own check says what to install
+        return
+    try:
+        validate_repo_id(model)
+    except HFValidationError:
+        raise VoltRLError(f"{where}: the directory {model} does not exist") from None
+
+
+def _check_sft(where: str, sft: dict[str, Any]) -> None:
+    """SFT's fields, and its sources: each a store or run directory that exists."""
+    from voltrl.algorithms.local import SFT
+    from voltrl.store import parse_store
+
+    _check_fields(where, sft, SFT)
+    if "source" not in sft:
+        raise VoltRLError(f"{where}.source: none given (run directories or stores to learn from)")
+    sources = sft["source"] if isinstance(sft["source"], list) else [sft["source"]]
+    for source in sources:
+        try:
+            parse_store(source, existing=True)
+        except VoltRLError as exc:
+            raise VoltRLError(f"{where}.source: {exc}") from None
+
+
+def _validated(model: Any, where: str, value: Any) -> Any:
+    """``value`` as the pydantic ``model``; its first error names the field."""
+    from pydantic import ValidationError
+
+    try:
+        return model.model_validate(value)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        field = ".".join(map(str, (where, *error["loc"])))
+        raise VoltRLError(f"{field}: {error['msg']}") from None
+
+
+def _built(cls: Callable[..., Any], where: str, settings: dict[str, Any]) -> Any:
+    try:
+        return cls(**settings)
+    except (TypeError, ValueError) as exc:
+        raise VoltRLError(f"{where}: {exc}") from None
+
+
+def _agent(spec: Any) -> Any:
+    if not isinstance(spec, str) or spec == "MODULE:AGENT":
+        raise VoltRLError(
+            f"agent: {spec!r} names no agent; set it to MODULE:AGENT or path/to/file.py:AGENT"
+        )
+    try:
+        return load_agent(spec)
+    except VoltRLError as exc:
+        raise VoltRLError(f"agent: {exc}") from None
+    except TypeError as exc:  # a class whose constructor needs arguments
+        raise VoltRLError(f"agent: cannot build {spec}: {exc}") from None
 
 
 def _command(args: argparse.Namespace) -> int:
@@ -80,6 +203,8 @@ def _command(args: argparse.Namespace) -> int:
         raise VoltRLError(f"{path}: not valid YAML: {exc}") from None
     if not isinstance(config, dict):
         raise VoltRLError(f"{path}: the config must be a mapping")
+    if args.loggers:
+        config["trainer"] = {**(config.get("trainer") or {}), "loggers": args.loggers}
     trainer, agent, train, val = build_from_config(config)
     result = trainer.fit(agent, train, val)
     # an RL run that ran no rollout did nothing; SFT alone runs none by design

@@ -5,11 +5,15 @@ A run's name is the one asked for unless its directory holds another run (:data:
 that this one does not resume; then it is ``NAME-2``, ``NAME-3``... (:func:`free_run_name`).
 ``train.yaml`` is the ``voltrl train`` config of a ``fit``: the agent, the data, the
 algorithm's config and the trainer's arguments (:func:`trainer_section`, also what the run's
-experiment trackers get as its config), never a secret.
+experiment trackers get as its config), never a secret. It names the model as the run was
+given it (a local path made absolute); a model object, or an agent that cannot be built again
+from its name, leaves ``null`` or ``MODULE:AGENT`` there, with a line saying what to fill in,
+and ``voltrl train`` refuses the file, naming the field, until it is filled in.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import secrets
 import sys
@@ -22,6 +26,7 @@ from voltrl.agent import FunctionAgent, LitAgent
 from voltrl.observability.trackers import LOGGERS
 from voltrl.resources import LLM, Resources
 from voltrl.runtime.dataset import Dataset
+from voltrl.runtime.run_setup import jsonl_text
 from voltrl.types import Run, Task
 
 if TYPE_CHECKING:
@@ -88,7 +93,7 @@ def write_train_yaml(
         if isinstance(source, str | Path):
             return str(Path(source).resolve())
         path = run_dir / f"{split}.jsonl"
-        path.write_text("".join(json.dumps(t.input) + "\n" for t in tasks))
+        path.write_text(jsonl_text(tasks))
         return str(path.resolve())
 
     data = {"train": data_file(*train, "train")}
@@ -99,10 +104,19 @@ def write_train_yaml(
     model = getattr(algo, "model", None)
     if algo.name in ("local_rl", "sft") and not isinstance(model, str | Path):
         algorithm["model"] = None
-        notes.append("# This run was given a model object: set algorithm.model to its path.")
+        notes.append(
+            "# This run was given a model object: set algorithm.model to its path or hub name."
+        )
+    elif isinstance(model, str | Path) and model != "tiny" and Path(model).expanduser().exists():
+        algorithm["model"] = str(Path(model).expanduser().resolve())  # from any directory
+    if "resume" in algorithm:  # a new run of this training; a resumed one's file says so too
+        algorithm["resume"] = False
     spec = agent_spec(agent)
     if spec == "MODULE:AGENT":
-        notes.append("# The agent is not importable by name: set agent to MODULE:AGENT.")
+        notes.append(
+            "# The agent is not importable by name (or was built with arguments): set agent "
+            "to MODULE:AGENT."
+        )
     config = {
         "agent": spec,
         "data": data,
@@ -110,10 +124,15 @@ def write_train_yaml(
         "trainer": trainer_section(trainer, run_dir),
     }
     path = run_dir / "train.yaml"
-    header = "# Runs this training again: voltrl train " + str(path) + "\n"
+    if notes:
+        header = "# Runs this training again once the fields named below are set: voltrl train "
+    else:
+        header = "# Runs this training again: voltrl train "
     # in the order given: mappings such as lora_adapters route by their order
     body = yaml.safe_dump(config, sort_keys=False)
-    path.write_text(header + "".join(n + "\n" for n in notes) + body)
+    resume = "# (algorithm.resume: true continues this run from its last checkpoint instead)\n"
+    text = header + str(path) + "\n" + (resume if "resume" in algorithm else "")
+    path.write_text(text + "".join(n + "\n" for n in notes) + body)
     return path
 
 
@@ -169,19 +188,40 @@ def tracked_config(trainer: Trainer, run: Run, run_dir: Path) -> dict[str, Any]:
 
 def agent_spec(agent: LitAgent) -> str:
     """``MODULE:NAME`` that imports ``agent`` in ``voltrl runner`` and ``voltrl train``, or
-    ``FILE.py:NAME`` for a script or a top-level module (found from any directory);
-    ``MODULE:AGENT`` when it has no importable name."""
+    ``FILE.py:NAME`` for a script or a top-level module (found from any directory):
+    the module-level name bound to the agent itself when there is one (``calc_agent =
+    calc_agent_at(None)``), else its function's or class's name; ``MODULE:AGENT`` when it has
+    no importable name, or is an instance of a class built with arguments (importing the
+    class would build another agent)."""
     target: Any = agent.fn if isinstance(agent, FunctionAgent) else type(agent)
     module, name = getattr(target, "__module__", None), getattr(target, "__qualname__", "")
+    loaded = sys.modules.get(module or "")
+    bound = [k for k, v in vars(loaded).items() if v is agent] if loaded is not None else []
+    if bound:
+        name = bound[0]
+    elif not isinstance(agent, FunctionAgent) and not _built_without_arguments(agent):
+        return "MODULE:AGENT"
     if not module or "<" in name:
         return "MODULE:AGENT"
     if "." not in module:
-        path = getattr(sys.modules.get(module), "__file__", None)
+        path = getattr(loaded, "__file__", None)
         if path and path.endswith(".py"):
             return f"{Path(path).resolve()}:{name}"
         if module == "__main__":
             return "MODULE:AGENT"
     return f"{module}:{name}"
+
+
+def _built_without_arguments(agent: LitAgent) -> bool:
+    """Whether importing ``agent``'s class builds the same agent: its constructor needs no
+    argument (``voltrl train`` and ``voltrl runner`` call it so)."""
+    try:
+        parameters = inspect.signature(type(agent)).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    needed = [p for p in parameters if p.kind not in variadic]
+    return all(p.default is not inspect.Parameter.empty for p in needed)
 
 
 def algorithm_config(algorithm: Algorithm) -> dict[str, Any]:

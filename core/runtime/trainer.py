@@ -40,7 +40,14 @@ from voltrl.resources import Resource, Resources
 from voltrl.runtime.context import TrainContext
 from voltrl.runtime.dataset import Dataset, load_tasks
 from voltrl.runtime.interrupt import interruptible
-from voltrl.runtime.run_dir import algorithm_config, run_name, tracked_config, write_train_yaml
+from voltrl.runtime.run_dir import (
+    agent_spec,
+    algorithm_config,
+    run_name,
+    tracked_config,
+    write_train_yaml,
+)
+from voltrl.runtime.run_setup import check_resume, run_setup, write_setup
 from voltrl.runtime.runner import RunnerConfig
 from voltrl.runtime.services import Services, runner_command
 from voltrl.store.base import Store
@@ -48,6 +55,10 @@ from voltrl.types import Rollout, Run, RunStatus, Task
 
 if TYPE_CHECKING:
     from voltrl.retry import GatewayRetry
+
+ResumeCheck = Callable[[Run, Path], None]
+"""Called with the run a ``fit`` resumes and its directory before the run changes; raises
+to refuse (:func:`~voltrl.runtime.run_setup.check_resume`)."""
 
 
 @dataclass
@@ -219,8 +230,17 @@ class Trainer:
         train = load_tasks(train_dataset, split="train")
         val = load_tasks(val_dataset, split="val") if val_dataset is not None else None
         agent = _as_agent(agent)
-        async with self._session("fit", agent) as ctx, self._reporting_failures(ctx, agent):
+        setup = run_setup(self, agent_spec(agent), train, val)
+
+        def keeps_setup(previous: Run, run_dir: Path) -> None:
+            config = algorithm_config(self.algorithm)
+            tasks = {"train": train, "val": val}
+            check_resume(previous.name, run_dir, previous.config, config, setup, tasks)
+
+        session = self._session("fit", agent, keeps_setup)
+        async with session as ctx, self._reporting_failures(ctx, agent):
             self.write_config(ctx.run_dir, agent, (train_dataset, train), (val_dataset, val))
+            write_setup(ctx.run_dir, setup)
             async with self._algorithm(ctx):
                 await self.algorithm.train(ctx, train, val)
             return await self._result(ctx)
@@ -278,20 +298,30 @@ class Trainer:
         spec = self.store if self.store is not None else run_dir / "store.sqlite"
         return open_store(spec), True
 
-    async def _open_run(self, store: Store, name: str, kind: str, resume: bool) -> Run:
-        """The run record: the latest run of this name when resuming (``running`` again),
-        else a new one."""
+    async def _open_run(
+        self,
+        store: Store,
+        run_dir: Path,
+        kind: str,
+        resume: bool,
+        keeps_setup: ResumeCheck | None,
+    ) -> Run:
+        """The run record: the latest run of this name when resuming (``running`` again, with
+        the settings given now, once ``keeps_setup`` has let it continue), else a new one."""
+        name = run_dir.name
         config = algorithm_config(self.algorithm)
         if resume:
             previous = [r for r in await store.list_runs() if r.name == name and r.kind == kind]
             if previous:
+                if keeps_setup is not None:
+                    keeps_setup(previous[-1], run_dir)
                 if previous[-1].status == "running":
                     print(
                         f"run {name!r} is marked running: resuming it (make sure no other "
                         "process still trains it; a process that was killed leaves it so)",
                         flush=True,
                     )
-                update = {"status": "running", "finished_at": None, "error": None}
+                update = {"status": "running", "finished_at": None, "error": None, "config": config}
                 return await store.add_run(previous[-1].model_copy(update=update))
         algorithm = self.algorithm.name
         return await store.add_run(Run(name=name, kind=kind, algorithm=algorithm, config=config))  # type: ignore[arg-type]
@@ -312,17 +342,20 @@ class Trainer:
             await self.algorithm.teardown(ctx)
 
     @contextlib.asynccontextmanager
-    async def _session(self, kind: str, agent: LitAgent) -> AsyncIterator[TrainContext]:
+    async def _session(
+        self, kind: str, agent: LitAgent, keeps_setup: ResumeCheck | None = None
+    ) -> AsyncIterator[TrainContext]:
         """The run from start to end: name it, open its directory, store and record, start
         its services; when the block ends, stop them and mark the run ``finished``,
-        ``interrupted`` (cancelled: Ctrl-C or SIGTERM) or ``failed``."""
+        ``interrupted`` (cancelled: Ctrl-C or SIGTERM) or ``failed``. A ``fit`` that resumes
+        a run calls ``keeps_setup(the run, its directory)`` first, which raises to refuse."""
         resume = kind == "fit" and self.algorithm.resume
         name = run_name(self.run_dir, self.name, kind, resume)
         run_dir = self.run_dir / name
         run_dir.mkdir(parents=True, exist_ok=True)
         store, owned = await self._open_store(run_dir)
         try:
-            run = await self._open_run(store, name, kind, resume)
+            run = await self._open_run(store, run_dir, kind, resume, keeps_setup)
         except BaseException:
             await _close_if(store, owned)
             raise

@@ -5,6 +5,7 @@ trains the model it uses with LocalRL on this machine.
     python samples/agent_service/run.py dev --endpoint http://127.0.0.1:8000/v1 --model NAME
     python samples/agent_service/run.py train                  # the tiny built-in model, 2 steps
     python samples/agent_service/run.py train --model Qwen/Qwen2.5-0.5B-Instruct --steps 50
+    python samples/agent_service/run.py train --loggers tensorboard  # also to TensorBoard
 
 Both start ``service.py`` as a subprocess (or use ``--service-url`` of one already running,
 whose ``VOLTRL_GATEWAY_FILE`` must be ``--gateway-file``), wait until it is healthy, and run
@@ -99,8 +100,8 @@ def datasets(seed: int, n_train: int, n_val: int) -> tuple[list[dict], list[dict
 def dev(args: argparse.Namespace) -> vl.RunResult:
     """Run the agent once per task against ``--endpoint``, no training."""
     _, tasks = datasets(args.seed, 0, args.n)
-    name = "agent_service-dev"
-    with agent_for(args, args.out / name) as agent:
+    name = cli.run_name(args, "agent_service-dev")
+    with agent_for(args, args.run_dir / name) as agent:
         result = cli.dev_run(args, agent, name, tasks)
     print(f"solved {result.stats.reward_mean or 0.0:.1%} of {len(tasks)}; run in {result.run_dir}")
     return result
@@ -110,13 +111,13 @@ def train(args: argparse.Namespace) -> vl.RunResult:
     """Train the service agent's model with LocalRL, validating before and after."""
     train_rows, val_rows = datasets(args.seed, 500, args.n_val)
     algorithm = cli.local_rl(args)
-    name = "agent_service-train"
-    with agent_for(args, args.out / name) as agent:
+    name = cli.run_name(args, "agent_service-train")
+    with agent_for(args, args.run_dir / name) as agent:
         return cli.train_run(args, algorithm, agent, name, train_rows, val_rows)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser, sub = cli.sample_parser(__doc__)
     common = cli.common_arguments("task")
     common.add_argument("--service-url", help="use this running service instead of starting one")
     common.add_argument(
@@ -125,11 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         help=f"where to publish the gateway (the service's ${GATEWAY_FILE_ENV}); "
         "default: gateway.json in the run directory",
     )
-    cli.add_commands(parser, common, "tasks", dev=dev, train=train)
-
-    args = parser.parse_args(argv)
-    args.run(args)
-    return 0
+    cli.add_commands(sub, common, "tasks", dev=dev, train=train)
+    return cli.main_with(parser, argv, cli.run_command)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,9 @@
     python samples/autogen_calc/run.py dev --endpoint http://127.0.0.1:8000/v1 --model NAME
     python samples/autogen_calc/run.py train                  # the tiny built-in model, 2 steps
     python samples/autogen_calc/run.py train --model Qwen/Qwen2.5-0.5B-Instruct --steps 50
+    python samples/autogen_calc/run.py train --loggers tensorboard  # also to TensorBoard
+
+``voltrl train runs/<name>/train.yaml`` runs a ``train`` again.
 """
 
 from __future__ import annotations
@@ -30,8 +33,9 @@ def datasets(seed: int, n_train: int, n_val: int) -> tuple[list[dict], list[dict
 def dev(args: argparse.Namespace) -> vl.RunResult:
     """Run the agent once per problem against ``--endpoint``, no training."""
     _, problems = datasets(args.seed, 0, args.n)
-    write_jsonl(problems, args.out / "autogen_calc-dev" / "problems.jsonl")
-    result = cli.dev_run(args, autogen_calc_agent, "autogen_calc-dev", problems)
+    name = cli.run_name(args, "autogen_calc-dev")
+    write_jsonl(problems, args.run_dir / name / "problems.jsonl")
+    result = cli.dev_run(args, autogen_calc_agent, name, problems)
     solved = result.stats.reward_mean or 0.0
     print(f"solved {solved:.1%} of {len(problems)} problems; run in {result.run_dir}")
     return result
@@ -41,17 +45,14 @@ def train(args: argparse.Namespace) -> vl.RunResult:
     """Train the agent's model with LocalRL, validating before and after."""
     train_rows, val_rows = datasets(args.seed, 500, args.n_val)
     algorithm = cli.local_rl(args)
-    return cli.train_run(
-        args, algorithm, autogen_calc_agent, "autogen_calc-train", train_rows, val_rows
-    )
+    name = cli.run_name(args, "autogen_calc-train")
+    return cli.train_run(args, algorithm, autogen_calc_agent, name, train_rows, val_rows)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    cli.add_commands(parser, cli.common_arguments("problem"), "problems", dev=dev, train=train)
-    args = parser.parse_args(argv)
-    args.run(args)
-    return 0
+    parser, sub = cli.sample_parser(__doc__)
+    cli.add_commands(sub, cli.common_arguments("problem"), "problems", dev=dev, train=train)
+    return cli.main_with(parser, argv, cli.run_command)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 python samples/calc_mcp/run.py dev --endpoint http://127.0.0.1:8000/v1 --model NAME
 python samples/calc_mcp/run.py train                     # tiny random model, 2 steps, CPU
 python samples/calc_mcp/run.py train --model Qwen/Qwen2.5-0.5B-Instruct --steps 30
+python samples/calc_mcp/run.py train --loggers tensorboard  # also to TensorBoard
 
 ``--shared-server``: one calculator server for the run, called by every rollout over
 streamable HTTP, instead of a stdio server started by each rollout.
@@ -17,8 +18,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+sys.path[:0] = [str(HERE), str(HERE.parent)]
 
+import sample_cli as cli  # noqa: E402
 from agent import calc_agent, calc_agent_at, shared_calculator  # noqa: E402
 from data import make_problems  # noqa: E402
 
@@ -48,9 +50,8 @@ def dev(args: argparse.Namespace) -> vl.RunResult:
         resources={"main_llm": llm},
         n_runners=1,
         max_concurrency=args.concurrency,
-        run_dir=args.run_dir,
-        name=args.name,
         request_token_ids=not args.no_token_ids,
+        **cli.trainer_args(args),
     )
     with the_agent(args) as agent:
         return trainer.dev(agent, make_problems(args.tasks, seed=args.seed))
@@ -58,10 +59,8 @@ def dev(args: argparse.Namespace) -> vl.RunResult:
 
 def train(args: argparse.Namespace) -> vl.RunResult:
     """Train the model behind the agent with LocalRL on this machine."""
-    from voltrl.algorithms.local.tiny import tiny_or_named
-
     algorithm = vl.LocalRL(
-        **tiny_or_named(args.model),
+        args.model or "tiny",
         steps=args.steps,
         tasks_per_step=args.tasks_per_step,
         group_size=args.group_size,
@@ -69,14 +68,14 @@ def train(args: argparse.Namespace) -> vl.RunResult:
         val_sampling={"temperature": 0.0, "max_tokens": args.max_tokens},
         val_every=args.steps,
         seed=args.seed,
+        resume=args.resume,
     )
     trainer = vl.Trainer(
         algorithm,
         n_runners=1,
         max_concurrency=args.concurrency,
-        run_dir=args.run_dir,
-        name=args.name,
         rollout_timeout_s=600,
+        **cli.trainer_args(args),
     )
     problems = make_problems(args.train_tasks + args.val_tasks, seed=args.seed)
     with the_agent(args) as agent:
@@ -84,12 +83,9 @@ def train(args: argparse.Namespace) -> vl.RunResult:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--run-dir", type=Path, default=Path("runs"))
-    common.add_argument("--name", default=None, help="run name (default: a fresh one)")
-    common.add_argument("--seed", type=int, default=0)
+    parser, sub = cli.sample_parser(__doc__)
+    common = argparse.ArgumentParser(add_help=False, parents=[cli.trainer_options()])
+    common.add_argument("--seed", type=int, default=0, help="problem generation seed")
     common.add_argument("--concurrency", type=int, default=4, help="rollouts in flight")
     common.add_argument(
         "--shared-server",
@@ -97,28 +93,28 @@ def main(argv: list[str] | None = None) -> int:
         help="one calculator MCP server for the run (HTTP), not one per rollout (stdio)",
     )
 
-    d = sub.add_parser("dev", parents=[common], help="run against an OpenAI-compatible server")
+    d = cli.subcommand(sub, "dev", "run against an OpenAI-compatible server", [common])
     d.add_argument("--endpoint", required=True, help="base URL, e.g. http://127.0.0.1:8000/v1")
-    d.add_argument("--model", required=True)
-    d.add_argument("--api-key", default="EMPTY")
-    d.add_argument("--tasks", type=int, default=8)
-    d.add_argument("--max-tokens", type=int, default=512)
+    d.add_argument("--model", required=True, help="model name the endpoint serves")
+    d.add_argument("--api-key", default="EMPTY", help="the endpoint's API key")
+    d.add_argument("--tasks", type=int, default=8, help="problems to run")
+    d.add_argument("--max-tokens", type=int, default=512, help="per model call")
     d.add_argument(
         "--no-token-ids", action="store_true", help="for hosted APIs that reject vLLM's fields"
     )
+    d.set_defaults(run=dev)
 
-    t = sub.add_parser("train", parents=[common], help="train with LocalRL on this machine")
+    t = cli.subcommand(sub, "train", "train with LocalRL on this machine", [common])
     t.add_argument("--model", default=None, help="path or hub name (default: the tiny model)")
-    t.add_argument("--steps", type=int, default=2)
-    t.add_argument("--tasks-per-step", type=int, default=2)
-    t.add_argument("--group-size", type=int, default=4)
-    t.add_argument("--train-tasks", type=int, default=200)
-    t.add_argument("--val-tasks", type=int, default=4)
-    t.add_argument("--max-tokens", type=int, default=48)
-
-    args = parser.parse_args(argv)
-    result = dev(args) if args.command == "dev" else train(args)
-    return 0 if result.stats.failed == 0 else 1
+    cli.add_resume(t)
+    t.add_argument("--steps", type=int, default=2, help="policy updates")
+    t.add_argument("--tasks-per-step", type=int, default=2, help="problems per update")
+    t.add_argument("--group-size", type=int, default=4, help="rollouts per problem")
+    t.add_argument("--train-tasks", type=int, default=200, help="training problems")
+    t.add_argument("--val-tasks", type=int, default=4, help="held-out problems")
+    t.add_argument("--max-tokens", type=int, default=48, help="per model call")
+    t.set_defaults(run=train)
+    return cli.main_with(parser, argv, cli.run_command)
 
 
 if __name__ == "__main__":

@@ -24,9 +24,10 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 from data import make_tasks, warmup_conversations  # noqa: E402
+from sample_cli import HelpFormatter  # noqa: E402
 
 MODEL = {"hidden": 128, "layers": 2, "heads": 4, "kv_heads": 2}
 WARMUP = {"steps": 1500, "batch_size": 32, "lr": 2e-3, "transcripts": 4000, "p_tool": 0.5}
@@ -135,16 +136,18 @@ def write_run_files(run_dir: Path, seed: int, model_path: Path, steps: int) -> P
 
 def run_seed(seed: int, out: Path, steps: int) -> dict[str, Any]:
     """Warm up, train and evaluate one seed; returns its before/after numbers."""
-    from voltrl.cli import build_from_config
-
-    model_path = warm_model(seed, out / ".cache")
-    run_dir = out / f"calculator-seed{seed}"
     import yaml
 
+    from voltrl.cli import build_from_config
+    from voltrl.runtime import free_run_name
+
+    model_path = warm_model(seed, out / ".cache")
+    # a re-run of a seed gets a directory of its own: the earlier run's files stay as they were
+    run_dir = out / free_run_name(out, f"calculator-seed{seed}")
     config = yaml.safe_load(write_run_files(run_dir, seed, model_path, steps).read_text())
     trainer, agent, train, val = build_from_config(config)
     started = time.time()
-    result = trainer.fit(agent, train, val)  # a re-run gets its own directory, said on the console
+    result = trainer.fit(agent, train, val)
     val_points = [h for h in trainer.algorithm.history if "val/reward_mean" in h]
     return {
         "seed": seed,
@@ -156,10 +159,15 @@ def run_seed(seed: int, out: Path, steps: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=HelpFormatter
+    )
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="one run per seed")
     parser.add_argument("--steps", type=int, default=30, help="policy updates per seed")
-    parser.add_argument("--out", type=Path, default=Path("runs"))
+    parser.add_argument(
+        "--run-dir", "--out", dest="out", type=Path, default=Path("runs"),
+        help="directory of run directories (and of the warm-up cache, .cache)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     results = [run_seed(seed, args.out, args.steps) for seed in args.seeds]
 

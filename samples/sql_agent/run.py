@@ -4,6 +4,7 @@ with LocalRL on this machine, optimising only its ``write`` and ``rewrite`` agen
     python samples/sql_agent/run.py dev --endpoint http://127.0.0.1:8000/v1 --model NAME
     python samples/sql_agent/run.py train                   # tiny random model, 2 steps
     python samples/sql_agent/run.py train --model Qwen/Qwen2.5-0.5B-Instruct --steps 20
+    python samples/sql_agent/run.py train --loggers tensorboard  # also to TensorBoard
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+import sample_cli as cli  # noqa: E402
 
 
 def load_agent_module() -> Any:
@@ -53,8 +57,8 @@ def dev(args: argparse.Namespace) -> int:
         inline=True,
         max_concurrency=args.concurrency,
         request_token_ids=not args.no_token_ids,
-        run_dir=args.out,
         rollout_timeout_s=300,
+        **cli.trainer_args(args),
     )
     rows = questions(args.split)[: args.limit]
     result = trainer.dev(load_agent_module().sql_agent, rows)
@@ -64,14 +68,13 @@ def dev(args: argparse.Namespace) -> int:
 def train(args: argparse.Namespace) -> int:
     """Train with LocalRL; only the calls of ``write`` and ``rewrite`` become training rows."""
     import voltrl as vl
-    from voltrl.algorithms.local.tiny import tiny_or_named
     from voltrl.algorithms.local.update import PolicyUpdateConfig
     from voltrl.trajectory import TrajectoryConfig
 
     agent = load_agent_module()
     sampling = {"temperature": 1.0, "max_tokens": args.max_tokens}
     algorithm = vl.LocalRL(
-        **tiny_or_named(args.model, seed=args.seed, hidden=64),
+        args.model or "tiny",
         steps=args.steps,
         tasks_per_step=args.tasks_per_step,
         group_size=args.group_size,
@@ -81,14 +84,15 @@ def train(args: argparse.Namespace) -> int:
         update=PolicyUpdateConfig(lr=args.lr, seed=args.seed),
         trajectory=TrajectoryConfig(agent_filter=agent.AGENT_FILTER),
         seed=args.seed,
+        resume=args.resume,
     )
     trainer = vl.Trainer(
         algorithm,
         n_runners=1,
         inline=True,
         max_concurrency=args.tasks_per_step * args.group_size,
-        run_dir=args.out,
         rollout_timeout_s=600,
+        **cli.trainer_args(args),
     )
     val = questions("val")[: args.val_limit]
     result = trainer.fit(agent.sql_agent, questions("train"), val)
@@ -103,39 +107,38 @@ def train(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    run_dev = sub.add_parser("dev", help="run each question once against an endpoint")
+    parser, sub = cli.sample_parser(__doc__)
+    options = cli.trainer_options()
+    run_dev = cli.subcommand(sub, "dev", "run each question once against an endpoint", [options])
     run_dev.add_argument("--endpoint", required=True, help="OpenAI-compatible base URL (…/v1)")
     run_dev.add_argument("--model", required=True, help="model name the endpoint serves")
-    run_dev.add_argument("--api-key", default="EMPTY")
-    run_dev.add_argument("--split", choices=["train", "val", "all"], default="val")
+    run_dev.add_argument("--api-key", default="EMPTY", help="the endpoint's API key")
+    run_dev.add_argument(
+        "--split", choices=["train", "val", "all"], default="val", help="questions to run"
+    )
     run_dev.add_argument("--limit", type=int, default=None, help="only the first N questions")
-    run_dev.add_argument("--temperature", type=float, default=0.0)
-    run_dev.add_argument("--max-tokens", type=int, default=256)
-    run_dev.add_argument("--concurrency", type=int, default=4)
+    run_dev.add_argument("--temperature", type=float, default=0.0, help="sampling temperature")
+    run_dev.add_argument("--max-tokens", type=int, default=256, help="per model call")
+    run_dev.add_argument("--concurrency", type=int, default=4, help="questions at a time")
     run_dev.add_argument(
         "--no-token-ids", action="store_true", help="the endpoint is a hosted API (no vLLM ids)"
     )
-    run_dev.add_argument("--out", type=Path, default=Path("runs"))
     run_dev.set_defaults(fn=dev)
 
-    run_train = sub.add_parser("train", help="train write/rewrite with LocalRL")
+    run_train = cli.subcommand(sub, "train", "train write/rewrite with LocalRL", [options])
     run_train.add_argument(
         "--model", default=None, help="model path or hub name (default: a tiny random model)"
     )
-    run_train.add_argument("--steps", type=int, default=2)
-    run_train.add_argument("--tasks-per-step", type=int, default=2)
-    run_train.add_argument("--group-size", type=int, default=2)
-    run_train.add_argument("--max-tokens", type=int, default=48)
+    cli.add_resume(run_train)
+    run_train.add_argument("--steps", type=int, default=2, help="policy updates")
+    run_train.add_argument("--tasks-per-step", type=int, default=2, help="questions per update")
+    run_train.add_argument("--group-size", type=int, default=2, help="rollouts per question")
+    run_train.add_argument("--max-tokens", type=int, default=48, help="per model call")
     run_train.add_argument("--val-limit", type=int, default=2, help="validation questions")
-    run_train.add_argument("--lr", type=float, default=1e-5)
-    run_train.add_argument("--seed", type=int, default=0)
-    run_train.add_argument("--out", type=Path, default=Path("runs"))
+    run_train.add_argument("--lr", type=float, default=1e-5, help="learning rate")
+    run_train.add_argument("--seed", type=int, default=0, help="sampling and update seed")
     run_train.set_defaults(fn=train)
-
-    args = parser.parse_args(argv)
-    return args.fn(args)
+    return cli.main_with(parser, argv, lambda args: args.fn(args))
 
 
 if __name__ == "__main__":

@@ -4,10 +4,12 @@
     python samples/tau2_airline/run.py dev --endpoint URL --model NAME \\
         [--user-endpoint URL --user-model NAME]                         # default: scripted user
     python samples/tau2_airline/run.py train [--name N [--resume]]      # LocalRL, tiny model
+    python samples/tau2_airline/run.py train --loggers tensorboard      # also to TensorBoard
 
 The data is ``--data DIR``, else ``$TAU2_DATA_DIR`` (tau2-bench's data directory, or one
 written by ``generate``); with neither, the generated domain of seed 0 is written under
-``--out`` and used. After each run, a table of how the episodes ended.
+``--run-dir`` and used. After each run, a table of how the episodes ended.
+``voltrl train runs/<name>/train.yaml`` runs a ``train`` again.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from collections import Counter
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+sys.path[:0] = [str(HERE), str(HERE.parent)]
 
+import sample_cli as cli  # noqa: E402
 from agent import AGENT_FILTER, MAX_TURNS, airline_episode, task_rows  # noqa: E402
 from airline_db import DomainDataError, load_domain, write_domain  # noqa: E402
 from generate_domain import make_domain  # noqa: E402
@@ -32,12 +35,12 @@ from voltrl.store import open_store  # noqa: E402
 
 
 def resolve_data(args: argparse.Namespace) -> Path:
-    """``--data``, else ``$TAU2_DATA_DIR``, else the generated domain under ``--out``."""
+    """``--data``, else ``$TAU2_DATA_DIR``, else the generated domain under ``--run-dir``."""
     if args.data:
         return Path(args.data)
     if os.environ.get("TAU2_DATA_DIR"):
         return Path(os.environ["TAU2_DATA_DIR"])
-    target = args.out / "tau2-generated"
+    target = args.run_dir / "tau2-generated"
     if not (target / "tau2").exists():
         write_domain(make_domain(0), target)
         print(f"no --data or TAU2_DATA_DIR: wrote the generated domain (seed 0) to {target}")
@@ -102,10 +105,9 @@ def dev(args: argparse.Namespace) -> vl.RunResult:
         resources=resources,
         n_runners=1,
         max_concurrency=args.concurrency,
-        run_dir=args.out,
-        name=args.name,
         request_token_ids=not args.no_token_ids,
         rollout_timeout_s=900,
+        **cli.trainer_args(args),
     )
     user = "user_llm" if customer is not None else "scripted"
     return trainer.dev(airline_episode, task_rows(data, ids, user))
@@ -113,7 +115,6 @@ def dev(args: argparse.Namespace) -> vl.RunResult:
 
 def train(args: argparse.Namespace) -> vl.RunResult:
     """LocalRL on ``--model`` (default: the tiny random model): the assistant's calls only."""
-    from voltrl.algorithms.local.tiny import tiny_or_named
     from voltrl.algorithms.local.update import PolicyUpdateConfig
     from voltrl.trajectory import TrajectoryConfig
 
@@ -127,7 +128,7 @@ def train(args: argparse.Namespace) -> vl.RunResult:
     if customer is not None:
         user = "user_llm"
     algorithm = vl.LocalRL(
-        **tiny_or_named(args.model, seed=args.seed),
+        args.model or "tiny",
         steps=args.steps,
         tasks_per_step=args.tasks_per_step,
         group_size=args.group_size,
@@ -148,11 +149,10 @@ def train(args: argparse.Namespace) -> vl.RunResult:
         algorithm,
         n_runners=1,
         max_concurrency=args.concurrency,
-        run_dir=args.out,
-        name=args.name,
         rollout_timeout_s=900,
         resources={"user_llm": customer} if customer is not None else None,
         request_token_ids=False,  # the trainer's gateways front the customer only
+        **cli.trainer_args(args),
     )
     train_rows = task_rows(data, domain.task_ids("train"), user)
     val_rows = task_rows(data, domain.task_ids("test")[: args.n_val], user)
@@ -169,32 +169,29 @@ def train(args: argparse.Namespace) -> vl.RunResult:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    common = argparse.ArgumentParser(add_help=False)
+    parser, sub = cli.sample_parser(__doc__)
+    common = argparse.ArgumentParser(add_help=False, parents=[cli.trainer_options()])
     common.add_argument("--data", type=Path, help="tau2 data directory (default $TAU2_DATA_DIR)")
-    common.add_argument("--out", type=Path, default=Path("runs"), help="run directory root")
-    common.add_argument("--name", default=None, help="run name (default: a fresh one)")
     common.add_argument("--concurrency", type=int, default=4, help="episodes at a time")
     common.add_argument("--user-endpoint", help="OpenAI-compatible URL of the customer's model")
     common.add_argument("--user-model", help="the customer's model name")
     common.add_argument("--user-api-key-env", default=None, help="env var with its API key")
 
-    g = sub.add_parser("generate", help="write the generated domain in tau2's format")
+    g = cli.subcommand(sub, "generate", "write the generated domain in tau2's format")
     g.add_argument("--out", type=Path, required=True, help="the data directory to write")
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--seed", type=int, default=0, help="the domain's seed")
 
-    d = sub.add_parser("dev", parents=[common], help="run each task once against endpoints")
+    d = cli.subcommand(sub, "dev", "run each task once against endpoints", [common])
     d.add_argument("--endpoint", required=True, help="the assistant's OpenAI-compatible URL")
     d.add_argument("--model", required=True, help="the assistant's model name")
     d.add_argument("--api-key-env", default=None, help="env var with the assistant's API key")
     d.add_argument("--split", default="test", help="train, test or all")
     d.add_argument("--limit", type=int, default=None, help="only the first N tasks")
-    d.add_argument("--temperature", type=float, default=0.0)
-    d.add_argument("--max-tokens", type=int, default=512)
+    d.add_argument("--temperature", type=float, default=0.0, help="the assistant's sampling")
+    d.add_argument("--max-tokens", type=int, default=512, help="per assistant call")
     d.add_argument("--no-token-ids", action="store_true", help="for hosted APIs")
 
-    t = sub.add_parser("train", parents=[common], help="train the assistant with LocalRL")
+    t = cli.subcommand(sub, "train", "train the assistant with LocalRL", [common])
     t.add_argument("--model", default=None, help="path or hub name (default: the tiny model)")
     t.add_argument(
         "--user",
@@ -203,33 +200,25 @@ def main(argv: list[str] | None = None) -> int:
         help="who plays the customer without --user-endpoint: the script (default), or the "
         "model being trained (its calls are left out of training)",
     )
-    t.add_argument("--resume", action="store_true", help="continue run --name from its checkpoint")
-    t.add_argument("--steps", type=int, default=2)
-    t.add_argument("--tasks-per-step", type=int, default=2)
-    t.add_argument("--group-size", type=int, default=4)
+    cli.add_resume(t)
+    t.add_argument("--steps", type=int, default=2, help="policy updates")
+    t.add_argument("--tasks-per-step", type=int, default=2, help="tasks per update")
+    t.add_argument("--group-size", type=int, default=4, help="episodes per task")
     t.add_argument("--n-val", type=int, default=4, help="held-out tasks to validate on")
-    t.add_argument("--max-tokens", type=int, default=64)
-    t.add_argument("--max-prompt-length", type=int, default=3500)
-    t.add_argument("--lr", type=float, default=1e-4)
-    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--max-tokens", type=int, default=64, help="per assistant call")
+    t.add_argument("--max-prompt-length", type=int, default=3500, help="longer rows are dropped")
+    t.add_argument("--lr", type=float, default=1e-4, help="learning rate")
+    t.add_argument("--seed", type=int, default=0, help="sampling and update seed")
 
-    args = parser.parse_args(argv)
+    return cli.main_with(parser, argv, run, errors=(DomainDataError,), check=check_options)
+
+
+def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The customer's options go together: a usage error otherwise."""
     if getattr(args, "user_endpoint", None) and not args.user_model:
         parser.error("--user-endpoint needs --user-model")
     if getattr(args, "user", None) and getattr(args, "user_endpoint", None):
         parser.error("--user-endpoint plays the customer: leave out --user")
-    if getattr(args, "resume", False) and not args.name:
-        parser.error("--resume needs the --name of the run to continue")
-    try:
-        return run(args)
-    except KeyboardInterrupt:
-        if args.command == "train":
-            name = args.name or "<the run's name, above>"
-            print(f"resume with: run.py train --name {name} --resume (and the same options)")
-        return 130
-    except (DomainDataError, vl.VoltRLError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
 
 
 def run(args: argparse.Namespace) -> int:

@@ -5,8 +5,11 @@ answers, refused prompts); ``train`` can train one side or both with LocalRL.
 
     python samples/werewolf/run.py dev --endpoint URL --model NAME [--games 4]
     python samples/werewolf/run.py train [--name N [--resume]]   # tiny model, village trained
+    python samples/werewolf/run.py train --loggers tensorboard   # also to TensorBoard
     python samples/werewolf/run.py train --train wolves \\
         --opponent-endpoint URL --opponent-model NAME             # the village on another model
+
+``voltrl train runs/<name>/train.yaml`` runs a ``train`` again.
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ from pathlib import Path
 from statistics import mean
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+sys.path[:0] = [str(HERE), str(HERE.parent)]
 
+import sample_cli as cli  # noqa: E402
 from agent import game_rows, side_filter, werewolf_game  # noqa: E402
 
 import voltrl as vl  # noqa: E402
@@ -114,10 +118,9 @@ def dev(args: argparse.Namespace) -> vl.RunResult:
         resources=resources,
         n_runners=1,
         max_concurrency=args.concurrency,
-        run_dir=args.out,
-        name=args.name,
         request_token_ids=not args.no_token_ids,
         rollout_timeout_s=3600,
+        **cli.trainer_args(args),
     )
     rows = game_rows(
         args.games, args.seed, external=external_of(args, "village"), max_rounds=args.max_rounds
@@ -127,7 +130,6 @@ def dev(args: argparse.Namespace) -> vl.RunResult:
 
 def train(args: argparse.Namespace) -> vl.RunResult:
     """LocalRL on ``--model`` (default: the tiny model), training ``--train``'s calls."""
-    from voltrl.algorithms.local.tiny import tiny_or_named
     from voltrl.algorithms.local.update import PolicyUpdateConfig
     from voltrl.trajectory import TrajectoryConfig
 
@@ -145,7 +147,7 @@ def train(args: argparse.Namespace) -> vl.RunResult:
         length_policy="drop",
     )
     algorithm = vl.LocalRL(
-        **tiny_or_named(args.model, seed=args.seed),
+        args.model or "tiny",
         steps=args.steps,
         tasks_per_step=args.games_per_step,
         group_size=args.group_size,
@@ -161,11 +163,10 @@ def train(args: argparse.Namespace) -> vl.RunResult:
         algorithm,
         n_runners=1,
         max_concurrency=args.concurrency,
-        run_dir=args.out,
-        name=args.name,
         rollout_timeout_s=3600,
         resources={"opponent_llm": other} if other is not None else None,
         request_token_ids=False,  # the trainer's gateways front the opponent only
+        **cli.trainer_args(args),
     )
     external = external_of(args, args.train)
     rows = game_rows(
@@ -187,12 +188,8 @@ def train(args: argparse.Namespace) -> vl.RunResult:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    common = argparse.ArgumentParser(add_help=False)
-    defaults = argparse.ArgumentDefaultsHelpFormatter
-    common.add_argument("--out", type=Path, default=Path("runs"), help="run directory root")
-    common.add_argument("--name", default=None, help="run name (default: a fresh one)")
+    parser, sub = cli.sample_parser(__doc__)
+    common = argparse.ArgumentParser(add_help=False, parents=[cli.trainer_options()])
     common.add_argument("--seed", type=int, default=0, help="deals' seed")
     common.add_argument("--concurrency", type=int, default=4, help="games at a time")
     common.add_argument("--max-rounds", type=int, default=4, help="nights and days, then a draw")
@@ -206,32 +203,34 @@ def main(argv: list[str] | None = None) -> int:
         "in dev, the wolves)",
     )  # fmt: skip
 
-    d = sub.add_parser(
-        "dev", parents=[common], help="play games against endpoints", formatter_class=defaults
-    )
+    d = cli.subcommand(sub, "dev", "play games against endpoints", [common])
     d.add_argument("--endpoint", required=True, help="OpenAI-compatible base URL (.../v1)")
-    d.add_argument("--model", required=True)
+    d.add_argument("--model", required=True, help="model name the endpoint serves")
     d.add_argument("--api-key-env", default=None, help="env var with the endpoint's key")
-    d.add_argument("--games", type=int, default=2)
-    d.add_argument("--temperature", type=float, default=0.7)
+    d.add_argument("--games", type=int, default=2, help="games to play")
+    d.add_argument("--temperature", type=float, default=0.7, help="the players' sampling")
     d.add_argument("--no-token-ids", action="store_true", help="for hosted APIs")
+    d.set_defaults(run=dev)
 
-    t = sub.add_parser(
-        "train", parents=[common], help="train one side, or both, with LocalRL",
-        formatter_class=defaults,
-    )  # fmt: skip
-    t.add_argument("--resume", action="store_true", help="continue run --name from its checkpoint")
+    t = cli.subcommand(sub, "train", "train one side, or both, with LocalRL", [common])
+    cli.add_resume(t)
     t.add_argument("--model", default=None, help="path or hub name (default: the tiny model)")
-    t.add_argument("--train", choices=["village", "wolves", "both"], default="village")
-    t.add_argument("--steps", type=int, default=1)
-    t.add_argument("--games-per-step", type=int, default=1)
-    t.add_argument("--group-size", type=int, default=2)
+    t.add_argument(
+        "--train", choices=["village", "wolves", "both"], default="village", help="side trained"
+    )
+    t.add_argument("--steps", type=int, default=1, help="policy updates")
+    t.add_argument("--games-per-step", type=int, default=1, help="deals per update")
+    t.add_argument("--group-size", type=int, default=2, help="games per deal")
     t.add_argument("--n-val", type=int, default=1, help="held-out games before and after")
     t.add_argument("--max-calls", type=int, default=64, help="trained calls kept per game")
-    t.add_argument("--max-prompt-length", type=int, default=4000)
-    t.add_argument("--lr", type=float, default=1e-5)
+    t.add_argument("--max-prompt-length", type=int, default=4000, help="longer calls dropped")
+    t.add_argument("--lr", type=float, default=1e-5, help="learning rate")
+    t.set_defaults(run=train)
+    return cli.main_with(parser, argv, run, check=check_options)
 
-    args = parser.parse_args(argv)
+
+def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The opponent's options go together: a usage error otherwise."""
     if bool(args.opponent_endpoint) != bool(args.opponent_model):
         parser.error("--opponent-endpoint and --opponent-model go together")
     if args.external_fraction is not None and not args.opponent_endpoint:
@@ -239,18 +238,11 @@ def main(argv: list[str] | None = None) -> int:
     train_both = getattr(args, "train", None) == "both"
     if train_both and args.opponent_endpoint and args.external_fraction is None:
         parser.error("--train both leaves no side to the opponent: give --external-fraction")
-    if getattr(args, "resume", False) and not args.name:
-        parser.error("--resume needs the --name of the run to continue")
-    try:
-        result = dev(args) if args.command == "dev" else train(args)
-    except vl.VoltRLError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        if args.command == "train":
-            name = args.name or "<the run's name, above>"
-            print(f"resume with: run.py train --name {name} --resume (and the same options)")
-        return 130
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the parsed command and print the games' report; returns the exit status."""
+    result = args.run(args)
     print_report(result)
     return 0 if result.stats.failed == 0 else 1
 
