@@ -2,8 +2,8 @@
 error becomes an exit status.
 
     voltrl dev MODULE:AGENT --data FILE --llm-endpoint URL --model NAME
-               [--max-tokens N] [--temperature T] [--top-p P]
-    voltrl train CONFIG.yaml
+               [--max-tokens N] [--temperature T] [--top-p P] [--loggers NAMES]
+    voltrl train CONFIG.yaml [--loggers NAMES]
     voltrl runs [--store PATH | --run-dir DIR]
     voltrl show RUN [ROLLOUT_ID] [--store SPEC | --run-dir DIR]
     voltrl serve [--store SPEC] [--host H] [--port N] [--token-file F] [--backend URL ...]
