@@ -158,7 +158,7 @@ async def test_the_trainers_gateways_check_the_run_token(tmp_path: Path) -> None
     assert result.rewards == [1.0]
 
 
-def test_retry_settings_from_the_command_line_and_yaml() -> None:
+def test_retry_settings_from_the_command_line_and_yaml(tmp_path) -> None:
     from voltrl.cli import build_from_config, main
     from voltrl.cli.main import build_parser
     from voltrl.cli.serve import _gateway_retry
@@ -171,10 +171,11 @@ def test_retry_settings_from_the_command_line_and_yaml() -> None:
     assert _gateway_retry(args) == GatewayRetry(backoff_s=0.5, timeout_s=30)
     assert main(["serve", "--retries", "-1"]) == 2
 
+    (tmp_path / "train.jsonl").write_text('{"x": 1}\n')  # voltrl train checks it exists
     trainer, *_ = build_from_config(
         {
             "agent": f"{AGENTS}:calls_once",
-            "data": {"train": "unused.jsonl"},
+            "data": {"train": str(tmp_path / "train.jsonl")},
             "algorithm": {"name": "local_rl", "model": "m", "gateway_retry": {"retries": 7}},
             "trainer": {"gateway_retry": {"retries": 5, "max_backoff_s": 1}},
         }

@@ -411,21 +411,22 @@ def test_local_rl_resumes_each_adapter_from_the_last_step_all_adapters_saved(tmp
         return await original(ctx, tasks, step)
 
     resumed.train_step = spy  # type: ignore[method-assign]
-    result = trainer.fit(three_roles, ROWS)
+    result = trainer.fit(three_roles, ROWS, val_dataset=ROWS[:2])  # as the run was started
     assert [m["step"] for m in result.metrics if "update_s" in m][-2:] == [2, 3]
     for a in ROUTES:
         assert all(torch.equal(started[a][k], at_1[a][k]) for k in at_1[a]), a
         assert resumed._policies[a].global_step == 3
 
-    # resuming with other adapters, or none, says why it cannot
+    # resuming with other adapters, or none, is refused as a changed set-up, naming it
+    setup = "cannot resume run 'roles' with a different set-up: algorithm.lora_adapters"
     for adapters, message in [
-        ({**ROUTES, "judge": "judge"}, "adapter(s) judge have no checkpoint"),
-        (None, "per LoRA adapter (checker, writer); pass the run's lora_adapters"),
+        ({**ROUTES, "judge": "judge"}, f'{setup}.judge is "judge" (the run\'s: null)'),
+        (None, f"{setup} is null"),
     ]:
         other = make_algorithm(update=LORA, lora_adapters=adapters, steps=4, resume=True)
         trainer = vl.Trainer(other, n_runners=1, inline=True, run_dir=tmp_path, name="roles")
         with pytest.raises(vl.VoltRLError, match=re.escape(message)):
-            trainer.fit(three_roles, ROWS)
+            trainer.fit(three_roles, ROWS, val_dataset=ROWS[:2])
 
 
 def test_agents_matching_no_adapter_are_trained_by_a_catch_all_pattern(tmp_path: Path):

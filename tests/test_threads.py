@@ -119,6 +119,7 @@ def test_threads_come_from_the_yaml_config(tmp_path: Path):
         "data": {"train": str(tmp_path / "train.jsonl")},
         "algorithm": {"name": "local_rl", "model": "unused", "threads": 1},
     }
+    (tmp_path / "train.jsonl").write_text('{"x": 1}\n')  # voltrl train checks it exists
     trainer, *_ = build_from_config(config)
     assert trainer.algorithm.threads == 1
 
