@@ -143,10 +143,7 @@ def test_a_run_shows_its_summary_reward_statistics_and_metric_curves(runs: Path,
     assert "run demo" in out and run.run_id in out and "finished" in out
     assert "fit · algorithm steps" in out
     train = line_of(out, "│ train")  # rewards 1/3, 2/3, 1 for one task of two, 0 for the other
-    assert (
-        "│        6 │      0 │         0 │       0.333 │ 0.385 │ 0.000 │ 1.000 │"
-        in train
-    )
+    assert "│        6 │      0 │         0 │       0.333 │ 0.385 │ 0.000 │ 1.000 │" in train
     assert "0.000" in line_of(out, "│ val") and "│ all   │        9 │" in out
     metrics = [x.split()[0] for x in out.splitlines() if "/" in x and "steps" in x]
     assert metrics[:3] == ["train/reward_mean", "val/reward_mean", "train/rollouts"]
