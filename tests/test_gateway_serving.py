@@ -5,6 +5,7 @@ token it is refused."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import threading
@@ -12,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from fake_openai_backend import FakeBackend
 from helpers import fake_trainer, free_port
@@ -182,3 +184,35 @@ def test_retry_settings_from_the_command_line_and_yaml(tmp_path) -> None:
     )
     assert trainer.gateway_retry == GatewayRetry(retries=5, max_backoff_s=1)
     assert trainer.algorithm.gateway_retry == GatewayRetry(retries=7)
+
+
+async def test_stopping_a_gateway_cuts_its_calls_in_flight_short_with_a_503(capfd) -> None:
+    """A run stopped early cancels its rollouts, but their calls may still wait on a slow
+    backend: stopping the gateway gives them ``graceful_s``, then answers them 503 itself, so
+    the server has nothing to cancel and prints no traceback."""
+    from voltrl.gateway import start_gateway
+
+    store = InMemoryStore()
+    await store.enqueue([vl.Task(input={})])
+    claim = await store.claim("worker")
+    assert claim is not None
+    async with FakeBackend() as backend:
+        backend.hold = asyncio.Event()  # the backend never answers
+        served = await start_gateway(store, [backend.url], graceful_s=0.2)
+        async with httpx.AsyncClient(timeout=30) as http:
+            call = asyncio.create_task(
+                http.post(
+                    f"{served.url}/chat/completions",
+                    json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+                    headers={"x-rollout-id": claim.rollout.rollout_id},
+                )
+            )
+            while not backend.requests:
+                await asyncio.sleep(0.01)
+            await served.stop()
+            response = await call
+    assert response.status_code == 503
+    assert "stopped before the call finished" in response.json()["error"]["message"]
+    err = capfd.readouterr().err
+    assert "Exception in ASGI application" not in err and "Traceback" not in err, err
+    assert "timeout graceful shutdown exceeded" not in err, err

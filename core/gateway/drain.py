@@ -3,7 +3,8 @@ them for good (a run ending).
 
 :class:`Drain` counts the calls in flight; ``pause`` returns once there are none and new calls
 wait in :meth:`Drain.admit` until ``resume`` (or get 429 after a while); after ``close`` every
-new or waiting call gets 503 at once. It runs on the serving event loop only.
+new or waiting call gets 503 at once, and ``abort`` also cuts short the calls in flight (their
+tasks are cancelled). It runs on the serving event loop only.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ class Drain:
         self.wait_s, self.retry_after_s = wait_s, retry_after_s
         self.paused = False
         self.closed = False
+        self.aborted = False
         self.inflight = 0
+        self._tasks: set[asyncio.Task[object]] = set()
         self.waiting = 0
         self._resumed = asyncio.Event()
         self._resumed.set()
@@ -53,6 +56,15 @@ class Drain:
         self._resumed.set()  # wake the waiting calls: they are refused
         while self.inflight:
             await self._idle.wait()
+
+    def abort(self) -> None:
+        """Refuse every new and waiting call, and cancel the tasks of the calls in flight
+        (they see :attr:`aborted` and answer 503 if they can); :meth:`close` then returns
+        once they have left."""
+        self.closed = self.aborted = True
+        self._resumed.set()
+        for task in list(self._tasks):
+            task.cancel()
 
     async def admit(self) -> None:
         """Wait while paused (up to ``wait_s``), then count the call as in flight (the caller
@@ -81,12 +93,23 @@ class Drain:
                 self.waiting -= 1
         self.inflight += 1
         self._idle.clear()
+        if (task := asyncio.current_task()) is not None:
+            self._tasks.add(task)
 
     def leave(self) -> None:
         """An admitted call has finished (and been recorded)."""
+        if (task := asyncio.current_task()) is not None:
+            self._tasks.discard(task)
         self.inflight -= 1
         if not self.inflight:
             self._idle.set()
+
+
+def aborted() -> GatewayHTTPError:
+    """What a call in flight gets when the gateway stops without it (:meth:`Drain.abort`)."""
+    return GatewayHTTPError(
+        503, "the run is ending: this gateway stopped before the call finished", type="api_error"
+    )
 
 
 def _closed() -> GatewayHTTPError:

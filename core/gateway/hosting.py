@@ -59,7 +59,8 @@ async def start_gateway(
     It binds ``host`` (off loopback only with a ``token``, else :class:`VoltRLError`), checks
     ``token`` on every request, and returns a URL other machines can use (a wildcard host is
     replaced by this machine's name). ``options`` are :class:`~voltrl.gateway.proxy.Gateway`
-    arguments. ``stop`` stops the server and then the gateway (its pending writes finish).
+    arguments. ``stop`` gives calls in flight ``graceful_s`` to finish and answers the rest
+    503, then stops the server and the gateway (its pending writes finish).
     """
     require_token_off_loopback(host, token)
     gateway = make_gateway(store, backends, token, options, retry)
@@ -72,6 +73,7 @@ async def start_gateway(
 
     async def stop() -> None:
         try:
+            await gateway.stop_calls(graceful_s)  # the server then finds none to cancel
             await stop_server()
         finally:
             await gateway.aclose()

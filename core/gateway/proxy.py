@@ -21,6 +21,7 @@ Control calls (:meth:`Gateway.pause`, :meth:`Gateway.resume`) run on the serving
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import time
@@ -42,7 +43,7 @@ from voltrl.gateway.attribution import (
     read_body,
     target_of,
 )
-from voltrl.gateway.drain import Drain
+from voltrl.gateway.drain import Drain, aborted
 from voltrl.gateway.errors import GatewayHTTPError, refusal
 from voltrl.gateway.records import Call, Recorder
 from voltrl.gateway.relay import relay_response, relay_stream
@@ -173,6 +174,17 @@ class Gateway:
         against a stopped backend."""
         await self._drain.close()
 
+    async def stop_calls(self, grace_s: float) -> None:
+        """Take no more calls, give those in flight ``grace_s`` seconds to finish, then cut
+        the rest short (each answered 503 if its response has not started): what stopping the
+        gateway does, so a run stopped early (its rollouts cancelled) does not wait on their
+        calls or leave the server to cancel them. Returns once no call is in flight."""
+        try:
+            await asyncio.wait_for(self._drain.close(), grace_s)
+        except TimeoutError:
+            self._drain.abort()
+            await self._drain.close()
+
     def resume(self) -> None:
         """Admit calls again; the ones waiting go ahead."""
         self._drain.resume()
@@ -231,8 +243,22 @@ class Gateway:
         call.attempt_id = await self._attempts.resolve(rollout_id, attempt_id)
         # admit (or hold back while paused), then forward, relay and record
         await self._drain.admit()
+        started = False
+
+        async def tracked(message: dict[str, Any]) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
         try:
-            await self._forward(call, headers, send)
+            await self._forward(call, headers, tracked)
+        except asyncio.CancelledError:
+            if not self._drain.aborted:
+                raise
+            if (task := asyncio.current_task()) is not None:
+                task.uncancel()  # cut short by stop_calls: answer, then end normally
+            if not started:
+                raise aborted() from None
         finally:
             self._drain.leave()
 

@@ -429,7 +429,8 @@ async def _cancel_unfinished(store: Store, run: Run) -> None:
     for r in unfinished:
         await store.cancel(r.rollout_id)
     if unfinished:
-        print(f"cancelled {len(unfinished)} unfinished rollouts", flush=True)
+        n = len(unfinished)
+        print(f"cancelled {n} unfinished rollout{'' if n == 1 else 's'}", flush=True)
 
 
 async def _close_if(store: Store, owned: bool) -> None:
