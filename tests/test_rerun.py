@@ -70,6 +70,7 @@ def written_yaml(tmp_path: Path, algorithm: vl.LocalRL, agent: Any) -> tuple[str
         ({"data": {"val": "missing.jsonl"}}, "data.val: file missing.jsonl does not exist"),
         ({"trainer": {"max_concurency": 2}}, "trainer.max_concurency: unknown field (did you"),
         ({"trainer": {"resources": {"user_llm": {}}}}, "trainer.resources.user_llm.endpoint:"),
+        ({"trainer": {"resources": [{"model": "m"}]}}, "trainer.resources: a mapping of names"),
         ({"agent": "MODULE:AGENT"}, "agent: 'MODULE:AGENT' names no agent"),
         ({"agent": "no_such_module:agent"}, "agent: cannot import module 'no_such_module'"),
         ({"agent": "{tmp}/agents.py:NeedsAServer"}, "agent: cannot build"),

@@ -106,3 +106,30 @@ def test_a_run_recorded_before_setup_json_is_checked_on_its_algorithm_alone(tmp_
     check_resume("r", tmp_path, {"seed": 0}, {"seed": 0}, setup, {"train": [], "val": None})
     with pytest.raises(VoltRLError, match=r"algorithm\.seed is 1 \(the run's: 0\)"):
         check_resume("r", tmp_path, {"seed": 0}, {"seed": 1}, setup, {"train": [], "val": None})
+
+
+def test_the_set_up_keeps_no_secret_and_a_damaged_one_is_named(tmp_path: Path):
+    from voltrl.runtime.run_setup import write_setup
+
+    rows = [{"q": 1}]
+    headers = {"extra_headers": {"Authorization": "Bearer sk-secret-123"}, "temperature": 0.5}
+    llm = vl.LLM(endpoint="http://127.0.0.1:1/v1", model="m", sampling_parameters=headers)
+    setup = setup_of(rows, resources={"llm": llm})
+    write_setup(tmp_path, setup)
+    text = (tmp_path / "setup.json").read_text()
+    assert "sk-secret-123" not in text and '"temperature": 0.5' in text
+    tasks = {"train": load_tasks(rows), "val": None}
+    check_resume("r", tmp_path, {}, {}, setup_of(rows, resources={"llm": llm}), tasks)
+
+    (tmp_path / "setup.json").write_text(text[: len(text) // 2])  # cut short by a crash
+    with pytest.raises(VoltRLError, match=r"cannot resume run 'r': .*setup\.json is damaged"):
+        check_resume("r", tmp_path, {}, {}, setup, tasks)
+
+
+def test_a_model_directory_is_recorded_by_its_absolute_path(tmp_path: Path, monkeypatch):
+    (tmp_path / "models" / "mine").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    relative = vl.LocalRL("models/mine").config()["model"]
+    absolute = vl.LocalRL(str(tmp_path / "models" / "mine")).config()["model"]
+    assert relative == absolute == str(tmp_path / "models" / "mine")
+    assert vl.LocalRL("tiny").config()["model"] == "tiny"

@@ -62,6 +62,8 @@ def build_from_config(config: dict[str, Any]) -> tuple[Any, Any, str, str | None
     _check_fields("trainer", trainer_cfg, Trainer)
     try:
         if "resources" in trainer_cfg:
+            if not isinstance(trainer_cfg["resources"] or {}, dict):
+                raise VoltRLError("trainer.resources: a mapping of names to LLMs, not a list")
             trainer_cfg["resources"] = {
                 name: _validated(LLM, f"trainer.resources.{name}", value)
                 for name, value in (trainer_cfg["resources"] or {}).items()

@@ -253,12 +253,21 @@ class Gateway:
         try:
             await self._forward(call, headers, tracked)
         except asyncio.CancelledError:
-            if not self._drain.aborted:
-                raise
-            if (task := asyncio.current_task()) is not None:
-                task.uncancel()  # cut short by stop_calls: answer, then end normally
+            task = asyncio.current_task()
+            if not self._drain.aborted or (task is not None and task.uncancel() > 0):
+                raise  # not (only) cut short by stop_calls
             if not started:
                 raise aborted() from None
+            with contextlib.suppress(Exception):  # a stream under way: an error event, the end
+                error = aborted().body()
+                await send(
+                    {
+                        "type": "http.response.body",
+                        "body": b"data: " + error + b"\n\n",
+                        "more_body": True,
+                    }
+                )
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             self._drain.leave()
 

