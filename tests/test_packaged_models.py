@@ -13,6 +13,7 @@ import zipfile
 from dataclasses import replace
 from pathlib import Path
 
+import gguf  # in the [local] extra, which make test installs
 import numpy as np
 import pytest
 import torch
@@ -21,8 +22,6 @@ from voltrl.algorithms.local import packaged
 from voltrl.algorithms.local.packaged import MANIFEST, cached_model, convert_gguf, fetch_model
 from voltrl.algorithms.local.tiny import TINY_TOKENIZER_DIR
 from voltrl.errors import VoltRLError
-
-gguf = pytest.importorskip("gguf")  # in the [local] extra: make test installs it
 
 HIDDEN, FFN, LAYERS, HEADS, KV_HEADS = 64, 128, 2, 4, 2
 
