@@ -16,6 +16,7 @@ from openai import AsyncOpenAI, BadRequestError, OpenAI
 
 from voltrl._http.serving import BackgroundServer
 from voltrl.algorithms.local.engine import Engine, SamplingParams
+from voltrl.algorithms.local.engine.prefixes import PrefixCache, shared_length
 from voltrl.algorithms.local.openai_api import serve_engine_in_thread
 from voltrl.algorithms.local.tiny import build_tiny_model, build_tiny_tokenizer
 from voltrl.algorithms.local.toolcalls import parse_tool_calls
@@ -250,6 +251,98 @@ async def test_bad_requests_raise_value_errors(engine: Engine) -> None:
     ]:
         with pytest.raises(ValueError):
             engine.stream(prompt, params)
+
+
+# ---- prompt prefixes ----------------------------------------------------------------------
+def agent_prompts(
+    tok: Any, questions: list[str], system: str = "You are a careful assistant."
+) -> list[list[int]]:
+    """Chat prompts of one agent: the same system prompt and tool schema, their own question."""
+    return [
+        tok.apply_chat_template(
+            [
+                {"role": "system", "content": system},
+                {"role": "user", "content": q},
+            ],
+            tools=[CALC],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=True,
+        )["input_ids"]
+        for q in questions
+    ]
+
+
+async def test_prompts_sharing_a_prefix_decode_as_if_each_were_fed_whole(
+    model: Any, tok: Any
+) -> None:
+    first = agent_prompts(tok, [f"What is {k} + {k * 7}?" for k in range(4)])
+    later = agent_prompts(tok, ["What is 2 * 3?", "And what is the capital of France, then?"])
+    # another role's prompts arrive with them: prefilled as a group of their own
+    reviewer = agent_prompts(tok, ["Is 6 right?", "Is 7 right?"], system="You review answers.")
+    greedy = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
+    two = SamplingParams(max_tokens=10, temperature=0.9, ignore_eos=True, seed=5, n=2)
+    outputs = []
+    for prefix_cache_tokens in (0, 8192):
+        with Engine(model, tok, seed=0, prefix_cache_tokens=prefix_cache_tokens) as eng:
+            running = eng.stream(first[0], SamplingParams(max_tokens=30, temperature=0, **NO_EOS))
+            await anext(running)  # in flight while the others join (a longer cache)
+            wave = await asyncio.gather(*(eng.generate(p, greedy) for p in first[1:]))
+            again = await asyncio.gather(  # the kept prefix serves the first three
+                *(eng.generate(p, greedy) for p in [*later, *reviewer]),
+                eng.generate(later[0], two),
+            )
+            rest = [d.token_ids[0] for deltas in [x async for x in running] for d in deltas]
+            outputs.append((wave + again, rest, dict(eng.stats)))
+    (whole, whole_rest, whole_stats), (shared, shared_rest, stats) = outputs
+    assert shared_rest == whole_rest
+    for a, b in zip(whole, shared, strict=True):
+        for x, y in zip(a.choices, b.choices, strict=True):
+            assert y.token_ids == x.token_ids
+            assert y.logprobs == pytest.approx(x.logprobs, abs=1e-4)
+    assert "prefix_cached_tokens" not in whole_stats
+    shared_len = shared_length(first + later)
+    assert stats["prefix_cached_tokens"] >= shared_len * 3  # the later three prompts
+    assert stats["prefill_tokens"] < whole_stats["prefill_tokens"] - shared_len * 3
+    assert shared[-1].choices[0].token_ids != shared[-1].choices[1].token_ids
+
+
+async def test_new_weights_drop_the_kept_prefixes(
+    model: Any, tok: Any, trained: dict[str, Any]
+) -> None:
+    prompts = agent_prompts(tok, ["What is 2 + 3?", "What is 4 + 5?"])
+    greedy = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    fresh = copy.deepcopy(model)
+    fresh.load_state_dict(trained)
+    with Engine(copy.deepcopy(model), tok) as eng:
+        await asyncio.gather(*(eng.generate(p, greedy) for p in prompts))
+        assert len(eng._prefixes) == 1
+        await eng.aupdate_weights(trained)
+        assert len(eng._prefixes) == 0
+        out = (await eng.generate(prompts[1], greedy)).choices[0]
+    assert out.logprobs == pytest.approx(teacher_forced(fresh, prompts[1], out.token_ids), abs=1e-4)
+
+
+def test_the_prefix_cache_serves_the_longest_prefix_of_its_adapter_and_evicts_the_oldest() -> None:
+    def kv(n: int, fill: float) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        t = torch.full((1, 1, n, 2), fill)
+        return [(t, t.clone())]
+
+    cache = PrefixCache(max_tokens=60, min_tokens=4)
+    system = list(range(20))
+    cache.add(None, system, kv(20, 1.0))
+    cache.add("expert", system, kv(20, 2.0))
+    cache.add(None, system[:10], kv(10, 3.0))  # shorter: kept beside the longer one
+    n, got = cache.longest(None, [[*system, 50, 51], [*system[:15], 60, 61]])
+    assert n == 15 and got[0][0].shape[2] == 15 and float(got[0][0][0, 0, 0, 0]) == 1.0
+    n, got = cache.longest("expert", [[*system, 7]])
+    assert n == 20 and float(got[0][0][0, 0, 0, 0]) == 2.0
+    assert cache.longest(None, [[99] * 30]) == (0, [])
+    assert cache.longest(None, [[*system[:3], 7, 7]]) == (0, [])  # under min_tokens
+    cache.add(None, [*system, 1, 2, 3], kv(23, 4.0))  # supersedes the entries it begins with
+    assert cache.tokens == 43 and len(cache) == 2
+    cache.add(None, [5] * 30, kv(30, 5.0))  # over max_tokens: the least recently used go
+    assert cache.tokens <= 60 and cache.longest("expert", [[*system, 7]]) == (0, [])
 
 
 # ---- the server ---------------------------------------------------------------------------

@@ -4,7 +4,8 @@ Requests enter from any event loop (:meth:`Engine.stream`, :meth:`Engine.generat
 weights from any thread (:meth:`Engine.update_weights`); the engine thread admits waiting
 requests at each step boundary, prefills them together, then decodes one token for every
 running choice per forward pass (:mod:`.batch` holds the rows' KV cache, :mod:`.sequences`
-each choice's tokens and text).
+each choice's tokens and text). The tokens every new prompt begins with are fed once, and kept
+for later prompts that begin with them too (:mod:`.prefixes`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from torch import nn
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from voltrl.algorithms.local.engine.batch import Batch
+from voltrl.algorithms.local.engine.prefixes import KV, PrefixCache, shared_length
 from voltrl.algorithms.local.engine.sampling import (
     Choice,
     RequestOutput,
@@ -38,7 +40,7 @@ from voltrl.algorithms.local.engine.sequences import (
     failure,
 )
 from voltrl.algorithms.local.lora_adapters import adapter_key, adapter_of
-from voltrl.algorithms.local.prefix_cache import cache_keyword
+from voltrl.algorithms.local.prefix_cache import cache_keyword, shares_prefix_cache
 from voltrl.algorithms.local.threads import decide_threads, use_threads
 
 
@@ -61,6 +63,9 @@ class Engine:
         lora_adapters: serve the ``peft`` model's LoRA adapters by name, unmerged (a request
             naming none gets the base model). Without it a peft model is served as it is,
             its active adapter applied to every request.
+        prefix_cache_tokens: most prompt-prefix tokens whose keys and values are kept for
+            later prompts that begin with them (:mod:`.prefixes`); 0 feeds every prompt
+            whole. Models whose cache cannot serve a prefix (sliding windows) never keep any.
     """
 
     def __init__(
@@ -74,6 +79,7 @@ class Engine:
         seed: int | None = None,
         threads: int | None = None,
         lora_adapters: bool = False,
+        prefix_cache_tokens: int = 8192,
     ) -> None:
         self.model = model.eval()
         if lora_adapters and not getattr(model, "peft_config", None):
@@ -120,6 +126,11 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._closing = False
         self._batch = Batch(self.device)
+        self._prefixes = (
+            PrefixCache(prefix_cache_tokens)
+            if prefix_cache_tokens > 0 and shares_prefix_cache(model)
+            else None
+        )
 
     # ---- lifecycle ------------------------------------------------------------------------
     def start(self) -> Engine:
@@ -306,6 +317,8 @@ class Engine:
                     params[key].copy_(value)
                 self.adapter_versions[adapter] += 1
         self.weights_version += 1
+        if self._prefixes is not None:  # computed with the old weights
+            self._prefixes.clear()
 
     # ---- the engine thread ----------------------------------------------------------------
     def _run(self) -> None:
@@ -329,7 +342,8 @@ class Engine:
                 if new:
                     try:
                         with torch.inference_mode():
-                            self._prefill(new)
+                            for group in self._by_prefix(new):
+                                self._prefill(group)
                     except Exception as e:  # the running batch is untouched: fail the new ones
                         for req in new:
                             req.emit(failure(e))
@@ -404,29 +418,80 @@ class Engine:
         return out.logits[:, -1].float()
 
     def _prefill(self, new: list[Request]) -> None:
-        """Run the new prompts together, sample each choice's first token, join the batch."""
-        lengths = [len(r.prompt) for r in new]
+        """Run the new prompts together, sample each choice's first token, join the batch.
+
+        The tokens every new prompt begins with are fed once (or taken from the prefix
+        cache): the rows then go on from their keys and values, the cache laid out as
+        ``[prefix][row i's padding][row i's rest]``, then rearranged to the batch's
+        left-padded ``[padding][prefix][rest]``."""
+        start, kv = self._shared_prefix(new)
+        lengths = [len(r.prompt) - start for r in new]
         width = max(lengths)
         ids = torch.full((len(new), width), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(new), width), dtype=torch.long)
+        mask = torch.zeros((len(new), start + width), dtype=torch.long)
+        mask[:, :start] = 1
         for i, r in enumerate(new):
-            ids[i, width - len(r.prompt) :] = torch.tensor(r.prompt)
-            mask[i, width - len(r.prompt) :] = 1
+            ids[i, width - lengths[i] :] = torch.tensor(r.prompt[start:])
+            mask[i, start + width - lengths[i] :] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, start:]
         cache = DynamicCache()
+        for layer, (k, v) in enumerate(kv):
+            cache.update(k.expand(len(new), -1, -1, -1), v.expand(len(new), -1, -1, -1), layer)
         logits = self._forward(ids, mask, pos, cache, new)
         self.stats["prefill_tokens"] += sum(lengths)
+        pad = torch.tensor([width - n for n in lengths], device=self.device)
+        if start:
+            _prefix_after_padding(cache, pad, start)
         rows = [i for i, r in enumerate(new) for _ in range(r.params.n)]
         if rows != list(range(len(new))):
             index = torch.tensor(rows, device=self.device)
             for layer in cache.layers:
                 layer.batch_select_indices(index)
             logits = logits[index]
-        pad = torch.tensor([width - lengths[i] for i in rows], device=self.device)
+            pad = pad[index]
         seqs = [Seq(r, j, self._seq_generator(r, j)) for r in new for j in range(r.params.n)]
         tokens = self._sample(seqs, logits)
-        self._batch.join(seqs, cache, pad, width, tokens)
+        self._batch.join(seqs, cache, pad, start + width, tokens)
+
+    def _by_prefix(self, new: list[Request]) -> list[list[Request]]:
+        """The new requests in groups prefilled together: by adapter and first tokens (an
+        agent role's system prompt), so that each group shares a prefix even when the roles
+        of a multi-agent step arrive together; one group when no prefixes are kept."""
+        if self._prefixes is None:
+            return [new]
+        groups: dict[tuple[str | None, tuple[int, ...]], list[Request]] = {}
+        head = self._prefixes.min_tokens
+        for r in new:
+            groups.setdefault((r.adapter, tuple(r.prompt[:head])), []).append(r)
+        return list(groups.values())
+
+    def _shared_prefix(self, new: list[Request]) -> tuple[int, KV]:
+        """How many leading tokens every new prompt shares and their keys and values: what
+        the prefix cache holds of them, the rest fed now (one row) and kept there. ``(0, [])``
+        when they share fewer than the cache's ``min_tokens``, name different adapters, or
+        the engine keeps no prefixes."""
+        cached = self._prefixes
+        adapter = new[0].adapter
+        if cached is None or any(r.adapter != adapter for r in new):
+            return 0, []
+        prompts = [r.prompt for r in new]
+        length = shared_length(prompts)
+        if length < cached.min_tokens:
+            return 0, []
+        start, kv = cached.longest(adapter, prompts)
+        self.stats["prefix_cached_tokens"] += start * len(new)
+        if start < length:
+            cache = DynamicCache()
+            for layer, (k, v) in enumerate(kv):
+                cache.update(k, v, layer)
+            ids = torch.tensor([prompts[0][start:length]], device=self.device)
+            pos = torch.arange(start, length, device=self.device)[None]
+            self._forward(ids, None, pos, cache, new[:1])
+            self.stats["prefill_tokens"] += length - start
+            kv = [(layer.keys, layer.values) for layer in cache.layers]
+            cached.add(adapter, prompts[0][:length], kv)
+        return length, kv
 
     def _seq_generator(self, req: Request, index: int) -> torch.Generator | None:
         if req.params.seed is None or req.params.temperature == 0:
@@ -490,3 +555,19 @@ class Engine:
             "weights_version": self.weights_version,
             **({"adapter_versions": dict(self.adapter_versions)} if self.adapters else {}),
         }
+
+
+def _prefix_after_padding(cache: DynamicCache, pad: torch.Tensor, start: int) -> None:
+    """Rearrange each row's cache columns from ``[prefix][padding][rest]`` (``start`` prefix
+    columns, ``pad[i]`` padding columns) to the left-padded ``[padding][prefix][rest]``: a
+    permutation of each row's columns, the padding moved before the prefix."""
+    layer = cache.layers[0]
+    columns = torch.arange(layer.keys.shape[-2], device=pad.device)[None]
+    p = pad[:, None]
+    source = torch.where(
+        columns < p, columns + start, torch.where(columns < p + start, columns - p, columns)
+    )
+    for layer in cache.layers:
+        index = source[:, None, :, None].expand_as(layer.keys)
+        layer.keys = layer.keys.gather(2, index)
+        layer.values = layer.values.gather(2, index)
