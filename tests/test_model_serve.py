@@ -103,7 +103,7 @@ def test_model_serve_prints_a_dev_line_that_runs_an_agent_end_to_end(
     dev_line = next(line.strip() for line in tiny_server.lines if "voltrl dev" in line)
     assert dev_line == (
         "voltrl dev samples/quickstart/agent.py:agent --data samples/quickstart/tasks.jsonl"
-        f" --llm-endpoint {tiny_server.endpoint} --model tiny"
+        f" --llm-endpoint {tiny_server.endpoint} --model tiny --max-tokens 64"
     )
     assert tiny_server.endpoint.startswith("http://127.0.0.1:")
     assert any("random weights" in line for line in tiny_server.lines)
@@ -124,7 +124,9 @@ def test_model_serve_of_a_directory_with_a_token_guards_it_and_stops_on_sigint_w
     args = (str(tmp_path / "my-model"), "--port", "0", "--threads", "1")
     served = Served(*args, env={"VOLTRL_TOKEN": TOKEN})
     try:
-        assert served.lines[-2].endswith('--model my-model --api-key "$VOLTRL_TOKEN"')
+        assert served.lines[-2].endswith(
+            '--model my-model --max-tokens 64 --api-key "$VOLTRL_TOKEN"'
+        )
         assert not any("random weights" in line for line in served.lines)
         base = served.endpoint.removesuffix("/v1")
         assert httpx.get(f"{served.endpoint}/models").status_code == 401

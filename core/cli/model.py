@@ -181,10 +181,14 @@ async def _serve_model(
         print(f"voltrl model serve: model {name} at {endpoint} (OpenAI-compatible; auth: {auth})")
         if tiny:
             print("the tiny model has random weights: rewards stay ~0 (it proves the plumbing)")
-        print("run an agent against it (here the quick-start sample, from a clone of the repo):")
+        print(
+            "run an agent against it (here the quick-start sample, from a clone of the repo; "
+            "--max-tokens caps each reply, which a small model may otherwise ramble on with "
+            "for minutes on a CPU):"
+        )
         print(
             "  voltrl dev samples/quickstart/agent.py:agent --data samples/quickstart/tasks.jsonl"
-            f" --llm-endpoint {endpoint} --model {name}{key}"
+            f" --llm-endpoint {endpoint} --model {name} --max-tokens 64{key}"
         )
         print("Ctrl-C stops it", flush=True)
         await wait_for_signal()
