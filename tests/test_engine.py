@@ -320,6 +320,12 @@ async def test_new_weights_drop_the_kept_prefixes(
         await eng.aupdate_weights(trained)
         assert len(eng._prefixes) == 0
         out = (await eng.generate(prompts[1], greedy)).choices[0]
+        assert len(eng._prefixes) == 1
+        # an update that fails part-way may have copied some weights: the prefixes go too
+        broken = {**trained, "lm_head.weight": torch.zeros(3)}
+        with pytest.raises(RuntimeError):
+            await eng.aupdate_weights(broken)
+        assert len(eng._prefixes) == 0
     assert out.logprobs == pytest.approx(teacher_forced(fresh, prompts[1], out.token_ids), abs=1e-4)
 
 
@@ -330,19 +336,23 @@ def test_the_prefix_cache_serves_the_longest_prefix_of_its_adapter_and_evicts_th
 
     cache = PrefixCache(max_tokens=60, min_tokens=4)
     system = list(range(20))
-    cache.add(None, system, kv(20, 1.0))
-    cache.add("expert", system, kv(20, 2.0))
-    cache.add(None, system[:10], kv(10, 3.0))  # shorter: kept beside the longer one
+    cache.add(None, system, kv(20, 1.0), cache.epoch)
+    cache.add("expert", system, kv(20, 2.0), cache.epoch)
+    cache.add(None, system[:10], kv(10, 3.0), cache.epoch)  # shorter: kept beside the longer
     n, got = cache.longest(None, [[*system, 50, 51], [*system[:15], 60, 61]])
     assert n == 15 and got[0][0].shape[2] == 15 and float(got[0][0][0, 0, 0, 0]) == 1.0
     n, got = cache.longest("expert", [[*system, 7]])
     assert n == 20 and float(got[0][0][0, 0, 0, 0]) == 2.0
     assert cache.longest(None, [[99] * 30]) == (0, [])
     assert cache.longest(None, [[*system[:3], 7, 7]]) == (0, [])  # under min_tokens
-    cache.add(None, [*system, 1, 2, 3], kv(23, 4.0))  # supersedes the entries it begins with
+    cache.add(None, [*system, 1, 2, 3], kv(23, 4.0), cache.epoch)  # supersedes its prefixes
     assert cache.tokens == 43 and len(cache) == 2
-    cache.add(None, [5] * 30, kv(30, 5.0))  # over max_tokens: the least recently used go
+    cache.add(None, [5] * 30, kv(30, 5.0), cache.epoch)  # over max_tokens: the oldest go
     assert cache.tokens <= 60 and cache.longest("expert", [[*system, 7]]) == (0, [])
+    computed_in = cache.epoch  # keys computed, then new weights come before they are kept
+    cache.clear()
+    cache.add(None, system, kv(20, 6.0), computed_in)
+    assert len(cache) == 0
 
 
 # ---- the server ---------------------------------------------------------------------------

@@ -302,6 +302,15 @@ class Engine:
         return await asyncio.to_thread(self.update_weights, weights, strict=strict, adapter=adapter)
 
     def _load(self, state: Mapping[str, torch.Tensor], strict: bool, adapter: str | None) -> None:
+        try:
+            self._load_weights(state, strict, adapter)
+        finally:  # the kept prefixes were computed with the old weights, even if this failed
+            if self._prefixes is not None:  # part-way: load_state_dict copies key by key
+                self._prefixes.clear()
+
+    def _load_weights(
+        self, state: Mapping[str, torch.Tensor], strict: bool, adapter: str | None
+    ) -> None:
         with torch.no_grad():
             if adapter is None:
                 self.model.load_state_dict(state, strict=strict)
@@ -317,8 +326,6 @@ class Engine:
                     params[key].copy_(value)
                 self.adapter_versions[adapter] += 1
         self.weights_version += 1
-        if self._prefixes is not None:  # computed with the old weights
-            self._prefixes.clear()
 
     # ---- the engine thread ----------------------------------------------------------------
     def _run(self) -> None:
@@ -339,15 +346,14 @@ class Engine:
                     except BaseException as e:
                         box.append(e)
                     done.set()
-                if new:
+                for group in self._by_prefix(new):
                     try:
                         with torch.inference_mode():
-                            for group in self._by_prefix(new):
-                                self._prefill(group)
-                    except Exception as e:  # the running batch is untouched: fail the new ones
-                        for req in new:
+                            self._prefill(group)
+                    except Exception as e:  # the running batch is untouched: fail the group
+                        for req in group:
                             req.emit(failure(e))
-                    new = []
+                new = []
                 if self._batch.seqs:
                     try:
                         with torch.inference_mode():
@@ -479,6 +485,7 @@ class Engine:
         length = shared_length(prompts)
         if length < cached.min_tokens:
             return 0, []
+        epoch = cached.epoch
         start, kv = cached.longest(adapter, prompts)
         self.stats["prefix_cached_tokens"] += start * len(new)
         if start < length:
@@ -490,7 +497,7 @@ class Engine:
             self._forward(ids, None, pos, cache, new[:1])
             self.stats["prefill_tokens"] += length - start
             kv = [(layer.keys, layer.values) for layer in cache.layers]
-            cached.add(adapter, prompts[0][:length], kv)
+            cached.add(adapter, prompts[0][:length], kv, epoch)
         return length, kv
 
     def _seq_generator(self, req: Request, index: int) -> torch.Generator | None:

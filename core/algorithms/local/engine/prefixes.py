@@ -10,8 +10,9 @@ CPU, where prefill dominates an agent's rollouts, this is most of a step's time 
 The keys and values of a prompt's first ``k`` tokens do not depend on what follows them (causal
 attention, rotary positions ``0..k-1``), so an entry serves any prompt it shares ``k`` tokens
 with, cut to those ``k``. Entries are per LoRA adapter (each computes its own keys) and are
-dropped whenever the engine's weights change (:meth:`PrefixCache.clear`). The oldest are
-evicted beyond ``max_tokens`` cached tokens in all.
+dropped whenever the engine's weights change (:meth:`PrefixCache.clear`, which also refuses
+an entry computed before it and added after). The oldest are evicted beyond ``max_tokens``
+cached tokens in all.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ KV = list[tuple[torch.Tensor, torch.Tensor]]
 """Each layer's ``(keys, values)`` of one row: ``(1, kv heads, tokens, head dim)``."""
 
 
-@dataclass
+@dataclass(eq=False)  # entries are told apart by identity, never by comparing tensors
 class Prefix:
     """A fed prefix: its tokens, the adapter that computed it and its keys and values."""
 
@@ -55,9 +56,12 @@ def shared_length(prompts: Sequence[Sequence[int]]) -> int:
 class PrefixCache:
     """Prefixes by adapter, most recently used last; ``max_tokens`` cached tokens at most."""
 
-    def __init__(self, max_tokens: int = 16_384, min_tokens: int = MIN_SHARED_PREFIX) -> None:
+    def __init__(self, max_tokens: int = 8192, min_tokens: int = MIN_SHARED_PREFIX) -> None:
         self.max_tokens = max_tokens
         self.min_tokens = min_tokens
+        self.epoch = 0
+        """How many times the cache was cleared: :meth:`add` takes the epoch its keys and
+        values were computed in, and drops them when a clear came in between."""
         self._entries: list[Prefix] = []
 
     def __len__(self) -> int:
@@ -70,7 +74,8 @@ class PrefixCache:
 
     def clear(self) -> None:
         """Forget every prefix (the weights they were computed with are gone)."""
-        self._entries.clear()
+        self._entries = []
+        self.epoch += 1
 
     def longest(self, adapter: str | None, prompts: Sequence[Sequence[int]]) -> tuple[int, KV]:
         """The most leading tokens of every prompt that one entry holds (``0`` and ``[]``
@@ -89,14 +94,14 @@ class PrefixCache:
                 best, found = n, entry
         if found is None or best < self.min_tokens:
             return 0, []
-        self._entries.remove(found)
-        self._entries.append(found)
+        self._entries = [*(e for e in self._entries if e is not found), found]
         return best, [(k[:, :, :best], v[:, :, :best]) for k, v in found.kv]
 
-    def add(self, adapter: str | None, tokens: Sequence[int], kv: KV) -> None:
-        """Keep ``tokens``' keys and values; entries it begins with are dropped (it serves
-        whatever they served), then the oldest while more than ``max_tokens`` are cached."""
-        if len(tokens) < self.min_tokens or len(tokens) > self.max_tokens:
+    def add(self, adapter: str | None, tokens: Sequence[int], kv: KV, epoch: int) -> None:
+        """Keep ``tokens``' keys and values, computed in ``epoch`` (dropped if the cache was
+        cleared since); entries it begins with are dropped (it serves whatever they served),
+        then the oldest while more than ``max_tokens`` are cached."""
+        if epoch != self.epoch or not self.min_tokens <= len(tokens) <= self.max_tokens:
             return
         tokens = tuple(tokens)
         self._entries = [
