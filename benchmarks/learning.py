@@ -12,6 +12,13 @@ merge rate of the RL rows (trajectory mode), tokens trained (SFT / RL). It is wr
     python benchmarks/learning.py                         # every sample, seed 0
     python benchmarks/learning.py autogen_calc --seeds 0 1 2
     make learn SAMPLE=autogen_calc SEEDS="0 1 2"
+
+``--model smollm2-135m-instruct`` runs the recipes of a pretrained model instead (a sample's
+``RECIPES``; ``calculator`` and ``sql_agent``): the model is fetched once (``voltrl model
+fetch``), warmed up on the teacher's rollouts and trained with LoRA; its table and rows are
+``table-<model>.md`` and ``<sample>-<model>.json``. A sample's rows keep the latest run of
+each seed measured with the same settings: ``--seeds 1 2`` after ``--seeds 0`` gives a
+table of three.
 """
 
 from __future__ import annotations
@@ -26,11 +33,15 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ("autogen_calc", "calc_mcp", "agent_service", "sql_agent")
+TINY = "tiny"
+SAMPLES_OF = {TINY: SAMPLES, "smollm2-135m-instruct": ("calculator", "sql_agent")}
+"""Which samples have a recipe for each model."""
 sys.path.insert(0, str(ROOT / "samples"))
 
 
-def load_recipe(sample: str) -> Any:
-    """``RECIPE`` of ``samples/<sample>/recipe.py``.
+def load_recipe(sample: str, model: str = TINY) -> Any:
+    """The recipe of ``samples/<sample>/recipe.py`` for ``model``: ``RECIPES[model]``, or
+    ``RECIPE`` for the tiny model.
 
     Samples import their siblings by plain names (``agent``, ``data``), so the modules another
     sample loaded under those names are dropped from ``sys.modules`` first: several samples'
@@ -41,14 +52,24 @@ def load_recipe(sample: str) -> Any:
         origin = Path(getattr(module, "__file__", None) or "/").resolve()
         if origin.parent.parent == ROOT / "samples" and origin.parent.name != sample:
             del sys.modules[name]
+    known = ", ".join(SAMPLES_OF.get(model, ()))
     if not path.exists():
-        raise SystemExit(f"no recipe for {sample!r} ({path}); samples: {', '.join(SAMPLES)}")
+        raise SystemExit(f"no recipe for {sample!r} ({path}); samples: {known}")
     spec = importlib.util.spec_from_file_location(f"{sample}_recipe", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
-    return module.RECIPE
+    recipes = {
+        **getattr(module, "RECIPES", {}),
+        **({TINY: module.RECIPE} if hasattr(module, "RECIPE") else {}),
+    }
+    if model not in recipes:
+        raise SystemExit(
+            f"{sample} has no recipe for the model {model!r} (it has: {', '.join(recipes)}); "
+            f"samples with one: {known or 'none'}"
+        )
+    return recipes[model]
 
 
 def pct(x: float | None) -> str:
@@ -106,7 +127,8 @@ def plot(sample: str, rows: list[dict[str, Any]], path: Path) -> None:
     ax.set(
         xlabel="policy update (0: after SFT warm-up)",
         ylabel="mean reward",
-        title=f"{sample}: SFT warm-up, then LocalRL (faint: training reward)",
+        title=f"{sample} ({rows[0].get('model', TINY)})\nSFT warm-up, then LocalRL "
+        "(faint: training reward)",
         ylim=(-0.02, 1.02),
     )
     ax.grid(alpha=0.3)
@@ -118,34 +140,52 @@ def plot(sample: str, rows: list[dict[str, Any]], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("samples", nargs="*", default=list(SAMPLES), help="default: all")
+    parser.add_argument("samples", nargs="*", help="default: every sample with a recipe")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--out", type=Path, default=Path("runs"))
+    parser.add_argument(
+        "--model", default=TINY, choices=sorted(SAMPLES_OF), help="the student (default: tiny)"
+    )
     args = parser.parse_args(argv)
     from recipe_runner import run_recipe
 
+    samples = SAMPLES_OF[args.model]
+    args.samples = args.samples or list(samples)
+    suffix = "" if args.model == TINY else f"-{args.model}"
     report = args.out / "learning"
     report.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
     for sample in args.samples:
-        recipe = load_recipe(sample)
+        recipe = load_recipe(sample, args.model)
         done = [run_recipe(recipe, seed, args.out) for seed in args.seeds]
-        rows += done
-        plot(sample, done, report / f"{sample}.png")
         for r in done:
             print(
                 f"{sample} seed {r['seed']}: held-out {pct(r['after_sft'])} after warm-up, "
                 f"{pct(r['after_rl'])} after RL ({r['minutes']:.1f} min)",
                 flush=True,
             )
-        (report / f"{sample}.json").write_text(json.dumps(done, indent=1))
+        # the sample's rows: this run's seeds, and the latest of seeds run before with the
+        # same recipe settings
+        path = report / f"{sample}{suffix}.json"
+        ran = {r["seed"] for r in done}
+        before = json.loads(path.read_text()) if path.exists() else []
+        earlier = [r for r in before if r["seed"] not in ran]
+        same = [r for r in earlier if r.get("recipe") == done[0]["recipe"]]
+        if len(same) < len(earlier):
+            seeds = sorted(r["seed"] for r in earlier if r not in same)
+            print(f"{sample}: dropped the rows of seeds {seeds}: measured with other settings")
+        kept = sorted(same + done, key=lambda r: r["seed"])
+        path.write_text(json.dumps(kept, indent=1))
+        plot(sample, kept, report / f"{sample}{suffix}.png")
+        rows += kept
     # the table: this run's samples, and the latest rows of samples run before
-    for path in sorted(report.glob("*.json")):
-        if path.stem in SAMPLES and path.stem not in args.samples:
+    for sample in samples:
+        path = report / f"{sample}{suffix}.json"
+        if sample not in args.samples and path.exists():
             rows += json.loads(path.read_text())
-    rows.sort(key=lambda r: (SAMPLES.index(r["sample"]), r["seed"]))
+    rows.sort(key=lambda r: (samples.index(r["sample"]), r["seed"]))
     lines = table_lines(rows)
-    (report / "table.md").write_text("\n".join(lines) + "\n")
+    (report / f"table{suffix}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     print(f"table and curves in {report}/")
     return 0

@@ -64,8 +64,9 @@ class Recipe:
     trajectory, val_every...)."""
     credit: str
     """Which credit mode the RL phase uses, and why (for the table's notes)."""
-    model: dict[str, Any] = field(default_factory=lambda: {"hidden": 128, "layers": 2})
-    """The tiny student's size (``build_tiny_model`` arguments)."""
+    model: dict[str, Any] | str = field(default_factory=lambda: {"hidden": 128, "layers": 2})
+    """The student: a tiny model's size (``build_tiny_model`` arguments), or a model name
+    ``LocalRL`` loads (``"smollm2-135m-instruct"``: a pretrained model, fetched once)."""
     teacher_seeds: tuple[int, ...] = (0,)
     """One teacher run per seed (the teacher errs differently with each); SFT uses them all."""
     concurrency: int = 32
@@ -142,11 +143,13 @@ def _agent(recipe: Recipe, run_dir: Path) -> Iterator[Any]:
 
 
 def student(recipe: Recipe, seed: int, cache: Path = Path("runs") / ".cache") -> dict[str, Any]:
-    """LocalRL's (or SFT's) ``model`` keyword: a tiny model with random weights
-    (``recipe.model``'s size, ``seed``'s weights), saved once under ``cache`` and named by its
-    path, so the run's ``train.yaml`` loads it again."""
+    """LocalRL's (or SFT's) ``model`` keyword: the model ``recipe.model`` names, or a tiny
+    model with random weights (``recipe.model``'s size, ``seed``'s weights), saved once under
+    ``cache`` and named by its path, so the run's ``train.yaml`` loads it again."""
     from voltrl.algorithms.local.tiny import build_tiny_model, build_tiny_tokenizer
 
+    if isinstance(recipe.model, str):
+        return {"model": recipe.model}
     size = "-".join(f"{k}{v}" for k, v in sorted(recipe.model.items()))
     path = (cache / f"tiny-{size}-seed{seed}").resolve()
     if not (path / "config.json").exists():
@@ -161,6 +164,13 @@ def student(recipe: Recipe, seed: int, cache: Path = Path("runs") / ".cache") ->
     return {"model": str(path)}
 
 
+def recipe_key(recipe: Recipe) -> str:
+    """A digest of a recipe's settings (the student, each phase's, the teacher's seeds): rows
+    of the learning table measured with other settings are not mixed with these."""
+    settings = [recipe.model, recipe.sft, recipe.rl, recipe.teacher_seeds, recipe.concurrency]
+    return hashlib.sha1(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:10]
+
+
 def run_recipe(recipe: Recipe, seed: int, out: Path = Path("runs")) -> dict[str, Any]:
     """Teacher (cached), then SFT and LocalRL in one ``fit``; the seed's row of the table."""
     # absolute paths: the run's train.yaml runs it again from any directory
@@ -170,7 +180,8 @@ def run_recipe(recipe: Recipe, seed: int, out: Path = Path("runs")) -> dict[str,
     model = student(recipe, seed, out / ".cache")
     algorithm = vl.LocalRL(**model, warm_start=sft, seed=seed, **recipe.rl)
     # the trainer would name it the same; known now, the agent's side files go there too
-    name = free_run_name(out, f"{recipe.sample}-recipe-seed{seed}")
+    which = "recipe" if isinstance(recipe.model, dict) else recipe.model
+    name = free_run_name(out, f"{recipe.sample}-{which}-seed{seed}")
     started = time.time()
     with _agent(recipe, out / name) as agent:
         trainer = vl.Trainer(
@@ -186,6 +197,8 @@ def run_recipe(recipe: Recipe, seed: int, out: Path = Path("runs")) -> dict[str,
     row = {
         "sample": recipe.sample,
         "framework": recipe.framework,
+        "model": recipe.model if isinstance(recipe.model, str) else "tiny",
+        "recipe": recipe_key(recipe),
         "seed": seed,
         "after_sft": val_points[0][1] if val_points else None,
         "after_rl": val_points[-1][1] if val_points else None,

@@ -36,14 +36,21 @@ FRAMEWORK_CALLS = {
     "calc_mcp": ({"solver"}, {"solver"}, "calculate"),
     "agent_service": ({"converter"}, {"converter"}, "convert"),
     "sql_agent": ({"write", "check", "rewrite"}, {"write", "rewrite"}, "SQL"),
+    # the pretrained model's recipe, its plumbing run here on a tiny student (tests_real runs
+    # it on the real model)
+    "calculator": ({None}, {None}, "calculator"),
 }
+PRETRAINED_ONLY = {"calculator": "smollm2-135m-instruct"}
 
 
 def shrunk(sample: str) -> Any:
-    """The sample's recipe with 6 teacher tasks, 2 SFT steps, one RL step of 2 x 2."""
+    """The sample's recipe with 6 teacher tasks, 2 SFT steps, one RL step of 2 x 2 (a tiny
+    student for a sample whose recipes are for a pretrained model)."""
     from learning import load_recipe
 
-    recipe = load_recipe(sample)
+    recipe = load_recipe(sample, PRETRAINED_ONLY.get(sample, "tiny"))
+    if sample in PRETRAINED_ONLY:
+        recipe = dataclasses.replace(recipe, model={"hidden": 64, "layers": 1})
     tasks = recipe.tasks
 
     def few(seed: int) -> tuple[list, list, list]:
@@ -87,6 +94,7 @@ def test_the_recipe_warms_up_on_the_framework_teachers_calls_then_takes_an_rl_st
     (earlier / "metrics.jsonl").write_text("")
     row = run_recipe(recipe, 0, tmp_path)
     assert Path(row["run_dir"]).name == f"{sample}-recipe-seed0-2"
+    assert row["model"] == "tiny"
     if sample == "calc_mcp":  # the server started beside the run logs into the run's directory
         assert (Path(row["run_dir"]) / "calculator_server.log").exists()
     sft_agents, rl_agents, marker = FRAMEWORK_CALLS[sample]
@@ -129,6 +137,18 @@ def test_the_recipe_warms_up_on_the_framework_teachers_calls_then_takes_an_rl_st
         counts = asyncio.run(kinds_by_validation(Path(row["run_dir"])))
         # the 2 held-out episodes of the validation before and of the one after the RL step
         assert [sum(c.values()) for c in counts.values()] == [2, 2]
+
+
+def test_a_sample_without_a_recipe_for_a_model_says_which_it_has():
+    from learning import load_recipe
+
+    assert load_recipe("sql_agent", "smollm2-135m-instruct").model == "smollm2-135m-instruct"
+    with pytest.raises(
+        SystemExit,
+        match=r"calculator has no recipe for the model 'tiny' "
+        r"\(it has: smollm2-135m-instruct\)",
+    ):
+        load_recipe("calculator", "tiny")
 
 
 def test_the_learning_table_has_a_row_per_seed_and_a_mean_per_sample():

@@ -118,3 +118,38 @@ def test_tools_and_calls_render_hermes_style_through_the_real_tokenizer(served):
     assert [c["function"] for c in calls] == [messages[1]["tool_calls"][0]["function"]]
     # (whether the pretrained model makes such calls itself is what SFT and RL are for: it
     # rarely does, see benchmarks/learning.py)
+
+
+def test_the_calculator_recipe_warms_up_trains_a_lora_adapter_and_saves_the_model(
+    model_dir: Path, tmp_path: Path
+):
+    """``make demo-real``'s recipe, shrunk to one RL step: the teacher's rollouts re-tokenised
+    with SmolLM2's template, SFT of every weight, a LoRA step, validation before and after, and
+    the final model saved (a config still marked as GGUF-quantized refused that)."""
+    import dataclasses
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path[:0] = [str(root / "samples"), str(root / "benchmarks")]
+    from learning import load_recipe
+    from recipe_runner import run_recipe
+
+    recipe = load_recipe("calculator", MODEL)
+
+    def few(seed: int) -> tuple[list, list, list]:
+        teacher, train, val = recipe.tasks(seed)
+        return teacher[:16], train[:8], val[:4]
+
+    recipe = dataclasses.replace(
+        recipe,
+        tasks=few,
+        sft={**recipe.sft, "steps": 2, "batch_size": 4},
+        rl=recipe.rl | {"steps": 1, "tasks_per_step": 2, "group_size": 2, "val_every": 1},
+        concurrency=4,
+    )
+    row = run_recipe(recipe, 0, tmp_path)
+    assert row["model"] == MODEL and row["sft_rows"] >= 16  # 16 episodes: a row or more each
+    assert row["after_sft"] is not None and row["after_rl"] is not None
+    final = Path(row["run_dir"]) / "final"  # the merged model, and the adapter beside it
+    assert "quantization_config" not in json.loads((final / "config.json").read_text())
+    assert (final / "adapter" / "adapter_config.json").is_file()

@@ -18,6 +18,12 @@ result so far), so no call's prompt extends another's: rows are one call each
 learn the teacher's replies in the warm-up (the student plays the reviewer too); RL trains only
 ``write`` and ``rewrite`` (the sample's agent filter), every call credited with the episode's
 execution match (``credit="final"``): a query is right or wrong only by its result.
+
+:data:`SMOLLM2` is the same recipe for a pretrained model, SmolLM2-135M-Instruct (``python
+benchmarks/learning.py sql_agent --model smollm2-135m-instruct``): the same tasks, teacher
+(one recording of it, not two) and credit, a short warm-up of every weight on the teacher's
+rollouts (tens of steps, not a thousand: the model already reads and writes SQL, and copies
+numbers from its prompt), then LocalRL training a LoRA adapter.
 """
 
 from __future__ import annotations
@@ -79,3 +85,38 @@ RECIPE = Recipe(
     # Eight heads of 16 rather than four of 32 (same parameters), as the other samples' students.
     model={"hidden": 128, "layers": 2, "heads": 8, "kv_heads": 4},
 )
+
+SMOLLM2 = Recipe(
+    sample="sql_agent",
+    framework="LangGraph 1.x",
+    agent=sql_agent,
+    tasks=tasks,
+    model="smollm2-135m-instruct",
+    sft={
+        "steps": 16,
+        "batch_size": 16,
+        "lr": 1e-4,
+        "warmup_steps": 4,
+        "threads": 2,
+        "trajectory": {"mode": "transition"},
+    },
+    rl={
+        "steps": 12,
+        "tasks_per_step": 6,
+        "group_size": 8,
+        "sampling": SAMPLING,
+        "val_sampling": SAMPLING,
+        "val_every": 12,
+        "val_n": 2,
+        "threads": 2,
+        "update": {"use_lora": True, "lr": 2e-4, "micro_batch_size": 32, "clip_eps": 0.2},
+        "trajectory": {"mode": "transition", "agent_filter": AGENT_FILTER},
+    },
+    credit="final: a query is right or wrong only by its result (execution match)",
+    simplified=RECIPE.simplified,
+    teacher_seeds=(0,),
+    concurrency=48,
+)
+
+RECIPES = {"smollm2-135m-instruct": SMOLLM2}
+"""This sample's recipes for other models than the tiny one (``RECIPE``)."""
