@@ -135,9 +135,10 @@ def test_the_calculator_recipe_warms_up_trains_a_lora_adapter_and_saves_the_mode
     from recipe_runner import run_recipe
 
     recipe = load_recipe("calculator", MODEL)
+    tasks = recipe.tasks
 
     def few(seed: int) -> tuple[list, list, list]:
-        teacher, train, val = recipe.tasks(seed)
+        teacher, train, val = tasks(seed)
         return teacher[:16], train[:8], val[:4]
 
     recipe = dataclasses.replace(
