@@ -23,7 +23,9 @@ import argparse
 import asyncio
 import os
 import statistics
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -32,19 +34,8 @@ from voltrl.algorithms.local.engine import Engine, SamplingParams
 from voltrl.algorithms.local.models import load_model
 from voltrl.algorithms.local.tiny import build_tiny_model, build_tiny_tokenizer
 
-SYSTEM = "You are a careful assistant. Use the calculator for arithmetic."
-CALCULATOR = {
-    "type": "function",
-    "function": {
-        "name": "calculator",
-        "description": "Evaluate an arithmetic expression.",
-        "parameters": {
-            "type": "object",
-            "properties": {"expression": {"type": "string"}},
-            "required": ["expression"],
-        },
-    },
-}
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "samples" / "calculator"))
+from agent import CALCULATOR, SYSTEM  # the calculator sample's prompt
 
 
 def prompts(tok: Any, count: int, agent: bool = False) -> list[list[int]]:

@@ -28,6 +28,7 @@ numbers from its prompt), then LocalRL training a LoRA adapter.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import sys
 from pathlib import Path
@@ -86,34 +87,11 @@ RECIPE = Recipe(
     model={"hidden": 128, "layers": 2, "heads": 8, "kv_heads": 4},
 )
 
-SMOLLM2 = Recipe(
-    sample="sql_agent",
-    framework="LangGraph 1.x",
-    agent=sql_agent,
-    tasks=tasks,
+SMOLLM2 = dataclasses.replace(
+    RECIPE,
     model="smollm2-135m-instruct",
-    sft={
-        "steps": 16,
-        "batch_size": 16,
-        "lr": 1e-4,
-        "warmup_steps": 4,
-        "threads": 2,
-        "trajectory": {"mode": "transition"},
-    },
-    rl={
-        "steps": 12,
-        "tasks_per_step": 6,
-        "group_size": 8,
-        "sampling": SAMPLING,
-        "val_sampling": SAMPLING,
-        "val_every": 12,
-        "val_n": 2,
-        "threads": 2,
-        "update": {"use_lora": True, "lr": 2e-4, "micro_batch_size": 32, "clip_eps": 0.2},
-        "trajectory": {"mode": "transition", "agent_filter": AGENT_FILTER},
-    },
-    credit="final: a query is right or wrong only by its result (execution match)",
-    simplified=RECIPE.simplified,
+    sft={**RECIPE.sft, "steps": 16, "lr": 1e-4, "warmup_steps": 4},
+    rl={**RECIPE.rl, "threads": 2, "update": {**RECIPE.rl["update"], "use_lora": True}},
     teacher_seeds=(0,),
     concurrency=48,
 )
