@@ -17,6 +17,7 @@ import voltrl as vl
 from voltrl.algorithms.local.tiny import build_tiny_model, build_tiny_tokenizer
 from voltrl.algorithms.local.update import PolicyUpdateConfig
 from voltrl.store.sql import SQLStore
+from voltrl.trajectory import TrajectoryConfig
 from voltrl.types import LLMCall
 
 # An entropy bonus gives every row a gradient whatever the rewards (a random tiny model rarely
@@ -97,3 +98,34 @@ def test_local_rl_with_lora_serves_merged_weights_checkpoints_resumes_and_saves(
         assert call.response_logprobs == pytest.approx(teacher_forced(merged, *ids), abs=1e-4)
         assert call.response_logprobs != pytest.approx(teacher_forced(untrained, *ids), abs=1e-4)
     assert resumed._engine is not None and resumed._engine.weights_version == 1
+
+
+def test_a_lora_run_from_a_model_directory_prints_no_transformers_bars_or_peft_warnings(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+):
+    """Loading the model, wrapping it with peft and saving the final model print nothing of
+    transformers' or peft's own (progress bars, a deprecation warning): the run's console is
+    VoltRL's. The bars are on again afterwards for the user's own loads."""
+    import warnings
+
+    from transformers.utils import logging as hf_logging
+
+    tok = build_tiny_tokenizer()
+    build_tiny_model(tok, seed=0).save_pretrained(tmp_path / "start")
+    tok.save_pretrained(tmp_path / "start")
+    capfd.readouterr()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        algo = vl.LocalRL(
+            str(tmp_path / "start"), steps=1, tasks_per_step=2, group_size=2, update=LORA,
+            sampling={"temperature": 1.0, "max_tokens": 6},
+            trajectory=TrajectoryConfig(mode="trajectory"),
+        )  # fmt: skip
+        trainer = vl.Trainer(algo, n_runners=1, inline=True, run_dir=tmp_path, progress=False)
+        result = trainer.fit(two_turn_agent, ROWS)
+    assert updates(result) == [1] and (result.run_dir / "final" / "adapter").is_dir()
+    out = capfd.readouterr()
+    for noise in ("Writing model shards", "Loading weights", "is_gradient_checkpointing"):
+        assert noise not in out.out + out.err, noise
+    assert not [w for w in caught if "is_gradient_checkpointing" in str(w.message)]
+    assert hf_logging.is_progress_bar_enabled()

@@ -102,6 +102,19 @@ def save_final(
     which ``PeftModel.from_pretrained(base_model, ...)`` loads. With ``adapters`` (a trainer
     each in ``policies``): the base model to ``directory`` and each adapter to
     ``directory/adapters/<name>``."""
+    from voltrl.algorithms.local.models import quiet_transformers
+
+    with quiet_transformers():
+        _save(directory, served, tokenizer, policies, adapters)
+
+
+def _save(
+    directory: Path,
+    served: Any,
+    tokenizer: Any,
+    policies: Mapping[str | None, PolicyTrainer],
+    adapters: Sequence[str] | None,
+) -> None:
     if tokenizer is not None:
         tokenizer.save_pretrained(directory)
     if adapters is None:

@@ -5,6 +5,8 @@ model fetched on first use (:mod:`.packaged`), a local directory or a Hugging Fa
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,22 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from voltrl.algorithms.local.packaged import PACKAGED_MODELS, fetch_model
 from voltrl.algorithms.local.tiny import TINY, build_tiny
 from voltrl.errors import VoltRLError
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """transformers' own progress bars ("Loading weights", "Writing model shards") off while
+    VoltRL loads or saves a model, so a run's console shows VoltRL's progress alone; as they
+    were afterwards."""
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
 
 
 def load_model(
@@ -90,7 +108,8 @@ def _from_pretrained(
     )
     source = str(path) if local else name
     try:
-        loaded = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, **hub)
+        with quiet_transformers():
+            loaded = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, **hub)
         tokenizer = tokenizer or AutoTokenizer.from_pretrained(
             source, local_files_only=bool(unreachable)
         )

@@ -513,22 +513,26 @@ class SFT(Algorithm):
         a full checkpoint holds the warmed weights; LoRA checkpoints (``keep_base``) hold the
         adapters only, so the warmed model is kept in ``<run dir>/warm_start`` and loaded
         again. ``threads``: LocalRL's, used unless this SFT was given its own."""
+        from voltrl.algorithms.local.models import quiet_transformers
+
         warmed = ctx.run_dir / "warm_start"
         if not resumed:
             if self.threads is None:
                 self.threads = threads
             await self.run(ctx, model, tokenizer)
             if keep_base:
-                await asyncio.to_thread(model.save_pretrained, warmed)
+                with quiet_transformers():
+                    await asyncio.to_thread(model.save_pretrained, warmed)
         elif keep_base:
             if not (warmed / "config.json").exists():
                 raise VoltRLError(
                     f"cannot resume: the LoRA checkpoints sit on the warm-started model, which "
                     f"is not in {warmed}"
                 )
-            state = await asyncio.to_thread(
-                lambda: type(model).from_pretrained(warmed, dtype=model.dtype).state_dict()
-            )
+            with quiet_transformers():
+                state = await asyncio.to_thread(
+                    lambda: type(model).from_pretrained(warmed, dtype=model.dtype).state_dict()
+                )
             model.load_state_dict(state)
 
     # ---- alone: load, train, save -------------------------------------------------------------
@@ -546,9 +550,12 @@ class SFT(Algorithm):
     async def train(self, ctx: TrainContext, train: list[Task], val: list[Task] | None) -> None:
         """Train on the selected rollouts and save the model to ``<run dir>/final``
         (``from_pretrained`` loads it). The datasets are not used: no rollout runs."""
+        from voltrl.algorithms.local.models import quiet_transformers
+
         await self.run(ctx, self._model, self.tokenizer)
         final = ctx.run_dir / "final"
-        await asyncio.to_thread(self._model.save_pretrained, final)
+        with quiet_transformers():
+            await asyncio.to_thread(self._model.save_pretrained, final)
         await asyncio.to_thread(self.tokenizer.save_pretrained, final)
         if ctx.progress:
             print(f"SFT: model saved to {final}", flush=True)

@@ -50,6 +50,7 @@ import math
 import random
 import shutil
 import time
+import warnings
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -124,7 +125,9 @@ def _with_lora(model: Any, cfg: PolicyUpdateConfig, adapter: str | None) -> Any:
     )
     name = adapter or "default"
     if not isinstance(model, PeftModel):
-        return get_peft_model(model, lora, adapter_name=name)
+        with warnings.catch_warnings():  # peft reads transformers' deprecated property
+            warnings.filterwarnings("ignore", "`is_gradient_checkpointing`", FutureWarning)
+            return get_peft_model(model, lora, adapter_name=name)
     if adapter is not None and adapter not in model.peft_config:
         model.add_adapter(adapter, lora)
     return model
