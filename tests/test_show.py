@@ -154,6 +154,15 @@ def test_a_run_shows_its_summary_reward_statistics_and_metric_curves(runs: Path,
     assert "RuntimeError" not in out  # the flaky rollout succeeded on its second attempt
 
 
+def test_a_run_directory_shows_that_run(runs: Path, capsys, monkeypatch) -> None:
+    run, _ = stored(runs)
+    monkeypatch.chdir(runs.parent)
+    for given in (str(runs / "demo"), "runs/demo", "runs/demo/"):
+        rc, out, _ = show(capsys, given)
+        assert rc == 0 and "run demo" in out and run.run_id in out, given
+        assert "train/reward_mean" in out  # its metrics.jsonl, beside its store
+
+
 def test_a_rollout_shows_its_attempts_conversation_rewards_and_spans(runs: Path, capsys) -> None:
     _, rollouts = stored(runs)
     [flaky] = [r for r in rollouts if r.attempt_count == 2]

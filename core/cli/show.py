@@ -15,7 +15,9 @@ def register(sub: Subparsers) -> None:
     """Add ``voltrl show`` to the ``voltrl`` parser."""
     show = sub.add_parser("show", help="one run (rollouts, metric curves) or one of its rollouts")
     show.add_argument(
-        "run", metavar="RUN", help="a run name or run id (of several runs named so: the latest)"
+        "run",
+        metavar="RUN",
+        help="a run name or run id (of several runs named so: the latest), or a run directory",
     )
     show.add_argument(
         "rollout",

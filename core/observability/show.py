@@ -83,7 +83,10 @@ async def find_run(
     run: str, *, store: str | None = None, run_dir: str | Path = "runs", token: str | None = None
 ) -> Found:
     """The run with the id or name ``run`` in ``store``, else in the stores of ``run_dir``:
-    the latest of several of that name, with a note saying so."""
+    the latest of several of that name, with a note saying so. ``run`` may also be a run
+    directory (one holding ``store.sqlite``): the run named like it, in its own store."""
+    if store is None and (Path(run) / "store.sqlite").is_file():
+        store, run = str(Path(run) / "store.sqlite"), Path(run).resolve().name
     specs = [store] if store else [str(p) for p in sorted(Path(run_dir).glob("*/store.sqlite"))]
     seen: list[tuple[str, Run]] = []
     for spec in specs:
