@@ -105,27 +105,19 @@ def save_final(
     from voltrl.algorithms.local.models import quiet_transformers
 
     with quiet_transformers():
-        _save(directory, served, tokenizer, policies, adapters)
-
-
-def _save(
-    directory: Path,
-    served: Any,
-    tokenizer: Any,
-    policies: Mapping[str | None, PolicyTrainer],
-    adapters: Sequence[str] | None,
-) -> None:
-    if tokenizer is not None:
-        tokenizer.save_pretrained(directory)
-    if adapters is None:
-        served.save_pretrained(directory)
-        if policies[None].config.use_lora:
-            policies[None].model.save_pretrained(directory / "adapter")
-        return
-    peft_model = policies[adapters[0]].model
-    base = peft_model.get_base_model()
-    weights = {
-        k.replace(".base_layer", ""): v for k, v in base.state_dict().items() if "lora_" not in k
-    }
-    base.save_pretrained(directory, state_dict=weights)
-    peft_model.save_pretrained(directory / "adapters", selected_adapters=list(adapters))
+        if tokenizer is not None:
+            tokenizer.save_pretrained(directory)
+        if adapters is None:
+            served.save_pretrained(directory)
+            if policies[None].config.use_lora:
+                policies[None].model.save_pretrained(directory / "adapter")
+            return
+        peft_model = policies[adapters[0]].model
+        base = peft_model.get_base_model()
+        weights = {
+            k.replace(".base_layer", ""): v
+            for k, v in base.state_dict().items()
+            if "lora_" not in k
+        }
+        base.save_pretrained(directory, state_dict=weights)
+        peft_model.save_pretrained(directory / "adapters", selected_adapters=list(adapters))
