@@ -307,6 +307,26 @@ async def test_prompts_sharing_a_prefix_decode_as_if_each_were_fed_whole(
     assert shared[-1].choices[0].token_ids != shared[-1].choices[1].token_ids
 
 
+async def test_the_prefill_budget_leaves_out_what_the_prefix_cache_holds(
+    model: Any, tok: Any
+) -> None:
+    """Prompts whose long system prompt is kept are admitted together, on the tokens still to
+    feed: one prefill of four, not four prefills of one (as for a tau2 assistant's 5k-token
+    policy and tools under the default 8,192-token budget)."""
+    first, *rest = agent_prompts(tok, [f"What is {k} + {k * 7}?" for k in range(5)])
+    longest, shared = max(map(len, rest)), shared_length([first, *rest])
+    budget = 2 * longest - 1  # one whole prompt fits, two do not; five rests do
+    assert 5 * (longest - shared) <= budget
+    greedy = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
+    with Engine(model, tok, seed=0, max_prefill_tokens=budget) as eng:
+        await eng.generate(first, greedy)  # keeps the shared prefix
+        groups: list[int] = []
+        prefill = eng._prefill
+        eng._prefill = lambda new: (groups.append(len(new)), prefill(new))[1]
+        await asyncio.gather(*(eng.generate(p, greedy) for p in rest))
+    assert groups == [4]
+
+
 async def test_new_weights_drop_the_kept_prefixes(
     model: Any, tok: Any, trained: dict[str, Any]
 ) -> None:
@@ -343,6 +363,9 @@ def test_the_prefix_cache_serves_the_longest_prefix_of_its_adapter_and_evicts_th
     assert n == 15 and got[0][0].shape[2] == 15 and float(got[0][0][0, 0, 0, 0]) == 1.0
     n, got = cache.longest("expert", [[*system, 7]])
     assert n == 20 and float(got[0][0][0, 0, 0, 0]) == 2.0
+    order = list(cache._entries)
+    assert cache.cached_length(None, [*system, 50]) == 20 and cache._entries == order
+    assert cache.cached_length(None, [*system[:3], 7]) == 0  # under min_tokens
     assert cache.longest(None, [[99] * 30]) == (0, [])
     assert cache.longest(None, [[*system[:3], 7, 7]]) == (0, [])  # under min_tokens
     cache.add(None, [*system, 1, 2, 3], kv(23, 4.0), cache.epoch)  # supersedes its prefixes

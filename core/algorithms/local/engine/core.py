@@ -53,8 +53,8 @@ class Engine:
             ``peft`` model of one.
         tokenizer: its tokenizer (for detokenisation and stop strings).
         max_batch_size: most choices decoded together; more requests wait their turn.
-        max_prefill_tokens: most padded prompt tokens prefilled in one step (at least one
-            request is always admitted).
+        max_prefill_tokens: most padded prompt tokens prefilled in one step, not counting
+            those the prefix cache already holds (at least one request is always admitted).
         max_model_len: context length (prompt + generated); defaults to the model's
             ``max_position_embeddings``.
         seed: seeds the sampling of requests that give no seed of their own.
@@ -393,7 +393,8 @@ class Engine:
             if req.aborted:
                 self._waiting.popleft()
                 continue
-            longest = max(longest, len(req.prompt))
+            kept = self._prefixes.cached_length(req.adapter, req.prompt) if self._prefixes else 0
+            longest = max(longest, len(req.prompt) - kept)
             over = longest * (len(new) + 1) > self.max_prefill_tokens
             if rows + req.params.n > self.max_batch_size or (new and over):
                 break

@@ -97,6 +97,16 @@ class PrefixCache:
         self._entries = [*(e for e in self._entries if e is not found), found]
         return best, [(k[:, :, :best], v[:, :, :best]) for k, v in found.kv]
 
+    def cached_length(self, adapter: str | None, prompt: Sequence[int]) -> int:
+        """How many leading tokens of ``prompt`` one entry holds (``0`` below
+        ``min_tokens``): what feeding it would not cost. Leaves the entries' order alone."""
+        best = 0
+        for entry in self._entries:
+            if entry.adapter == adapter:
+                n = min(len(prompt) - 1, len(entry.tokens))
+                best = max(best, common_length(entry.tokens[:n], prompt[:n]))
+        return best if best >= self.min_tokens else 0
+
     def add(self, adapter: str | None, tokens: Sequence[int], kv: KV, epoch: int) -> None:
         """Keep ``tokens``' keys and values, computed in ``epoch`` (dropped if the cache was
         cleared since); entries it begins with are dropped (it serves whatever they served),
