@@ -135,7 +135,9 @@ def test_a_model_loaded_from_the_converted_directory_saves_like_any_other(tmp_pa
     model = AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"))
     model.save_pretrained(tmp_path / "saved")
     again = AutoModelForCausalLM.from_pretrained(str(tmp_path / "saved"))
-    for (name, a), (_, b) in zip(model.state_dict().items(), again.state_dict().items(), strict=True):
+    for (name, a), (_, b) in zip(
+        model.state_dict().items(), again.state_dict().items(), strict=True
+    ):
         assert torch.equal(a, b), name
 
 
