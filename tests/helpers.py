@@ -165,3 +165,26 @@ def FakeBackendProcess() -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def chatml_ids(fb: FakeBackend) -> None:
+    """Make ``fb``'s token ids those LocalRL's engine would record: prompts rendered with the
+    tiny model's chat template (Qwen2.5-style ChatML, Hermes tool calls), replies encoded as
+    the model would write them (``<tool_call>{...}</tool_call>``, then ``<|im_end|>``)."""
+    from voltrl.algorithms.local.tiny import build_tiny_tokenizer
+
+    tok = build_tiny_tokenizer()
+
+    def prompt(req: dict) -> list[int]:
+        text = tok.apply_chat_template(
+            req["messages"], tools=req.get("tools"), add_generation_prompt=True, tokenize=False
+        )
+        return tok.encode(text, add_special_tokens=False)
+
+    def reply(r: dict) -> list[int]:
+        text = r.get("text") or (
+            f'<tool_call>\n{{"name": "{r["tool"]}", "arguments": {r["arguments"]}}}\n</tool_call>'
+        )
+        return tok.encode(text + "<|im_end|>", add_special_tokens=False)
+
+    fb.prompt_ids, fb.reply_ids = prompt, reply

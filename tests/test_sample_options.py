@@ -93,7 +93,7 @@ def check_sample_options(
         ("autogen_calc", {"--steps": "2", "--n-val": "8", "--seed": "0"}),
         ("calc_mcp", {"--steps": "2", "--train-tasks": "200", "--max-tokens": "48"}),
         ("sql_agent", {"--steps": "2", "--lr": "1e-05", "--seed": "0", "--val-limit": "2"}),
-        ("tau2_airline", {"--steps": "2", "--max-prompt-length": "3500", "--lr": "0.0001"}),
+        ("tau2_airline", {"--steps": "2", "--max-prompt-length": "6144", "--lr": "0.0001"}),
     ],
 )
 def test_every_samples_run_py_takes_the_trainers_options_from_the_shared_parser(

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from fake_openai_backend import FakeBackend
-from helpers import SAMPLES, fake_trainer, load_sample
+from helpers import SAMPLES, chatml_ids, fake_trainer, load_sample
 
 import voltrl as vl
 from voltrl.store.memory import InMemoryStore
@@ -320,7 +320,7 @@ def test_a_wrong_write_missing_information_or_a_premature_end_scores_0():
     info = status.evaluation_criteria.communicate_info
     mute = scoring.evaluate(status, DOMAIN.db, [], ["Let me check."], "user_stop")
     assert (mute.reward, mute.communicate, mute.missing_info) == (0.0, 0.0, info)
-    for ending in ("max_turns", "context_overflow"):
+    for ending in ("max_steps", "too_many_errors", "agent_error", "context_overflow"):
         early = scoring.evaluate(bags, DOMAIN.db, gold(bags), said(bags), ending)
         assert early.reward == 0.0 and early.db is None
 
@@ -342,13 +342,13 @@ def test_any_path_to_the_gold_end_state_passes():
     ]
     assert scoring.evaluate(bags, DOMAIN.db, path, said(bags), "user_stop").reward == 1.0
     said_differently = ["The status is " + s.upper() for s in said(bags)]
-    assert scoring.evaluate(bags, DOMAIN.db, path, said_differently, "agent_stop").reward == 1.0
+    assert scoring.evaluate(bags, DOMAIN.db, path, said_differently, "user_stop").reward == 1.0
 
 
 # ---- tau2's data format --------------------------------------------------------------------------
 
 
-def test_the_loader_reads_tau2s_format_from_tau2_data_dir(tmp_path: Path, monkeypatch):
+def test_the_loader_reads_tau2s_format(tmp_path: Path):
     db_mod.write_domain(DOMAIN, tmp_path)
     airline = tmp_path / "tau2" / "domains" / "airline"
     assert sorted(p.name for p in airline.iterdir()) == [
@@ -358,8 +358,7 @@ def test_the_loader_reads_tau2s_format_from_tau2_data_dir(tmp_path: Path, monkey
     [first] = json.loads((airline / "tasks.json").read_text())[:1]
     assert set(first) >= {"id", "user_scenario", "evaluation_criteria"}
     assert set(first["evaluation_criteria"]) >= {"actions", "communicate_info", "reward_basis"}
-    monkeypatch.setenv("TAU2_DATA_DIR", str(tmp_path))
-    loaded = db_mod.load_domain()
+    loaded = db_mod.load_domain(tmp_path)
     assert loaded.db.digest() == DOMAIN.db.digest()
     assert list(loaded.tasks) == list(DOMAIN.tasks) and len(loaded.tasks) >= 40
     assert loaded.split == DOMAIN.split
@@ -414,10 +413,7 @@ def test_the_loader_warns_about_what_it_cannot_score_or_replay(tmp_path: Path):
         db_mod.load_domain(tmp_path)
 
 
-def test_a_missing_data_directory_or_file_says_what_to_do(tmp_path: Path, monkeypatch):
-    monkeypatch.delenv("TAU2_DATA_DIR", raising=False)
-    with pytest.raises(db_mod.DomainDataError, match=r"set TAU2_DATA_DIR.*run\.py generate"):
-        db_mod.load_domain()
+def test_a_missing_data_file_says_what_to_do(tmp_path: Path):
     with pytest.raises(db_mod.DomainDataError, match=r"db\.json is missing"):
         db_mod.load_domain(tmp_path)
 
@@ -473,7 +469,7 @@ async def test_episodes_reach_reward_1_through_dev_with_the_scripted_customer(
         fb.script = gold_assistant(tasks, confirm=True)
         llm = vl.LLM(endpoint=fb.url, model="fake-model")
         trainer = fake_trainer(store, tmp_path, llm, max_concurrency=4)
-        rows = agent.task_rows(data_dir, [t.id for t in tasks])
+        rows = agent.task_rows(data_dir, [t.id for t in tasks], user="scripted")
         result = await trainer.dev_async(agent.airline_episode, rows)
     assert len(result.rollouts) == len(tasks) >= 9
     assert [r.reward for r in result.rollouts] == [1.0] * len(tasks)
@@ -490,31 +486,8 @@ async def test_episodes_reach_reward_1_through_dev_with_the_scripted_customer(
         assert len(tool_spans) == len(task.evaluation_criteria.actions)
         first = calls[0].request
         assert [m["role"] for m in first["messages"]] == ["system", "assistant", "user"]
-        assert first["messages"][1]["content"] == agent.GREETING
+        assert first["messages"][1]["content"] == agent.Rules().greeting
         assert len(first["tools"]) == 14
-
-
-def chatml_ids(fb: FakeBackend) -> None:
-    """Make ``fb``'s token ids those LocalRL's engine would record: prompts rendered with the
-    tiny model's chat template (Qwen2.5-style ChatML, Hermes tool calls), replies encoded as
-    the model would write them (``<tool_call>{...}</tool_call>``, then ``<|im_end|>``)."""
-    from voltrl.algorithms.local.tiny import build_tiny_tokenizer
-
-    tok = build_tiny_tokenizer()
-
-    def prompt(req: dict) -> list[int]:
-        text = tok.apply_chat_template(
-            req["messages"], tools=req.get("tools"), add_generation_prompt=True, tokenize=False
-        )
-        return tok.encode(text, add_special_tokens=False)
-
-    def reply(r: dict) -> list[int]:
-        text = r.get("text") or (
-            f'<tool_call>\n{{"name": "{r["tool"]}", "arguments": {r["arguments"]}}}\n</tool_call>'
-        )
-        return tok.encode(text + "<|im_end|>", add_special_tokens=False)
-
-    fb.prompt_ids, fb.reply_ids = prompt, reply
 
 
 async def test_agent_framework_conversations_merge_into_one_row_per_episode(
@@ -532,9 +505,8 @@ async def test_agent_framework_conversations_merge_into_one_row_per_episode(
         trainer = fake_trainer(
             store, tmp_path, vl.LLM(endpoint=fb.url, model="fake-model"), max_concurrency=8
         )
-        result = await trainer.dev_async(
-            agent.airline_episode, agent.task_rows(data_dir, [t.id for t in tasks])
-        )
+        rows = agent.task_rows(data_dir, [t.id for t in tasks], user="scripted")
+        result = await trainer.dev_async(agent.airline_episode, rows)
     assert result.rewards == [1.0] * len(tasks)
     config = TrajectoryConfig(mode="trajectory", agent_filter=agent.AGENT_FILTER)
     trajectories = await trajectories_from_store(store, result.rollouts, config)
@@ -544,50 +516,55 @@ async def test_agent_framework_conversations_merge_into_one_row_per_episode(
     assert sum(t.merge_failures for t in trajectories) == 0
 
 
-def chatty(stop_after: int | None = None, transfer: bool = False):
-    """A backend script: the assistant never finishes ("Let me look into that.", or a
-    transfer to a human when ``transfer``); the customer (requests without tools) keeps
-    talking, and writes ``###STOP###`` after ``stop_after`` assistant turns."""
+def chatty(stop_after: int | None = None, assistant: str = "talk"):
+    """A backend script: the assistant never finishes (``talk``: "Let me look into that.";
+    ``error``: a call of a tool that does not exist; ``empty``: an empty message); the
+    customer (requests without tools) keeps talking, and writes ``###STOP###`` after
+    ``stop_after`` assistant messages."""
 
     def script(req: dict) -> dict:
         messages = req["messages"]
         if not req.get("tools"):
-            said = sum(m["role"] == "assistant" for m in messages)
+            said = sum(m["role"] == "user" for m in messages) - 1  # the greeting is one
             return {"text": "###STOP###" if said == stop_after else f"Please go on ({said})."}
-        if transfer and not any(m["role"] == "tool" for m in messages):
-            return {"tool": "transfer_to_human_agents", "arguments": '{"summary": "help"}'}
-        return {"text": "Let me look into that."}
+        if assistant == "error":
+            return {"tool": "no_such_tool", "arguments": "{}"}
+        return {"text": "" if assistant == "empty" else "Let me look into that."}
 
     return script
 
 
 @pytest.mark.parametrize(
-    ("stop_after", "transfer", "ending", "turns"),
+    ("stop_after", "assistant", "ending", "steps", "customer_calls"),
     [
-        (None, False, "max_turns", agent.MAX_TURNS),
-        (agent.MAX_TURNS, False, "user_stop", agent.MAX_TURNS),  # right after the last turn
-        (3, False, "user_stop", 3),
-        (None, True, "agent_stop", 1),
+        (None, "talk", "max_steps", 200, 100),  # tau2's 200 messages: 100 from each side
+        (3, "talk", "user_stop", 7, 4),  # the opening, then 3 answers and 3 replies
+        (None, "error", "too_many_errors", 21, 1),  # tau2's 10 tool errors, 2 steps each
+        (None, "empty", "agent_error", 2, 1),
     ],
-    ids=["never-stops", "stops-after-the-last-turn", "stops-early", "transfer"],
+    ids=["never-stops", "stops-early", "tool-errors", "empty-message"],
 )
-async def test_how_an_episode_ends(
-    tmp_path: Path, data_dir: Path, stop_after: int | None, transfer: bool, ending: str,
-    turns: int,
+async def test_how_an_episode_ends_by_tau2s_rules(
+    tmp_path: Path, data_dir: Path, stop_after: int | None, assistant: str, ending: str,
+    steps: int, customer_calls: int,
 ):  # fmt: skip
+    """Every message is a step (a batch of tool results is one); an episode ends when the
+    customer stops, at 200 steps, at 10 tool errors, or on an empty message, and only a stop
+    is scored."""
     task = next(t for t in DOMAIN.tasks.values() if t.description["kind"] == "flight_status")
     store = InMemoryStore()
     async with FakeBackend() as fb:
-        fb.script = chatty(stop_after, transfer)
+        fb.script = chatty(stop_after, assistant)
         trainer = fake_trainer(store, tmp_path, vl.LLM(endpoint=fb.url, model="fake-model"))
         rows = agent.task_rows(data_dir, [task.id], user="main_llm")
         result = await trainer.dev_async(agent.airline_episode, rows)
     [rollout] = result.rollouts
     [episode] = [s for s in await store.get_spans(rollout.rollout_id) if s.name == "episode"]
-    assert (episode.attributes["termination"], episode.attributes["turns"]) == (ending, turns)
+    got = episode.attributes
+    assert (got["termination"], got["steps"]) == (ending, steps)
+    assert got["tool_errors"] == (10 if assistant == "error" else 0)
     assert rollout.status == "succeeded" and rollout.reward == 0.0  # the status was never said
-    customer_calls = [r for r in fb.requests if not r["body"].get("tools")]
-    assert len(customer_calls) == (1 if transfer else turns + 1)  # the opening, one per turn
+    assert len([r for r in fb.requests if not r["body"].get("tools")]) == customer_calls
 
 
 async def test_a_refused_gold_path_scores_0_and_the_database_decides(
@@ -604,9 +581,8 @@ async def test_a_refused_gold_path_scores_0_and_the_database_decides(
     async with FakeBackend() as fb:
         fb.script = gold_assistant([reckless])
         trainer = fake_trainer(store, tmp_path, vl.LLM(endpoint=fb.url, model="fake-model"))
-        result = await trainer.dev_async(
-            agent.airline_episode, agent.task_rows(data_dir, [refused.id])
-        )
+        rows = agent.task_rows(data_dir, [refused.id], user="scripted")
+        result = await trainer.dev_async(agent.airline_episode, rows)
     [rollout] = result.rollouts
     assert rollout.status == "succeeded" and rollout.reward == 0.0
     [episode] = [s for s in await store.get_spans(rollout.rollout_id) if s.name == "episode"]
@@ -668,7 +644,8 @@ async def test_a_conversation_outgrowing_the_context_ends_with_reward_0_not_a_cr
     async with FakeBackend() as fb:  # the first request, to size the context
         fb.script = gold_assistant([task])
         trainer = fake_trainer(InMemoryStore(), tmp_path, vl.LLM(endpoint=fb.url, model="m"))
-        await trainer.dev_async(agent.airline_episode, agent.task_rows(data_dir, [task.id]))
+        rows = agent.task_rows(data_dir, [task.id], user="scripted")
+        await trainer.dev_async(agent.airline_episode, rows)
         first = fb.requests[0]["body"]
     tok = build_tiny_tokenizer()
     text = tok.apply_chat_template(
@@ -692,7 +669,7 @@ async def test_a_conversation_outgrowing_the_context_ends_with_reward_0_not_a_cr
         spans = await store.get_spans(rollout.rollout_id)
         [episode] = [s for s in spans if s.name == "episode"]
         assert episode.attributes["termination"] == "context_overflow"
-        assert episode.attributes["turns"] >= 1
+        assert episode.attributes["steps"] >= 2  # the customer's opening, the first answer
 
 
 async def test_the_customer_on_its_own_llm_resource_is_recorded_under_its_name(
@@ -729,7 +706,7 @@ def test_run_py_generates_a_domain_in_tau2s_layout(tmp_path: Path):
         capture_output=True, text=True, timeout=120, check=True,
     )  # fmt: skip
     made = generate.make_domain(3)
-    assert f"wrote {len(made.tasks)} tasks" in out.stdout and "TAU2_DATA_DIR=" in out.stdout
+    assert f"wrote {len(made.tasks)} tasks" in out.stdout and "--domain generated" in out.stdout
     assert len(made.tasks) >= 40
     loaded = db_mod.load_domain(tmp_path / "data")
     assert loaded.db.digest() == made.db.digest()
@@ -745,16 +722,22 @@ def run_py(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]
 def test_run_py_says_what_is_wrong_in_one_line(tmp_path: Path, data_dir: Path):
     from helpers import free_port
 
-    missing = run_py("train", "--data", str(tmp_path / "nowhere"), "--out", str(tmp_path))
+    missing = run_py(
+        "train", "--domain", "generated", "--data", str(tmp_path / "nowhere"), "--out",
+        str(tmp_path),
+    )  # fmt: skip
     assert missing.returncode == 1 and "Traceback" not in missing.stderr
     assert "db.json is missing" in missing.stderr
-    folder = run_py("train", "--data", str(data_dir / "tau2/domains/airline"))
+    folder = run_py(
+        "train", "--domain", "generated", "--data", str(data_dir / "tau2/domains/airline")
+    )
     assert "give the directory holding tau2/" in folder.stderr and folder.returncode == 1
     no_model = run_py("train", "--user-endpoint", "http://127.0.0.1:1/v1")
     assert no_model.returncode == 2 and "--user-endpoint needs --user-model" in no_model.stderr
     dead = f"http://127.0.0.1:{free_port()}/v1"
     customer = run_py(
-        "dev", "--data", str(data_dir), "--out", str(tmp_path), "--endpoint", dead,
+        "dev", "--domain", "generated", "--data", str(data_dir), "--out", str(tmp_path),
+        "--endpoint", dead,
         "--model", "m", "--user-endpoint", dead, "--user-model", "hosted",
     )  # fmt: skip
     assert customer.returncode == 1 and "Traceback" not in customer.stderr
@@ -772,13 +755,15 @@ def test_run_py_train_with_the_scripted_customer_trains_on_the_assistant_alone(
     from helpers import voltrl
     from test_loggers import tensorboard_events
 
-    options = ("--data", str(data_dir), "--run-dir", str(tmp_path), "--steps", "1",
-               "--tasks-per-step", "1", "--group-size", "2", "--n-val", "1")  # fmt: skip
+    options = ("--domain", "generated", "--data", str(data_dir), "--run-dir", str(tmp_path),
+               "--steps", "1", "--tasks-per-step", "1", "--group-size", "2",
+               "--n-val", "1")  # fmt: skip
     out = run_py("train", *options, "--name", "first", "--loggers", "tensorboard", timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "step 1: 2 assistant rows (0 merge failures), 0 user calls left out" in out.stdout
     assert "train episodes: user_stop 2" in out.stdout
-    assert "val episodes: user_stop 2" in out.stdout  # before and after training
+    # before and after training: the greedy tiny model writes an empty message (agent_error)
+    assert "val episodes: agent_error 2" in out.stdout
     first = tmp_path / "first"
     events = tensorboard_events(first / "tensorboard")
     assert "update/loss" in events.Tags()["scalars"]

@@ -1,28 +1,47 @@
 """The airline customer-service assistant: a Microsoft Agent Framework agent with the
-airline's 14 tools and policy, talking to a simulated customer; only the assistant learns.
+airline's 14 tools and policy, talking to a simulated customer by tau2's rules; only the
+assistant learns.
 
-One rollout is one conversation of a task (a row from :func:`task_rows`):
+One rollout is one conversation of a task (a row from :func:`task_rows`) in one of two
+domains (``row["domain"]``):
 
-1. a fresh copy of the database and the task's customer (``row["user"]``: ``"scripted"``,
-   or the name of the LLM resource that plays it, e.g. ``"user_llm"``);
-2. the assistant greets; then customer message → assistant turn (its tool calls, up to
-   ``MAX_TOOL_ROUNDS`` model calls) → ... until the customer writes a stop token, the
-   assistant transfers to a human, ``MAX_TURNS`` assistant turns pass, or a prompt outgrows
-   the model's context (the backend's 400): those last two score 0, never crash;
-3. the reward is :func:`scoring.evaluate`'s, and the episode's ending and score are
-   recorded as an ``episode`` event in the rollout.
+- ``"tau2"``: tau2's own airline domain from tau2's package (:mod:`tau2_domain`): its tasks,
+  its tools on its environment, its prompts and its evaluator;
+- a directory: a domain in tau2's data layout (our generated one) with **our** tools
+  (:mod:`airline_tools`, stricter than tau2's) and our evaluator (:mod:`scoring`). Not tau2.
 
+The conversation follows tau2's orchestrator, one message at a time:
+
+1. the assistant's greeting goes to the customer (``row["user"]``: the name of the LLM
+   resource that plays it, e.g. ``"user_llm"``, or ``"scripted"``);
+2. each customer message goes to the assistant; each assistant message with tool calls goes
+   to the tools (results back to the assistant), one without goes to the customer. Every
+   message is a step; a batch of tool results is one step;
+3. it ends when the customer writes a stop token (``user_stop``), after ``max_steps`` steps
+   (``max_steps``) or ``max_errors`` tool errors (``too_many_errors``), on an empty message
+   (``agent_error``/``user_error``, where tau2's run fails the simulation), or when a prompt
+   outgrows the model's context (``context_overflow``, ours: tau2 would fail it too).
+   Limits are checked after every step not bound for the tools, and win over a stop token
+   in the same step, as in tau2.
+
+The reward is the domain's evaluator's; the ending and the score are an ``episode`` event.
 Both roles' calls are recorded with their agent names (``assistant``, ``user``);
 ``AGENT_FILTER`` keeps the user's out of the training data.
 """
 
+from __future__ import annotations
+
+import asyncio
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Protocol
 
-from agent_framework import Agent, Message
-from airline_db import AirlineTask, Domain, cached_domain
+import tau2_domain
+from agent_framework import Agent, Content, FunctionTool, Message
+from airline_db import DomainDataError, cached_domain
 from airline_tools import AirlineTools, db_copy
-from customers import USER_AGENT_NAME, LLMUser, ScriptedUser, UserSimulator, stop_token
+from customers import USER_AGENT_NAME, LLMUser, ScriptedUser, UserSimulator
 from scoring import evaluate
 
 import voltrl as vl
@@ -32,101 +51,270 @@ from voltrl.gateway import is_context_overflow
 ASSISTANT_AGENT_NAME = "assistant"
 #: The trajectory builder's agent filter: train on the assistant's calls only.
 AGENT_FILTER = ASSISTANT_AGENT_NAME
-GREETING = "Hi! How can I help you today?"
-MAX_TURNS = 10
-MAX_TOOL_ROUNDS = 6
+TAU2 = "tau2"
 
 
-def task_rows(data_dir: str | Path, ids: list[str], user: str = "scripted") -> list[dict]:
-    """Dataset rows for ``Trainer.fit``/``dev``: the task id, where its domain lives (read
-    once per worker process), and who plays the customer."""
-    return [{"task_id": i, "data_dir": str(Path(data_dir).resolve()), "user": user} for i in ids]
+@dataclass(frozen=True)
+class Rules:
+    """How a conversation may go: tau2's limits (``tau2.config``'s defaults), its first
+    message and its user's stop tokens."""
+
+    max_steps: int = 200
+    max_errors: int = 10
+    greeting: str = "Hi! How can I help you today?"
+    user_stop_tokens: tuple[str, ...] = ("###STOP###", "###TRANSFER###", "###OUT-OF-SCOPE###")
+
+    def user_stopped(self, text: str) -> bool:
+        """Whether the customer's message ends the conversation."""
+        return any(t in text for t in self.user_stop_tokens)
+
+
+class Toolbox(Protocol):
+    """The assistant's tools in a domain."""
+
+    def schemas(self) -> list[dict[str, Any]]:
+        """The tools' OpenAI function schemas."""
+        ...
+
+    def call(self, call_id: str, name: str, arguments: dict[str, Any]) -> tuple[str, bool]:
+        """Run one call: its result text and whether it is an error."""
+        ...
 
 
 @dataclass
-class Conversation:
-    """What an episode produced: the assistant's messages and how it ended."""
+class Episode:
+    """What a conversation produced: its messages in OpenAI form (an assistant message's
+    ``tool_calls`` hold ``id``, ``name``, ``arguments`` as a dict, and ``executed``; a tool
+    message has ``error`` and ``executed``), how it ended, its steps and tool errors."""
 
-    assistant_texts: list[str] = field(default_factory=list)
+    messages: list[dict[str, Any]] = field(default_factory=list)
     termination: str = ""
-    turns: int = 0
+    steps: int = 0
+    errors: int = 0
+
+    @property
+    def assistant_texts(self) -> list[str]:
+        """The assistant's messages' text (the greeting included)."""
+        return [m["content"] for m in self.messages if m["role"] == "assistant" and m["content"]]
+
+    @property
+    def tool_calls(self) -> list[tuple[str, dict[str, Any]]]:
+        """The tool calls that reached the tools, in order, as ``(name, arguments)``."""
+        return [
+            (c["name"], c["arguments"])
+            for m in self.messages
+            if m["role"] == "assistant"
+            for c in m.get("tool_calls") or ()
+            if c["executed"]
+        ]
 
 
-def make_user(
-    row: dict, resources: vl.Resources, domain: Domain, task: AirlineTask
-) -> UserSimulator:
-    """The customer of ``row``: scripted, or an LLM from the named resource."""
-    who = row.get("user", "scripted")
-    if who == "scripted":
-        return ScriptedUser(task.user_scenario)
-    return LLMUser(resources[who], domain.guidelines, task.user_scenario)
+def task_rows(domain: str | Path, ids: list[str], user: str = "user_llm") -> list[dict[str, Any]]:
+    """Dataset rows for ``Trainer.fit``/``dev``: the task id, its domain (``"tau2"``, or a
+    data directory in tau2's layout, read once per worker process), and who plays the
+    customer (an LLM resource's name, or ``"scripted"``)."""
+    where = TAU2 if str(domain) == TAU2 else str(Path(domain).resolve())
+    return [{"task_id": str(i), "domain": where, "user": user} for i in ids]
 
 
-async def converse(assistant: Agent, user: UserSimulator, tools: AirlineTools) -> Conversation:
-    """Run the conversation to its end (see the module docstring)."""
-    out = Conversation()
-    session = assistant.create_session()
-    user_text = await user.reply(GREETING)
-    turn_input: list[Message] = [Message("assistant", [GREETING]), Message("user", [user_text])]
-    while True:
-        if stop_token(user_text):
-            out.termination = "user_stop"
-            return out
-        if out.turns >= MAX_TURNS:
-            out.termination = "max_turns"
-            return out
+def task_ids(domain: str | Path, split: str) -> list[str]:
+    """The ids of ``split`` in ``domain``: tau2's ``base`` (all 50 tasks), ``train`` (30) or
+    ``test`` (20); a data directory's ``train``, ``test`` or ``base`` (all)."""
+    if str(domain) == TAU2:
         try:
-            response = await assistant.run(turn_input, session=session)
-            out.turns += 1
-            out.assistant_texts.append(response.text)
-            if any(c.name == "transfer_to_human_agents" for c in tools.calls):
-                out.termination = "agent_stop"
-                return out
-            user_text = await user.reply(response.text)
+            return list(tau2_domain.tasks(split))
+        except ValueError as e:
+            raise DomainDataError(str(e)) from None
+    return cached_domain(str(Path(domain).resolve())).task_ids(split)
+
+
+def declarations(toolbox: Toolbox) -> list[FunctionTool]:
+    """The tools as Agent Framework declarations: the model sees them, the episode runs them."""
+    return [
+        FunctionTool(
+            name=s["function"]["name"],
+            description=s["function"].get("description", ""),
+            input_model=s["function"]["parameters"],
+        )
+        for s in toolbox.schemas()
+    ]
+
+
+def run_tool(
+    toolbox: Toolbox, call: Content, call_id: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Run one of the model's function calls: its record in the assistant's message and the
+    tool message with the result. Arguments that are not a JSON object never reach the tools
+    (the model gets an error; both records say ``executed: False``)."""
+    raw = call.arguments
+    if isinstance(raw, str):
+        try:
+            arguments = json.loads(raw.strip() or "{}")
+        except ValueError:
+            arguments = None
+    else:
+        arguments = dict(raw or {})
+    executed = isinstance(arguments, dict)
+    record = {"id": call_id, "name": call.name, "arguments": arguments if executed else {}}
+    if not executed:
+        result, error = f"Error: the arguments of {call.name} are not a JSON object: {raw}", True
+    else:
+        with vl.span(f"execute_tool {call.name}", tool=call.name, arguments=arguments) as span:
+            result, error = toolbox.call(call_id, call.name, arguments)
+            span.attributes.update(result=result, error=error)
+    answer = {"role": "tool", "tool_call_id": call_id, "content": result, "error": error}
+    return {**record, "executed": executed}, {**answer, "executed": executed}
+
+
+async def converse(
+    assistant: Agent, user: UserSimulator, toolbox: Toolbox, rules: Rules
+) -> Episode:
+    """Run the conversation to its end (see the module docstring)."""
+    ep = Episode(messages=[{"role": "assistant", "content": rules.greeting}])
+    session = assistant.create_session()
+    pending: list[Message] = [Message("assistant", [rules.greeting])]
+    text, to_user = rules.greeting, True
+    while not ep.termination:
+        try:
+            if to_user:
+                text = await user.reply(text)
+                ep.steps += 1
+                ep.messages.append({"role": "user", "content": text})
+                pending.append(Message("user", [text]))
+                if not text.strip():
+                    ep.termination = "user_error"
+                elif rules.user_stopped(text):
+                    ep.termination = "user_stop"
+                to_user = False
+            else:
+                response = await assistant.run(pending, session=session)
+                ep.steps += 1
+                text, pending = response.text, []
+                calls = [c for m in response.messages for c in m.contents]
+                calls = [c for c in calls if c.type == "function_call"]
+                message: dict[str, Any] = {"role": "assistant", "content": text}
+                ep.messages.append(message)
+                if calls:
+                    message["tool_calls"] = []
+                    for i, call in enumerate(calls):
+                        call_id = call.call_id or f"call_{ep.steps}_{i}"
+                        record, answer = run_tool(toolbox, call, call_id)
+                        message["tool_calls"].append(record)
+                        ep.messages.append(answer)
+                        ep.errors += answer["error"]
+                        result = Content.from_function_result(
+                            call_id=call_id, result=answer["content"]
+                        )
+                        pending.append(Message("tool", [result]))
+                    ep.steps += 1  # the tool results: one step in tau2
+                elif not text.strip():
+                    ep.termination = "agent_error"
+                else:
+                    to_user = True
         except Exception as e:
             if not is_context_overflow(e):
                 raise
-            out.termination = "context_overflow"
-            return out
-        turn_input = [Message("user", [user_text])]
+            ep.termination = "context_overflow"
+            return ep
+        if ep.steps >= rules.max_steps:
+            ep.termination = "max_steps"
+        if ep.errors >= rules.max_errors:
+            ep.termination = "too_many_errors"
+    return ep
+
+
+@dataclass
+class Setup:
+    """One episode's task in its domain: the assistant's instructions and tools, the
+    customer's system prompt and scenario, the rules, and how to score the episode."""
+
+    task: Any
+    toolbox: Toolbox
+    instructions: str
+    user_prompt: str
+    rules: Rules
+    domain: str
+
+    def score(self, ep: Episode) -> dict[str, Any]:
+        """The domain evaluator's verdict on ``ep``: ``reward``, ``termination`` and parts."""
+        if self.domain == TAU2:
+            return tau2_domain.evaluate(self.task, ep.messages, ep.termination)
+        db = cached_domain(self.domain).db
+        texts = ep.assistant_texts
+        return evaluate(self.task, db, ep.tool_calls, texts, ep.termination).as_dict()
+
+
+def setup(row: dict[str, Any]) -> Setup:
+    """The task of ``row`` in its domain, on a fresh copy of the domain's database."""
+    if row["domain"] == TAU2:
+        task = tau2_domain.task(row["task_id"])
+        if task.initial_state is not None:  # none of tau2's 50 airline tasks has one
+            raise ValueError(f"tau2 task {task.id} starts from an initial_state: not supported")
+        tools = tau2_domain.Tau2Tools()
+        return Setup(
+            task=task,
+            toolbox=tools,
+            instructions=tau2_domain.assistant_prompt(tools.policy),
+            user_prompt=tau2_domain.user_prompt(task.user_scenario),
+            rules=Rules(**tau2_domain.rules()),
+            domain=TAU2,
+        )
+    domain = cached_domain(row["domain"])
+    task = domain.tasks[row["task_id"]]
+    prompt = f"{domain.guidelines.strip()}\n\n<scenario>\n{task.user_scenario.text()}\n</scenario>"
+    return Setup(
+        task=task,
+        toolbox=AirlineTools(db_copy(domain.db)),
+        instructions=domain.policy,
+        user_prompt=prompt,
+        rules=Rules(),
+        domain=row["domain"],
+    )
+
+
+def make_user(row: dict[str, Any], resources: vl.Resources, s: Setup) -> UserSimulator:
+    """The customer of ``row``: scripted, or an LLM from the named resource."""
+    who = row["user"]
+    if who == "scripted":
+        return ScriptedUser(s.task.user_scenario)
+    if who not in resources:
+        raise KeyError(f"the customer's LLM resource {who!r} is not among {sorted(resources)}")
+    return LLMUser(resources[who], s.user_prompt)
 
 
 @vl.rollout
 async def airline_episode(row: dict, resources: vl.Resources) -> float:
-    """One conversation of task ``row["task_id"]``; the reward is tau2's (0 or 1)."""
+    """One conversation of task ``row["task_id"]``; the reward is the domain's (0 or 1)."""
     instrument()
-    domain = cached_domain(row["data_dir"])
-    task = domain.tasks[row["task_id"]]
-    tools = AirlineTools(db_copy(domain.db))
-    llm = resources["main_llm"]
+    s = await asyncio.to_thread(setup, row)  # tau2 reads its database (~0.5 s of CPU)
     client = chat_client(
-        llm,
+        resources["main_llm"],
         agent_name=ASSISTANT_AGENT_NAME,
-        function_invocation_configuration={"max_iterations": MAX_TOOL_ROUNDS},
+        function_invocation_configuration={"enabled": False},  # the episode runs the tools
     )
     assistant = Agent(
         client=client,
         name=ASSISTANT_AGENT_NAME,
-        instructions=domain.policy,
-        tools=tools.as_functions(),
+        instructions=s.instructions,
+        tools=declarations(s.toolbox),
     )
-    user = make_user(row, resources, domain, task)
+    user = make_user(row, resources, s)
     try:
-        conversation = await converse(assistant, user, tools)
+        ep = await converse(assistant, user, s.toolbox, s.rules)
     finally:
         await user.aclose()
         await client.client.close()
-    calls = [(c.name, c.arguments) for c in tools.calls]
-    score = evaluate(task, domain.db, calls, conversation.assistant_texts, conversation.termination)
+    score = await asyncio.to_thread(s.score, ep)  # tau2's evaluator replays the episode
     vl.emit_event(
         "episode",
-        task_id=task.id,
-        turns=conversation.turns,
-        tool_calls=len(calls),
-        tool_errors=sum(c.error for c in tools.calls),
-        **score.as_dict(),
+        task_id=row["task_id"],
+        domain="tau2" if s.domain == TAU2 else "generated",
+        steps=ep.steps,
+        tool_calls=len(ep.tool_calls),
+        tool_errors=ep.errors,
+        **score,
     )
-    return score.reward
+    return score["reward"]
 
 
 __all__ = ["AGENT_FILTER", "USER_AGENT_NAME", "airline_episode", "task_rows"]

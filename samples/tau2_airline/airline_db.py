@@ -1,8 +1,9 @@
-"""The airline domain's data: typed models of the database and the tasks, and a loader for
-tau2-bench's on-disk format.
+"""The generated airline domain's data (or any data in tau2's layout, read for our own
+tools): typed models of the database and the tasks, and a loader of tau2's on-disk format.
+tau2's own domain is read by tau2's package instead (``tau2_domain``).
 
-The layout under a data directory (``$TAU2_DATA_DIR``, as tau2-bench installs it, or one that
-``generate_domain.py`` writes)::
+The layout under a data directory (one that ``generate_domain.py`` writes, or tau2-bench's
+``data`` directory)::
 
     tau2/domains/airline/db.json            {"flights", "users", "reservations"}
     tau2/domains/airline/tasks.json         [{"id", "user_scenario", "evaluation_criteria", ...}]
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import warnings
 from dataclasses import dataclass
 from functools import lru_cache
@@ -220,30 +220,19 @@ class Domain:
     guidelines: str
 
     def task_ids(self, split: str) -> list[str]:
-        """The ids of a split (``train``, ``test``, or ``all``), in the split file's order."""
-        if split == "all":
+        """The ids of a split (``train``, ``test``, or ``base``: every task, as tau2 names
+        it), in the split file's order."""
+        if split == "base":
             return list(self.tasks)
         if split not in self.split:
             raise DomainDataError(
-                f"no split {split!r}: the data has {sorted(self.split)} (or 'all')"
+                f"no split {split!r}: the data has {sorted(self.split)} (or 'base': every task)"
             )
         return [i for i in self.split[split] if i in self.tasks]
 
 
 class DomainDataError(ValueError):
     """The data directory is missing a file or holds data this sample cannot read."""
-
-
-def data_dir(given: str | Path | None = None) -> Path:
-    """``given``, else ``$TAU2_DATA_DIR``; a clear error when neither is set."""
-    if given is None:
-        given = os.environ.get("TAU2_DATA_DIR")
-        if not given:
-            raise DomainDataError(
-                "no data directory: set TAU2_DATA_DIR to tau2-bench's data directory, or make "
-                "the sample's own domain with `python samples/tau2_airline/run.py generate`"
-            )
-    return Path(given).expanduser().resolve()
 
 
 def _read_json(path: Path) -> Any:
@@ -262,9 +251,8 @@ def _validated(model: type[BaseModel], data: Any, where: Path) -> Any:
         raise DomainDataError(f"{where}: not airline data this sample can read: {e}") from None
 
 
-def load_domain(root: str | Path | None = None) -> Domain:
-    """Read the airline domain under ``root`` (default ``$TAU2_DATA_DIR``), the directory
-    holding ``tau2/``.
+def load_domain(root: str | Path) -> Domain:
+    """Read the airline domain under ``root``, the directory holding ``tau2/``.
 
     Left out, with a warning naming them: tasks with an ``initial_state`` (this sample starts
     every episode from ``db.json``) and tasks with nothing but an LLM judge to score them
@@ -273,7 +261,7 @@ def load_domain(root: str | Path | None = None) -> Domain:
     """
     from airline_tools import AirlineTools, db_copy  # the tools import these models
 
-    base = data_dir(root)
+    base = Path(root).expanduser().resolve()
     domain = base / DOMAIN_DIR
     if not domain.is_dir() and base.name == "airline":
         raise DomainDataError(f"{base} is the airline folder: give the directory holding tau2/")

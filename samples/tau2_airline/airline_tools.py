@@ -195,6 +195,19 @@ class AirlineTools:
         self.calls.append(ToolCall(name, copy.deepcopy(arguments), result, error))
         return result
 
+    def call(self, call_id: str, name: str, arguments: dict[str, Any]) -> tuple[str, bool]:
+        """Run one tool call (:meth:`execute`): ``(result, error)``."""
+        result = self.execute(name, arguments)
+        return result, self.calls[-1].error
+
+    def schemas(self) -> list[dict[str, Any]]:
+        """The tools' OpenAI function schemas, as Agent Framework derives them from the
+        signatures and docstrings."""
+        from agent_framework import FunctionTool
+
+        functions = self.as_functions()
+        return [FunctionTool(name=f.__name__, func=f).to_json_schema_spec() for f in functions]
+
     def as_functions(self) -> list[Callable[..., str]]:
         """Each tool as a plain function with the tool's signature and docstring that runs it
         through :meth:`execute` (what a framework turns into function tools)."""

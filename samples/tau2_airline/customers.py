@@ -7,22 +7,15 @@ and end the conversation by writing ``###STOP###``, ``###TRANSFER###`` or
 """
 
 import re
-from typing import Protocol
+from typing import Any, Protocol
 
 from agent_framework import Agent
-from airline_db import UserInstructions, UserScenario
 
 import voltrl as vl
 from voltrl.adapters.agent_framework import chat_client
 
-STOP_TOKENS = ("###STOP###", "###TRANSFER###", "###OUT-OF-SCOPE###")
 #: Agent name of the simulator's calls (recorded, never trained: see agent.AGENT_FILTER).
 USER_AGENT_NAME = "user"
-
-
-def stop_token(text: str) -> str | None:
-    """The stop token in the customer's message, if any."""
-    return next((t for t in STOP_TOKENS if t in text), None)
 
 
 class UserSimulator(Protocol):
@@ -39,11 +32,11 @@ class UserSimulator(Protocol):
 
 class LLMUser:
     """A customer played by an LLM (an Agent Framework agent on ``llm``, agent name
-    ``user``): system prompt = the guidelines + ``<scenario>...</scenario>``."""
+    ``user``) under the domain's user-simulator system ``prompt`` (the simulation
+    guidelines and the task's scenario)."""
 
-    def __init__(self, llm: vl.LLM, guidelines: str, scenario: UserScenario) -> None:
+    def __init__(self, llm: vl.LLM, prompt: str) -> None:
         self.client = chat_client(llm, agent_name=USER_AGENT_NAME)
-        prompt = f"{guidelines.strip()}\n\n<scenario>\n{scenario.text()}\n</scenario>"
         self.agent = Agent(client=self.client, name=USER_AGENT_NAME, instructions=prompt)
         self.session = self.agent.create_session()
 
@@ -77,7 +70,8 @@ CONFIRMATION_CUES = ("confirm", "proceed", "shall i", "would you like me", "yes 
 
 
 class ScriptedUser:
-    """A deterministic customer following the scenario's known facts and stop rules:
+    """A deterministic customer following the scenario's known facts and stop rules (the
+    scenario of a generated task or of a tau2 task: they have the same fields):
 
     1. answers the greeting with the reason for the call and everything it knows;
     2. answers a request for confirmation with yes (at most ``max_confirmations`` times);
@@ -85,7 +79,7 @@ class ScriptedUser:
     4. otherwise thanks the agent and stops (``###STOP###``); also after ``max_turns``.
     """
 
-    def __init__(self, scenario: UserScenario, max_confirmations: int = 2, max_turns: int = 8):
+    def __init__(self, scenario: Any, max_confirmations: int = 2, max_turns: int = 8):
         self.instructions = scenario.instructions
         self.max_confirmations = max_confirmations
         self.max_turns = max_turns
@@ -94,9 +88,9 @@ class ScriptedUser:
 
     def _known(self) -> str:
         ins = self.instructions
-        if isinstance(ins, UserInstructions):
-            return first_person(ins.known_info or "")
-        return ""
+        if isinstance(ins, str):
+            return ""
+        return first_person(ins.known_info or "")
 
     def opening(self) -> str:
         """The first message: why the customer calls, and what they know."""

