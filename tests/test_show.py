@@ -161,6 +161,8 @@ def test_a_run_directory_shows_that_run(runs: Path, capsys, monkeypatch) -> None
         rc, out, _ = show(capsys, given)
         assert rc == 0 and "run demo" in out and run.run_id in out, given
         assert "train/reward_mean" in out  # its metrics.jsonl, beside its store
+        if not given.startswith("/"):  # a long path wraps in the table's title
+            assert f"voltrl show {given} ROLLOUT_ID shows one" in out
 
 
 def test_a_rollout_shows_its_attempts_conversation_rewards_and_spans(runs: Path, capsys) -> None:

@@ -55,6 +55,8 @@ class Found:
     """The store's spec, a URL's password hidden."""
     path: Path | None
     note: str | None = None
+    asked: str = ""
+    """The ``RUN`` it was found by (a name, an id or a run directory)."""
 
 
 @dataclass
@@ -85,6 +87,7 @@ async def find_run(
     """The run with the id or name ``run`` in ``store``, else in the stores of ``run_dir``:
     the latest of several of that name, with a note saying so. ``run`` may also be a run
     directory (one holding ``store.sqlite``): the run named like it, in its own store."""
+    asked = run
     if store is None and (Path(run) / "store.sqlite").is_file():
         store, run = str(Path(run) / "store.sqlite"), Path(run).resolve().name
     specs = [store] if store else [str(p) for p in sorted(Path(run_dir).glob("*/store.sqlite"))]
@@ -110,7 +113,7 @@ async def find_run(
             f"(started {_when(chosen.created_at)}); the others: {others}"
         )
     where = parse_store(spec, token=token, existing=True)
-    return Found(where.open(), chosen, where.describe(), where.sqlite_file, note)
+    return Found(where.open(), chosen, where.describe(), where.sqlite_file, note, asked)
 
 
 async def load_run(found: Found, run_dir: str | Path = "runs") -> RunView:
@@ -318,7 +321,8 @@ def render_run(view: RunView, console: Console, *, full: bool = False) -> None:
         console.print(Text(note, style="dim"))
     failed = [r for r in rollouts if r.status == "failed"][-3:]
     if latest := failed + [r for r in rollouts[-5:] if r not in failed]:
-        title = Text(f"latest rollouts (voltrl show {run.name} ROLLOUT_ID shows one)")
+        asked = view.found.asked or run.name
+        title = Text(f"latest rollouts (voltrl show {asked} ROLLOUT_ID shows one)")
         table = _table(title, "rollout", "mode", "status", "reward", "attempts", "error")
         for r in latest:
             cells = (_status(r.status), _num(r.reward), str(r.attempt_count), Text(r.error or ""))
