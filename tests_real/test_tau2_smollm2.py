@@ -15,7 +15,6 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.timeout(900)
 def test_run_py_trains_smollm2_on_tau2s_train_split(model_dir: Path, tmp_path: Path):
-    pytest.importorskip("tau2")
     out = subprocess.run(
         [sys.executable, str(ROOT / "samples" / "tau2_airline" / "run.py"), "train",
          "--model", "smollm2-135m-instruct", "--user", "scripted", "--steps", "1",
