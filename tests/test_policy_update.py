@@ -23,7 +23,11 @@ from voltrl.algorithms.local.loss import (
     weight_advantages,
 )
 from voltrl.algorithms.local.prefix_cache import split_common_prefix
-from voltrl.algorithms.local.update import PolicyTrainer, PolicyUpdateConfig
+from voltrl.algorithms.local.update import (
+    PolicyTrainer,
+    PolicyUpdateConfig,
+    _checkpoint_activations,
+)
 from voltrl.trajectory import TrainingBatch, TrajectoryConfig, build_trajectory, collate
 from voltrl.types import LLMCall, Rollout, Task, Trajectory, Transition
 
@@ -372,7 +376,7 @@ def test_rows_are_fed_whole_where_one_prefix_cache_cannot_serve_them(kind: str) 
     window would count the masked columns between the prefix and a row as distance."""
     model = tiny_model()
     if kind == "checkpointed":
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        _checkpoint_activations(model)
     else:
         model.config.use_sliding_window, model.config.sliding_window = True, 8
         model.config.layer_types = ["sliding_attention"] * 2

@@ -110,6 +110,16 @@ def batch_advantages(
     return adv if w is None else weight_advantages(adv, w)
 
 
+def _checkpoint_activations(model: Any) -> None:
+    """Turn activation (gradient) checkpointing on, by the name the installed transformers
+    gives it (``gradient_checkpointing_enable`` is a deprecated alias since 5.x)."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
 def _with_lora(model: Any, cfg: PolicyUpdateConfig, adapter: str | None) -> Any:
     """``model`` with a LoRA adapter named ``adapter`` (peft's ``"default"`` when None),
     added when missing: a plain model is wrapped by peft (in place), a ``PeftModel`` gets one
@@ -166,9 +176,7 @@ class PolicyTrainer:
             model = _with_lora(model, cfg, adapter)
         self.model = model
         if cfg.gradient_checkpointing:
-            model.gradient_checkpointing_enable(
-                gradient_checkpointing_kwargs={"use_reentrant": False}
-            )
+            _checkpoint_activations(model)
         self.ref_model = None
         if cfg.kl_coef > 0 and not cfg.use_lora:
             self.ref_model = ref_model if ref_model is not None else copy.deepcopy(model)
