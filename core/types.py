@@ -16,7 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 RolloutStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 AttemptStatus = Literal["running", "succeeded", "failed", "timeout", "expired", "cancelled"]
-RolloutMode = Literal["train", "val", "dev"]
+RolloutMode = Literal["train", "val", "dev", "optimizer"]
+"""What a rollout is for: training, validation, a ``dev`` run, or an algorithm's own model calls
+(``optimizer``: APO's critiques and rewrites, recorded by the algorithm, never queued)."""
 
 FINISHED_ROLLOUT: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
 """Rollout statuses that never change again."""

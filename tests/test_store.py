@@ -159,6 +159,35 @@ async def test_lease_expiry_on_last_attempt_fails_rollout(store: Store) -> None:
     assert await store.claim("w") is None
 
 
+async def test_a_started_rollout_is_never_claimed_and_records_calls_until_completed(
+    store: Store,
+) -> None:
+    started = await store.start_rollout(
+        Task(input={"round": 1}), worker_id="apo", mode="optimizer", run_id="r", lease_s=30.0
+    )
+    r, a = started.rollout, started.attempt
+    assert (r.status, r.mode, r.attempt_count, r.max_attempts) == ("running", "optimizer", 1, 1)
+    assert await store.claim("w") is None  # runners never get it
+    [call] = await store.add_llm_calls(
+        [LLMCall(rollout_id=r.rollout_id, attempt_id=a.attempt_id, agent_name="apo-optimizer")]
+    )
+    assert call.sequence_id == 0
+    done = await store.complete(a.attempt_id, succeeded(None))
+    assert done.status == "succeeded" and done.final_attempt_id == a.attempt_id
+    assert [c.agent_name for c in await store.get_llm_calls(r.rollout_id)] == ["apo-optimizer"]
+    assert [x.rollout_id for x in await store.query_rollouts(run_id="r")] == [r.rollout_id]
+
+
+async def test_a_started_rollout_whose_lease_runs_out_fails_instead_of_being_queued(
+    store: Store,
+) -> None:
+    started = await store.start_rollout(Task(input={}), worker_id="apo", lease_s=SHORT_LEASE)
+    assert await expire(store) == 1
+    rollout = await store.get_rollout(started.rollout.rollout_id)
+    assert rollout.status == "failed" and "lease expired" in (rollout.error or "")
+    assert await store.claim("w") is None
+
+
 async def test_failed_attempt_is_retried_until_max_attempts(store: Store) -> None:
     [r] = await store.enqueue(tasks(1), max_attempts=3)
     statuses = []

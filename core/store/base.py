@@ -93,6 +93,22 @@ class Store(abc.ABC):
         """
 
     @abc.abstractmethod
+    async def start_rollout(
+        self,
+        task: Task,
+        *,
+        worker_id: str,
+        mode: RolloutMode = "train",
+        run_id: str | None = None,
+        resources_version: int | None = None,
+        lease_s: float = DEFAULT_LEASE_S,
+    ) -> Claim:
+        """Record a rollout that the caller runs itself instead of queueing it for runners
+        (APO records its optimizer's calls in one): it is created ``running``, with one attempt
+        held by ``worker_id``, and is never retried; gateways record calls against it like any
+        other. End it with :meth:`complete` (renew its lease with :meth:`heartbeat`)."""
+
+    @abc.abstractmethod
     async def heartbeat(
         self, attempt_ids: Sequence[str], *, lease_s: float = DEFAULT_LEASE_S
     ) -> list[str]:

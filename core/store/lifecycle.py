@@ -8,7 +8,16 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from voltrl.types import Attempt, AttemptResult, Rollout, RolloutStatus, now
+from voltrl.types import (
+    Attempt,
+    AttemptResult,
+    Claim,
+    Rollout,
+    RolloutMode,
+    RolloutStatus,
+    Task,
+    now,
+)
 
 RETRYABLE_ATTEMPT = frozenset({"failed", "timeout", "expired"})
 
@@ -54,6 +63,34 @@ def apply_result(rollout: Rollout, attempt: Attempt, result: AttemptResult) -> N
         rollout.final_attempt_id = attempt.attempt_id
     if rollout.status in ("succeeded", "failed", "cancelled"):
         rollout.finished_at = t
+
+
+def started_rollout(
+    task: Task,
+    *,
+    worker_id: str,
+    mode: RolloutMode,
+    run_id: str | None,
+    resources_version: int | None,
+    lease_s: float,
+) -> Claim:
+    """A rollout created running, its one attempt held by ``worker_id`` (what
+    ``Store.start_rollout`` records): never queued, never retried (``max_attempts=1``)."""
+    t = now()
+    rollout = Rollout(
+        task=task,
+        mode=mode,
+        run_id=run_id,
+        resources_version=resources_version,
+        max_attempts=1,
+        status="running",
+        attempt_count=1,
+        started_at=t,
+    )
+    attempt = Attempt(
+        rollout_id=rollout.rollout_id, index=1, worker_id=worker_id, lease_expires_at=t + lease_s
+    )
+    return Claim(rollout=rollout, attempt=attempt)
 
 
 def expire_attempt(rollout: Rollout, attempt: Attempt) -> None:

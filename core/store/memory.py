@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from voltrl.errors import NotFoundError, StaleAttemptError
 from voltrl.resources import Resources
 from voltrl.store.base import DEFAULT_LEASE_S, LocalStore
-from voltrl.store.lifecycle import apply_result, expire_attempt
+from voltrl.store.lifecycle import apply_result, expire_attempt, started_rollout
 from voltrl.types import (
     Attempt,
     AttemptResult,
@@ -117,6 +117,32 @@ class InMemoryStore(LocalStore):
         self._attempts_of[rollout_id].append(a.attempt_id)
         self._running[rollout_id] = a.attempt_id
         return Claim(rollout=r.model_copy(deep=True), attempt=a.model_copy(deep=True))
+
+    async def start_rollout(
+        self,
+        task: Task,
+        *,
+        worker_id: str,
+        mode: RolloutMode = "train",
+        run_id: str | None = None,
+        resources_version: int | None = None,
+        lease_s: float = DEFAULT_LEASE_S,
+    ) -> Claim:
+        claim = started_rollout(
+            task,
+            worker_id=worker_id,
+            mode=mode,
+            run_id=run_id,
+            resources_version=resources_version,
+            lease_s=lease_s,
+        )
+        r, a = claim.rollout, claim.attempt
+        self._rollouts[r.rollout_id] = r.model_copy(deep=True)
+        self._attempts[a.attempt_id] = a.model_copy(deep=True)
+        self._attempts_of[r.rollout_id].append(a.attempt_id)
+        self._running[r.rollout_id] = a.attempt_id
+        self._changed.notify()
+        return claim
 
     async def _next_lease_expiry(self) -> float | None:
         return min(

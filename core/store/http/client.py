@@ -86,6 +86,17 @@ class EnqueueRequest(Model):
     retry_agent_errors: bool = True
 
 
+class StartRolloutRequest(Model):
+    """Body of ``POST /rollouts/started``: :meth:`Store.start_rollout`'s arguments."""
+
+    task: Task
+    worker_id: str
+    mode: RolloutMode = "train"
+    run_id: str | None = None
+    resources_version: int | None = None
+    lease_s: float = DEFAULT_LEASE_S
+
+
 class ClaimRequest(Model):
     """Body of ``POST /claims``. The server caps ``wait_s`` at its ``max_wait_s``."""
 
@@ -176,6 +187,7 @@ _MAYBE_RESOURCES = TypeAdapter(Resources | None)
 _ROLLOUT = TypeAdapter(Rollout)
 _ROLLOUTS = TypeAdapter(list[Rollout])
 _MAYBE_CLAIM = TypeAdapter(Claim | None)
+_CLAIM = TypeAdapter(Claim)
 _HEARTBEAT = TypeAdapter(HeartbeatResponse)
 _EXPIRE = TypeAdapter(ExpireResponse)
 _ATTEMPTS = TypeAdapter(list[Attempt])
@@ -390,6 +402,26 @@ class HTTPStore(Store):
             )
             if claim is not None or time.monotonic() >= deadline:
                 return claim
+
+    async def start_rollout(
+        self,
+        task: Task,
+        *,
+        worker_id: str,
+        mode: RolloutMode = "train",
+        run_id: str | None = None,
+        resources_version: int | None = None,
+        lease_s: float = DEFAULT_LEASE_S,
+    ) -> Claim:
+        body = StartRolloutRequest(
+            task=task,
+            worker_id=worker_id,
+            mode=mode,
+            run_id=run_id,
+            resources_version=resources_version,
+            lease_s=lease_s,
+        )
+        return await self._call("POST", "/rollouts/started", _CLAIM, body=body, write=True)
 
     async def heartbeat(
         self, attempt_ids: Sequence[str], *, lease_s: float = DEFAULT_LEASE_S

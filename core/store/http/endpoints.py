@@ -18,6 +18,7 @@ POST      /resources                          ``add_resources``
 GET       /resources?version=N                ``get_resources`` (latest without version)
 POST      /rollouts                           ``enqueue``
 POST      /claims                             ``claim``, long-poll (``wait_s`` capped)
+POST      /rollouts/started                   ``start_rollout``
 POST      /heartbeats                         ``heartbeat``
 POST      /attempts/{attempt_id}/complete     ``complete``
 POST      /rollouts/{rollout_id}/cancel       ``cancel``
@@ -75,6 +76,7 @@ from voltrl.store.base import Store
 from voltrl.store.browse import RolloutCount, RolloutPage, RolloutQuery
 from voltrl.store.http.client import (
     _ATTEMPTS,
+    _CLAIM,
     _COUNTS,
     _EXPIRE,
     _HEARTBEAT,
@@ -103,6 +105,7 @@ from voltrl.store.http.client import (
     QueryRequest,
     RewardsRequest,
     SpansRequest,
+    StartRolloutRequest,
     WaitRequest,
 )
 from voltrl.store.http.otlp import OTLP_PATH, OTLP_REQUEST_BODY, export_traces
@@ -336,6 +339,22 @@ def store_router(
             )
 
         return await replays.run(request, op, _ROLLOUTS)
+
+    @router.post("/rollouts/started", response_model=Claim)
+    async def start_rollout(body: StartRolloutRequest, request: Request) -> Response:
+        """Record a rollout its caller runs itself, running with one attempt (never queued)."""
+
+        def op() -> Awaitable[Claim]:
+            return store.start_rollout(
+                body.task,
+                worker_id=body.worker_id,
+                mode=body.mode,
+                run_id=body.run_id,
+                resources_version=body.resources_version,
+                lease_s=body.lease_s,
+            )
+
+        return await replays.run(request, op, _CLAIM)
 
     @router.post("/attempts/{attempt_id}/complete", response_model=Rollout, responses=_STALE)
     async def complete(attempt_id: str, result: AttemptResult, request: Request) -> Response:

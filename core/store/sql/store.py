@@ -48,7 +48,7 @@ from voltrl.store.browse import (
     RolloutQuery,
     count_order,
 )
-from voltrl.store.lifecycle import apply_result, expire_attempt
+from voltrl.store.lifecycle import apply_result, expire_attempt, started_rollout
 from voltrl.store.sql.connection import Database, sqlite_path
 from voltrl.store.sql.dialects import (
     POSTGRES,
@@ -320,6 +320,32 @@ class SQLStore(LocalStore):
             self._update_rollout(conn, r)
             conn.execute(self._sql.insert_attempt, (a.attempt_id, *attempt_row(a)))
         return Claim(rollout=r, attempt=a)
+
+    @_db_call
+    def start_rollout(
+        self,
+        task: Task,
+        *,
+        worker_id: str,
+        mode: RolloutMode = "train",
+        run_id: str | None = None,
+        resources_version: int | None = None,
+        lease_s: float = DEFAULT_LEASE_S,
+    ) -> Claim:
+        claim = started_rollout(
+            task,
+            worker_id=worker_id,
+            mode=mode,
+            run_id=run_id,
+            resources_version=resources_version,
+            lease_s=lease_s,
+        )
+        a = claim.attempt
+        with self._db.write() as conn:
+            conn.execute(self._sql.insert_rollout, rollout_row(claim.rollout, None))
+            conn.execute(self._sql.insert_attempt, (a.attempt_id, *attempt_row(a)))
+        self._db.notify()
+        return claim
 
     @_db_call
     def _next_lease_expiry(self) -> float | None:
