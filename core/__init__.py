@@ -14,6 +14,7 @@ recorded with the exact sampled token ids and rewards, and an algorithm improves
 """
 
 from voltrl.agent import LitAgent, rollout
+from voltrl.algorithms.apo import APO
 from voltrl.algorithms.base import Algorithm
 from voltrl.algorithms.baseline import Baseline
 from voltrl.algorithms.local import SFT, LocalRL
@@ -62,6 +63,7 @@ from voltrl.types import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "APO",
     "LLM",
     "SFT",
     "VERL",

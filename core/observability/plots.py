@@ -1,11 +1,13 @@
 """The plots a run leaves in its directory: LocalRL's ``reward_curve.png``, SFT's
-``sft_loss.png``."""
+``sft_loss.png``, APO's ``prompt_search.png``."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from voltrl.observability.prompt_search import PromptSearch
 
 
 def reward_curve(history: Sequence[dict[str, Any]], path: Path, title: str) -> Path | None:
@@ -42,6 +44,30 @@ def loss_curve(losses: Sequence[float], path: Path, title: str) -> Path | None:
     ax.plot(range(1, len(losses) + 1), losses, linewidth=1.5)
     ax.set(xlabel="SFT step", ylabel="loss (mean over trained tokens)", title=title)
     ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def prompt_search_curve(search: PromptSearch, path: Path) -> Path | None:
+    """Plot an APO run's validation score of every candidate by round, and the best so far,
+    into ``path``; None when nothing was scored or matplotlib is missing."""
+    scored = [c for c in search.candidates if c.score is not None]
+    if not scored or (plt := _pyplot()) is None:
+        return None
+    rounds = range(search.rounds_done + 1)
+    best, running = [], float("-inf")
+    for r in rounds:
+        running = max([running] + [c.score or 0.0 for c in scored if c.round == r])
+        best.append(running)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot([c.round for c in scored], [c.score for c in scored], "o", alpha=0.5, label="candidate")
+    ax.plot(list(rounds), best, "-", linewidth=2, label="best so far")
+    ax.set(xlabel="round", ylabel="validation score", title="APO: prompt search")
+    ax.set_xticks(list(rounds))
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

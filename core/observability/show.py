@@ -30,8 +30,10 @@ from rich.tree import Tree
 from voltrl._console import printable
 from voltrl._redact import shown
 from voltrl.errors import NotFoundError, VoltRLError
+from voltrl.observability import prompt_search
 from voltrl.observability.failures import agent_frames, traceback_frames
 from voltrl.observability.metrics import format_stats_table, read_metrics, summarize
+from voltrl.observability.prompt_search import PromptSearch
 from voltrl.store.base import Store
 from voltrl.store.spec import parse_store
 from voltrl.types import Attempt, LLMCall, Reward, Rollout, Run, Span
@@ -67,6 +69,8 @@ class RunView:
     rollouts: list[Rollout]
     metrics: list[dict[str, Any]] | None = None
     metrics_path: Path | None = None
+    search: PromptSearch | None = None
+    """An APO run's candidates (``prompt_search.json`` beside its metrics)."""
 
 
 @dataclass
@@ -130,6 +134,8 @@ async def load_run(found: Found, run_dir: str | Path = "runs") -> RunView:
             view.metrics, view.metrics_path = records or None, path
         if records:
             break
+    if view.metrics_path is not None:
+        view.search = prompt_search.load(view.metrics_path.parent)
     return view
 
 
@@ -288,7 +294,8 @@ def render_run(view: RunView, console: Console, *, full: bool = False) -> None:
             ("store", Text(view.found.where)),
         )
     )
-    by_mode = {m: summarize(r for r in rollouts if r.mode == m) for m in ("train", "val", "dev")}
+    modes = ("train", "val", "dev", "optimizer")
+    by_mode = {m: summarize(r for r in rollouts if r.mode == m) for m in modes}
     stats = {m: s for m, s in by_mode.items() if s.rollouts}
     if len(stats) > 1:
         stats["all"] = summarize(rollouts)
@@ -319,6 +326,8 @@ def render_run(view: RunView, console: Console, *, full: bool = False) -> None:
         if view.metrics_path:
             note = f"no other metrics yet: {view.metrics_path} has no lines of this run"
         console.print(Text(note, style="dim"))
+    if view.search is not None:
+        _render_search(view.search, console, full)
     failed = [r for r in rollouts if r.status == "failed"][-3:]
     if latest := failed + [r for r in rollouts[-5:] if r not in failed]:
         asked = view.found.asked or run.name
@@ -328,6 +337,36 @@ def render_run(view: RunView, console: Console, *, full: bool = False) -> None:
             cells = (_status(r.status), _num(r.reward), str(r.attempt_count), Text(r.error or ""))
             table.add_row(r.rollout_id, r.mode, *cells)
         console.print(table)
+
+
+def _render_search(search: PromptSearch, console: Console, full: bool) -> None:
+    """An APO run's candidates by round, and the diff from the starting template to the best."""
+    title = Text(
+        f"\nprompt search ({prompt_search.FILE}): {search.rounds_done} round(s), "
+        f"{search.stopped or 'running'}",
+        style="bold",
+    )
+    table = _table(title, "round", "version", "parent", "score", "status", "template or reason")
+    for c in search.candidates:
+        shown = c.reason if c.status in ("rejected", "failed") else c.template
+        best = c.version is not None and c.version == search.best_version
+        table.add_row(
+            str(c.round),
+            f"v{c.version}" if c.version is not None else "-",
+            f"v{c.parent}" if c.parent is not None else "-",
+            _num(c.score),
+            Text(c.status + (" (best)" if best else ""), style="green" if best else ""),
+            _fold(shown or "", full, lines=3, chars=160),
+        )
+    console.print(table)
+    best = search.best
+    if best is None or best is search.start:
+        console.print(Text("no template beat the start", style="dim"))
+        return
+    console.print(Text(f"start → best (v{best.version}, round {best.round})", style="bold"))
+    for line in prompt_search.template_diff(search.start.template, best.template):
+        style = "green" if line.startswith("+") else "red" if line.startswith("-") else "dim"
+        console.print(Text(line, style=style))
 
 
 def _text(content: Any) -> str:

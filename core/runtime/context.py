@@ -113,15 +113,17 @@ class TrainContext:
         self.resources_version = saved.version
         return saved
 
-    async def enqueue(self, tasks: Sequence[Task], mode: RolloutMode) -> list[Rollout]:
-        """Queue one rollout per task with the latest resources (see
-        :attr:`retry_agent_errors`)."""
+    async def enqueue(
+        self, tasks: Sequence[Task], mode: RolloutMode, resources_version: int | None = None
+    ) -> list[Rollout]:
+        """Queue one rollout per task with the latest resources, or with the version given
+        (APO runs several candidate templates at once); see :attr:`retry_agent_errors`."""
         retry = self.retry_agent_errors if self.retry_agent_errors is not None else mode != "dev"
         return await self.store.enqueue(
             tasks,
             mode=mode,
             run_id=self.run.run_id,
-            resources_version=self.resources_version,
+            resources_version=resources_version or self.resources_version,
             max_attempts=self.max_attempts,
             timeout_s=self.rollout_timeout_s,
             retry_agent_errors=retry,
@@ -156,10 +158,15 @@ class TrainContext:
                     )
 
     async def run_rollouts(
-        self, tasks: Sequence[Task], mode: RolloutMode, desc: str | None = None
+        self,
+        tasks: Sequence[Task],
+        mode: RolloutMode,
+        desc: str | None = None,
+        resources_version: int | None = None,
     ) -> list[Rollout]:
-        """Enqueue one rollout per task and wait for all of them."""
-        return await self.wait(await self.enqueue(tasks, mode), desc=desc or mode)
+        """Enqueue one rollout per task (see :meth:`enqueue`) and wait for all of them."""
+        rollouts = await self.enqueue(tasks, mode, resources_version)
+        return await self.wait(rollouts, desc=desc or mode)
 
     def log(self, step: int, **metrics: Any) -> dict[str, Any]:
         """Append metrics for a step to the run's metrics log (and the run's loggers)."""

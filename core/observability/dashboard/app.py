@@ -49,6 +49,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from voltrl._redact import shown
 from voltrl.errors import NotFoundError, StoreError
+from voltrl.observability import prompt_search
 from voltrl.observability.dashboard import conversation, data, training_rows
 from voltrl.observability.dashboard.event_filter import filter_by_events, parse
 from voltrl.observability.dashboard.rollout_page import add_rollout_pages
@@ -202,6 +203,10 @@ def dashboard_app(
         found = await counts(entry)
         versions = _versions(found)
         series = _series(entry, found)
+        search = prompt_search.load(entry.run_dir) if entry.run_dir is not None else None
+        diff = []
+        if search is not None and search.best is not None and search.best is not search.start:
+            diff = prompt_search.template_diff(search.start.template, search.best.template)
         return page(
             request,
             "run.html",
@@ -209,6 +214,8 @@ def dashboard_app(
             row=_run_row(entry, found),
             versions=versions,
             series=series,
+            search=search,
+            diff=diff,
             config=json.dumps(shown(entry.run.config), indent=2, default=str),
             live=entry.run.status == "running",
         )

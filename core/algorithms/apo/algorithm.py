@@ -1,0 +1,458 @@
+"""APO: automatic prompt optimisation of the ``PromptTemplate`` an agent renders.
+
+A beam search over templates, each round:
+
+1. run every template in the beam on a batch of training tasks (normal rollouts, mode
+   ``train``, each with the resources version holding its template);
+2. ask the optimizer LLM for a critique of each from its worst and best runs (the "textual
+   gradient"), then for ``branch_factor`` rewrites that answer it;
+3. refuse rewrites that would break the agent (:func:`~voltrl.algorithms.apo.templates.refusal`),
+   publish the others and score them on the validation tasks (mode ``val``);
+4. keep the ``beam_width`` best of the beam and the new templates (a tie keeps the older), and
+   publish the best as the newest resources version.
+
+It stops after ``rounds``, or once ``patience`` rounds in a row found nothing better. The run
+directory gets ``prompt_search.json`` (every candidate, its score and fate; what ``voltrl
+show`` and the dashboard show), ``prompt_search.png`` and ``final/prompt_template.json``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from voltrl.algorithms.apo.optimizer import Optimizer, OptimizerError
+from voltrl.algorithms.apo.templates import (
+    CRITIQUE,
+    REWRITE,
+    example_block,
+    extract,
+    refusal,
+    variable_list,
+    variables,
+)
+from voltrl.algorithms.base import Algorithm
+from voltrl.errors import VoltRLError
+from voltrl.observability.plots import prompt_search_curve
+from voltrl.observability.prompt_search import Candidate, PromptSearch, template_diff
+from voltrl.resources import LLM, ApiKeys, PromptTemplate
+from voltrl.types import Rollout, Task
+
+if TYPE_CHECKING:
+    from voltrl.runtime import TrainContext
+
+FINAL = Path("final") / "prompt_template.json"
+
+
+class APO(Algorithm):
+    """Improves the prompt template an agent receives, with an optimizer LLM.
+
+    Args:
+        prompt: the starting template (a string is an f-string template), published as the
+            resource ``resource``; the agent takes it as ``prompt_template`` (``@vl.rollout``)
+            or reads it from its resources.
+        optimizer_llm: the model that critiques and rewrites: any OpenAI-compatible endpoint
+            (its key as for any :class:`~voltrl.LLM`: ``api_key`` or ``api_key_env``). Its calls
+            go through a gateway of the run, recorded in rollouts of mode ``optimizer`` under
+            the agent name ``apo-optimizer``, and retried on backend errors like any call.
+        resource: the name the template is published under.
+        rounds: rounds of critique and rewrite at most.
+        beam_width: templates kept from round to round.
+        branch_factor: rewrites asked for per template in the beam, per round.
+        train_batch_size: training tasks each beam template runs on per round (the runs its
+            critique quotes).
+        val_batch_size: validation tasks every candidate is scored on (the same ones all run
+            long); None: all of them. Without a validation set, the training tasks are used.
+        patience: rounds in a row without a better template before the search stops.
+        examples: runs quoted per critique: the worst half and the best half of the batch.
+        example_chars: characters at most per quoted run.
+        critique_prompt: the critique request, with ``{template}``, ``{variables}`` and
+            ``{examples}`` (default :data:`~voltrl.algorithms.apo.templates.CRITIQUE`).
+        rewrite_prompt: the rewrite request, with ``{template}``, ``{variables}`` and
+            ``{critique}``; the answer's template is read between ``<prompt>`` tags, else from
+            a fenced block, else the whole answer (default ``REWRITE``).
+        optimizer_sampling: sampling parameters of the optimizer's calls (over the LLM's own).
+        optimizer_timeout_s: longest one optimizer call may take.
+        seed: the batches' sampling.
+
+    A candidate that drops a variable of the starting template, adds one, has broken syntax
+    or repeats an earlier one is refused before it runs (``apo/rejected``). A score is the mean
+    validation reward, a failed rollout counting 0.
+    """
+
+    name = "apo"
+
+    def __init__(
+        self,
+        prompt: PromptTemplate | str,
+        *,
+        optimizer_llm: LLM,
+        resource: str = "prompt_template",
+        rounds: int = 3,
+        beam_width: int = 2,
+        branch_factor: int = 2,
+        train_batch_size: int = 8,
+        val_batch_size: int | None = None,
+        patience: int = 2,
+        examples: int = 4,
+        example_chars: int = 2000,
+        critique_prompt: PromptTemplate | str = CRITIQUE,
+        rewrite_prompt: PromptTemplate | str = REWRITE,
+        optimizer_sampling: Mapping[str, Any] | None = None,
+        optimizer_timeout_s: float = 600.0,
+        seed: int = 0,
+    ) -> None:
+        self.prompt = _template(prompt)
+        for name, value in (
+            ("rounds", rounds),
+            ("beam_width", beam_width),
+            ("branch_factor", branch_factor),
+            ("train_batch_size", train_batch_size),
+            ("patience", patience),
+            ("examples", examples),
+        ):
+            if value < 1:
+                raise ValueError(f"APO: {name} must be at least 1, got {value}")
+        if val_batch_size is not None and val_batch_size < 1:
+            raise ValueError(
+                f"APO: val_batch_size must be at least 1 or None, got {val_batch_size}"
+            )
+        if optimizer_llm.gateway:
+            raise ValueError(
+                "APO: optimizer_llm must be the model's own endpoint, not a VoltRL gateway (APO "
+                "records its calls through a gateway of its own)"
+            )
+        try:
+            variables(self.prompt.template, self.prompt.engine)
+        except ValueError as exc:
+            raise VoltRLError(
+                f"APO: the starting template is not a valid template: {exc}"
+            ) from None
+        self.critique_prompt = _request(
+            critique_prompt, "critique_prompt", {"template", "examples"}
+        )
+        self.rewrite_prompt = _request(rewrite_prompt, "rewrite_prompt", {"template", "critique"})
+        self.optimizer_llm = optimizer_llm
+        self.resource = resource
+        self.publishes = (resource,)
+        self.rounds, self.beam_width, self.branch_factor = rounds, beam_width, branch_factor
+        self.train_batch_size, self.val_batch_size = train_batch_size, val_batch_size
+        self.patience, self.examples, self.example_chars = patience, examples, example_chars
+        self.optimizer_sampling = dict(
+            optimizer_sampling or {"temperature": 1.0, "max_tokens": 1024}
+        )
+        self.optimizer_timeout_s = optimizer_timeout_s
+        self.seed = seed
+        self._optimizer: Optimizer | None = None
+        self._search: PromptSearch | None = None
+
+    def config(self) -> dict[str, object]:
+        """The settings to record with the run (the optimizer's key never)."""
+        config = {k: v for k, v in vars(self).items() if not k.startswith("_")}
+        config.pop("publishes")
+        for key in ("prompt", "critique_prompt", "rewrite_prompt"):
+            config[key] = config[key].model_dump(exclude={"kind"})
+        config["optimizer_llm"] = self.optimizer_llm.model_dump(exclude={"kind"})
+        return config
+
+    # ---- the algorithm interface ----------------------------------------------------------
+    async def setup(self, ctx: TrainContext) -> None:
+        """Publish the starting template; serve a gateway in front of the optimizer LLM."""
+        await ctx.publish({self.resource: self.prompt})
+        llm = ApiKeys().fill("optimizer_llm", self.optimizer_llm)
+        served = await ctx.serve_gateway(
+            [llm.endpoint],
+            backend_api_key=None if llm.api_key == "EMPTY" else llm.api_key,
+            request_token_ids=False,  # never trained; hosted APIs reject the field
+        )
+        sampling = {**llm.sampling_parameters, **self.optimizer_sampling}
+        self._optimizer = Optimizer(
+            ctx.store,
+            ctx.run.run_id,
+            served.url,
+            llm.model,
+            ctx.token,
+            sampling,
+            self.optimizer_timeout_s,
+        )
+
+    async def train(self, ctx: TrainContext, train: list[Task], val: list[Task] | None) -> None:
+        """The beam search (see the module docstring)."""
+        rng = random.Random(self.seed)
+        scored_on = list(val or train)
+        if self.val_batch_size is not None and self.val_batch_size < len(scored_on):
+            scored_on = rng.sample(scored_on, self.val_batch_size)
+        start = Candidate(
+            round=0,
+            template=self.prompt.template,
+            status="start",
+            version=ctx.resources_version,
+        )
+        search = PromptSearch(resource=self.resource, engine=self.prompt.engine, candidates=[start])
+        self._search = search
+        try:
+            await self._score(ctx, [start], scored_on, "round 0: the starting template")
+            search.best_version, search.best_score = start.version, start.score
+            self._log(ctx, 0, search, [start], [])
+            print(f"round 0: the starting template scores {start.score:.3f}", flush=True)
+            beam, stale, order = [start], 0, _cycle(train, rng)
+            for r in range(1, self.rounds + 1):
+                beam = await self._round(
+                    ctx, r, beam, [next(order) for _ in range(self.train_batch_size)], scored_on
+                )
+                if beam[0].version != search.best_version:
+                    search.best_version, search.best_score, stale = (
+                        beam[0].version,
+                        beam[0].score,
+                        0,
+                    )
+                else:
+                    stale += 1
+                await ctx.publish({self.resource: self._template(beam[0].template)})
+                search.rounds_done = r
+                search.save(ctx.run_dir)
+                if stale >= self.patience and r < self.rounds:
+                    search.stopped = f"no better template for {stale} round(s)"
+                    break
+            else:
+                search.stopped = f"{self.rounds} round(s) done"
+        except BaseException as exc:
+            stopped = isinstance(exc, KeyboardInterrupt | asyncio.CancelledError | SystemExit)
+            search.stopped = "interrupted" if stopped else f"failed: {exc}"
+            raise
+        finally:
+            self._finish(ctx.run_dir, search)
+
+    # ---- one round ------------------------------------------------------------------------
+    async def _round(
+        self, ctx: TrainContext, r: int, beam: list[Candidate], batch: list[Task], val: list[Task]
+    ) -> list[Candidate]:
+        search = self._search
+        assert search is not None
+        runs = await self._run(ctx, beam, batch, "train", f"round {r}: the beam on training tasks")
+        for parent in beam:
+            parent.train_score = _score(runs[parent.version])
+        expansions = await asyncio.gather(
+            *(self._expand(ctx, r, parent, runs[parent.version]) for parent in beam)
+        )
+        children = [c for found in expansions for c in found]
+        search.candidates.extend(children)
+        if children and all(c.status == "failed" for c in children):
+            raise VoltRLError(
+                f"APO round {r}: every call to the optimizer LLM failed; the first: "
+                f"{children[0].reason}"
+            )
+        fresh = [c for c in children if c.status == "kept"]
+        for c in fresh:
+            c.version = (await ctx.publish({self.resource: self._template(c.template)})).version
+        await self._score(ctx, fresh, val, f"round {r}: {len(fresh)} new template(s)")
+        pool = sorted(beam + fresh, key=lambda c: (-(c.score or 0.0), c.version or 0))
+        for i, c in enumerate(pool):
+            c.status = "start" if c.round == 0 else ("kept" if i < self.beam_width else "dropped")
+        ran, beam = beam, pool[: self.beam_width]
+        self._log(ctx, r, search, beam, children, ran)
+        refused = [c for c in children if c.status in ("rejected", "failed")]
+        reasons = "; ".join(dict.fromkeys(str(c.reason) for c in refused))
+        note = f", {len(refused)} refused ({reasons})" if refused else ""
+        print(
+            f"round {r}: {len(fresh)} new template(s){note}; best {beam[0].score:.3f} "
+            f"(v{beam[0].version}, round {beam[0].round})",
+            flush=True,
+        )
+        return beam
+
+    async def _expand(
+        self, ctx: TrainContext, r: int, parent: Candidate, runs: list[Rollout]
+    ) -> list[Candidate]:
+        """A critique of ``parent`` from its runs, then ``branch_factor`` rewrites, each a
+        candidate (refused ones marked ``rejected``; all ``failed`` if the optimizer failed)."""
+        assert self._optimizer is not None and self._search is not None
+        opt, start = self._optimizer, self.prompt
+        task = Task(
+            task_id=f"apo-round{r}-v{parent.version}",
+            input={"round": r, "parent_version": parent.version, "template": parent.template},
+        )
+        claim = await opt.start(task, parent.version)
+        values = {"template": parent.template, "variables": variable_list(start)}
+        try:
+            examples = await self._examples(ctx, runs)
+            critique = await opt.ask(
+                claim, self.critique_prompt.format(**values, examples=examples)
+            )
+            asks = [
+                opt.ask(claim, self.rewrite_prompt.format(**values, critique=critique))
+                for _ in range(self.branch_factor)
+            ]
+            answers = await asyncio.gather(*asks, return_exceptions=True)
+        except OptimizerError as exc:
+            await opt.finish(claim, str(exc))
+            return [self._failed(r, parent, claim.rollout.rollout_id, str(exc))]
+        errors = [a for a in answers if isinstance(a, BaseException)]
+        if unexpected := [e for e in errors if not isinstance(e, OptimizerError)]:
+            await opt.finish(claim, repr(unexpected[0]))
+            raise unexpected[0]
+        await opt.finish(claim, str(errors[0]) if errors else None)
+        out = []
+        seen = [c.template for c in self._search.candidates]
+        for answer in answers:
+            if isinstance(answer, BaseException):
+                out.append(self._failed(r, parent, claim.rollout.rollout_id, str(answer)))
+                continue
+            template = extract(answer)
+            reason = refusal(template, start, seen + [c.template for c in out])
+            out.append(
+                Candidate(
+                    round=r,
+                    template=template,
+                    status="rejected" if reason else "kept",
+                    parent=parent.version,
+                    critique=critique,
+                    reason=reason,
+                    optimizer_rollout=claim.rollout.rollout_id,
+                )
+            )
+        return out
+
+    # ---- helpers --------------------------------------------------------------------------
+    async def _run(
+        self, ctx: TrainContext, cands: Sequence[Candidate], tasks: list[Task], mode: str, desc: str
+    ) -> dict[int | None, list[Rollout]]:
+        """Each candidate's rollouts of ``tasks``, all queued at once."""
+        queued = [
+            await ctx.enqueue(tasks, mode, resources_version=c.version)  # type: ignore[arg-type]
+            for c in cands
+        ]
+        done = await ctx.wait([r for rs in queued for r in rs], desc=desc)
+        by_id = {r.rollout_id: r for r in done}
+        return {
+            c.version: [by_id[r.rollout_id] for r in rs]
+            for c, rs in zip(cands, queued, strict=True)
+        }
+
+    async def _score(
+        self, ctx: TrainContext, cands: Sequence[Candidate], val: list[Task], desc: str
+    ) -> None:
+        if not cands:
+            return
+        runs = await self._run(ctx, cands, val, "val", desc)
+        for c in cands:
+            c.score = _score(runs[c.version])
+
+    async def _examples(self, ctx: TrainContext, runs: list[Rollout]) -> str:
+        """The worst and the best of ``runs`` as the critique quotes them."""
+        ranked = sorted(runs, key=lambda r: r.reward if r.reward is not None else float("-inf"))
+        worst = ranked[: (self.examples + 1) // 2]
+        best = [r for r in ranked[::-1][: self.examples // 2] if r not in worst]
+        blocks = []
+        for i, rollout in enumerate(worst + best, 1):
+            calls = []
+            if rollout.final_attempt_id or rollout.attempt_count:
+                calls = await ctx.store.get_llm_calls(rollout.rollout_id, rollout.final_attempt_id)
+            blocks.append(example_block(i, rollout.reward, calls, self.example_chars))
+        return "\n\n".join(blocks)
+
+    def _failed(self, r: int, parent: Candidate, rollout_id: str, error: str) -> Candidate:
+        print(f"round {r}: the optimizer failed on v{parent.version}: {error}", flush=True)
+        return Candidate(
+            round=r,
+            template="",
+            status="failed",
+            parent=parent.version,
+            reason=error,
+            optimizer_rollout=rollout_id,
+        )
+
+    def _template(self, text: str) -> PromptTemplate:
+        return PromptTemplate(template=text, engine=self.prompt.engine)
+
+    def _log(
+        self,
+        ctx: TrainContext,
+        r: int,
+        search: PromptSearch,
+        beam: list[Candidate],
+        new: list[Candidate],
+        ran: Sequence[Candidate] = (),
+    ) -> None:
+        """Round ``r``'s metrics: the new beam, the ``new`` candidates, and the mean training
+        reward of the templates that ``ran`` on the round's batch."""
+        scored = [c.score for c in new if c.score is not None]
+        trained = [c.train_score for c in ran if c.train_score is not None]
+        ctx.log(
+            r,
+            **{
+                "val/reward_mean": beam[0].score,
+                "train/reward_mean": sum(trained) / len(trained) if trained else None,
+                "apo/best_score": max(beam[0].score or 0.0, search.best_score or 0.0),
+                "apo/round_best_score": max(scored) if scored else None,
+                "apo/candidates": sum(c.status != "failed" for c in new),
+                "apo/rejected": sum(c.status == "rejected" for c in new),
+                "apo/optimizer_failures": sum(c.status == "failed" for c in new),
+            },
+        )
+
+    def _finish(self, run_dir: Path, search: PromptSearch) -> None:
+        """Save the search, its plot and the best template; say what was found."""
+        search.save(run_dir)
+        prompt_search_curve(search, run_dir / "prompt_search.png")
+        best, start = search.best, search.start
+        if best is None or best.score is None:
+            return
+        final = run_dir / FINAL
+        final.parent.mkdir(parents=True, exist_ok=True)
+        record = {
+            "resource": self.resource,
+            "template": best.template,
+            "engine": search.engine,
+            "score": best.score,
+            "start_score": start.score,
+            "version": best.version,
+            "round": best.round,
+        }
+        final.write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n")
+        if best is start:
+            print(f"APO ({search.stopped}): no template beat the start ({start.score:.3f})")
+            return
+        print(
+            f"APO ({search.stopped}): best template v{best.version} (round {best.round}) "
+            f"scores {best.score:.3f}, the start {start.score or 0:.3f}; saved in {final}",
+            flush=True,
+        )
+        print("\n".join(template_diff(start.template, best.template)), flush=True)
+
+
+def _template(prompt: PromptTemplate | str) -> PromptTemplate:
+    return prompt if isinstance(prompt, PromptTemplate) else PromptTemplate(template=prompt)
+
+
+def _request(prompt: PromptTemplate | str, name: str, needed: set[str]) -> PromptTemplate:
+    """An optimizer prompt, checked for the placeholders APO fills in."""
+    template = _template(prompt)
+    try:
+        found = variables(template.template, template.engine)
+    except ValueError as exc:
+        raise VoltRLError(f"APO: {name} is not a valid template: {exc}") from None
+    if missing := sorted(needed - found):
+        raise VoltRLError(f"APO: {name} must use {', '.join('{' + m + '}' for m in missing)}")
+    if extra := sorted(found - needed - {"variables"}):
+        raise VoltRLError(f"APO: {name} uses {extra}, which APO does not fill in")
+    return template
+
+
+def _score(rollouts: Sequence[Rollout]) -> float:
+    """Mean reward of ``rollouts``, a failed or unrewarded one counting 0."""
+    if not rollouts:
+        return 0.0
+    return sum(r.reward or 0.0 for r in rollouts if r.status == "succeeded") / len(rollouts)
+
+
+def _cycle(tasks: list[Task], rng: random.Random) -> Any:
+    """The training tasks in a fresh shuffled order each pass, forever."""
+    while True:
+        order = list(tasks)
+        rng.shuffle(order)
+        yield from order

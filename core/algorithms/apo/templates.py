@@ -1,0 +1,152 @@
+"""What APO says to its optimizer and how it reads the answers: the default critique and
+rewrite prompts, the transcripts of rollouts it quotes, the template it extracts from a
+rewrite, and the guard rails a candidate passes before it is run (:func:`refusal`)."""
+
+from __future__ import annotations
+
+import json
+import re
+import string
+from collections.abc import Sequence
+from typing import Any
+
+from voltrl.resources import PromptTemplate
+from voltrl.types import LLMCall
+
+CRITIQUE = PromptTemplate(
+    template="""You are improving the prompt template that an AI agent is given. The template \
+is between <prompt> tags; its placeholders ({variables}) are filled in for each task.
+
+<prompt>
+{template}
+</prompt>
+
+Here are some of the agent's runs with this template, each with the reward it got (higher is \
+better):
+
+{examples}
+
+In a few sentences, say what the template makes the agent get wrong in the low-reward runs, \
+quoting them, and what the high-reward runs did right. Do not write a new template yet."""
+)
+"""The default critique prompt: ``{template}``, ``{variables}`` and ``{examples}``."""
+
+REWRITE = PromptTemplate(
+    template="""You are improving the prompt template that an AI agent is given. The current \
+template:
+
+<prompt>
+{template}
+</prompt>
+
+A critique of it, from the agent's runs:
+
+{critique}
+
+Write an improved template that fixes what the critique points out. Keep every placeholder \
+exactly as written ({variables}) and add no other placeholder in curly braces. Answer with the \
+new template alone, between <prompt> and </prompt>."""
+)
+"""The default rewrite prompt: ``{template}``, ``{variables}`` and ``{critique}``."""
+
+_TAGGED = re.compile(r"<prompt>\s*(.*?)\s*</prompt>", re.DOTALL | re.IGNORECASE)
+_FENCED = re.compile(r"```[a-zA-Z]*\n(.*?)\n?```", re.DOTALL)
+
+
+def variables(template: str, engine: str) -> set[str]:
+    """The variables ``template`` renders (the names it needs filled in). Raises
+    ``ValueError`` when it is not a valid template of ``engine``."""
+    if engine == "jinja":
+        from jinja2 import TemplateSyntaxError, meta
+        from jinja2.sandbox import SandboxedEnvironment
+
+        try:
+            return set(meta.find_undeclared_variables(SandboxedEnvironment().parse(template)))
+        except TemplateSyntaxError as exc:
+            raise ValueError(f"broken jinja syntax: {exc}") from None
+    names = set()
+    for _, field, _, _ in string.Formatter().parse(template):  # ValueError on a stray brace
+        if field is not None:
+            if not field or field[0].isdigit():
+                raise ValueError("a positional placeholder ({} or {0}) has no name to fill in")
+            names.add(re.split(r"[.\[]", field, maxsplit=1)[0])
+    return names
+
+
+def refusal(candidate: str, start: PromptTemplate, seen: Sequence[str]) -> str | None:
+    """Why ``candidate`` must not run, or None when it may: empty, broken syntax, a variable
+    of the starting template dropped, one added that the agent does not fill in, or a
+    template already tried (``seen``)."""
+    if not candidate.strip():
+        return "empty template"
+    try:
+        found = variables(candidate, start.engine)
+    except ValueError as exc:
+        return f"broken template syntax: {exc}"
+    wanted = variables(start.template, start.engine)
+    if missing := sorted(wanted - found):
+        return f"drops the template variable(s) {', '.join(missing)}"
+    if extra := sorted(found - wanted):
+        return f"adds the variable(s) {', '.join(extra)}, which the agent does not fill in"
+    if candidate.strip() in {s.strip() for s in seen}:
+        return "the same as a template already tried"
+    return None
+
+
+def extract(answer: str) -> str:
+    """The template in a rewrite answer: between ``<prompt>`` tags (the last such block),
+    else in a fenced code block, else the whole answer."""
+    if tagged := _TAGGED.findall(answer):
+        return tagged[-1]
+    if fenced := _FENCED.findall(answer):
+        return fenced[-1].strip()
+    return answer.strip()
+
+
+def variable_list(template: PromptTemplate) -> str:
+    """The starting template's variables as the prompts name them (``{q}, {context}``)."""
+    names = sorted(variables(template.template, template.engine))
+    if template.engine == "jinja":
+        return ", ".join("{{ " + n + " }}" for n in names) or "none"
+    return ", ".join("{" + n + "}" for n in names) or "none"
+
+
+def transcript(calls: Sequence[LLMCall], limit: int) -> str:
+    """What the agent saw and said in a rollout, from its last LLM call (the conversation
+    up to then, and the reply), at most ``limit`` characters (the middle left out)."""
+    if not calls:
+        return "(the agent made no LLM call)"
+    last = max(calls, key=lambda c: c.sequence_id or 0)
+    lines = [f"{m.get('role', '?')}: {_text(m)}" for m in last.request.get("messages") or []]
+    if "prompt" in last.request:
+        lines.append(f"prompt: {last.request['prompt']}")
+    lines.append(f"assistant: {_text(_reply(last))}")
+    text = "\n".join(lines)
+    if len(text) <= limit:
+        return text
+    head = limit // 3
+    return f"{text[:head]}\n[...]\n{text[-(limit - head) :]}"
+
+
+def _reply(call: LLMCall) -> dict[str, Any]:
+    choices = call.response.get("choices") or []
+    choice = next((c for c in choices if c.get("index") == call.choice_index), None)
+    choice = choice or (choices[0] if choices else {})
+    return choice.get("message") or {"content": choice.get("text", "")}
+
+
+def _text(message: dict[str, Any]) -> str:
+    content = message.get("content")
+    if isinstance(content, list):
+        content = "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    text = str(content or "")
+    for call in message.get("tool_calls") or []:
+        function = call.get("function") or {}
+        text += f"\n[tool call {function.get('name')}({function.get('arguments', '')})]"
+    return text
+
+
+def example_block(index: int, reward: float | None, calls: Sequence[LLMCall], limit: int) -> str:
+    """One quoted rollout for the critique prompt."""
+    shown = "failed" if reward is None else json.dumps(round(reward, 3))
+    return f"--- run {index} (reward {shown}) ---\n{transcript(calls, limit)}"

@@ -1,0 +1,263 @@
+"""APO end to end through ``Trainer.fit``: an agent whose reward depends on the prompt it is
+given, an agent LLM and an optimizer LLM that are real HTTP servers (scripted), the run's
+gateways and store. The selection is tested with rewrites that do and do not score better."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import httpx
+import pytest
+from fake_openai_backend import FakeBackend
+from helpers import voltrl
+
+import voltrl as vl
+from voltrl._http.serving import serve_in_thread
+from voltrl.algorithms.apo.templates import extract, refusal, variables
+from voltrl.observability.dashboard import Catalog, dashboard_app
+from voltrl.observability.prompt_search import load
+from voltrl.store.sql import SQLStore
+
+START = "Q: {q}"
+RETRY_TWICE = {"retries": 2, "backoff_s": 0.01, "max_backoff_s": 0.01}
+GOOD = "Q: {q}\nReply with the number only."
+ROWS = [{"q": f"{a} + {b}", "answer": a + b} for a, b in [(2, 3), (7, 5), (10, 4), (6, 6)]]
+
+
+@vl.rollout
+async def adder(task: dict[str, Any], resources: vl.Resources) -> float:
+    """Renders its prompt template, asks the LLM, and is right when the reply is the number."""
+    llm, template = resources["main_llm"], resources["prompt_template"]
+    assert isinstance(llm, vl.LLM) and isinstance(template, vl.PromptTemplate)
+    body = {"model": llm.model, "messages": [{"role": "user", "content": template.format(**task)}]}
+    headers = {"Authorization": f"Bearer {llm.api_key}"}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{llm.endpoint}/chat/completions", json=body, headers=headers) as resp,
+    ):
+        reply = (await resp.json())["choices"][0]["message"]["content"]
+    return float(reply.strip() == str(task["answer"]))
+
+
+def agent_model(req: dict[str, Any]) -> dict[str, str]:
+    """The agent's LLM: terse only when the prompt asks for the number alone."""
+    prompt = req["messages"][-1]["content"]
+    a, b = (int(x) for x in re.search(r"(\d+) \+ (\d+)", prompt).groups())  # type: ignore[union-attr]
+    return {"text": str(a + b) if "number only" in prompt else f"The sum is {a + b}."}
+
+
+def optimizer_model(*rewrites: str) -> Any:
+    """The optimizer LLM: a critique, then the given rewrites in turn (each in tags)."""
+    left = list(rewrites)
+
+    def answer(req: dict[str, Any]) -> dict[str, str]:
+        prompt = req["messages"][-1]["content"]
+        if "Do not write a new template yet" in prompt:
+            return {"text": "The agent writes a sentence; the reward wants the number alone."}
+        return {"text": f"Here it is:\n<prompt>\n{left.pop(0) if left else START}\n</prompt>"}
+
+    return answer
+
+
+async def fit(
+    tmp_path: Path, optimizer: FakeBackend, trainer: dict[str, Any] | None = None, **options: Any
+) -> vl.RunResult:
+    """``Trainer.fit`` of :func:`adder` with APO (``options``) in ``tmp_path/apo``."""
+    async with FakeBackend() as agent_llm:
+        agent_llm.script = agent_model
+        algo = vl.APO(
+            START,
+            optimizer_llm=vl.LLM(endpoint=optimizer.url, model="opt", api_key="sk-opt-secret"),
+            rounds=options.pop("rounds", 1),
+            beam_width=1,
+            branch_factor=options.pop("branch_factor", 1),
+            train_batch_size=2,
+            **options,
+        )
+        return await vl.Trainer(
+            algo,
+            resources={"main_llm": vl.LLM(endpoint=agent_llm.url, model="agent-model")},
+            run_dir=tmp_path,
+            name="apo",
+            inline=True,
+            progress=False,
+            **(trainer or {}),
+        ).fit_async(adder, ROWS, ROWS)
+
+
+async def optimizer_rollouts(tmp_path: Path) -> list[tuple[vl.Rollout, list[vl.LLMCall]]]:
+    store = SQLStore(tmp_path / "apo" / "store.sqlite")
+    try:
+        found = await store.query_rollouts(mode="optimizer")
+        return [(r, await store.get_llm_calls(r.rollout_id)) for r in found]
+    finally:
+        await store.close()
+
+
+async def test_a_rewrite_that_scores_better_wins_and_is_the_latest_resources_version(
+    tmp_path: Path,
+) -> None:
+    async with FakeBackend() as optimizer:
+        optimizer.script = optimizer_model(GOOD)
+        result = await fit(tmp_path, optimizer)
+
+    run_dir = tmp_path / "apo"
+    search = load(run_dir)
+    assert search is not None and search.best is not None
+    assert (search.start.score, search.best.template, search.best.score) == (0.0, GOOD, 1.0)
+    assert search.best.parent == search.start.version and search.best.round == 1
+    assert search.best.critique and "number alone" in search.best.critique
+    final = json.loads((run_dir / "final" / "prompt_template.json").read_text())
+    assert (final["template"], final["score"], final["start_score"]) == (GOOD, 1.0, 0.0)
+    store = SQLStore(run_dir / "store.sqlite")
+    latest = await store.get_resources()
+    await store.close()
+    assert latest is not None and latest["prompt_template"].template == GOOD  # type: ignore[union-attr]
+    # the good template's validation rollouts ran with the version that holds it
+    val = [
+        r for r in result.rollouts if r.mode == "val" and r.resources_version == search.best.version
+    ]
+    assert len(val) == len(ROWS) and all(r.reward == 1.0 for r in val)
+    rounds = [m for m in result.metrics if m.get("apo/best_score") is not None]
+    assert [m["apo/best_score"] for m in rounds] == [0.0, 1.0]
+    # the optimizer's calls: recorded in a rollout of its own, under its agent name
+    [(rollout, calls)] = await optimizer_rollouts(tmp_path)
+    assert rollout.status == "succeeded" and rollout.run_id == result.run.run_id
+    assert [c.agent_name for c in calls] == ["apo-optimizer"] * 2
+    assert "--- run 1 (reward 0.0) ---" in calls[0].request["messages"][0]["content"]
+    assert "sk-opt-secret" not in (run_dir / "store.sqlite").read_bytes().decode("latin-1")
+    assert {r["authorization"] for r in optimizer.requests} == {"Bearer sk-opt-secret"}
+
+
+async def test_a_rewrite_that_scores_no_better_loses_and_the_start_stays_best(
+    tmp_path: Path,
+) -> None:
+    async with FakeBackend() as optimizer:
+        optimizer.script = optimizer_model("Question: Q: {q}", "Q: {q}\nThink hard.")
+        await fit(tmp_path, optimizer, rounds=3, branch_factor=2, patience=1)
+
+    search = load(tmp_path / "apo")
+    assert search is not None and search.best is search.start
+    assert search.rounds_done == 1 and search.stopped == "no better template for 1 round(s)"
+    assert [(c.round, c.status, c.score) for c in search.candidates] == [
+        (0, "start", 0.0),
+        (1, "dropped", 0.0),
+        (1, "dropped", 0.0),
+    ]
+    final = json.loads((tmp_path / "apo" / "final" / "prompt_template.json").read_text())
+    assert final["template"] == START
+
+
+async def test_a_rewrite_that_would_break_the_agent_is_refused_before_it_runs(
+    tmp_path: Path,
+) -> None:
+    async with FakeBackend() as optimizer:
+        optimizer.script = optimizer_model("Reply with the number only.", "Q: {q} {hint}", GOOD)
+        result = await fit(tmp_path, optimizer, branch_factor=3)
+
+    search = load(tmp_path / "apo")
+    assert search is not None
+    refused = [(c.status, c.reason, c.version) for c in search.candidates if c.status == "rejected"]
+    assert set(refused) == {
+        ("rejected", "drops the template variable(s) q", None),
+        ("rejected", "adds the variable(s) hint, which the agent does not fill in", None),
+    }
+    assert search.best is not None and search.best.template == GOOD
+    assert [m["apo/rejected"] for m in result.metrics if "apo/rejected" in m] == [0, 2]
+    assert not [r for r in result.rollouts if r.status == "failed"]
+
+
+async def test_an_optimizer_that_keeps_failing_is_retried_then_stops_the_run_saying_why(
+    tmp_path: Path,
+) -> None:
+    async with FakeBackend() as optimizer:
+        optimizer.fail_next(*[503] * 20, message="model overloaded")
+        with pytest.raises(vl.VoltRLError, match="every call to the optimizer LLM failed"):
+            await fit(tmp_path, optimizer, {"gateway_retry": RETRY_TWICE}, rounds=2)
+        assert len(optimizer.requests) == 3  # the gateway's retries (2 here), then reported
+
+    [(rollout, _)] = await optimizer_rollouts(tmp_path)
+    assert rollout.status == "failed" and "model overloaded" in (rollout.error or "")
+    search = load(tmp_path / "apo")
+    assert search is not None and (search.stopped or "").startswith(
+        "failed: APO round 1: every call to the optimizer LLM failed"
+    )
+    assert [c.status for c in search.candidates] == ["start", "failed"]
+
+
+@pytest.mark.parametrize(
+    ("candidate", "reason"),
+    [
+        ("Q: {q}", "the same as a template already tried"),
+        ("Q: {q", "broken template syntax"),
+        ("Q: {}", "broken template syntax"),
+        ("   ", "empty template"),
+        ("Question {q}, please", None),
+    ],
+)
+def test_refusal_names_what_would_break(candidate: str, reason: str | None) -> None:
+    found = refusal(candidate, vl.PromptTemplate(template=START), [START])
+    assert (found or "").startswith(reason or "") and (found is None) == (reason is None)
+
+
+def test_jinja_templates_are_checked_with_jinja() -> None:
+    start = vl.PromptTemplate(template="Q: {{ q }}", engine="jinja")
+    assert variables(start.template, "jinja") == {"q"}
+    assert refusal("Q: {{ q }", start, []) is not None
+    assert refusal("{% if q %}Q: {{ q }}{% endif %}", start, []) is None
+    assert refusal("Q: {{ question }}", start, []) == ("drops the template variable(s) q")
+
+
+def test_the_rewrite_is_read_from_tags_then_a_fenced_block_then_the_whole_answer() -> None:
+    assert extract("Sure.\n<prompt>\nA {q}\n</prompt>\nDone") == "A {q}"
+    assert extract("```text\nB {q}\n```") == "B {q}"
+    assert extract("  C {q}  ") == "C {q}"
+
+
+def test_bad_settings_are_refused_when_apo_is_built() -> None:
+    opt = vl.LLM(endpoint="http://127.0.0.1:9/v1", model="m")
+    with pytest.raises(ValueError, match="beam_width must be at least 1"):
+        vl.APO(START, optimizer_llm=opt, beam_width=0)
+    with pytest.raises(vl.VoltRLError, match=r"rewrite_prompt must use \{critique\}"):
+        vl.APO(START, optimizer_llm=opt, rewrite_prompt="Improve {template}")
+    with pytest.raises(ValueError, match="not a VoltRL gateway"):
+        vl.APO(START, optimizer_llm=opt.model_copy(update={"gateway": True}))
+    with pytest.raises(vl.VoltRLError, match="starting template is not a valid template"):
+        vl.APO("Q: {q", optimizer_llm=opt)
+    config = vl.APO(START, optimizer_llm=opt.model_copy(update={"api_key": "sk-x"})).config()
+    assert "sk-x" not in json.dumps(config) and config["prompt"]["template"] == START
+
+
+async def test_voltrl_show_lists_the_candidates_and_the_diff_to_the_best(tmp_path: Path) -> None:
+    async with FakeBackend() as optimizer:
+        optimizer.script = optimizer_model(GOOD)
+        await fit(tmp_path, optimizer)
+
+    shown = voltrl("show", "apo", "--run-dir", str(tmp_path), cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    out = shown.stdout
+    assert "prompt search (prompt_search.json): 1 round(s), 1 round(s) done" in out
+    assert "kept (best)" in out and "Q: {q}" in out
+    assert "start → best (v3, round 1)" in out and "+Reply with the number only." in out
+    assert "optimizer" in out  # its rollouts are counted by mode
+
+
+async def test_the_dashboards_run_page_shows_each_candidate_and_the_diff(tmp_path: Path) -> None:
+    async with FakeBackend() as optimizer:
+        optimizer.script = optimizer_model(GOOD, "Q: {q} <i>be brief</i>", "Q: {q} {hint}")
+        result = await fit(tmp_path, optimizer, branch_factor=3)
+
+    with (
+        serve_in_thread(dashboard_app(Catalog([tmp_path]))) as server,
+        httpx.Client(base_url=server.url) as client,
+    ):
+        page = client.get(f"/runs/{result.run.run_id}").text
+    assert "Prompt search" in page and "1 round(s) · 1 round(s) done" in page
+    assert page.count("<tr") - page.count("<tr><th") >= 4  # start, winner, loser, refused
+    assert "&lt;i&gt;be brief&lt;/i&gt;" in page and "<i>be brief" not in page  # escaped
+    assert "adds the variable(s) hint" in page
+    assert '<span class="add">+Reply with the number only.</span>' in page
