@@ -18,7 +18,7 @@ VERL_VERSION := 0.9.1
 AS_VENV := .venv-agentscope
 AS_PY   := $(AS_VENV)/bin/python
 
-.PHONY: test test-verl test-vllm test-agentscope test-real demo demo-seeds demo-real learn dist lint format clean postgres chromium bench-peer-store bench-dashboard bench-lora-adapters bench-lora-learning
+.PHONY: test test-envs system-deps test-verl test-vllm test-agentscope test-real demo demo-seeds demo-real learn dist lint format clean postgres chromium bench-peer-store bench-dashboard bench-lora-adapters bench-lora-learning
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -100,10 +100,21 @@ TEST_WORKERS ?= 2
 ## make test: install what the tests need and run them (tests/, tests_verl/, tests_agentscope/)
 ## (PG_BINDIR=DIR: PostgreSQL binaries you have; PG_INSTALL=no: install none, see `postgres`;
 ## TEST_WORKERS=N: test processes per suite, default 2)
-test: $(VENV)/.test-deps postgres chromium $(VERL_VENV)/.deps-$(VERL_VERSION) $(AS_VENV)/.deps
+test: test-envs
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --durations=15
 	$(VERL_PY) -m pytest -q -n $(TEST_WORKERS) tests_verl
 	$(AS_PY) -m pytest -q -n $(TEST_WORKERS) tests_agentscope
+
+# What make test needs, installed side by side: the three environments' pip installs are
+# mostly downloads and unpacking, so together they take about as long as the largest alone;
+# the apt steps (PostgreSQL, then Chromium) run one after the other, apt allowing one at a time.
+test-envs:
+	@$(MAKE) --no-print-directory -j4 --output-sync=target \
+		$(VENV)/.test-deps $(VERL_VENV)/.deps-$(VERL_VERSION) $(AS_VENV)/.deps system-deps
+
+system-deps:
+	@$(MAKE) --no-print-directory postgres
+	@$(MAKE) --no-print-directory chromium
 
 # The AgentScope adapter's tests (tests_agentscope/) run in AgentScope's own environment,
 # .venv-agentscope: agentscope 2.0.10 needs mcp < 2, the other frameworks mcp 2 (see

@@ -12,14 +12,17 @@ from typing import Any
 import aiohttp
 import httpx
 import pytest
+import yaml
 from fake_openai_backend import FakeBackend
 from helpers import voltrl
 
 import voltrl as vl
 from voltrl._http.serving import serve_in_thread
 from voltrl.algorithms.apo.templates import extract, refusal, variables
+from voltrl.cli.train import build_from_config
 from voltrl.observability.dashboard import Catalog, dashboard_app
 from voltrl.observability.prompt_search import load
+from voltrl.runtime.run_dir import algorithm_config
 from voltrl.store.sql import SQLStore
 
 START = "Q: {q}"
@@ -73,7 +76,7 @@ async def fit(
             START,
             optimizer_llm=vl.LLM(endpoint=optimizer.url, model="opt", api_key="sk-opt-secret"),
             rounds=options.pop("rounds", 1),
-            beam_width=1,
+            beam_width=options.pop("beam_width", 1),
             branch_factor=options.pop("branch_factor", 1),
             train_batch_size=2,
             **options,
@@ -144,7 +147,7 @@ async def test_a_rewrite_that_scores_no_better_loses_and_the_start_stays_best(
     assert search is not None and search.best is search.start
     assert search.rounds_done == 1 and search.stopped == "no better template for 1 round(s)"
     assert [(c.round, c.status, c.score) for c in search.candidates] == [
-        (0, "start", 0.0),
+        (0, "kept", 0.0),
         (1, "dropped", 0.0),
         (1, "dropped", 0.0),
     ]
@@ -186,7 +189,7 @@ async def test_an_optimizer_that_keeps_failing_is_retried_then_stops_the_run_say
     assert search is not None and (search.stopped or "").startswith(
         "failed: APO round 1: every call to the optimizer LLM failed"
     )
-    assert [c.status for c in search.candidates] == ["start", "failed"]
+    assert [c.status for c in search.candidates] == ["kept", "failed"]
 
 
 @pytest.mark.parametrize(
@@ -196,7 +199,11 @@ async def test_an_optimizer_that_keeps_failing_is_retried_then_stops_the_run_say
         ("Q: {q", "broken template syntax"),
         ("Q: {}", "broken template syntax"),
         ("   ", "empty template"),
-        ("Question {q}, please", None),
+        ("Q: {q!z}", "uses the field {q!z}"),
+        ("Q: {q.__class__}", "uses the field {q.__class__}"),
+        ("Q: {q[0]}", "uses the field {q[0]}"),
+        ("Q: {q:>>>}", "uses the field {q:>>>}"),
+        ("Question {q}, please {{literally}}", None),
     ],
 )
 def test_refusal_names_what_would_break(candidate: str, reason: str | None) -> None:
@@ -243,7 +250,7 @@ async def test_voltrl_show_lists_the_candidates_and_the_diff_to_the_best(tmp_pat
     assert "prompt search (prompt_search.json): 1 round(s), 1 round(s) done" in out
     assert "kept (best)" in out and "Q: {q}" in out
     assert "start → best (v3, round 1)" in out and "+Reply with the number only." in out
-    assert "optimizer" in out  # its rollouts are counted by mode
+    assert re.search(r"│ optimizer +│ +1 │", out), out  # its rollout, counted by mode
 
 
 async def test_the_dashboards_run_page_shows_each_candidate_and_the_diff(tmp_path: Path) -> None:
@@ -257,7 +264,64 @@ async def test_the_dashboards_run_page_shows_each_candidate_and_the_diff(tmp_pat
     ):
         page = client.get(f"/runs/{result.run.run_id}").text
     assert "Prompt search" in page and "1 round(s) · 1 round(s) done" in page
-    assert page.count("<tr") - page.count("<tr><th") >= 4  # start, winner, loser, refused
+    candidates = page.split('id="candidates"', 1)[1].split("</table>", 1)[0]
+    assert candidates.count("<tr") == 1 + 4  # the header; start, winner, loser, refused
     assert "&lt;i&gt;be brief&lt;/i&gt;" in page and "<i>be brief" not in page  # escaped
     assert "adds the variable(s) hint" in page
     assert '<span class="add">+Reply with the number only.</span>' in page
+
+
+async def test_the_runs_train_yaml_builds_the_same_search_again(tmp_path: Path) -> None:
+    async with FakeBackend() as optimizer:
+        optimizer.script = optimizer_model(GOOD)
+        result = await fit(tmp_path, optimizer)
+
+    text = (tmp_path / "apo" / "train.yaml").read_text()
+    assert "sk-opt-secret" not in text
+    config = yaml.safe_load(text)
+    trainer, agent, train, val = build_from_config(config)
+    assert algorithm_config(trainer.algorithm) == result.run.config
+    assert agent.fn.__name__ == "adder" and Path(train).is_file() and Path(val).is_file()
+    config["algorithm"]["rewrite_prompt"] = "Improve {template}"
+    with pytest.raises(vl.VoltRLError, match=r"algorithm: APO: rewrite_prompt must use"):
+        build_from_config(config)
+    del config["algorithm"]["optimizer_llm"]
+    with pytest.raises(vl.VoltRLError, match=r"algorithm.optimizer_llm: APO needs it"):
+        build_from_config(config)
+
+
+def test_a_field_the_starting_template_uses_itself_is_allowed() -> None:
+    start = vl.PromptTemplate(template="Q: {q!r} in {n:.2f}s")
+    assert refusal("Answer {q!r} within {n:.2f} seconds", start, []) is None
+    assert refusal("Answer {q} within {n:.3f} seconds", start, []) == (
+        "uses the field {n:.3f}: only plain {name} fields or the start's own"
+    )
+
+
+def test_a_failed_rollout_counts_failed_reward_in_a_score() -> None:
+    apo = vl.APO(START, optimizer_llm=vl.LLM(endpoint="http://x/v1", model="m"), failed_reward=-1)
+    task = vl.Task(input={})
+    ok = vl.Rollout(task=task, status="succeeded", reward=1.0)
+    unrewarded = vl.Rollout(task=task, status="succeeded", reward=None)
+    failed = vl.Rollout(task=task, status="failed")
+    assert apo._score_of([ok, unrewarded, failed]) == 0.0
+
+
+async def test_a_wider_beam_expands_every_member_and_refuses_a_repeat_from_a_sibling(
+    tmp_path: Path,
+) -> None:
+    async with FakeBackend() as optimizer:
+        optimizer.script = optimizer_model(*[GOOD] * 10)
+        await fit(tmp_path, optimizer, rounds=2, beam_width=2, branch_factor=2, patience=2)
+
+    search = load(tmp_path / "apo")
+    assert search is not None and search.best is not None and search.best.template == GOOD
+    table = [(c.round, c.status, c.reason) for c in search.candidates]
+    repeat = "the same as a template already tried"
+    assert table == [
+        (0, "kept", None),  # still in the beam of two, behind the winner
+        (1, "kept", None),
+        (1, "rejected", repeat),  # its sibling wrote it first
+        *[(2, "rejected", repeat)] * 4,  # both beam members expanded, twice each
+    ]
+    assert len(await optimizer_rollouts(tmp_path)) == 1 + 2

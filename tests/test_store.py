@@ -181,7 +181,9 @@ async def test_a_started_rollout_is_never_claimed_and_records_calls_until_comple
 async def test_a_started_rollout_whose_lease_runs_out_fails_instead_of_being_queued(
     store: Store,
 ) -> None:
-    started = await store.start_rollout(Task(input={}), worker_id="apo", lease_s=SHORT_LEASE)
+    started = await store.start_rollout(
+        Task(input={}), worker_id="apo", mode="optimizer", lease_s=SHORT_LEASE
+    )
     assert await expire(store) == 1
     rollout = await store.get_rollout(started.rollout.rollout_id)
     assert rollout.status == "failed" and "lease expired" in (rollout.error or "")

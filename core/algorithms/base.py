@@ -23,6 +23,9 @@ class Algorithm:
     publishes: tuple[str, ...] = ()
     """The resource names the algorithm publishes itself (LocalRL and VERL: ``main_llm``, the
     model they train); the trainer refuses its own resources under these names."""
+    needs_token_ids: bool = True
+    """Whether the trainer's gateways ask backends for token ids (an algorithm that trains no
+    weights, APO, says no: hosted APIs reject the field)."""
     resume: bool = False
     """Whether ``fit`` continues the run of the same name (its directory, store record,
     metrics and checkpoints) instead of starting a new run under a fresh name."""

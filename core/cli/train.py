@@ -37,7 +37,7 @@ def build_from_config(config: dict[str, Any]) -> tuple[Any, Any, str, str | None
     """``(trainer, agent, train data, val data)`` from a ``voltrl train`` config.
 
     The config has ``agent`` (MODULE:AGENT), ``data`` (``train``, optional ``val``: files),
-    ``algorithm`` (``name``: ``local_rl``, ``sft`` or ``baseline``, and that algorithm's
+    ``algorithm`` (``name``: ``local_rl``, ``sft``, ``apo`` or ``baseline``, and that algorithm's
     arguments; LocalRL's ``update``, ``trajectory`` and ``warm_start`` (SFT's arguments)
     sections are their configs) and ``trainer``
     (:class:`~voltrl.Trainer` arguments; ``resources`` maps names to LLM fields).
@@ -85,9 +85,11 @@ def _algorithm(algo_cfg: dict[str, Any]) -> Any:
     if name == "baseline":
         _check_fields("algorithm", algo_cfg, Baseline)
         return _built(Baseline, "algorithm", algo_cfg)
+    if name == "apo":
+        return _apo(algo_cfg)
     if name not in ("local_rl", "sft"):
         raise VoltRLError(
-            f"algorithm.name: unknown algorithm {name!r}; use local_rl, sft or baseline"
+            f"algorithm.name: unknown algorithm {name!r}; use local_rl, sft, apo or baseline"
         )
     from voltrl.algorithms.local import SFT, LocalRL
     from voltrl.algorithms.local.update_config import PolicyUpdateConfig
@@ -110,6 +112,28 @@ def _algorithm(algo_cfg: dict[str, Any]) -> Any:
         _check_sft("algorithm.warm_start", warm)
         algo_cfg["warm_start"] = _built(SFT, "algorithm.warm_start", warm)
     return _built(LocalRL, "algorithm", algo_cfg)
+
+
+def _apo(algo_cfg: dict[str, Any]) -> Any:
+    """APO from its section: ``prompt`` (a template string, or ``{template, engine}``),
+    ``optimizer_llm`` (LLM fields), the optimizer prompts like ``prompt``, and the rest."""
+    from voltrl.algorithms.apo import APO
+    from voltrl.resources import LLM, PromptTemplate
+
+    _check_fields("algorithm", algo_cfg, APO)
+    for key in ("prompt", "optimizer_llm"):
+        if algo_cfg.get(key) is None:
+            raise VoltRLError(f"algorithm.{key}: APO needs it")
+    algo_cfg["optimizer_llm"] = _validated(
+        LLM, "algorithm.optimizer_llm", algo_cfg["optimizer_llm"]
+    )
+    for key in ("prompt", "critique_prompt", "rewrite_prompt"):
+        if isinstance(algo_cfg.get(key), dict):
+            algo_cfg[key] = _validated(PromptTemplate, f"algorithm.{key}", algo_cfg[key])
+    try:
+        return APO(**algo_cfg)
+    except (TypeError, ValueError, VoltRLError) as exc:
+        raise VoltRLError(f"algorithm: {exc}") from None
 
 
 def _check_fields(where: str, given: dict[str, Any], target: Callable[..., Any]) -> None:

@@ -14,11 +14,12 @@ from voltrl.types import Model
 
 FILE = "prompt_search.json"
 
-CandidateStatus = Literal["start", "kept", "dropped", "rejected", "failed"]
-"""``start``: the template the run began with; ``kept``: in the beam after the last round so
-far; ``dropped``: scored, then left out of the beam; ``rejected``: refused before it ran (a
-template variable dropped or added, broken syntax, a duplicate); ``failed``: the optimizer
-call that should have written it failed."""
+CandidateStatus = Literal["pending", "kept", "dropped", "rejected", "failed"]
+"""``pending``: accepted, not scored yet (a run that stopped mid-round leaves some); ``kept``: in
+the beam after the last round done (the starting template is ``kept`` until a better one
+pushes it out); ``dropped``: scored, then left out of the beam; ``rejected``: refused before it
+ran (a template variable dropped or added, broken syntax, a field other than a plain
+``{name}``, a repeat); ``failed``: the optimizer call that should have written it failed."""
 
 
 class Candidate(Model):

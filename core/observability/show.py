@@ -44,6 +44,7 @@ GOOD = {"succeeded": "green", "finished": "green", "running": "blue", "queued": 
 REWARD_METRICS = ("train/reward_mean", "val/reward_mean", "dev/reward_mean")
 KEY_CONFIG = ("model", "steps", "tasks_per_step", "group_size", "n_repeats", "update.lr", "lr")
 MAX_SPANS = 80
+_CANDIDATE = {"kept": "green", "pending": "blue", "dropped": "", "rejected": "red", "failed": "red"}
 
 
 @dataclass
@@ -355,7 +356,7 @@ def _render_search(search: PromptSearch, console: Console, full: bool) -> None:
             f"v{c.version}" if c.version is not None else "-",
             f"v{c.parent}" if c.parent is not None else "-",
             _num(c.score),
-            Text(c.status + (" (best)" if best else ""), style="green" if best else ""),
+            Text(c.status + (" (best)" if best else ""), style=_CANDIDATE[c.status]),
             _fold(shown or "", full, lines=3, chars=160),
         )
     console.print(table)

@@ -123,7 +123,9 @@ class TrainContext:
             tasks,
             mode=mode,
             run_id=self.run.run_id,
-            resources_version=resources_version or self.resources_version,
+            resources_version=(
+                self.resources_version if resources_version is None else resources_version
+            ),
             max_attempts=self.max_attempts,
             timeout_s=self.rollout_timeout_s,
             retry_agent_errors=retry,

@@ -37,7 +37,7 @@ RUN_FILES = ("store.sqlite", "metrics.jsonl")
 """Files whose presence means a run directory holds a run (other files, such as the data a
 script wrote there first, do not)."""
 
-TRAIN_YAML_ALGORITHMS = ("local_rl", "sft", "baseline")
+TRAIN_YAML_ALGORITHMS = ("local_rl", "sft", "apo", "baseline")
 """The algorithms ``voltrl train`` builds, so the only ones a ``train.yaml`` can run again."""
 
 

@@ -113,7 +113,8 @@ class Services:
                 served = await ctx.serve_gateway(
                     [item.endpoint],
                     backend_api_key=key,
-                    request_token_ids=self._trainer.request_token_ids,
+                    request_token_ids=self._trainer.request_token_ids
+                    and self._trainer.algorithm.needs_token_ids,
                     reasoning_split=item.reasoning_split,
                 )
                 urls[backend] = served.url

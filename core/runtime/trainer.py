@@ -114,6 +114,7 @@ class Trainer:
             endpoints as given.
         request_token_ids: have those gateways ask backends for token ids and logprobs
             (vLLM's ``return_token_ids``); turn off for hosted APIs that reject the field.
+            An algorithm that trains no weights (APO) never asks for them.
         host, port: where the store server for the runners listens (``port=0``: a free
             port); any host but loopback is reachable from other machines. The run's gateways
             (the algorithm's too) bind the same host, on ports of their own.

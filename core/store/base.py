@@ -98,7 +98,7 @@ class Store(abc.ABC):
         task: Task,
         *,
         worker_id: str,
-        mode: RolloutMode = "train",
+        mode: RolloutMode,
         run_id: str | None = None,
         resources_version: int | None = None,
         lease_s: float = DEFAULT_LEASE_S,

@@ -19,12 +19,14 @@ show`` and the dashboard show), ``prompt_search.png`` and ``final/prompt_templat
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from voltrl._console import printable
 from voltrl.algorithms.apo.optimizer import Optimizer, OptimizerError
 from voltrl.algorithms.apo.templates import (
     CRITIQUE,
@@ -77,14 +79,18 @@ class APO(Algorithm):
             a fenced block, else the whole answer (default ``REWRITE``).
         optimizer_sampling: sampling parameters of the optimizer's calls (over the LLM's own).
         optimizer_timeout_s: longest one optimizer call may take.
+        failed_reward: what a failed rollout (the agent raised, timed out) counts as in a
+            score: set it to the lowest reward your agent gives when that is below 0, so that
+            a template that breaks the agent never outscores one that works.
         seed: the batches' sampling.
 
     A candidate that drops a variable of the starting template, adds one, has broken syntax
     or repeats an earlier one is refused before it runs (``apo/rejected``). A score is the mean
-    validation reward, a failed rollout counting 0.
+    validation reward, a failed rollout counting ``failed_reward``.
     """
 
     name = "apo"
+    needs_token_ids = False  # trains no weights; hosted APIs reject the field
 
     def __init__(
         self,
@@ -104,6 +110,7 @@ class APO(Algorithm):
         rewrite_prompt: PromptTemplate | str = REWRITE,
         optimizer_sampling: Mapping[str, Any] | None = None,
         optimizer_timeout_s: float = 600.0,
+        failed_reward: float = 0.0,
         seed: int = 0,
     ) -> None:
         self.prompt = _template(prompt)
@@ -146,6 +153,7 @@ class APO(Algorithm):
             optimizer_sampling or {"temperature": 1.0, "max_tokens": 1024}
         )
         self.optimizer_timeout_s = optimizer_timeout_s
+        self.failed_reward = failed_reward
         self.seed = seed
         self._optimizer: Optimizer | None = None
         self._search: PromptSearch | None = None
@@ -182,6 +190,8 @@ class APO(Algorithm):
 
     async def train(self, ctx: TrainContext, train: list[Task], val: list[Task] | None) -> None:
         """The beam search (see the module docstring)."""
+        if not train:
+            raise VoltRLError("APO needs training tasks: the critiques quote their runs")
         rng = random.Random(self.seed)
         scored_on = list(val or train)
         if self.val_batch_size is not None and self.val_batch_size < len(scored_on):
@@ -189,7 +199,7 @@ class APO(Algorithm):
         start = Candidate(
             round=0,
             template=self.prompt.template,
-            status="start",
+            status="kept",
             version=ctx.resources_version,
         )
         search = PromptSearch(resource=self.resource, engine=self.prompt.engine, candidates=[start])
@@ -235,87 +245,95 @@ class APO(Algorithm):
         assert search is not None
         runs = await self._run(ctx, beam, batch, "train", f"round {r}: the beam on training tasks")
         for parent in beam:
-            parent.train_score = _score(runs[parent.version])
-        expansions = await asyncio.gather(
-            *(self._expand(ctx, r, parent, runs[parent.version]) for parent in beam)
-        )
-        children = [c for found in expansions for c in found]
-        search.candidates.extend(children)
+            parent.train_score = self._score_of(runs[parent.version])
+        try:
+            async with asyncio.TaskGroup() as group:  # one failing stops the others' calls
+                asked = [
+                    group.create_task(self._expand(ctx, r, parent, runs[parent.version]))
+                    for parent in beam
+                ]
+        except BaseExceptionGroup as errors:
+            raise errors.exceptions[0] from None
+        children = [c for task in asked for c in task.result()]
+        for c in children:  # checked in turn: a rewrite repeating a sibling's is refused too
+            if c.status == "pending":
+                tried = [t.template for t in search.candidates if t.status != "failed"]
+                if reason := refusal(c.template, self.prompt, tried):
+                    c.status, c.reason = "rejected", reason
+            search.candidates.append(c)
         if children and all(c.status == "failed" for c in children):
             raise VoltRLError(
                 f"APO round {r}: every call to the optimizer LLM failed; the first: "
                 f"{children[0].reason}"
             )
-        fresh = [c for c in children if c.status == "kept"]
+        fresh = [c for c in children if c.status == "pending"]
         for c in fresh:
             c.version = (await ctx.publish({self.resource: self._template(c.template)})).version
         await self._score(ctx, fresh, val, f"round {r}: {len(fresh)} new template(s)")
         pool = sorted(beam + fresh, key=lambda c: (-(c.score or 0.0), c.version or 0))
         for i, c in enumerate(pool):
-            c.status = "start" if c.round == 0 else ("kept" if i < self.beam_width else "dropped")
+            c.status = "kept" if i < self.beam_width else "dropped"
         ran, beam = beam, pool[: self.beam_width]
         self._log(ctx, r, search, beam, children, ran)
         refused = [c for c in children if c.status in ("rejected", "failed")]
         reasons = "; ".join(dict.fromkeys(str(c.reason) for c in refused))
         note = f", {len(refused)} refused ({reasons})" if refused else ""
-        print(
-            f"round {r}: {len(fresh)} new template(s){note}; best {beam[0].score:.3f} "
-            f"(v{beam[0].version}, round {beam[0].round})",
-            flush=True,
-        )
+        line = f"round {r}: {len(fresh)} new template(s){note}; best {beam[0].score:.3f} "
+        print(printable(line + f"(v{beam[0].version}, round {beam[0].round})"), flush=True)
         return beam
 
     async def _expand(
         self, ctx: TrainContext, r: int, parent: Candidate, runs: list[Rollout]
     ) -> list[Candidate]:
-        """A critique of ``parent`` from its runs, then ``branch_factor`` rewrites, each a
-        candidate (refused ones marked ``rejected``; all ``failed`` if the optimizer failed)."""
-        assert self._optimizer is not None and self._search is not None
-        opt, start = self._optimizer, self.prompt
+        """A critique of ``parent`` from its runs, then ``branch_factor`` rewrites: a
+        ``pending`` candidate per rewrite (``failed`` for a call that failed), recorded in an
+        optimizer rollout of their own."""
+        assert self._optimizer is not None
+        opt = self._optimizer
         task = Task(
             task_id=f"apo-round{r}-v{parent.version}",
             input={"round": r, "parent_version": parent.version, "template": parent.template},
         )
         claim = await opt.start(task, parent.version)
-        values = {"template": parent.template, "variables": variable_list(start)}
+        rollout_id = claim.rollout.rollout_id
+        values = {"template": parent.template, "variables": variable_list(self.prompt)}
         try:
             examples = await self._examples(ctx, runs)
             critique = await opt.ask(
                 claim, self.critique_prompt.format(**values, examples=examples)
             )
-            asks = [
-                opt.ask(claim, self.rewrite_prompt.format(**values, critique=critique))
-                for _ in range(self.branch_factor)
-            ]
-            answers = await asyncio.gather(*asks, return_exceptions=True)
-        except OptimizerError as exc:
-            await opt.finish(claim, str(exc))
-            return [self._failed(r, parent, claim.rollout.rollout_id, str(exc))]
-        errors = [a for a in answers if isinstance(a, BaseException)]
-        if unexpected := [e for e in errors if not isinstance(e, OptimizerError)]:
-            await opt.finish(claim, repr(unexpected[0]))
-            raise unexpected[0]
-        await opt.finish(claim, str(errors[0]) if errors else None)
-        out = []
-        seen = [c.template for c in self._search.candidates]
-        for answer in answers:
-            if isinstance(answer, BaseException):
-                out.append(self._failed(r, parent, claim.rollout.rollout_id, str(answer)))
-                continue
-            template = extract(answer)
-            reason = refusal(template, start, seen + [c.template for c in out])
-            out.append(
-                Candidate(
-                    round=r,
-                    template=template,
-                    status="rejected" if reason else "kept",
-                    parent=parent.version,
-                    critique=critique,
-                    reason=reason,
-                    optimizer_rollout=claim.rollout.rollout_id,
-                )
+            rewrite = self.rewrite_prompt.format(**values, critique=critique)
+            answers = await asyncio.gather(
+                *(opt.ask(claim, rewrite) for _ in range(self.branch_factor)),
+                return_exceptions=True,
             )
-        return out
+            if unexpected := [
+                a
+                for a in answers
+                if isinstance(a, BaseException) and not isinstance(a, OptimizerError)
+            ]:
+                raise unexpected[0]
+        except BaseException as exc:
+            with contextlib.suppress(Exception):  # the run may have cancelled it already
+                await opt.finish(claim, str(exc) or repr(exc))
+            if isinstance(exc, OptimizerError):
+                return [self._failed(r, parent, rollout_id, str(exc))]
+            raise
+        errors = [str(a) for a in answers if isinstance(a, BaseException)]
+        await opt.finish(claim, errors[0] if errors else None)
+        return [
+            self._failed(r, parent, rollout_id, str(answer))
+            if isinstance(answer, BaseException)
+            else Candidate(
+                round=r,
+                template=extract(answer),
+                status="pending",
+                parent=parent.version,
+                critique=critique,
+                optimizer_rollout=rollout_id,
+            )
+            for answer in answers
+        ]
 
     # ---- helpers --------------------------------------------------------------------------
     async def _run(
@@ -340,7 +358,17 @@ class APO(Algorithm):
             return
         runs = await self._run(ctx, cands, val, "val", desc)
         for c in cands:
-            c.score = _score(runs[c.version])
+            c.score = self._score_of(runs[c.version])
+
+    def _score_of(self, rollouts: Sequence[Rollout]) -> float:
+        """Mean reward of ``rollouts``: a failed one counts ``failed_reward``, a succeeded
+        one without a reward 0."""
+        if not rollouts:
+            return 0.0
+        rewards = [
+            (r.reward or 0.0) if r.status == "succeeded" else self.failed_reward for r in rollouts
+        ]
+        return sum(rewards) / len(rewards)
 
     async def _examples(self, ctx: TrainContext, runs: list[Rollout]) -> str:
         """The worst and the best of ``runs`` as the critique quotes them."""
@@ -356,7 +384,9 @@ class APO(Algorithm):
         return "\n\n".join(blocks)
 
     def _failed(self, r: int, parent: Candidate, rollout_id: str, error: str) -> Candidate:
-        print(f"round {r}: the optimizer failed on v{parent.version}: {error}", flush=True)
+        print(
+            printable(f"round {r}: the optimizer failed on v{parent.version}: {error}"), flush=True
+        )
         return Candidate(
             round=r,
             template="",
@@ -414,15 +444,16 @@ class APO(Algorithm):
             "round": best.round,
         }
         final.write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n")
+        why = "failed" if (search.stopped or "").startswith("failed") else search.stopped
         if best is start:
-            print(f"APO ({search.stopped}): no template beat the start ({start.score:.3f})")
+            print(f"APO ({why}): no template beat the start ({start.score:.3f})", flush=True)
             return
         print(
-            f"APO ({search.stopped}): best template v{best.version} (round {best.round}) "
-            f"scores {best.score:.3f}, the start {start.score or 0:.3f}; saved in {final}",
+            f"APO ({why}): best template v{best.version} (round {best.round}) scores "
+            f"{best.score:.3f}, the start {start.score or 0:.3f}; saved in {final}",
             flush=True,
         )
-        print("\n".join(template_diff(start.template, best.template)), flush=True)
+        print(printable("\n".join(template_diff(start.template, best.template))), flush=True)
 
 
 def _template(prompt: PromptTemplate | str) -> PromptTemplate:
@@ -441,13 +472,6 @@ def _request(prompt: PromptTemplate | str, name: str, needed: set[str]) -> Promp
     if extra := sorted(found - needed - {"variables"}):
         raise VoltRLError(f"APO: {name} uses {extra}, which APO does not fill in")
     return template
-
-
-def _score(rollouts: Sequence[Rollout]) -> float:
-    """Mean reward of ``rollouts``, a failed or unrewarded one counting 0."""
-    if not rollouts:
-        return 0.0
-    return sum(r.reward or 0.0 for r in rollouts if r.status == "succeeded") / len(rollouts)
 
 
 def _cycle(tasks: list[Task], rng: random.Random) -> Any:

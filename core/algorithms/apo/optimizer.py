@@ -15,9 +15,6 @@ from voltrl.store.base import Store
 from voltrl.types import AttemptResult, Claim, Task
 
 AGENT_NAME = "apo-optimizer"
-LEASE_S = 3600.0
-"""How long APO holds an optimizer rollout: it completes it itself; the trainer cancels what
-is left running when a run stops, and an abandoned one fails when this runs out."""
 
 
 class OptimizerError(VoltRLError):
@@ -32,19 +29,22 @@ class Optimizer:
     run_id: str
     url: str
     model: str
-    token: str | None
+    token: str | None = field(repr=False)
     sampling: dict[str, Any] = field(default_factory=dict)
     timeout_s: float = 600.0
 
     async def start(self, task: Task, version: int | None) -> Claim:
-        """A rollout to record the calls of one expansion in."""
+        """A rollout to record the calls of one expansion in (a critique, then rewrites at
+        once). APO ends it itself; its lease outlasts two calls' timeouts, so that one it
+        abandons (the process died) fails in the end, and the trainer cancels those left
+        running when a run stops."""
         return await self.store.start_rollout(
             task,
             worker_id=AGENT_NAME,
             mode="optimizer",
             run_id=self.run_id,
             resources_version=version,
-            lease_s=LEASE_S,
+            lease_s=2 * self.timeout_s + 300.0,
         )
 
     async def finish(self, claim: Claim, error: str | None = None) -> None:

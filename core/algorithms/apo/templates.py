@@ -75,8 +75,10 @@ def variables(template: str, engine: str) -> set[str]:
 
 def refusal(candidate: str, start: PromptTemplate, seen: Sequence[str]) -> str | None:
     """Why ``candidate`` must not run, or None when it may: empty, broken syntax, a variable
-    of the starting template dropped, one added that the agent does not fill in, or a
-    template already tried (``seen``)."""
+    of the starting template dropped, one added that the agent does not fill in, an f-string
+    field that is not a plain ``{name}`` nor one of the starting template's own (an
+    attribute, an index, a conversion or a format spec, which may fail to render or reach
+    into the value), or a template already tried (``seen``)."""
     if not candidate.strip():
         return "empty template"
     try:
@@ -88,9 +90,30 @@ def refusal(candidate: str, start: PromptTemplate, seen: Sequence[str]) -> str |
         return f"drops the template variable(s) {', '.join(missing)}"
     if extra := sorted(found - wanted):
         return f"adds the variable(s) {', '.join(extra)}, which the agent does not fill in"
+    if start.engine == "f-string":
+        own = set(_fields(start.template))
+        for field in _fields(candidate):
+            name, conversion, spec = field
+            if field not in own and not (_NAME.fullmatch(name) and not conversion and not spec):
+                shown = (
+                    name + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "")
+                )
+                return f"uses the field {{{shown}}}: only plain {{name}} fields or the start's own"
     if candidate.strip() in {s.strip() for s in seen}:
         return "the same as a template already tried"
     return None
+
+
+_NAME = re.compile(r"[A-Za-z_]\w*")
+
+
+def _fields(template: str) -> list[tuple[str, str | None, str]]:
+    """An f-string template's fields as ``(name, conversion, format spec)``."""
+    return [
+        (field, conversion, spec or "")
+        for _, field, spec, conversion in string.Formatter().parse(template)
+        if field is not None
+    ]
 
 
 def extract(answer: str) -> str:

@@ -91,7 +91,7 @@ class StartRolloutRequest(Model):
 
     task: Task
     worker_id: str
-    mode: RolloutMode = "train"
+    mode: RolloutMode
     run_id: str | None = None
     resources_version: int | None = None
     lease_s: float = DEFAULT_LEASE_S
@@ -408,7 +408,7 @@ class HTTPStore(Store):
         task: Task,
         *,
         worker_id: str,
-        mode: RolloutMode = "train",
+        mode: RolloutMode,
         run_id: str | None = None,
         resources_version: int | None = None,
         lease_s: float = DEFAULT_LEASE_S,

@@ -327,7 +327,7 @@ class SQLStore(LocalStore):
         task: Task,
         *,
         worker_id: str,
-        mode: RolloutMode = "train",
+        mode: RolloutMode,
         run_id: str | None = None,
         resources_version: int | None = None,
         lease_s: float = DEFAULT_LEASE_S,
