@@ -18,6 +18,7 @@ from helpers import voltrl
 
 import voltrl as vl
 from voltrl._http.serving import serve_in_thread
+from voltrl.algorithms.apo import best_template
 from voltrl.algorithms.apo.templates import extract, refusal, variables
 from voltrl.cli.train import build_from_config
 from voltrl.observability.dashboard import Catalog, dashboard_app
@@ -116,6 +117,7 @@ async def test_a_rewrite_that_scores_better_wins_and_is_the_latest_resources_ver
     assert search.best.critique and "number alone" in search.best.critique
     final = json.loads((run_dir / "final" / "prompt_template.json").read_text())
     assert (final["template"], final["score"], final["start_score"]) == (GOOD, 1.0, 0.0)
+    assert best_template(result.run_dir) == vl.PromptTemplate(template=GOOD)
     store = SQLStore(run_dir / "store.sqlite")
     latest = await store.get_resources()
     await store.close()

@@ -456,6 +456,17 @@ class APO(Algorithm):
         print(printable("\n".join(template_diff(start.template, best.template))), flush=True)
 
 
+def best_template(run_dir: str | Path) -> PromptTemplate:
+    """The best template an APO run found (its ``final/prompt_template.json``), ready to give
+    an agent: ``best_template(trainer.fit(...).run_dir)``. Raises :class:`VoltRLError` when
+    the run saved none (it is not an APO run, or stopped before scoring its start)."""
+    path = Path(run_dir) / FINAL
+    if not path.is_file():
+        raise VoltRLError(f"no best template in {run_dir}: {path} does not exist")
+    record = json.loads(path.read_text())
+    return PromptTemplate(template=record["template"], engine=record["engine"])
+
+
 def _template(prompt: PromptTemplate | str) -> PromptTemplate:
     return prompt if isinstance(prompt, PromptTemplate) else PromptTemplate(template=prompt)
 
