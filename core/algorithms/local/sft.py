@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from voltrl.algorithms.base import Algorithm
+from voltrl.algorithms.local.precision import DTYPES
 from voltrl.algorithms.local.threads import use_threads
 from voltrl.errors import VoltRLError
 from voltrl.store import open_store
@@ -191,6 +192,7 @@ def fit_rows(
     """
     import torch
 
+    from voltrl.algorithms.local.precision import MasterWeights
     from voltrl.algorithms.local.rows import TokenRows
 
     use_threads(threads)
@@ -202,7 +204,8 @@ def fit_rows(
         raise ValueError("nothing to train on: no row has a trained token")
     rng = random.Random(seed)
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
+    masters = MasterWeights(params)  # float32 copies of half-precision weights, if any
+    optimizer = torch.optim.AdamW(masters.optimized, lr=lr, weight_decay=0.01)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, cosine_schedule(steps, warmup_steps))
     order: list[int] = []
     model.train()
@@ -223,8 +226,10 @@ def fit_rows(
             loss = -(logp * mask[idx, :width]).sum() / tokens
             loss.backward()
             total += loss.item()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        masters.grads_to_masters()
+        torch.nn.utils.clip_grad_norm_(masters.optimized, 1.0)
         optimizer.step()
+        masters.masters_to_params()
         scheduler.step()
         losses.append(total)
         if log is not None:
@@ -263,7 +268,8 @@ class SFT(Algorithm):
             in a fresh shuffled order each epoch), AdamW at ``lr`` with linear warm-up and
             cosine decay to a tenth.
         micro_batch_size: most rows per forward pass (gradients accumulate; default all).
-        seed, device, threads: as LocalRL's.
+        seed, device, threads, dtype: as LocalRL's (``dtype`` when SFT loads the model
+            itself; as ``LocalRL(warm_start=...)`` it trains LocalRL's model, in LocalRL's).
 
     After :meth:`run`, ``losses`` holds the loss per step and ``summary`` what was trained on.
     """
@@ -290,6 +296,7 @@ class SFT(Algorithm):
         seed: int = 0,
         device: str | None = None,
         threads: int | None = None,
+        dtype: str = "auto",
     ) -> None:
         try:
             import torch  # noqa: F401
@@ -328,6 +335,9 @@ class SFT(Algorithm):
         self.seed = seed
         self.device = device
         self.threads = threads
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
+        self.dtype = dtype
         self.losses: list[float] = []
         self.summary: dict[str, Any] = {}
         self._model: Any = None
@@ -352,6 +362,7 @@ class SFT(Algorithm):
             "lr": self.lr,
             "warmup_steps": self.warmup_steps,
             "seed": self.seed,
+            "dtype": self.dtype,
         }
 
     # ---- data: the same builder and batch as RL ---------------------------------------------
@@ -544,7 +555,12 @@ class SFT(Algorithm):
             raise VoltRLError("SFT alone needs model=...; under LocalRL(warm_start=...) it trains")
         use_threads(self.threads, report=ctx.progress)
         self._model, self.tokenizer = await asyncio.to_thread(
-            load_model, self.model, self.tokenizer, device=self.device, seed=self.seed
+            load_model,
+            self.model,
+            self.tokenizer,
+            device=self.device,
+            seed=self.seed,
+            dtype=self.dtype,
         )
 
     async def train(self, ctx: TrainContext, train: list[Task], val: list[Task] | None) -> None:

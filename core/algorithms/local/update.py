@@ -72,6 +72,7 @@ from voltrl.algorithms.local.loss import (
     rollout_weights,
     weight_advantages,
 )
+from voltrl.algorithms.local.precision import MasterWeights
 from voltrl.algorithms.local.rows import TokenRows
 from voltrl.algorithms.local.threads import decide_threads, use_threads
 from voltrl.algorithms.local.update_config import PolicyUpdateConfig
@@ -185,8 +186,9 @@ class PolicyTrainer:
             self.params = [p for p in model.parameters() if p.requires_grad]
         else:  # this adapter's weights only: others sharing the model have trainers of their own
             self.params = [p for n, p in model.named_parameters() if adapter_of(n) == adapter]
+        self.masters = MasterWeights(self.params)  # float32 copies of half-precision weights
         self.optimizer = torch.optim.AdamW(
-            self.params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay
+            self.masters.optimized, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay
         )
         self.device = next(model.parameters()).device
         self.generator = torch.Generator().manual_seed(cfg.seed)
@@ -404,12 +406,14 @@ class PolicyTrainer:
         """Clip the gradient norm and step; returns the norm before clipping. A non-finite
         norm skips the step (gradients are dropped)."""
         limit = self.config.max_grad_norm or float("inf")
-        norm = float(torch.nn.utils.clip_grad_norm_(self.params, limit))
+        self.masters.grads_to_masters()
+        norm = float(torch.nn.utils.clip_grad_norm_(self.masters.optimized, limit))
         if math.isfinite(norm):
             # An exception inside ``optimizer.step`` may leave some weights updated and others
             # not; one after it (a later mini-batch) leaves a part of the update applied.
             self.mid_update = True
             self.optimizer.step()
+            self.masters.masters_to_params()
         self.optimizer.zero_grad(set_to_none=True)
         return norm
 
@@ -459,11 +463,12 @@ class PolicyTrainer:
 
     def save_checkpoint(self, directory: str | Path, step: int | None = None) -> Path:
         """Save to ``directory/step_{step:08d}/`` (``step`` defaults to the updates done):
-        ``model.pt`` (the adapter weights with LoRA, else the full model), ``optimizer.pt``
-        and ``state.pt`` (step, the updates this trainer did, the torch/CUDA/Python RNG
-        states, the mini-batch shuffle
-        generator, the config). Written to a temporary folder and renamed, so a crash never
-        leaves a half checkpoint that :func:`latest_checkpoint` would pick."""
+        ``model.pt`` (the adapter weights with LoRA, else the full model), ``optimizer.pt``,
+        ``masters.pt`` (the float32 copies of half-precision weights, when there are any:
+        :mod:`~voltrl.algorithms.local.precision`) and ``state.pt`` (step, the updates this
+        trainer did, the torch/CUDA/Python RNG states, the mini-batch shuffle generator, the
+        config). Written to a temporary folder and renamed, so a crash never leaves a half
+        checkpoint that :func:`latest_checkpoint` would pick."""
         step = self.global_step if step is None else step
         root = Path(directory)
         root.mkdir(parents=True, exist_ok=True)
@@ -473,6 +478,8 @@ class PolicyTrainer:
         tmp.mkdir()
         torch.save(self._trainable_state(), tmp / "model.pt")
         torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+        if self.masters.masters:
+            torch.save(self.masters.state_dict(), tmp / "masters.pt")
         state = {
             "step": step,
             "updates": self.global_step,
@@ -507,6 +514,11 @@ class PolicyTrainer:
             set_peft_model_state_dict(self.model, weights, adapter_name=self.adapter or "default")
         else:
             self.model.load_state_dict(weights)
+        if (folder / "masters.pt").exists():
+            masters = torch.load(folder / "masters.pt", map_location=self.device, weights_only=True)
+            self.masters.load_state_dict(masters)
+        else:
+            self.masters.params_to_masters()
         self.optimizer.load_state_dict(
             torch.load(folder / "optimizer.pt", map_location=self.device, weights_only=True)
         )

@@ -1,0 +1,89 @@
+"""The precision LocalRL, SFT and ``voltrl model serve`` load a model in, and how a model in
+half precision is trained without losing its small updates.
+
+``dtype="auto"`` (the default) is bfloat16 on a CUDA device that supports it and float32
+elsewhere: on a CPU, bfloat16 matmuls are no faster here and lose precision. Logprobs are
+always taken in float32 from the logits (the engine's and the update's alike).
+
+A half-precision weight cannot hold an AdamW step of ``lr * update`` smaller than its own
+rounding step (bfloat16 keeps 8 bits of mantissa: a weight of 1.0 moves in steps of 1/128),
+so most small updates would vanish. :class:`MasterWeights` keeps a float32 copy of each
+trainable half-precision tensor: the optimizer (and its state) works on those, and each step
+copies them back into the model. This is mixed-precision training's classic answer; an
+optimizer with stochastic rounding would save the copies' memory but changes the update's
+maths, and LoRA, the usual way to fit a large model, trains adapters that peft keeps in
+float32 anyway (its ``autocast_adapter_dtype``), so the copies there are small or none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+"""The names a ``dtype`` argument takes (this module imports torch only when it is used, so
+that ``LocalRL`` checks one without it)."""
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device) -> torch.dtype:
+    """The torch dtype ``dtype`` names on ``device`` (see the module docstring for
+    ``auto``). Raises ``ValueError`` for another name."""
+    import torch
+
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        cuda = torch.device(device).type == "cuda"
+        return torch.bfloat16 if cuda and torch.cuda.is_bf16_supported() else torch.float32
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
+    return getattr(torch, dtype)
+
+
+class MasterWeights:
+    """Float32 copies of the half-precision tensors among ``params`` (see the module
+    docstring). Give the optimizer :attr:`optimized`; after the backward passes call
+    :meth:`grads_to_masters`, and after the optimizer step :meth:`masters_to_params`. With
+    only float32 tensors it does nothing and :attr:`optimized` is ``params`` itself."""
+
+    def __init__(self, params: Iterable[torch.Tensor]) -> None:
+        import torch
+
+        self.params = list(params)
+        self.low = [i for i, p in enumerate(self.params) if p.dtype != torch.float32]
+        self.masters: dict[int, torch.Tensor] = {
+            i: self.params[i].detach().float().clone().requires_grad_(True) for i in self.low
+        }
+        self.optimized = [self.masters.get(i, p) for i, p in enumerate(self.params)]
+
+    def grads_to_masters(self) -> None:
+        """Move each half-precision gradient to its master copy, in float32."""
+        for i, master in self.masters.items():
+            p = self.params[i]
+            master.grad = None if p.grad is None else p.grad.float()
+            p.grad = None
+
+    def masters_to_params(self) -> None:
+        """Copy the stepped master weights back into the model (rounded to its dtype)."""
+        for i, master in self.masters.items():
+            self.params[i].data.copy_(master.data)
+
+    def params_to_masters(self) -> None:
+        """Take the model's weights into the masters again (after loading weights into it
+        from a checkpoint that saved no masters)."""
+        for i, master in self.masters.items():
+            master.data.copy_(self.params[i].data)
+
+    def state_dict(self) -> dict[int, torch.Tensor]:
+        """The master copies, by position among ``params`` (what a checkpoint saves)."""
+        return {i: m.detach() for i, m in self.masters.items()}
+
+    def load_state_dict(self, state: dict[int, torch.Tensor]) -> None:
+        """Restore the master copies saved by :meth:`state_dict`."""
+        if set(state) != set(self.masters):
+            raise ValueError("the checkpoint's master weights do not match this model's")
+        for i, master in self.masters.items():
+            master.data.copy_(state[i])
