@@ -55,7 +55,7 @@ from voltrl.algorithms.local.checkpoints import (
     save_final,
 )
 from voltrl.algorithms.local.lora_adapters import LoraAdapters
-from voltrl.algorithms.local.precision import DTYPES
+from voltrl.algorithms.local.precision import checked_dtype
 from voltrl.algorithms.local.reports import (
     adapters_summary,
     draw_reward_curve,
@@ -112,10 +112,8 @@ class LocalRL(Algorithm):
         resume: continue from the latest checkpoint in the run directory, if there is one.
         device: where to train and serve (default: CUDA if available, else CPU).
         dtype: the weights' precision: ``"auto"`` (bfloat16 on a CUDA device that supports
-            it, else float32), ``"float32"``, ``"bfloat16"`` or ``"float16"``. Logprobs are
-            taken in float32 either way; full fine-tuning of half-precision weights keeps
-            float32 master copies for the optimizer (``precision.py``); LoRA adapters stay
-            float32 over a half-precision base.
+            it, else float32), ``"float32"``, ``"bfloat16"`` or ``"float16"``; logprobs and
+            the optimizer stay float32 (``precision.py``).
         threads: torch intra-op threads (default: ``$OMP_NUM_THREADS``, else half the usable
             CPUs, so that a busy core does not stall every kernel; see ``threads.py``).
         seed: task order and sampling seed.
@@ -208,9 +206,7 @@ class LocalRL(Algorithm):
         self.checkpoint_every = checkpoint_every
         self.resume = resume
         self.device = device
-        if dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
-        self.dtype = dtype
+        self.dtype = checked_dtype(dtype)
         self.threads = decide_threads(threads)
         self.seed = seed
         self.max_batch_size = max_batch_size

@@ -28,6 +28,13 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 that ``LocalRL`` checks one without it)."""
 
 
+def checked_dtype(dtype: str) -> str:
+    """``dtype`` when it is one of :data:`DTYPES`; else ``ValueError`` naming them."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
+    return dtype
+
+
 def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device) -> torch.dtype:
     """The torch dtype ``dtype`` names on ``device`` (see the module docstring for
     ``auto``). Raises ``ValueError`` for another name."""
@@ -38,9 +45,7 @@ def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device) -> torch
     if dtype == "auto":
         cuda = torch.device(device).type == "cuda"
         return torch.bfloat16 if cuda and torch.cuda.is_bf16_supported() else torch.float32
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
-    return getattr(torch, dtype)
+    return getattr(torch, checked_dtype(dtype))
 
 
 class MasterWeights:

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from voltrl.algorithms.base import Algorithm
-from voltrl.algorithms.local.precision import DTYPES
+from voltrl.algorithms.local.precision import checked_dtype
 from voltrl.algorithms.local.threads import use_threads
 from voltrl.errors import VoltRLError
 from voltrl.store import open_store
@@ -335,9 +335,7 @@ class SFT(Algorithm):
         self.seed = seed
         self.device = device
         self.threads = threads
-        if dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
-        self.dtype = dtype
+        self.dtype = checked_dtype(dtype)
         self.losses: list[float] = []
         self.summary: dict[str, Any] = {}
         self._model: Any = None
