@@ -118,7 +118,9 @@ def test_lora_over_a_bf16_base_trains_float32_adapters() -> None:
     assert trainer.step(batch)["grad_norm"] > 0
 
 
-async def test_local_rl_trains_a_bf16_model_end_to_end(tmp_path: Path) -> None:
+async def test_local_rl_trains_a_bf16_model_end_to_end(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     @vl.rollout
     async def replies(task: dict[str, Any], llm: vl.LLM) -> float:
         from openai import AsyncOpenAI
@@ -131,8 +133,9 @@ async def test_local_rl_trains_a_bf16_model_end_to_end(tmp_path: Path) -> None:
 
     algo = vl.LocalRL("tiny", dtype="bfloat16", steps=1, tasks_per_step=2, group_size=2)
     result = await vl.Trainer(
-        algo, run_dir=tmp_path, name="bf16", inline=True, progress=False
+        algo, run_dir=tmp_path, name="bf16", inline=True, progress=True
     ).fit_async(replies, [{"q": "say a"}, {"q": "say b"}])
+    assert "memory estimate: " in capsys.readouterr().out  # printed before training
     assert result.run.config["dtype"] == "bfloat16"
     assert [m["step"] for m in result.metrics if "update/loss" in m] == [1]
     saved = torch.load(

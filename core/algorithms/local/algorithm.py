@@ -224,9 +224,7 @@ class LocalRL(Algorithm):
         self._warned_untrained = False
         self._policy_lock = threading.Lock()
         self._steps_done = 0
-        self._torn_update = False
-        """An update of several adapters failed after some of them had stepped: their weights
-        are a step ahead of the others'."""
+        self._torn_update = False  # some adapters' update stepped, others' failed: out of step
         self._engine: Engine | None = None
         self._gateway: Gateway | None = None
         self._policies: dict[str | None, PolicyTrainer] = {}
@@ -274,12 +272,15 @@ class LocalRL(Algorithm):
     async def setup(self, ctx: TrainContext) -> None:
         """Load the model, start the engine and a gateway in front of it, publish the LLM."""
         from voltrl.algorithms.local.engine import Engine
+        from voltrl.algorithms.local.memory import check_memory
         from voltrl.algorithms.local.openai_api import serve_engine
         from voltrl.algorithms.local.threads import use_threads
         from voltrl.algorithms.local.update import PolicyTrainer
 
         use_threads(self.threads, report=ctx.progress)
         model, tokenizer = await asyncio.to_thread(self._load)
+        adapters = len(self.adapters.names) if self.adapters is not None else 0
+        check_memory(model, self.update, self.max_batch_size, adapters, report=ctx.progress)
         # The dashboard and ``voltrl show`` decode the run's token ids with it.
         await asyncio.to_thread(tokenizer.save_pretrained, ctx.run_dir / TOKENIZER_DIR)
         resume_from = None

@@ -1,0 +1,143 @@
+"""What LocalRL will hold in memory, estimated once its model is loaded and before anything
+else is allocated: printed when a run starts, and a run that cannot fit its device is
+refused then, in one message, rather than minutes later by an out-of-memory error.
+
+The parts: the policy's weights; the engine's copy of them (it serves while the policy
+trains); a frozen reference copy (``kl_coef > 0`` without LoRA); the gradients of the
+trained weights, their float32 master copies when the weights are in half precision
+(:mod:`~voltrl.algorithms.local.precision`) and AdamW's two float32 moments; the engine's
+KV cache with ``max_batch_size`` sequences of ``context_tokens``. Not counted: the update's
+activations, which grow with ``micro_batch_size`` and sequence length
+(``gradient_checkpointing=True`` cuts them), and the allocator's slack.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from voltrl.errors import VoltRLError
+
+GB = 1024**3
+CONTEXT_TOKENS = 4096
+"""Tokens per sequence the KV-cache estimate assumes (prompt and reply)."""
+
+
+@dataclass
+class MemoryEstimate:
+    """Bytes by part (see the module docstring)."""
+
+    parts: dict[str, int]
+
+    @property
+    def total(self) -> int:
+        """All parts together."""
+        return sum(self.parts.values())
+
+    def line(self) -> str:
+        """The estimate in one line: ``memory estimate: 8.1 GiB (weights 1.0, ...)``."""
+        shown = ", ".join(f"{k} {v / GB:.2f}" for k, v in self.parts.items() if v)
+        return f"memory estimate: {self.total / GB:.2f} GiB ({shown}; activations not counted)"
+
+
+def lora_parameters(model: Any, r: int, targets: list[str] | str, adapters: int = 1) -> int:
+    """Parameters ``adapters`` LoRA adapters of rank ``r`` add to ``model``'s linear layers
+    (``"all-linear"``: every one but the output head; else those whose name ends with one of
+    ``targets``)."""
+    import torch
+
+    output = model.get_output_embeddings()
+    total = 0
+    for name, module in model.named_modules():
+        if not isinstance(module, torch.nn.Linear) or module is output:
+            continue
+        if targets != "all-linear" and not any(name.endswith(t) for t in targets):
+            continue
+        total += r * (module.in_features + module.out_features)
+    return total * adapters
+
+
+def estimate(
+    model: Any,
+    update: Any,
+    *,
+    max_batch_size: int,
+    adapters: int = 0,
+    context_tokens: int = CONTEXT_TOKENS,
+) -> MemoryEstimate:
+    """LocalRL's memory for ``model`` (loaded) trained with ``update`` (a
+    ``PolicyUpdateConfig``); ``adapters``: named LoRA adapters (0: one, or full fine-tuning)."""
+    import torch
+
+    params = list(model.parameters())
+    dtype = params[0].dtype
+    width = torch.finfo(dtype).bits // 8
+    weights = sum(p.numel() for p in params) * width
+    if update.use_lora:
+        trainable = lora_parameters(
+            model, update.lora_r, update.lora_target_modules, max(1, adapters)
+        )
+        trained_width = 4  # peft keeps adapters in float32
+    else:
+        trainable, trained_width = sum(p.numel() for p in params), width
+    config = model.config
+    layers = getattr(config, "num_hidden_layers", 0)
+    heads = getattr(config, "num_attention_heads", 1)
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    kv = 2 * layers * kv_heads * head_dim * width * context_tokens * max_batch_size
+    return MemoryEstimate(
+        {
+            "weights": weights,
+            "engine copy": weights + (trainable * width if update.use_lora else 0),
+            "reference copy": weights if update.kl_coef > 0 and not update.use_lora else 0,
+            "gradients": trainable * trained_width,
+            "master weights": trainable * 4 if trained_width < 4 else 0,
+            "optimizer": trainable * 8,
+            "KV cache": kv,
+        }
+    )
+
+
+def free_bytes(device: Any) -> int | None:
+    """Memory ``device`` has free now (CUDA: the driver's figure; CPU: the kernel's
+    ``MemAvailable``), or None where it cannot be told."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    if device.type == "cpu":
+        try:
+            for line in Path("/proc/meminfo").read_text().splitlines():
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+        except OSError:
+            return None
+    return None
+
+
+def check_fits(found: MemoryEstimate, device: Any, loaded: int) -> None:
+    """Raise :class:`VoltRLError` when ``found`` (of which ``loaded`` bytes, the policy's
+    weights, are allocated already) cannot fit what ``device`` has free, saying what would."""
+    free = free_bytes(device)
+    needed = found.total - loaded
+    if free is None or needed <= free:
+        return
+    raise VoltRLError(
+        f"this LocalRL run needs about {needed / GB:.1f} GiB more on {device} and "
+        f"{free / GB:.1f} GiB is free ({found.line()}). Train a LoRA adapter "
+        "(update={'use_lora': True}), load the model in bfloat16 (dtype='bfloat16'), or lower "
+        "max_batch_size"
+    )
+
+
+def check_memory(model: Any, update: Any, max_batch_size: int, adapters: int, report: bool) -> None:
+    """Estimate LocalRL's memory for ``model`` (just loaded), print it when ``report``, and
+    refuse the run (:func:`check_fits`) when its device cannot hold it."""
+    found = estimate(model, update, max_batch_size=max_batch_size, adapters=adapters)
+    device = next(model.parameters()).device
+    if report:
+        print(f"{found.line()} on {device}", flush=True)
+    check_fits(found, device, found.parts["weights"])

@@ -1,0 +1,75 @@
+"""LocalRL's memory estimate: its parts add up from the model's own tensors, its LoRA count is
+what peft really adds, and a run that cannot fit its device is refused with what would fit."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from test_policy_update import tiny_model
+
+from voltrl.algorithms.local.memory import (
+    MemoryEstimate,
+    check_fits,
+    estimate,
+    free_bytes,
+    lora_parameters,
+)
+from voltrl.algorithms.local.update import PolicyTrainer, PolicyUpdateConfig
+from voltrl.errors import VoltRLError
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_full_fine_tuning_counts_weights_twice_gradients_masters_adam_and_the_kv_cache(
+    dtype: torch.dtype,
+) -> None:
+    model = tiny_model().to(dtype)
+    n = sum(p.numel() for p in model.parameters())
+    width = 4 if dtype == torch.float32 else 2
+    found = estimate(model, PolicyUpdateConfig(), max_batch_size=8, context_tokens=100)
+    c = model.config
+    kv = 2 * c.num_hidden_layers * c.num_key_value_heads * (c.hidden_size // 4) * width * 800
+    assert found.parts == {
+        "weights": n * width,
+        "engine copy": n * width,
+        "reference copy": 0,
+        "gradients": n * width,
+        "master weights": 0 if width == 4 else n * 4,
+        "optimizer": n * 8,
+        "KV cache": kv,
+    }
+    with_kl = estimate(model, PolicyUpdateConfig(kl_coef=0.1), max_batch_size=8)
+    assert with_kl.parts["reference copy"] == n * width
+
+
+@pytest.mark.parametrize("targets", ["all-linear", ["q_proj", "v_proj"]])
+def test_the_lora_count_is_what_peft_adds(targets: list[str] | str) -> None:
+    config = PolicyUpdateConfig(use_lora=True, lora_r=8, lora_target_modules=targets)
+    expected = lora_parameters(tiny_model(), 8, targets)
+    trainer = PolicyTrainer(tiny_model(), config)
+    assert expected == sum(p.numel() for p in trainer.params) > 0
+    found = estimate(tiny_model(), config, max_batch_size=1)
+    assert found.parts["gradients"] == 4 * expected and found.parts["optimizer"] == 8 * expected
+
+
+def test_a_run_that_cannot_fit_is_refused_saying_what_would() -> None:
+    free = free_bytes("cpu")
+    assert free is not None and free > 0
+    check_fits(MemoryEstimate({"weights": 10, "optimizer": 10}), "cpu", loaded=10)
+    too_big = MemoryEstimate({"weights": 10, "optimizer": free * 2})
+    with pytest.raises(VoltRLError, match=r"needs about .* GiB more on cpu .*'use_lora': True"):
+        check_fits(too_big, "cpu", loaded=10)
+
+
+def test_the_docs_table_is_what_the_estimate_gives_for_qwen25() -> None:
+    from memory_table import rows
+
+    table = {(m, kind, dtype): round(total, 1) for m, kind, dtype, total, _ in rows()}
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "memory.md").read_text()
+    for (model, kind, dtype), total in table.items():
+        assert f"| Qwen2.5-{model} | {kind} | {dtype} | {total:.1f} |" in docs
+    assert table[("7B", "LoRA r16", "bfloat16")] < 80  # a 7B model with LoRA fits one card
