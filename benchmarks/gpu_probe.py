@@ -1,0 +1,238 @@
+"""One script to run on a GPU machine (and, with small shapes, on a CPU: ``make test`` runs it
+so): what LocalRL does with the device, in three parts, each printed as it finishes.
+
+1. **Decode**: our engine's generated tokens/s against Hugging Face ``generate`` with a static
+   batch of the same size, at concurrency 1, 16 and 64, on a Qwen2 shape of about 0.5B
+   parameters in bfloat16 (random weights: speed does not depend on them).
+2. **Update**: one PolicyTrainer step on rows of 1,024 tokens, in float32 and bfloat16, with
+   and without gradient checkpointing: seconds, model TFLOP/s (6 x parameters x tokens, plus
+   a forward's 2 x when checkpointing recomputes it) and peak memory.
+3. **Demo steps**: the calculator sample's LocalRL run with the tiny model (as ``make demo``
+   trains it, no warm-up): each step's rollout and update seconds, from ``metrics.jsonl``.
+
+    python benchmarks/gpu_probe.py                   # on a GPU: about 5 minutes on one H100
+    python benchmarks/gpu_probe.py --small           # any machine: tiny shapes, seconds
+
+It needs torch and transformers, and voltrl's own dependencies for part 3 (pydantic, fastapi,
+uvicorn, aiohttp, openai: a GPU machine without them skips part 3 and says so).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import copy
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def voltrl_from_the_tree() -> None:
+    """Make ``voltrl`` importable from this repository's ``core/`` when it is not installed
+    (a GPU machine gets the tree, not an install): a bare package whose modules load on
+    import, without ``core/__init__.py``'s imports of the whole framework."""
+    import importlib.util
+    import types
+
+    if importlib.util.find_spec("voltrl") is not None:
+        return
+    package = types.ModuleType("voltrl")
+    package.__path__ = [str(ROOT / "core")]
+    sys.modules["voltrl"] = package
+
+
+SHAPES = {
+    "0.5B": {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+             "num_attention_heads": 14, "num_key_value_heads": 2},
+    "small": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2},
+}  # fmt: skip
+
+
+def qwen2(shape: str, dtype: torch.dtype, device: str) -> Any:
+    """A Qwen2 model of ``shape`` with random weights."""
+    torch.manual_seed(0)
+    vocab = 151936 if shape == "0.5B" else 256
+    config = transformers.Qwen2Config(vocab_size=vocab, pad_token_id=0, **SHAPES[shape])
+    return transformers.Qwen2ForCausalLM(config).to(device=device, dtype=dtype).eval()
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def peak_reset(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+
+
+def peak_gib(device: str) -> float | None:
+    if device.startswith("cuda"):
+        return torch.cuda.max_memory_allocated() / 1024**3
+    return None
+
+
+# ---- 1. decode -------------------------------------------------------------------------------
+async def engine_rate(model: Any, concurrency: int, prompt: int, tokens: int) -> float:
+    """Generated tokens/s of our engine with ``concurrency`` requests at once."""
+    from voltrl.algorithms.local.engine import Engine, SamplingParams
+    from voltrl.algorithms.local.tiny import build_tiny_tokenizer
+
+    params = SamplingParams(max_tokens=tokens, temperature=1.0, ignore_eos=True)
+    rng = random.Random(0)
+    vocab = model.config.vocab_size
+    prompts = [[rng.randrange(1, vocab) for _ in range(prompt)] for _ in range(concurrency)]
+    with Engine(model, build_tiny_tokenizer(), max_batch_size=max(64, concurrency)) as engine:
+        await engine.generate(prompts[0], SamplingParams(max_tokens=2, ignore_eos=True))
+        start = time.perf_counter()
+        outs = await asyncio.gather(*(engine.generate(p, params) for p in prompts))
+        elapsed = time.perf_counter() - start
+    return sum(len(o.choices[0].token_ids) for o in outs) / elapsed
+
+
+def hf_rate(model: Any, batch: int, prompt: int, tokens: int, device: str) -> float:
+    """Generated tokens/s of ``model.generate`` on a static batch of ``batch`` prompts."""
+    ids = torch.randint(1, model.config.vocab_size, (batch, prompt), device=device)
+    kwargs = {"do_sample": True, "top_k": 0, "pad_token_id": 0}
+    with torch.inference_mode():
+        model.generate(ids, max_new_tokens=2, min_new_tokens=2, **kwargs)
+        sync(device)
+        start = time.perf_counter()
+        model.generate(ids, max_new_tokens=tokens, min_new_tokens=tokens, **kwargs)
+        sync(device)
+    return batch * tokens / (time.perf_counter() - start)
+
+
+def decode(shape: str, device: str, dtype: torch.dtype, tokens: int) -> None:
+    model = qwen2(shape, dtype, device)
+    print(f"\n1. decode: {shape} Qwen2 shape, {str(dtype)[6:]}, {tokens} tokens per request")
+    print("| concurrency | engine tok/s | HF generate (static batch) tok/s | engine / HF |")
+    print("|---|---|---|---|")
+    for concurrency in (1, 16, 64):
+        ours = asyncio.run(engine_rate(model, concurrency, 64, tokens))
+        theirs = hf_rate(model, concurrency, 64, tokens, device)
+        print(f"| {concurrency} | {ours:,.0f} | {theirs:,.0f} | {ours / theirs:.2f}x |", flush=True)
+
+
+# ---- 2. update -------------------------------------------------------------------------------
+def update(shape: str, device: str, rows: int, length: int) -> None:
+    from voltrl.algorithms.local.update import PolicyTrainer, PolicyUpdateConfig
+    from voltrl.trajectory import collate
+    from voltrl.types import Trajectory, Transition
+
+    rng = random.Random(0)
+    prompt = length // 4
+    vocab = qwen2(shape, torch.float32, "meta").config.vocab_size
+    trajectories = [
+        Trajectory(
+            rollout_id=f"r{i}",
+            task_id=f"t{i // 4}",
+            transitions=[
+                Transition(
+                    prompt_token_ids=[rng.randrange(1, vocab) for _ in range(prompt)],
+                    response_token_ids=[rng.randrange(1, vocab) for _ in range(length - prompt)],
+                    reward=float(i % 2),
+                )
+            ],
+        )
+        for i in range(rows)
+    ]
+    batch = collate(trajectories)
+    print(f"\n2. update: {shape} Qwen2 shape, {rows} rows of {length} tokens, micro-batches of 4")
+    print("| dtype | checkpointing | seconds | model TFLOP/s | peak memory (GiB) |")
+    print("|---|---|---|---|---|")
+    for dtype in (torch.float32, torch.bfloat16):
+        for checkpointing in (False, True):
+            model = qwen2(shape, dtype, device).train()
+            params = sum(p.numel() for p in model.parameters())
+            config = PolicyUpdateConfig(
+                lr=1e-6, micro_batch_size=4, gradient_checkpointing=checkpointing
+            )
+            trainer = PolicyTrainer(model, config)
+            trainer.step(copy.deepcopy(batch))  # warm-up (allocator, kernels)
+            sync(device)
+            peak_reset(device)
+            start = time.perf_counter()
+            trainer.step(copy.deepcopy(batch))
+            sync(device)
+            seconds = time.perf_counter() - start
+            flops = (8 if checkpointing else 6) * params * rows * length
+            peak = peak_gib(device)
+            shown = "-" if peak is None else f"{peak:.1f}"
+            print(
+                f"| {str(dtype)[6:]} | {checkpointing} | {seconds:.2f} | "
+                f"{flops / seconds / 1e12:.3g} | {shown} |",
+                flush=True,
+            )
+            del trainer, model
+            if device.startswith("cuda"):
+                torch.cuda.empty_cache()
+
+
+# ---- 3. the demo's steps ---------------------------------------------------------------------
+def demo_steps(steps: int, tasks_per_step: int, group_size: int) -> None:
+    print(f"\n3. demo steps: the calculator agent, tiny model, {steps} LocalRL steps")
+    try:
+        import openai  # noqa: F401
+
+        import voltrl as vl
+    except ModuleNotFoundError as exc:
+        print(f"skipped: {exc.name} is not installed here (voltrl's dependencies, and openai)")
+        return
+    sys.path.insert(0, str(ROOT / "samples" / "calculator"))
+    from agent import calculator_agent
+    from data import make_tasks
+
+    algo = vl.LocalRL(
+        "tiny",
+        steps=steps,
+        tasks_per_step=tasks_per_step,
+        group_size=group_size,
+        sampling={"temperature": 1.0, "max_tokens": 48},
+        trajectory={"mode": "trajectory"},
+    )
+    with tempfile.TemporaryDirectory() as out:
+        trainer = vl.Trainer(algo, run_dir=out, name="probe", max_concurrency=64, progress=False)
+        result = trainer.fit(calculator_agent, make_tasks(200, seed=0))
+    print("| step | rollouts | rollout s | update s |")
+    print("|---|---|---|---|")
+    for m in result.metrics:
+        if "rollout_s" in m:
+            count = m.get("train/rollouts", "-")
+            print(f"| {m['step']} | {count} | {m['rollout_s']:.2f} | {m['update_s']:.2f} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--small", action="store_true", help="tiny shapes (a CPU, the tests)")
+    parser.add_argument("--demo-steps", type=int, default=10, help="LocalRL steps of part 3")
+    parser.add_argument("--parts", default="1,2,3", help="which parts to run")
+    args = parser.parse_args(argv)
+    voltrl_from_the_tree()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    name = torch.cuda.get_device_name() if device == "cuda" else "CPU"
+    print(f"gpu_probe: {name}; torch {torch.__version__}, transformers {transformers.__version__}")
+    shape = "small" if args.small or device == "cpu" else "0.5B"
+    parts = set(args.parts.split(","))
+    if "1" in parts:
+        bf16 = device == "cuda" and torch.cuda.is_bf16_supported()
+        decode(shape, device, torch.bfloat16 if bf16 else torch.float32, 8 if args.small else 128)
+    if "2" in parts:
+        update(shape, device, rows=4 if args.small else 16, length=64 if args.small else 1024)
+    if "3" in parts:
+        small = args.small
+        demo_steps(args.demo_steps, 2 if small else 8, 2 if small else 8)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
