@@ -13,8 +13,9 @@ so): what LocalRL does with the device, in three parts, each printed as it finis
     python benchmarks/gpu_probe.py                   # on a GPU: about 5 minutes on one H100
     python benchmarks/gpu_probe.py --small           # any machine: tiny shapes, seconds
 
-It needs torch and transformers, and voltrl's own dependencies for part 3 (pydantic, fastapi,
-uvicorn, aiohttp, openai: a GPU machine without them skips part 3 and says so).
+It needs torch, transformers and pydantic for parts 1 and 2, and voltrl's other dependencies
+for part 3 (fastapi, uvicorn, aiohttp, openai...: a GPU machine without them skips part 3 and
+says so). voltrl itself is imported from this repository's tree when it is not installed.
 """
 
 from __future__ import annotations
@@ -36,33 +37,47 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def voltrl_from_the_tree() -> None:
-    """Make ``voltrl`` importable from this repository's ``core/`` when it is not installed
-    (a GPU machine gets the tree, not an install): a bare package whose modules load on
-    import, without ``core/__init__.py``'s imports of the whole framework."""
+    """Make ``voltrl`` importable from this repository's ``core/`` when it is not installed (a
+    GPU machine gets the tree, not an install): the whole package when its dependencies are
+    there, else a bare one whose modules load on import (parts 1 and 2 need only pydantic
+    besides torch and transformers; part 3 then says what is missing)."""
     import importlib.util
     import types
 
     if importlib.util.find_spec("voltrl") is not None:
         return
-    package = types.ModuleType("voltrl")
-    package.__path__ = [str(ROOT / "core")]
-    sys.modules["voltrl"] = package
+    core = ROOT / "core"
+    spec = importlib.util.spec_from_file_location(
+        "voltrl", core / "__init__.py", submodule_search_locations=[str(core)]
+    )
+    assert spec is not None and spec.loader is not None
+    sys.modules["voltrl"] = module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except ModuleNotFoundError:
+        for name in [n for n in sys.modules if n == "voltrl" or n.startswith("voltrl.")]:
+            del sys.modules[name]
+        package = types.ModuleType("voltrl")
+        package.__path__ = [str(core)]
+        sys.modules["voltrl"] = package
 
 
 SHAPES = {
     "0.5B": {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
-             "num_attention_heads": 14, "num_key_value_heads": 2},
+             "num_attention_heads": 14, "num_key_value_heads": 2, "tie_word_embeddings": True,
+             "vocab_size": 151936},
     "small": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-              "num_attention_heads": 4, "num_key_value_heads": 2},
+              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256},
 }  # fmt: skip
 
 
 def qwen2(shape: str, dtype: torch.dtype, device: str) -> Any:
     """A Qwen2 model of ``shape`` with random weights."""
     torch.manual_seed(0)
-    vocab = 151936 if shape == "0.5B" else 256
-    config = transformers.Qwen2Config(vocab_size=vocab, pad_token_id=0, **SHAPES[shape])
-    return transformers.Qwen2ForCausalLM(config).to(device=device, dtype=dtype).eval()
+    config = transformers.Qwen2Config(pad_token_id=0, **SHAPES[shape])
+    with torch.device(device):  # built where it runs: no CPU copy of a large model first
+        model = transformers.Qwen2ForCausalLM(config)
+    return model.to(dtype=dtype).eval()
 
 
 def sync(device: str) -> None:
@@ -131,7 +146,7 @@ def update(shape: str, device: str, rows: int, length: int) -> None:
 
     rng = random.Random(0)
     prompt = length // 4
-    vocab = qwen2(shape, torch.float32, "meta").config.vocab_size
+    vocab = SHAPES[shape]["vocab_size"]
     trajectories = [
         Trajectory(
             rollout_id=f"r{i}",
@@ -185,8 +200,11 @@ def demo_steps(steps: int, tasks_per_step: int, group_size: int) -> None:
         import openai  # noqa: F401
 
         import voltrl as vl
-    except ModuleNotFoundError as exc:
-        print(f"skipped: {exc.name} is not installed here (voltrl's dependencies, and openai)")
+
+        vl.LocalRL  # noqa: B018  (a bare package, without the framework's dependencies)
+    except (ModuleNotFoundError, AttributeError) as exc:
+        missing = getattr(exc, "name", None) or "voltrl's dependencies"
+        print(f"skipped: {missing} not installed here (carry voltrl's dependencies and openai)")
         return
     sys.path.insert(0, str(ROOT / "samples" / "calculator"))
     from agent import calculator_agent

@@ -35,6 +35,8 @@ def test_auto_is_float32_on_a_cpu_and_other_names_are_refused() -> None:
         resolve_dtype("fp8", "cpu")
     with pytest.raises(ValueError, match="dtype must be one of"):
         vl.LocalRL("tiny", dtype="half")
+    with pytest.raises(ValueError, match="'float16' cannot train here"):
+        vl.LocalRL("tiny", dtype="float16")
     model, _ = load_model("tiny", dtype="bfloat16", device="cpu")
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
 
@@ -73,9 +75,8 @@ def test_master_weights_keep_updates_a_bf16_weight_cannot_hold() -> None:
         kept = MasterWeights([weight]) if masters else None
         optimizer = torch.optim.SGD(kept.optimized if kept else [weight], lr=1e-3)
         for _ in range(20):  # each step is 1e-3, under bfloat16's 1/128 step at 1.0
-            weight.grad = torch.ones_like(weight)
-            if kept:
-                kept.grads_to_masters()
+            optimizer.zero_grad()
+            weight.sum().backward()  # a gradient of 1 each; with masters, moved to theirs
             optimizer.step()
             if kept:
                 kept.masters_to_params()
@@ -93,6 +94,10 @@ def test_a_bf16_policy_trains_in_float32_masters_and_resumes_exactly(tmp_path: P
     assert masters and {m.dtype for m in masters} == {torch.float32}
     assert {p.dtype for p in first.optimizer.param_groups[0]["params"]} == {torch.float32}
     before = [p.detach().clone() for p in first.params]
+    first.accumulate_gradients(batch)  # micro-batches accumulate in the float32 masters
+    assert all(p.grad is None for p in first.params)
+    assert all(m.grad is not None and m.grad.dtype == torch.float32 for m in masters)
+    first.optimizer.zero_grad(set_to_none=True)
     first.step(batch)
     assert any(not torch.equal(a, b) for a, b in zip(before, first.params, strict=True))
     for i, master in first.masters.masters.items():  # the model holds its masters, rounded

@@ -42,6 +42,7 @@ RESUMABLE_SETTINGS = (
     "checkpoint_every",
     "resume",
     "device",
+    "dtype",
     "threads",
     "max_batch_size",
     "gateway_retry",

@@ -206,7 +206,7 @@ class LocalRL(Algorithm):
         self.checkpoint_every = checkpoint_every
         self.resume = resume
         self.device = device
-        self.dtype = checked_dtype(dtype)
+        self.dtype = checked_dtype(dtype, training=True)
         self.threads = decide_threads(threads)
         self.seed = seed
         self.max_batch_size = max_batch_size
@@ -280,7 +280,8 @@ class LocalRL(Algorithm):
         use_threads(self.threads, report=ctx.progress)
         model, tokenizer = await asyncio.to_thread(self._load)
         adapters = len(self.adapters.names) if self.adapters is not None else 0
-        check_memory(model, self.update, self.max_batch_size, adapters, report=ctx.progress)
+        warm = self.warm_start is not None
+        check_memory(model, self.update, self.max_batch_size, adapters, warm, ctx.progress)
         # The dashboard and ``voltrl show`` decode the run's token ids with it.
         await asyncio.to_thread(tokenizer.save_pretrained, ctx.run_dir / TOKENIZER_DIR)
         resume_from = None

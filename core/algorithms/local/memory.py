@@ -6,9 +6,14 @@ The parts: the policy's weights; the engine's copy of them (it serves while the 
 trains); a frozen reference copy (``kl_coef > 0`` without LoRA); the gradients of the
 trained weights, their float32 master copies when the weights are in half precision
 (:mod:`~voltrl.algorithms.local.precision`) and AdamW's two float32 moments; the engine's
-KV cache with ``max_batch_size`` sequences of ``context_tokens``. Not counted: the update's
-activations, which grow with ``micro_batch_size`` and sequence length
-(``gradient_checkpointing=True`` cuts them), and the allocator's slack.
+KV cache with ``max_batch_size`` sequences of ``context_tokens`` (at most the model's
+context). With an SFT warm start before LoRA, the warm-up's full fine-tuning is the peak when
+it is larger. Not counted: the update's activations, which grow with ``micro_batch_size`` and
+sequence length (``gradient_checkpointing=True`` cuts them), the transient copy that merging
+LoRA adapters for the engine makes, and the allocator's slack: the estimate is a floor.
+
+On a GPU a run the estimate says cannot fit is refused; on a CPU (its KV cache there is an
+upper bound, and the kernel can swap) it is a warning.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ class MemoryEstimate:
     """Bytes by part (see the module docstring)."""
 
     parts: dict[str, int]
+    note: str = ""
+    """What the peak is, when not the RL steps (the SFT warm-up's full fine-tuning)."""
 
     @property
     def total(self) -> int:
@@ -38,7 +45,10 @@ class MemoryEstimate:
     def line(self) -> str:
         """The estimate in one line: ``memory estimate: 8.1 GiB (weights 1.0, ...)``."""
         shown = ", ".join(f"{k} {v / GB:.2f}" for k, v in self.parts.items() if v)
-        return f"memory estimate: {self.total / GB:.2f} GiB ({shown}; activations not counted)"
+        peak = f" at {self.note}" if self.note else ""
+        return (
+            f"memory estimate{peak}: {self.total / GB:.2f} GiB ({shown}; activations not counted)"
+        )
 
 
 def lora_parameters(model: Any, r: int, targets: list[str] | str, adapters: int = 1) -> int:
@@ -64,40 +74,47 @@ def estimate(
     *,
     max_batch_size: int,
     adapters: int = 0,
+    warm_start: bool = False,
     context_tokens: int = CONTEXT_TOKENS,
 ) -> MemoryEstimate:
     """LocalRL's memory for ``model`` (loaded) trained with ``update`` (a
-    ``PolicyUpdateConfig``); ``adapters``: named LoRA adapters (0: one, or full fine-tuning)."""
+    ``PolicyUpdateConfig``); ``adapters``: named LoRA adapters (0: one, or full fine-tuning);
+    ``warm_start``: an SFT warm-up trains every weight first (its peak counts when larger)."""
     import torch
 
     params = list(model.parameters())
-    dtype = params[0].dtype
-    width = torch.finfo(dtype).bits // 8
-    weights = sum(p.numel() for p in params) * width
+    width = torch.finfo(params[0].dtype).bits // 8
+    count = sum(p.numel() for p in params)
+    weights = count * width
     if update.use_lora:
         trainable = lora_parameters(
             model, update.lora_r, update.lora_target_modules, max(1, adapters)
         )
-        trained_width = 4  # peft keeps adapters in float32
     else:
-        trainable, trained_width = sum(p.numel() for p in params), width
+        trainable = count
+    master = 4 if width < 4 and not update.use_lora else 0  # peft keeps adapters in float32
     config = model.config
+    context_tokens = min(context_tokens, getattr(config, "max_position_embeddings", 0) or 10**9)
     layers = getattr(config, "num_hidden_layers", 0)
     heads = getattr(config, "num_attention_heads", 1)
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     kv = 2 * layers * kv_heads * head_dim * width * context_tokens * max_batch_size
-    return MemoryEstimate(
-        {
-            "weights": weights,
-            "engine copy": weights + (trainable * width if update.use_lora else 0),
-            "reference copy": weights if update.kl_coef > 0 and not update.use_lora else 0,
-            "gradients": trainable * trained_width,
-            "master weights": trainable * 4 if trained_width < 4 else 0,
-            "optimizer": trainable * 8,
-            "KV cache": kv,
-        }
-    )
+    rl = {
+        "weights": weights,
+        "engine copy": weights + (trainable * width if update.use_lora else 0),
+        "reference copy": weights if update.kl_coef > 0 and not update.use_lora else 0,
+        "gradients": trainable * 4,  # float32: adapters', masters' or float32 weights' own
+        "master weights": trainable * master,
+        "optimizer": trainable * 8,
+        "KV cache": kv,
+    }
+    if warm_start and update.use_lora:  # SFT trains every weight first, before any copy
+        warm = {"weights": weights, "gradients": count * 4, "optimizer": count * 8}
+        warm["master weights"] = count * 4 if width < 4 else 0
+        if sum(warm.values()) > sum(rl.values()):
+            return MemoryEstimate(warm, note="the SFT warm-up's full fine-tuning")
+    return MemoryEstimate(rl)
 
 
 def free_bytes(device: Any) -> int | None:
@@ -118,26 +135,37 @@ def free_bytes(device: Any) -> int | None:
     return None
 
 
-def check_fits(found: MemoryEstimate, device: Any, loaded: int) -> None:
-    """Raise :class:`VoltRLError` when ``found`` (of which ``loaded`` bytes, the policy's
-    weights, are allocated already) cannot fit what ``device`` has free, saying what would."""
+def check_fits(found: MemoryEstimate, device: Any, loaded: int) -> str | None:
+    """When ``found`` (of which ``loaded`` bytes, the policy's weights, are allocated
+    already) cannot fit what ``device`` has free: on a GPU raise :class:`VoltRLError`, on a
+    CPU return a warning; either says what would fit. None when it fits."""
+    import torch
+
     free = free_bytes(device)
     needed = found.total - loaded
     if free is None or needed <= free:
-        return
-    raise VoltRLError(
+        return None
+    message = (
         f"this LocalRL run needs about {needed / GB:.1f} GiB more on {device} and "
         f"{free / GB:.1f} GiB is free ({found.line()}). Train a LoRA adapter "
         "(update={'use_lora': True}), load the model in bfloat16 (dtype='bfloat16'), or lower "
         "max_batch_size"
     )
+    if torch.device(device).type == "cpu":
+        return f"warning: {message}"
+    raise VoltRLError(message)
 
 
-def check_memory(model: Any, update: Any, max_batch_size: int, adapters: int, report: bool) -> None:
+def check_memory(
+    model: Any, update: Any, max_batch_size: int, adapters: int, warm_start: bool, report: bool
+) -> None:
     """Estimate LocalRL's memory for ``model`` (just loaded), print it when ``report``, and
-    refuse the run (:func:`check_fits`) when its device cannot hold it."""
-    found = estimate(model, update, max_batch_size=max_batch_size, adapters=adapters)
+    refuse the run (:func:`check_fits`) when its GPU cannot hold it (warn on a CPU)."""
+    found = estimate(
+        model, update, max_batch_size=max_batch_size, adapters=adapters, warm_start=warm_start
+    )
     device = next(model.parameters()).device
     if report:
         print(f"{found.line()} on {device}", flush=True)
-    check_fits(found, device, found.parts["weights"])
+    if warning := check_fits(found, device, found.parts["weights"]):
+        print(warning, flush=True)

@@ -18,7 +18,7 @@ float32 anyway (its ``autocast_adapter_dtype``), so the copies there are small o
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -28,10 +28,17 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 that ``LocalRL`` checks one without it)."""
 
 
-def checked_dtype(dtype: str) -> str:
-    """``dtype`` when it is one of :data:`DTYPES`; else ``ValueError`` naming them."""
+def checked_dtype(dtype: str, training: bool = False) -> str:
+    """``dtype`` when it is one of :data:`DTYPES`; else ``ValueError`` naming them. For
+    ``training``, float16 is refused too: small gradients underflow in it without loss
+    scaling, which LocalRL and SFT do not do (bfloat16 has float32's range)."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
+    if training and dtype == "float16":
+        raise ValueError(
+            "dtype='float16' cannot train here (gradients underflow without loss scaling): "
+            "use 'bfloat16' (voltrl model serve takes float16)"
+        )
     return dtype
 
 
@@ -50,9 +57,11 @@ def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device) -> torch
 
 class MasterWeights:
     """Float32 copies of the half-precision tensors among ``params`` (see the module
-    docstring). Give the optimizer :attr:`optimized`; after the backward passes call
-    :meth:`grads_to_masters`, and after the optimizer step :meth:`masters_to_params`. With
-    only float32 tensors it does nothing and :attr:`optimized` is ``params`` itself."""
+    docstring). Give the optimizer :attr:`optimized`; after the optimizer step call
+    :meth:`masters_to_params`. Each backward pass adds a half-precision tensor's gradient to
+    its master's in float32 at once (a hook on the tensor), so micro-batches accumulate in
+    float32 and the tensor keeps no gradient of its own; :meth:`close` removes the hooks.
+    With only float32 tensors it does nothing and :attr:`optimized` is ``params`` itself."""
 
     def __init__(self, params: Iterable[torch.Tensor]) -> None:
         import torch
@@ -63,13 +72,27 @@ class MasterWeights:
             i: self.params[i].detach().float().clone().requires_grad_(True) for i in self.low
         }
         self.optimized = [self.masters.get(i, p) for i, p in enumerate(self.params)]
+        self._hooks = [
+            self.params[i].register_post_accumulate_grad_hook(self._to_master(i)) for i in self.low
+        ]
 
-    def grads_to_masters(self) -> None:
-        """Move each half-precision gradient to its master copy, in float32."""
-        for i, master in self.masters.items():
-            p = self.params[i]
-            master.grad = None if p.grad is None else p.grad.float()
-            p.grad = None
+    def _to_master(self, i: int) -> Any:
+        master = self.masters[i]
+
+        def hook(param: torch.Tensor) -> None:
+            if param.grad is None:
+                return
+            grad = param.grad.float()
+            master.grad = grad if master.grad is None else master.grad.add_(grad)
+            param.grad = None
+
+        return hook
+
+    def close(self) -> None:
+        """Stop moving gradients (another optimizer will train these tensors)."""
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
 
     def masters_to_params(self) -> None:
         """Copy the stepped master weights back into the model (rounded to its dtype)."""
@@ -87,7 +110,12 @@ class MasterWeights:
         return {i: m.detach() for i, m in self.masters.items()}
 
     def load_state_dict(self, state: dict[int, torch.Tensor]) -> None:
-        """Restore the master copies saved by :meth:`state_dict`."""
+        """Restore the master copies saved by :meth:`state_dict`. A model now in float32
+        (the run resumed with ``dtype="float32"``) takes them as its weights, exactly."""
+        if not self.masters:
+            for i, tensor in state.items():
+                self.params[i].data.copy_(tensor)
+            return
         if set(state) != set(self.masters):
             raise ValueError("the checkpoint's master weights do not match this model's")
         for i, master in self.masters.items():

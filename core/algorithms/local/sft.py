@@ -226,7 +226,6 @@ def fit_rows(
             loss = -(logp * mask[idx, :width]).sum() / tokens
             loss.backward()
             total += loss.item()
-        masters.grads_to_masters()
         torch.nn.utils.clip_grad_norm_(masters.optimized, 1.0)
         optimizer.step()
         masters.masters_to_params()
@@ -234,6 +233,7 @@ def fit_rows(
         losses.append(total)
         if log is not None:
             log(step, {"loss": total, "tokens": tokens, "lr": scheduler.get_last_lr()[0]})
+    masters.close()  # LocalRL's optimizer trains these weights next
     model.zero_grad(set_to_none=True)  # nothing of SFT's reaches a later optimizer
     model.eval()
     return losses
@@ -335,7 +335,7 @@ class SFT(Algorithm):
         self.seed = seed
         self.device = device
         self.threads = threads
-        self.dtype = checked_dtype(dtype)
+        self.dtype = checked_dtype(dtype, training=True)
         self.losses: list[float] = []
         self.summary: dict[str, Any] = {}
         self._model: Any = None

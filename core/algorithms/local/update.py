@@ -406,7 +406,6 @@ class PolicyTrainer:
         """Clip the gradient norm and step; returns the norm before clipping. A non-finite
         norm skips the step (gradients are dropped)."""
         limit = self.config.max_grad_norm or float("inf")
-        self.masters.grads_to_masters()
         norm = float(torch.nn.utils.clip_grad_norm_(self.masters.optimized, limit))
         if math.isfinite(norm):
             # An exception inside ``optimizer.step`` may leave some weights updated and others
@@ -514,10 +513,10 @@ class PolicyTrainer:
             set_peft_model_state_dict(self.model, weights, adapter_name=self.adapter or "default")
         else:
             self.model.load_state_dict(weights)
-        if (folder / "masters.pt").exists():
+        if (folder / "masters.pt").exists():  # float32 weights, a run's since it began in half
             masters = torch.load(folder / "masters.pt", map_location=self.device, weights_only=True)
             self.masters.load_state_dict(masters)
-        else:
+        else:  # a float32 run's weights, now in half precision: its masters are them, rounded
             self.masters.params_to_masters()
         self.optimizer.load_state_dict(
             torch.load(folder / "optimizer.pt", map_location=self.device, weights_only=True)
