@@ -60,10 +60,10 @@ def served(script: Any) -> Iterator[str]:
         thread.join(10)
 
 
-def test_the_label_is_the_first_word_of_the_reply() -> None:
+def test_the_label_is_the_first_one_the_reply_names() -> None:
     assert agent.label_of("Positive.") == "positive"
-    assert agent.label_of("negative - clearly") == "negative"
-    assert agent.label_of("It is positive") is None
+    assert agent.label_of("This review is negative, not positive") == "negative"
+    assert agent.label_of("What a lovely blanket!") is None
     assert agent.label_of("") is None
 
 

@@ -1,6 +1,6 @@
 """A review classifier whose only lever is its prompt: it renders the ``prompt_template``
 resource with the review, asks the model once (greedy, a few tokens), and is right when the
-first word of the reply is the review's label. APO (``run.py``) improves the template."""
+label its reply names first is the review's. APO (``run.py``) improves the template."""
 
 from __future__ import annotations
 
@@ -17,21 +17,22 @@ so the model comments on the review instead of labelling it."""
 
 
 def label_of(reply: str) -> str | None:
-    """The label a reply gives: its first word, lower-cased, when that is a label."""
-    words = re.findall(r"[a-z]+", reply.lower())
-    return words[0] if words and words[0] in ("positive", "negative") else None
+    """The label a reply gives: the first of the words ``positive`` and ``negative`` in it
+    (``This review is positive.``), or None when it names neither."""
+    words = [w for w in re.findall(r"[a-z]+", reply.lower()) if w in ("positive", "negative")]
+    return words[0] if words else None
 
 
 @vl.rollout
 async def classify(task: dict[str, Any], resources: vl.Resources) -> float:
-    """1.0 when the reply's first word is the review's label, else 0.0."""
+    """1.0 when the label the reply names first is the review's, else 0.0."""
     llm, template = resources["main_llm"], resources["prompt_template"]
     assert isinstance(llm, vl.LLM) and isinstance(template, vl.PromptTemplate)
     client = AsyncOpenAI(base_url=llm.endpoint, api_key=llm.api_key)
     reply = await client.chat.completions.create(
         model=llm.model,
         messages=[{"role": "user", "content": template.format(text=task["text"])}],
-        max_tokens=8,
+        max_tokens=12,
         temperature=0.0,
     )
     return float(label_of(reply.choices[0].message.content or "") == task["label"])
