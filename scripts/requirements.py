@@ -4,9 +4,9 @@ own extras, such as ``voltrl[local]`` inside ``all``, expanded): what ``pip inst
 
     python3 scripts/requirements.py dev,all > requirements.txt
 
-``make test`` installs its three environments side by side: each installs these, then voltrl
-itself with ``--no-deps``, one at a time, since every editable install rewrites
-``voltrl.egg-info`` in the source tree.
+``make test`` installs its three environments side by side; the VERL and AgentScope ones
+install these, then voltrl itself with ``--no-deps``, taking turns with the others for that
+step, since every editable install rewrites ``voltrl.egg-info`` in the source tree.
 """
 
 from __future__ import annotations
