@@ -26,6 +26,9 @@ class Algorithm:
     needs_token_ids: bool = True
     """Whether the trainer's gateways ask backends for token ids (an algorithm that trains no
     weights, APO, says no: hosted APIs reject the field)."""
+    resumable: bool = False
+    """Whether the algorithm can continue a stopped run (``resume=True``): an interrupted
+    run's message says so only then."""
     resume: bool = False
     """Whether ``fit`` continues the run of the same name (its directory, store record,
     metrics and checkpoints) instead of starting a new run under a fresh name."""

@@ -374,7 +374,8 @@ class Trainer:
                 status = "finished"
         except (asyncio.CancelledError, KeyboardInterrupt):
             status = "interrupted"
-            resume = " (resume=True continues it)" if kind == "fit" else ""
+            resumable = kind == "fit" and self.algorithm.resumable
+            resume = " (resume=True continues it)" if resumable else ""
             print(f"run {name!r} interrupted{resume}: {run_dir}", flush=True)
             raise
         except BaseException as exc:

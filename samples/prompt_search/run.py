@@ -128,7 +128,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         trainer = vl.Trainer(
             apo, resources={"main_llm": llm}, max_concurrency=8, **trainer_args(args, name)
         )
-        result = trainer.fit(classify, data.rows("train"), data.rows("val"))
+        try:
+            result = trainer.fit(classify, data.rows("train"), data.rows("val"))
+        except KeyboardInterrupt:  # the run said where it stopped; APO saved what it found
+            return 130
+        except vl.VoltRLError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
     print(f"see it all: voltrl show {result.run_dir}  (plot: {result.run_dir}/prompt_search.png)")
     return 0
 

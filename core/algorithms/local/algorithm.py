@@ -136,6 +136,7 @@ class LocalRL(Algorithm):
 
     name = "local_rl"
     publishes = ("main_llm",)
+    resumable = True
 
     def __init__(
         self,
@@ -279,9 +280,7 @@ class LocalRL(Algorithm):
 
         use_threads(self.threads, report=ctx.progress)
         model, tokenizer = await asyncio.to_thread(self._load)
-        adapters = len(self.adapters.names) if self.adapters is not None else 0
-        warm = self.warm_start is not None
-        check_memory(model, self.update, self.max_batch_size, adapters, warm, ctx.progress)
+        check_memory(model, self, report=ctx.progress)
         # The dashboard and ``voltrl show`` decode the run's token ids with it.
         await asyncio.to_thread(tokenizer.save_pretrained, ctx.run_dir / TOKENIZER_DIR)
         resume_from = None

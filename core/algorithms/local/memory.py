@@ -156,13 +156,17 @@ def check_fits(found: MemoryEstimate, device: Any, loaded: int) -> str | None:
     raise VoltRLError(message)
 
 
-def check_memory(
-    model: Any, update: Any, max_batch_size: int, adapters: int, warm_start: bool, report: bool
-) -> None:
-    """Estimate LocalRL's memory for ``model`` (just loaded), print it when ``report``, and
-    refuse the run (:func:`check_fits`) when its GPU cannot hold it (warn on a CPU)."""
+def check_memory(model: Any, local_rl: Any, report: bool) -> None:
+    """Estimate the memory ``local_rl`` (a LocalRL) will hold for ``model`` (just loaded),
+    print it when ``report``, and refuse the run (:func:`check_fits`) when its GPU cannot hold
+    it (warn on a CPU)."""
+    adapters = local_rl.adapters
     found = estimate(
-        model, update, max_batch_size=max_batch_size, adapters=adapters, warm_start=warm_start
+        model,
+        local_rl.update,
+        max_batch_size=local_rl.max_batch_size,
+        adapters=len(adapters.names) if adapters is not None else 0,
+        warm_start=local_rl.warm_start is not None,
     )
     device = next(model.parameters()).device
     if report:
