@@ -160,15 +160,10 @@ class TrainContext:
                     )
 
     async def run_rollouts(
-        self,
-        tasks: Sequence[Task],
-        mode: RolloutMode,
-        desc: str | None = None,
-        resources_version: int | None = None,
+        self, tasks: Sequence[Task], mode: RolloutMode, desc: str | None = None
     ) -> list[Rollout]:
-        """Enqueue one rollout per task (see :meth:`enqueue`) and wait for all of them."""
-        rollouts = await self.enqueue(tasks, mode, resources_version)
-        return await self.wait(rollouts, desc=desc or mode)
+        """Enqueue one rollout per task and wait for all of them."""
+        return await self.wait(await self.enqueue(tasks, mode), desc=desc or mode)
 
     def log(self, step: int, **metrics: Any) -> dict[str, Any]:
         """Append metrics for a step to the run's metrics log (and the run's loggers)."""
