@@ -47,6 +47,10 @@ class LLM(Model):
     """The LoRA adapters the endpoint serves per agent role (LocalRL's ``lora_adapters=``), each
     with its weights version (updates so far): a call's recorded ``model`` names the adapter
     that sampled it, and its resources version says which version of it that was."""
+    weights_version: int | None = None
+    """The version of the weights the endpoint serves (LocalRL: the updates loaded into its
+    engine; None for a model VoltRL does not train): a call's resources version says which
+    weights sampled it, and so how stale it is when a later version trains on it."""
 
     def scoped(self, rollout_id: str, attempt_id: str, agent_name: str | None = None) -> LLM:
         """This LLM with an endpoint that records calls against one rollout attempt."""

@@ -230,15 +230,19 @@ async def same_reward(task: dict, llm: vl.LLM) -> float:
     return 1.0
 
 
-def published_versions(path: Path) -> int:
-    async def latest() -> int:
+def published_weights(path: Path) -> list[int | None]:
+    """The weights version of every resources version the run published, in order."""
+
+    async def every() -> list[int | None]:
         store = SQLStore(path)
         try:
-            return (await store.get_resources()).version
+            latest = (await store.get_resources()).version
+            versions = [await store.get_resources(v) for v in range(1, latest + 1)]
+            return [r.items["main_llm"].weights_version for r in versions]
         finally:
             await store.close()
 
-    return asyncio.run(latest())
+    return asyncio.run(every())
 
 
 def test_a_first_step_whose_rollouts_all_fail_stops_the_run_before_any_update(tmp_path: Path):
@@ -246,7 +250,7 @@ def test_a_first_step_whose_rollouts_all_fail_stops_the_run_before_any_update(tm
     trainer = vl.Trainer(algo, n_runners=1, inline=True, run_dir=tmp_path, name="f", progress=False)
     with pytest.raises(vl.TooManyFailuresError, match="all 4 rollouts failed"):
         trainer.fit(reply_then_fail, ROWS)
-    assert published_versions(tmp_path / "f" / "store.sqlite") == 1  # no update was served
+    assert set(published_weights(tmp_path / "f" / "store.sqlite")) == {0}  # no update served
 
 
 def test_a_step_whose_rollouts_all_failed_is_not_trained_on(tmp_path: Path, capsys):
@@ -257,7 +261,7 @@ def test_a_step_whose_rollouts_all_failed_is_not_trained_on(tmp_path: Path, caps
     )
     result = trainer.fit(reply_then_fail, ROWS)
     assert not [m for m in result.metrics if "update/loss" in m]
-    assert published_versions(tmp_path / "s" / "store.sqlite") == 1
+    assert set(published_weights(tmp_path / "s" / "store.sqlite")) == {0}  # no new weights
     out = capsys.readouterr().out
     assert out.count("every rollout failed: not trained") == 2
 

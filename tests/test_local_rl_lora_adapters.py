@@ -404,11 +404,11 @@ def test_local_rl_resumes_each_adapter_from_the_last_step_all_adapters_saved(tmp
     started: dict[str, dict[str, torch.Tensor]] = {}
     original = resumed.train_step
 
-    async def spy(ctx: Any, tasks: list[Any], step: int) -> dict[str, Any]:
+    async def spy(ctx: Any, queued: Any) -> dict[str, Any]:
         if not started:  # the adapters as the first step after resuming finds them
             for a in ROUTES:
                 started[a] = copy.deepcopy(resumed._policies[a].adapter_state_dict())
-        return await original(ctx, tasks, step)
+        return await original(ctx, queued)
 
     resumed.train_step = spy  # type: ignore[method-assign]
     result = trainer.fit(three_roles, ROWS, val_dataset=ROWS[:2])  # as the run was started

@@ -26,6 +26,8 @@ class Row:
     logprobs: list[float] = field(default_factory=list)
     turns: list[int] = field(default_factory=list)
     call_ids: list[str] = field(default_factory=list)
+    versions: list[int | None] = field(default_factory=list)
+    """Each call's resources version (which weights sampled it), in ``call_ids``' order."""
     reward: float | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
 
@@ -40,6 +42,7 @@ class Row:
         meta = {"turns": self.turns, **self.metadata}
         if self.call_ids:
             meta["call_ids"] = self.call_ids
+            meta["resources_versions"] = self.versions
         return Transition(
             prompt_token_ids=self.prompt,
             response_token_ids=self.response,
@@ -115,6 +118,7 @@ def _extend(row: Row, turn: Turn, context: list[int]) -> None:
     row.add(turn.response, True, turn.logprobs)
     row.turns.append(turn.index)
     row.call_ids.append(turn.call.call_id)
+    row.versions.append(turn.call.resources_version)
     if turn.retokenized:
         row.metadata["retokenized"] = True
 

@@ -12,27 +12,22 @@ Each step reads top to bottom:
 5. the gateway pauses (in-flight calls finish), the engine loads the new weights, and a new
    resources version is published, so every later rollout records which policy sampled it.
 
+With ``max_staleness=k > 0`` the rollouts of the next ``k`` steps are queued before a step
+trains, so they run while it updates (:mod:`.staleness`): no row trains on weights more than
+``k`` updates older than its sampler's, and the update uses the decoupled PPO objective.
+
 With ``PolicyUpdateConfig(use_lora=True)`` only LoRA adapters train; the engine serves a plain
 copy of the model with the adapters merged in (at start and after every update).
 
-Checkpoints go to ``<run dir>/checkpoints`` (with LoRA: the adapters and the optimizer):
-every ``checkpoint_every`` steps, after the last step, and when the run stops early (Ctrl-C,
-SIGTERM, or an exception: a dead worker pool, the store, out of memory in the update), unless
-the weights are then half-updated (see :meth:`LocalRL.train`). With ``resume=True`` a run with
-the same name continues from its latest one. The final model is saved to ``<run dir>/final``,
-which ``AutoModelForCausalLM.from_pretrained`` loads (with LoRA, the merged model); with LoRA
-the adapter alone goes to ``<run dir>/final/adapter``, which
-``PeftModel.from_pretrained(base_model, ...)`` loads onto the model training started from.
-The tokenizer is saved to ``<run dir>/tokenizer`` at setup, so the dashboard can decode the
-token ids of a run still training.
+Checkpoints (:mod:`.checkpoints`) are saved every ``checkpoint_every`` steps, after the last
+step, and when the run stops early (Ctrl-C, SIGTERM, an exception), unless the weights are
+then half-updated (see :meth:`LocalRL.train`); ``resume=True`` continues a run from its latest
+one. The final model goes to ``<run dir>/final``; the tokenizer to ``<run dir>/tokenizer`` at
+setup, so the dashboard can decode the token ids of a run still training.
 
-**A LoRA adapter per agent role** (``lora_adapters={"writer": "write|rewrite", "checker":
-"check"}``, see :mod:`.lora_adapters`): one base model, one adapter per name. The gateway sends each
-call to its adapter by the agent name, the engine serves every adapter at once (mixed-adapter
-batches), and each step trains each adapter on its own rows only: its own GRPO groups and
-advantages, its own optimizer. Checkpoints go to ``<run dir>/checkpoints/<adapter>/``; the
-base model is saved to ``<run dir>/final`` and each adapter to ``final/adapters/<adapter>``
-(a standard peft adapter). Metrics are logged per adapter (``update/<adapter>/loss``...).
+**A LoRA adapter per agent role** (``lora_adapters=``, :mod:`.lora_adapters`): one base
+model, one adapter per name, served at once; each step trains each adapter on its own rows
+only (its own GRPO groups and optimizer), and metrics are logged per adapter.
 """
 
 from __future__ import annotations
@@ -40,10 +35,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import random
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -61,8 +54,10 @@ from voltrl.algorithms.local.reports import (
     draw_reward_curve,
     same_reward_warning,
     step_line,
+    stopped_line,
     untrained_warning,
 )
+from voltrl.algorithms.local.schedule import QueuedStep, WeightVersions, drop_stale, step_tasks
 from voltrl.errors import VoltRLError
 from voltrl.observability.metrics import summarize
 from voltrl.resources import LLM
@@ -132,6 +127,9 @@ class LocalRL(Algorithm):
             agent name; calls matching none are served by the base model and not trained
             (end with ``".*"`` for a catch-all adapter). Implies LoRA (``update``'s
             ``lora_*`` settings apply to each adapter).
+        max_staleness: queue the rollouts of this many later steps before a step trains, so
+            they run during its update (0: none). A row then trains at most this many updates
+            after its sampler, with decoupled PPO (``update.old_logprobs``, unless set).
     """
 
     name = "local_rl"
@@ -164,6 +162,7 @@ class LocalRL(Algorithm):
         reasoning_split: bool = False,
         warm_start: SFT | None = None,
         lora_adapters: dict[str, str] | None = None,
+        max_staleness: int = 0,
     ) -> None:
         try:
             from voltrl.algorithms.local.threads import decide_threads
@@ -175,9 +174,10 @@ class LocalRL(Algorithm):
                 f"LocalRL needs {exc.name}, which is not installed: pip install 'voltrl[local]'"
             ) from None
 
-        if steps < 0 or tasks_per_step < 1 or group_size < 1 or val_n < 1:
+        if steps < 0 or tasks_per_step < 1 or group_size < 1 or val_n < 1 or max_staleness < 0:
             raise ValueError(
-                "steps >= 0, tasks_per_step >= 1, group_size >= 1 and val_n >= 1 are required"
+                "steps >= 0, tasks_per_step >= 1, group_size >= 1, val_n >= 1 and "
+                "max_staleness >= 0 are required"
             )
         self.model = model
         self.tokenizer = tokenizer
@@ -200,6 +200,9 @@ class LocalRL(Algorithm):
             if "use_lora" in self.update.model_fields_set:
                 raise ValueError("lora_adapters trains LoRA adapters: leave use_lora out (or True)")
             self.update = self.update.model_copy(update={"use_lora": True})
+        self.max_staleness = max_staleness
+        if max_staleness and "old_logprobs" not in self.update.model_fields_set:
+            self.update = self.update.model_copy(update={"old_logprobs": "decoupled"})
         if isinstance(trajectory, dict):
             trajectory = TrajectoryConfig.model_validate(trajectory)
         self.trajectory = trajectory or TrajectoryConfig()
@@ -232,6 +235,7 @@ class LocalRL(Algorithm):
         """The trainers: one per adapter, or one under ``None`` (the model or its LoRA)."""
         self._llm: LLM | None = None
         self._stops: list[Any] = []
+        self._versions = WeightVersions()
 
     def config(self) -> dict[str, object]:
         """The settings recorded with the run: every argument but ``tokenizer``, as
@@ -260,6 +264,7 @@ class LocalRL(Algorithm):
             "reasoning_split": self.reasoning_split,
             "warm_start": self.warm_start and self.warm_start.config(),
             "lora_adapters": self.adapters and self.adapters.config(),
+            "max_staleness": self.max_staleness,
         }
 
     # ---- setup: model, engine, gateway, resources ---------------------------------------
@@ -336,6 +341,7 @@ class LocalRL(Algorithm):
             reasoning_split=self.reasoning_split,
         )
         self._gateway = served_gateway.gateway
+        self._versions.current = self._start_step
         self._llm = LLM(
             endpoint=served_gateway.url,
             model=self.served_name,
@@ -343,7 +349,7 @@ class LocalRL(Algorithm):
             sampling_parameters=self.sampling,
             lora_adapters=self._adapter_versions(),
         )
-        await ctx.publish({"main_llm": self._llm})
+        await self._versions.publish(ctx, self._llm)
 
     def _adapter_versions(self) -> dict[str, int]:
         """Each adapter's weights version: the updates it has had (resumed runs included)."""
@@ -364,14 +370,6 @@ class LocalRL(Algorithm):
             await asyncio.to_thread(self._engine.close)
 
     # ---- the loop -----------------------------------------------------------------------
-    def _task_stream(self, tasks: list[Task]) -> Iterator[Task]:
-        """Tasks in a fresh shuffled order each epoch."""
-        rng = random.Random(self.seed)
-        while True:
-            order = list(tasks)
-            rng.shuffle(order)
-            yield from order
-
     async def train(self, ctx: TrainContext, train: list[Task], val: list[Task] | None) -> None:
         """Run ``steps`` policy updates, validating every ``val_every`` steps; checkpoint every
         ``checkpoint_every`` steps and after the last.
@@ -385,20 +383,26 @@ class LocalRL(Algorithm):
         are neither that step's nor the next, and saving them under either step would resume
         from weights that no step produced: they are not saved, and the last checkpoint stays
         the latest. Nothing goes to ``final/`` (a resumed run writes it when it completes).
+        The rollouts of steps queued ahead (``max_staleness``) are then cancelled or left
+        untrained: a resumed run queues those steps again, so no rollout trains twice.
         """
         assert self._policies and self._engine is not None
-        stream = self._task_stream(train)
-        for _ in range(self._start_step * self.tasks_per_step):
+        stream = step_tasks(
+            train, per_step=self.tasks_per_step, group_size=self.group_size, seed=self.seed
+        )
+        for _ in range(self._start_step):
             next(stream)  # a resumed run continues the same task order
         self._steps_done = self._start_step
+        ahead: list[QueuedStep] = []  # queued, not yet trained: at most max_staleness + 1
         try:
             if val and self.val_every:
                 await self.validate(ctx, val, self._start_step)
             for step in range(self._start_step, self.steps):
-                chosen = [next(stream) for _ in range(self.tasks_per_step)]
-                record = await self.train_step(
-                    ctx, [t for t in chosen for _ in range(self.group_size)], step
-                )
+                last = min(step + self.max_staleness, self.steps - 1)
+                for queued in range(ahead[-1].step + 1 if ahead else step, last + 1):
+                    tasks = next(stream)
+                    ahead.append(await self._versions.queue_step(ctx, self._llm, tasks, queued))
+                record = await self.train_step(ctx, ahead.pop(0))
                 self._steps_done = step + 1
                 self.history.append(record)
                 if self.checkpoint_every and (step + 1) % self.checkpoint_every == 0:
@@ -436,18 +440,9 @@ class LocalRL(Algorithm):
                 flush=True,
             )
             return
-        if path is not None:
-            print(f"{stopped}: checkpoint of step {self._steps_done} in {path}", flush=True)
-        elif self._weights_torn():
-            print(
-                f"{stopped}: no checkpoint of these weights: the update of step "
-                f"{self._steps_done + 1} failed after it had begun to change them, so they "
-                f"belong to no step; resume=True continues from the latest checkpoint in "
-                f"{checkpoint_dir(ctx.run_dir, None)}, if any",
-                flush=True,
-            )
-        else:
-            print(f"{stopped}: no checkpoint: no update was done", flush=True)
+        where = checkpoint_dir(ctx.run_dir, None)
+        torn = self._weights_torn()
+        print(stopped_line(stopped, path, self._steps_done, torn, where), flush=True)
 
     def _update(
         self, parts: dict[str | None, TrainingBatch], step: int
@@ -495,10 +490,7 @@ class LocalRL(Algorithm):
         trains (served by the base model)."""
         if self.adapters is None:
             return ({None: batch} if len(batch) else {}), []
-        rows = self.adapters.rows_by_adapter(batch)
-        untrained = rows.pop(None, [])
-        parts = {name: batch.select(rows[name]) for name in self.adapters.names if name in rows}
-        return parts, untrained
+        return self.adapters.split(batch)
 
     def _warn_untrained(self, batch: TrainingBatch, untrained: list[int], step: int) -> None:
         """Say once which agents' rows matched no adapter (a typo in a pattern, say)."""
@@ -522,17 +514,24 @@ class LocalRL(Algorithm):
         async with self._gateway.paused():
             for key, state in weights.items():
                 await self._engine.aupdate_weights(state, adapter=key)
+            self._versions.current += 1
             self._llm = self._llm.model_copy(update={"lora_adapters": self._adapter_versions()})
-            await ctx.publish({"main_llm": self._llm})
+            await self._versions.publish(ctx, self._llm)
 
-    async def train_step(self, ctx: TrainContext, tasks: list[Task], step: int) -> dict[str, Any]:
-        """Roll out, build the batch, update the policy (each adapter on its own rows), serve
-        the new weights."""
+    async def train_step(self, ctx: TrainContext, queued: QueuedStep) -> dict[str, Any]:
+        """Wait for a step's rollouts, build the batch (without rows staler than
+        ``max_staleness``), update the policy (each adapter on its own rows), serve the new
+        weights."""
         assert self._policies
+        step = queued.step
         t0 = time.perf_counter()
-        rollouts = await ctx.run_rollouts(tasks, mode="train", desc=f"step {step + 1}/{self.steps}")
+        rollouts = await ctx.wait(queued.rollouts, desc=f"step {step + 1}/{self.steps}")
         t1 = time.perf_counter()
         trajectories = await trajectories_from_store(ctx.store, rollouts, self.trajectory)
+        weights = self._versions.current  # what this step's update starts from
+        trajectories, staleness = drop_stale(
+            trajectories, self._versions.of, weights, self.max_staleness
+        )
         batch = collate(trajectories, self.trajectory)
         parts, untrained = self._parts(batch)
         stats = summarize(rollouts)
@@ -556,9 +555,11 @@ class LocalRL(Algorithm):
             **stats.flat("train/"),
             **metrics,
             **{f"batch/{k}": v for k, v in batch.stats.items()},
+            **staleness,
             rollout_s=t1 - t0,
             update_s=t2 - t1,
-            resources_version=ctx.resources_version,
+            resources_version=queued.version,
+            weights_version=weights,
         )
         if ctx.progress:
             print(step_line(step, self.steps, stats, trained, t1 - t0, t2 - t1), flush=True)
@@ -573,13 +574,13 @@ class LocalRL(Algorithm):
         """Run every validation task ``val_n`` times with ``val_sampling``; logs ``val/*``
         metrics (over all of those rollouts)."""
         assert self._llm is not None
-        await ctx.publish(
-            {"main_llm": self._llm.model_copy(update={"sampling_parameters": self.val_sampling})}
+        await self._versions.publish(
+            ctx, self._llm.model_copy(update={"sampling_parameters": self.val_sampling})
         )
         # every task, then every task again: the first rollouts logged are different tasks
         repeated = [t for _ in range(self.val_n) for t in tasks]
         rollouts = await ctx.run_rollouts(repeated, mode="val", desc=f"validate @ {step}")
-        await ctx.publish({"main_llm": self._llm})
+        await self._versions.publish(ctx, self._llm)
         stats = summarize(rollouts)
         record = ctx.log(step, **stats.flat("val/"))
         self.history.append(record)

@@ -8,7 +8,10 @@
     <run dir>/final/adapter/  or  final/adapters/<adapter>/     the LoRA adapters, for peft
 
 :meth:`~voltrl.algorithms.local.update.PolicyTrainer.save_checkpoint` writes a folder under a
-temporary name and renames it, so a folder with a ``state.pt`` is complete.
+temporary name and renames it, so a folder with a ``state.pt`` is complete. With LoRA a
+checkpoint holds the adapters and the optimizer; ``final/`` holds the merged model
+(``AutoModelForCausalLM.from_pretrained`` loads it) and the adapter alone, which
+``PeftModel.from_pretrained(base_model, ...)`` loads onto the model training started from.
 """
 
 from __future__ import annotations

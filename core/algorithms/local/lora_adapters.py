@@ -109,6 +109,14 @@ class LoraAdapters:
             out.setdefault(adapter, []).append(i)
         return out
 
+    def split(self, batch: TrainingBatch) -> tuple[dict[str | None, TrainingBatch], list[int]]:
+        """The batch per adapter it trains (its rows only, adapters in match order) and the
+        rows no adapter trains (served by the base model)."""
+        rows = self.rows_by_adapter(batch)
+        untrained = rows.pop(None, [])
+        parts = {name: batch.select(rows[name]) for name in self.names if name in rows}
+        return parts, untrained
+
     def config(self) -> dict[str, str]:
         """``{name: regex}`` as given."""
         return {name: p.pattern for name, p in self.patterns.items()}

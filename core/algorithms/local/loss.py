@@ -247,6 +247,8 @@ def policy_loss(
     normaliser: float | None = None,
     dual_clip: float | None = None,
     max_log_ratio: float | None = None,
+    prox_logprobs: Tensor | None = None,
+    behaviour_weight_cap: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO-clip loss against the sampling logprobs, aggregated by :func:`agg_loss`.
 
@@ -273,6 +275,20 @@ def policy_loss(
     gradient ``-A * grad logp_t`` and is never clipped. (A sampled token with logprob
     exactly 0 had probability 1; its ratio is ~1 anyway.)
 
+    **Decoupled PPO** (AReaL's objective for stale samples: asynchronous LocalRL). With
+    ``prox_logprobs`` (``prox[i,t]``: the current weights' logprobs before the update, the
+    proximal policy), the clip is taken against the proximal policy and the behaviour policy
+    that sampled the token enters as an importance weight, capped at ``behaviour_weight_cap``::
+
+        ratio_t = exp(logp_t - prox_t)
+        w_t     = min( exp(prox_t - old_t), cap )      (1 where old_t is unknown)
+        L_t     = w_t * max( -A * ratio_t,  -A * clip(ratio_t, 1 - e_lo, 1 + e_hi) )
+
+    A token sampled by the weights being updated has ``prox_t = old_t``, so ``w_t = 1`` and
+    the loss is the PPO-clip loss above, exactly: the decoupled objective only differs on
+    stale tokens. Its statistics add ``behaviour_weight`` (mean ``w_t``) and
+    ``behaviour_capped`` (the fraction of tokens whose weight hit the cap).
+
     Statistics (token means over the mask, detached): ``clip_frac`` (tokens where the
     clipped term is the larger, i.e. the gradient is cut off), ``approx_kl`` (``old - logp``,
     the k1 estimate of KL(old || pi) on known tokens), ``ratio_mean``, ``known_frac``.
@@ -286,6 +302,14 @@ def policy_loss(
         known = (old_logprobs != 0) if old_known is None else old_known.bool()
         old = torch.where(known, old_logprobs.to(logprobs.dtype), logprobs.detach())
     adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
+    weight = None
+    if prox_logprobs is not None:  # decoupled: clip against the proximal policy
+        prox = prox_logprobs.to(logprobs.dtype)
+        weight = torch.where(known, torch.exp(prox - old), torch.ones_like(old))
+        if behaviour_weight_cap is not None:
+            capped = weight > behaviour_weight_cap
+            weight = weight.clamp(max=behaviour_weight_cap)
+        old = prox
     log_ratio = logprobs - old
     if max_log_ratio is not None:
         log_ratio = log_ratio.clamp(min=-max_log_ratio, max=max_log_ratio)
@@ -297,6 +321,8 @@ def policy_loss(
         if dual_clip <= 1.0:
             raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
         per_token = torch.where(adv < 0, torch.minimum(per_token, -adv * dual_clip), per_token)
+    if weight is not None:
+        per_token = weight.detach() * per_token
     loss = agg_loss(per_token, response_mask, agg, normaliser)
     with torch.no_grad():
         m = response_mask.bool()
@@ -306,6 +332,10 @@ def policy_loss(
             "ratio_mean": masked_mean(ratio, m),
             "known_frac": masked_mean(known.float(), m),
         }
+        if weight is not None:
+            stats["behaviour_weight"] = masked_mean(weight, m)
+            if behaviour_weight_cap is not None:
+                stats["behaviour_capped"] = masked_mean(capped.float(), m)
     return loss, stats
 
 

@@ -98,3 +98,18 @@ def draw_reward_curve(history: Sequence[Mapping[str, Any]], run_dir: Path, name:
         reward_curve(history, run_dir / "reward_curve.png", name)
     except Exception as exc:
         print(f"warning: reward_curve.png not drawn: {type(exc).__name__}: {exc}", flush=True)
+
+
+def stopped_line(stopped: str, saved: Path | None, steps_done: int, torn: bool, where: Path) -> str:
+    """What a run that stopped early (``stopped``: "interrupted" or "failed (Error)") says
+    about its weights: the checkpoint ``saved``, or why there is none (``torn``: an update
+    failed after it had begun to change them; ``where``: the run's checkpoints)."""
+    if saved is not None:
+        return f"{stopped}: checkpoint of step {steps_done} in {saved}"
+    if torn:
+        return (
+            f"{stopped}: no checkpoint of these weights: the update of step {steps_done + 1} "
+            f"failed after it had begun to change them, so they belong to no step; "
+            f"resume=True continues from the latest checkpoint in {where}, if any"
+        )
+    return f"{stopped}: no checkpoint: no update was done"

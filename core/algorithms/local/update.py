@@ -16,7 +16,8 @@ What :meth:`PolicyTrainer.step` does, top to bottom (the maths lives in
 2. **Reference / old logprobs** (only when needed): without autograd, under
    ``torch.inference_mode``, once per step: the reference policy's logprobs for the KL term
    (``kl_coef > 0``), and with ``old_logprobs="recompute"`` the current policy's, replacing
-   the sampling logprobs as PPO's "old" policy.
+   the sampling logprobs as PPO's "old" policy (with ``"decoupled"``, as the proximal policy
+   beside them: stale samples of asynchronous LocalRL).
 3. **Mini-batches and epochs.** ``ppo_epochs`` passes over the rows, each split (shuffled
    by a seeded generator) into ``mini_batches`` optimizer steps.
 4. **Micro-batches.** Rows of a mini-batch are split into micro-batches of at most
@@ -91,6 +92,7 @@ class _Prepared:
     old_known: Tensor  # (B, R) bool: where old_logprobs is a real logprob
     advantages: Tensor  # (B,)
     ref_logprobs: Tensor | None = None  # (B, R) when kl_coef > 0
+    prox_logprobs: Tensor | None = None  # (B, R) with old_logprobs="decoupled"
 
 
 def batch_advantages(
@@ -265,6 +267,9 @@ class PolicyTrainer:
         }
         if data.ref_logprobs is not None:
             metrics["kl"] = sums.get("kl", 0.0) / n_steps
+        if data.prox_logprobs is not None:
+            for key in ("behaviour_weight", "behaviour_capped"):
+                metrics[key] = sums.get(key, 0.0) / weighted
         return metrics
 
     def accumulate_gradients(self, batch: TrainingBatch) -> dict[str, float]:
@@ -299,6 +304,8 @@ class PolicyTrainer:
         if cfg.old_logprobs == "recompute":
             data.old_logprobs = self._logprobs_no_grad(data, rows.trained, reference=False)
             data.old_known = torch.ones_like(data.old_known)
+        elif cfg.old_logprobs == "decoupled":
+            data.prox_logprobs = self._logprobs_no_grad(data, rows.trained, reference=False)
         return data
 
     def _mini_batches(self, n: int) -> Iterator[list[int]]:
@@ -363,6 +370,7 @@ class PolicyTrainer:
         sums["adv_tokens"] = float(mask[data.advantages[rows] != 0].sum())
         for idx, first, width in self._micro_batches(self.model, data, run):
             m = data.rows.response_mask[idx, :width]
+            prox = None if data.prox_logprobs is None else data.prox_logprobs[idx, :width]
             logprobs, entropy, fed = data.rows.logprobs(
                 self.model, idx, first, width, entropy_grad=cfg.entropy_coef != 0
             )
@@ -377,6 +385,8 @@ class PolicyTrainer:
                 agg=cfg.loss_agg,
                 old_known=data.old_known[idx, :width],
                 normaliser=norm,
+                prox_logprobs=prox,
+                behaviour_weight_cap=cfg.behaviour_weight_cap,
             )
             loss = pg
             parts = {"pg_loss": pg.item()}

@@ -36,7 +36,13 @@ class PolicyUpdateConfig(Model):
     kl_kind: KLKind = "low_var_kl"
     entropy_coef: float = 0.0
     loss_agg: LossAgg = "token-mean"
-    old_logprobs: Literal["rollout", "recompute"] = "rollout"
+    old_logprobs: Literal["rollout", "recompute", "decoupled"] = "rollout"
+    """PPO's "old" policy: the sampling logprobs (``rollout``), the current weights'
+    (``recompute``), or both (``decoupled``: clip against the current weights, weigh each
+    token by its importance against the policy that sampled it; what ``LocalRL(max_staleness=
+    k > 0)`` uses unless this is set: :func:`~voltrl.algorithms.local.loss.policy_loss`)."""
+    behaviour_weight_cap: float | None = Field(5.0, gt=0)
+    """With ``decoupled``: the cap on a token's importance weight against its sampler."""
     # advantages
     norm_adv_by_std: bool = True
     adv_eps: float = Field(1e-6, ge=0)
