@@ -151,9 +151,12 @@ def test_sigterm_stops_voltrl_dev_as_ctrl_c_does_and_exits_143(
     assert sorted(r.status for r in rollouts) == ["cancelled"] * 4
 
 
-def stop_local_rl_training_then_resume(tmp_path: Path, stop, status: int) -> None:
+def stop_local_rl_training_then_resume(
+    tmp_path: Path, stop, status: int, max_staleness: int = 0
+) -> list[dict]:
     """Train LocalRL with ``voltrl train``, ``stop`` it after two steps (it must exit with
-    ``status``, checkpointed and ``interrupted``), then resume it for one step more."""
+    ``status``, checkpointed and ``interrupted``), then resume it for one step more; returns
+    the metrics records of both sessions."""
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text("".join(f'{{"question": "q{i}"}}\n' for i in range(4)))
     config = {
@@ -167,6 +170,7 @@ def stop_local_rl_training_then_resume(tmp_path: Path, stop, status: int) -> Non
             "group_size": 2,
             "sampling": {"temperature": 1.0, "max_tokens": 4},
             "update": {"lr": 1e-3, "micro_batch_size": 4, "entropy_coef": 0.01},
+            "max_staleness": max_staleness,
         },
         "trainer": {"name": "train-run", "run_dir": str(tmp_path / "runs")},
     }
@@ -205,6 +209,7 @@ def stop_local_rl_training_then_resume(tmp_path: Path, stop, status: int) -> Non
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert records[-1]["step"] == done + 1
     assert {r["run_id"] for r in records} == {runs[0].run_id}
+    return records
 
 
 @pytest.mark.timeout(600)
@@ -213,6 +218,25 @@ def test_sigterm_during_local_rl_training_checkpoints_and_resume_continues(tmp_p
     cancels its rollouts. (Ctrl-C takes the same path: its first signal cancels the run, as
     the dev tests above show.)"""
     stop_local_rl_training_then_resume(tmp_path, sigterm, 143)
+
+
+@pytest.mark.timeout(600)
+def test_ctrl_c_while_steps_are_queued_ahead_resumes_without_training_a_rollout_twice(
+    tmp_path: Path,
+) -> None:
+    """``max_staleness=2``: when Ctrl-C lands, the next steps' rollouts are queued or running.
+    They are cancelled or left untrained; the resumed run queues its steps again, so every
+    step trained rollouts of its own resources version, none of them another step's."""
+    records = stop_local_rl_training_then_resume(tmp_path, ctrl_c, 130, max_staleness=2)
+    steps = [r for r in records if "update_s" in r]
+    versions = [r["resources_version"] for r in steps]
+    assert len(set(versions)) == len(versions), steps  # no batch trained twice
+    assert all(r["staleness/max"] <= 2 and r["dropped/stale"] == 0 for r in steps)
+    assert max(r["staleness/max"] for r in steps) >= 1  # the steps did overlap
+    _, rollouts = stored(tmp_path / "runs" / "train-run" / "store.sqlite")
+    trained = [r for r in rollouts if r.resources_version in versions]
+    assert len(trained) == 4 * len(steps)  # each step's own four, no more
+    assert all(r.status == "succeeded" for r in trained)
 
 
 @pytest.mark.timeout(300)

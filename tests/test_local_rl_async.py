@@ -10,15 +10,18 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import torch
 from openai import AsyncOpenAI
 
 import voltrl as vl
+from voltrl._http.serving import serve_in_thread
 from voltrl.algorithms.local.loss import policy_loss
 from voltrl.algorithms.local.schedule import drop_stale, row_staleness
 from voltrl.algorithms.local.tiny import build_tiny_model, build_tiny_tokenizer
 from voltrl.algorithms.local.update import PolicyTrainer, PolicyUpdateConfig
+from voltrl.observability.dashboard import Catalog, dashboard_app
 from voltrl.store.sql import SQLStore
 from voltrl.trajectory import TrajectoryConfig, build_trajectory, collate
 from voltrl.types import LLMCall, Rollout, Task, Trajectory, Transition
@@ -99,9 +102,28 @@ def sampled_batch(model: Any, tokenizer: Any) -> Any:
     return collate(trajectories, TrajectoryConfig(pad_token_id=tokenizer.pad_token_id))
 
 
+def test_a_decoupled_update_of_rows_the_weights_sampled_is_the_synchronous_update_exactly():
+    """Rows whose staleness is 0 use their sampling logprobs as the proximal policy (no
+    forward pass): the update is the synchronous one, bit for bit, optimizer step included."""
+    tok = build_tiny_tokenizer()
+    batch = sampled_batch(build_tiny_model(tok, seed=0), tok)
+    batch.staleness = [0] * len(batch)
+    weights, metrics = {}, {}
+    for mode in ("rollout", "decoupled"):
+        trainer = PolicyTrainer(
+            build_tiny_model(tok, seed=0), PolicyUpdateConfig(lr=1e-2, old_logprobs=mode)
+        )
+        metrics[mode] = trainer.step(batch)
+        weights[mode] = trainer.model.state_dict()
+    assert metrics["decoupled"]["proximal_rows"] == 0
+    assert metrics["decoupled"]["behaviour_weight"] == 1.0
+    assert all(torch.equal(w, weights["decoupled"][k]) for k, w in weights["rollout"].items())
+
+
 def test_a_decoupled_update_on_fresh_samples_has_the_synchronous_gradient():
-    """Samples the weights themselves produced: the proximal logprobs the trainer recomputes
-    equal the behaviour logprobs (to float rounding), so both objectives give one gradient."""
+    """Rows of unknown age are scored by the current weights for the proximal policy: on
+    samples those weights produced, that equals the behaviour logprobs to float rounding, so
+    both objectives give one gradient."""
     tok = build_tiny_tokenizer()
     batch = sampled_batch(build_tiny_model(tok, seed=0), tok)
     grads, sums = {}, {}
@@ -165,11 +187,11 @@ def test_a_row_whose_calls_span_an_update_keeps_each_calls_version_and_behaviour
     assert row_staleness([3, 5], weights_of, current=2) == 1  # its oldest call's weights
     assert row_staleness([4], weights_of, current=2) == 1
     assert row_staleness([5], weights_of, current=2) == 0
-    assert row_staleness([7], weights_of, current=2) is None  # unknown: not trained on
-    assert row_staleness([], weights_of, current=2) == 0  # an explicit transition
+    assert row_staleness([7], weights_of, current=2) is None  # not a version LocalRL published
+    assert row_staleness([], weights_of, current=2) is None  # an explicit transition
 
 
-def test_rollouts_staler_than_the_bound_are_dropped_whole_and_counted():
+def test_rollouts_staler_than_the_bound_are_dropped_whole_and_counted_and_rows_keep_their_age():
     def trajectory(rid: str, *versions: list[int]) -> Trajectory:
         rows = [
             Transition(
@@ -180,12 +202,19 @@ def test_rollouts_staler_than_the_bound_are_dropped_whole_and_counted():
         return Trajectory(rollout_id=rid, task_id="t", transitions=rows, reward=1.0)
 
     weights_of = {1: 0, 2: 1, 3: 2}
-    batch = [trajectory("fresh", [3]), trajectory("one", [2], [3]), trajectory("two", [1, 3])]
+    batch = [
+        trajectory("fresh", [3]),
+        trajectory("one", [2], [3]),
+        trajectory("two", [1, 3]),
+        trajectory("unknown", [9]),  # a sampler not recorded: trained, its age unknown
+    ]
     kept, metrics = drop_stale(batch, weights_of, current=2, max_staleness=1)
-    assert [len(t.transitions) for t in kept] == [1, 2, 0]
+    assert [len(t.transitions) for t in kept] == [1, 2, 0, 1]
     assert kept[2].stats == {"dropped/stale": 1}
     assert metrics == {"staleness/mean": 1 / 3, "staleness/max": 1.0, "dropped/stale": 1.0}
-    assert collate(kept).stats["dropped/stale"] == 1
+    collated = collate(kept)
+    assert collated.stats["dropped/stale"] == 1
+    assert collated.staleness == [0, 1, 0, None]  # per row, for the update
 
 
 # ---- end to end -------------------------------------------------------------------------------
@@ -272,6 +301,8 @@ def test_rollouts_queued_ahead_span_updates_and_every_call_was_sampled_by_its_ve
     assert [m["staleness/max"] for m in steps] == [0.0, 1.0, 1.0]  # step 2: sampled at 0
     assert all(m["dropped/stale"] == 0 and "update/behaviour_weight" in m for m in steps)
     assert [m["weights_version"] for m in steps] == [0, 1, 2]  # the weights each step trained
+    # only rows sampled by older weights were scored for the proximal policy
+    assert steps[0]["update/proximal_rows"] == 0 and steps[1]["update/proximal_rows"] > 0
 
     rollouts, calls, weights = asyncio.run(read_store(tmp_path / "async" / "store.sqlite"))
     train = [r for r in rollouts if r.mode == "train"]
@@ -294,3 +325,14 @@ def test_rollouts_queued_ahead_span_updates_and_every_call_was_sampled_by_its_ve
             recorded = torch.tensor(c.response_logprobs)
             assert torch.allclose(recorded, recomputed_logprobs(policies[v], c), atol=1e-4)
     assert spanned >= 1  # step 3's rollouts begin on weights 1, end on 2 (step 2's update)
+
+    # the dashboard's step page says which weights sampled the step's rows
+    last = next(r for r in train if r.resources_version == batch_versions[-1])
+    with (
+        serve_in_thread(dashboard_app(Catalog([tmp_path]))) as server,
+        httpx.Client(base_url=server.url) as client,
+    ):
+        rows = client.get(f"/rollouts/{last.rollout_id}/rows").text
+    assert "rows sampled by weights version 1 (" in rows, rows
+    # a second call is sampled by weights 2: in its first call's row, or in one of its own
+    assert "sampled by weights 1 → 2" in rows or "sampled by weights 2<" in rows, rows

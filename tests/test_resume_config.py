@@ -108,6 +108,21 @@ def test_a_run_recorded_before_setup_json_is_checked_on_its_algorithm_alone(tmp_
         check_resume("r", tmp_path, {"seed": 0}, {"seed": 1}, setup, {"train": [], "val": None})
 
 
+def test_a_setting_added_since_the_run_was_recorded_counts_as_what_the_run_ran_with(
+    tmp_path: Path,
+):
+    """A run started before ``max_staleness`` (and ``update.behaviour_weight_cap``) existed
+    did not record them: it ran synchronously, and resumes so; asynchronously it is a
+    different set-up, refused as any other."""
+    setup = setup_of([{"q": 1}])
+    tasks = {"train": [], "val": None}
+    then = {"seed": 0, "update": {"lr": 1e-4}}
+    now = {"seed": 0, "max_staleness": 0, "update": {"lr": 1e-4, "behaviour_weight_cap": 5.0}}
+    check_resume("r", tmp_path, then, now, setup, tasks)
+    with pytest.raises(VoltRLError, match=r"algorithm\.max_staleness is 1 \(the run's: 0\)"):
+        check_resume("r", tmp_path, then, {**now, "max_staleness": 1}, setup, tasks)
+
+
 def test_the_set_up_keeps_no_secret_and_a_damaged_one_is_named(tmp_path: Path):
     from voltrl.runtime.run_setup import write_setup
 

@@ -18,6 +18,7 @@ settings, the sampling, the seed) and the model and sampling of each LLM the tra
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -48,6 +49,12 @@ RESUMABLE_SETTINGS = (
     "gateway_retry",
 )
 """The algorithm's settings a resumed run may change: none alters the data or the model."""
+
+ADDED_SETTINGS: dict[str, Any] = {"max_staleness": 0, "update.behaviour_weight_cap": 5.0}
+"""Settings added to LocalRL after runs were first recorded (dotted paths in the algorithm's
+config), each with the value a run recorded before it ran with: a resume compares them as if
+the run had recorded it. (A run before ``max_staleness`` was synchronous; the cap only acts
+with ``old_logprobs="decoupled"``, which did not exist.)"""
 
 _SHOWN = 160
 """How many characters of a value a refusal shows."""
@@ -102,7 +109,9 @@ def check_resume(
     recorded ``recorded_config``) with the algorithm's ``config`` and ``setup`` (of the
     ``train`` and ``val`` ``tasks``) would change its data or its model; the message names
     each difference with both values. A run recorded before ``setup.json`` existed is checked
-    on the algorithm's settings alone."""
+    on the algorithm's settings alone; a setting added to VoltRL since the run was recorded
+    counts as the value it ran with (:data:`ADDED_SETTINGS`)."""
+    recorded_config, config = _with_added_settings(recorded_config), _with_added_settings(config)
     changes = _differences(
         "algorithm",
         {k: v for k, v in recorded_config.items() if k not in RESUMABLE_SETTINGS},
@@ -173,6 +182,20 @@ def _row_differences(what: str, then: list[Any], now: Sequence[Task]) -> list[tu
         if a != (b := json.loads(json.dumps(task.input, default=repr))):
             return _differences(f"{what} row {i}", a, b)
     return [(what, _Said(_count(len(then))), _Said(_count(len(now))))]
+
+
+def _with_added_settings(recorded: dict[str, Any]) -> dict[str, Any]:
+    """``recorded`` (an algorithm's config) with each of :data:`ADDED_SETTINGS` it lacks set
+    to the value a run without it ran with."""
+    out = copy.deepcopy(recorded)
+    for dotted, value in ADDED_SETTINGS.items():
+        *parents, name = dotted.split(".")
+        section = out
+        for parent in parents:
+            section = section.get(parent) if isinstance(section, dict) else None
+        if isinstance(section, dict) and name not in section:
+            section[name] = value
+    return out
 
 
 def _differences(path: str, then: Any, now: Any) -> list[tuple[str, Any, Any]]:

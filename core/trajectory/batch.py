@@ -36,6 +36,9 @@ class TrainingBatch:
     rollout_ids: list[str] = field(default_factory=list)
     agent_names: list[str | None] = field(default_factory=list)
     models: list[str | None] = field(default_factory=list)
+    staleness: list[int | None] = field(default_factory=list)
+    """Per row: the updates between the weights that sampled it and those it trains, where
+    asynchronous LocalRL recorded it (``metadata["staleness"]``), else None."""
     stats: dict[str, int] = field(default_factory=dict)
 
     def __len__(self) -> int:
@@ -127,6 +130,7 @@ def collate(
         batch.rollout_ids.append(traj.rollout_id)
         batch.agent_names.append(tr.agent_name)
         batch.models.append(tr.model)
+        batch.staleness.append(tr.metadata.get("staleness"))
     stats["rows"] = len(rows)
     stats["rollouts"] = len(trajectories)
     stats["rollouts_with_rows"] = sum(1 for t in trajectories if t.transitions)

@@ -13,7 +13,7 @@ Each step reads top to bottom:
    resources version is published, so every later rollout records which policy sampled it.
 
 With ``max_staleness=k > 0`` the rollouts of the next ``k`` steps are queued before a step
-trains, so they run while it updates (:mod:`.staleness`): no row trains on weights more than
+trains, so they run while it updates (:mod:`.schedule`): no row trains on weights more than
 ``k`` updates older than its sampler's, and the update uses the decoupled PPO objective.
 
 With ``PolicyUpdateConfig(use_lora=True)`` only LoRA adapters train; the engine serves a plain
@@ -57,7 +57,7 @@ from voltrl.algorithms.local.reports import (
     stopped_line,
     untrained_warning,
 )
-from voltrl.algorithms.local.schedule import QueuedStep, WeightVersions, drop_stale, step_tasks
+from voltrl.algorithms.local.schedule import QueuedStep, WeightVersions, step_tasks
 from voltrl.errors import VoltRLError
 from voltrl.observability.metrics import summarize
 from voltrl.resources import LLM
@@ -529,9 +529,7 @@ class LocalRL(Algorithm):
         t1 = time.perf_counter()
         trajectories = await trajectories_from_store(ctx.store, rollouts, self.trajectory)
         weights = self._versions.current  # what this step's update starts from
-        trajectories, staleness = drop_stale(
-            trajectories, self._versions.of, weights, self.max_staleness
-        )
+        trajectories, staleness = self._versions.drop_stale(trajectories, self.max_staleness)
         batch = collate(trajectories, self.trajectory)
         parts, untrained = self._parts(batch)
         stats = summarize(rollouts)
@@ -562,7 +560,8 @@ class LocalRL(Algorithm):
             weights_version=weights,
         )
         if ctx.progress:
-            print(step_line(step, self.steps, stats, trained, t1 - t0, t2 - t1), flush=True)
+            shown = staleness if self.max_staleness else None
+            print(step_line(step, self.steps, stats, trained, t1 - t0, t2 - t1, shown), flush=True)
             self._warn_untrained(batch, untrained, step)
         adv_tokens = sum(m["adv_tokens"] for m in trained.values())
         if trained and not adv_tokens and not self._warned_same_reward:

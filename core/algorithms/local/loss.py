@@ -285,9 +285,11 @@ def policy_loss(
         L_t     = w_t * max( -A * ratio_t,  -A * clip(ratio_t, 1 - e_lo, 1 + e_hi) )
 
     A token sampled by the weights being updated has ``prox_t = old_t``, so ``w_t = 1`` and
-    the loss is the PPO-clip loss above, exactly: the decoupled objective only differs on
-    stale tokens. Its statistics add ``behaviour_weight`` (mean ``w_t``) and
-    ``behaviour_capped`` (the fraction of tokens whose weight hit the cap).
+    the loss is the PPO-clip loss above, exactly (the update passes ``old`` as ``prox`` for
+    such rows): the decoupled objective only differs on stale tokens. A ``prox_t`` of 0 is
+    unknown, like ``old_t``: ``logp_t`` detached stands in. Its statistics add
+    ``behaviour_weight`` (mean ``w_t``) and ``behaviour_capped`` (the fraction of tokens whose
+    weight hit the cap).
 
     Statistics (token means over the mask, detached): ``clip_frac`` (tokens where the
     clipped term is the larger, i.e. the gradient is cut off), ``approx_kl`` (``old - logp``,
@@ -305,6 +307,7 @@ def policy_loss(
     weight = None
     if prox_logprobs is not None:  # decoupled: clip against the proximal policy
         prox = prox_logprobs.to(logprobs.dtype)
+        prox = torch.where(prox != 0, prox, logprobs.detach())  # unknown: as ``old`` above
         weight = torch.where(known, torch.exp(prox - old), torch.ones_like(old))
         if behaviour_weight_cap is not None:
             capped = weight > behaviour_weight_cap

@@ -22,11 +22,19 @@ def step_line(
     trained: Mapping[str | None, Mapping[str, Any]],
     rollout_s: float,
     update_s: float,
+    staleness: Mapping[str, float] | None = None,
 ) -> str:
     """The console line of training step ``step`` (0-based) of ``steps`` (with adapters, the
-    update of each)."""
+    update of each); ``staleness``: the step's ``staleness/*`` and ``dropped/stale`` metrics,
+    shown when steps are queued ahead (``rollouts`` is then the wait for the step's last
+    rollout, which may have finished during the previous update)."""
     head = f"step {step + 1}/{steps}  reward {stats.reward_mean or 0:.3f}"
     times = f"  rollouts {rollout_s:.1f}s  update {update_s:.1f}s"
+    if staleness is not None:
+        times += f"  staleness max {staleness['staleness/max']:.0f} mean "
+        times += f"{staleness['staleness/mean']:.2f}"
+        if staleness["dropped/stale"]:
+            times += f" ({staleness['dropped/stale']:.0f} stale rollouts dropped)"
     if not stats.succeeded:
         return f"{head}  every rollout failed: not trained{times}"
     if not trained:

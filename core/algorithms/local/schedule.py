@@ -16,8 +16,9 @@ next steps') while the update runs, and a rollout can span a weight update. Vers
 - a row's **staleness** is the updates between the oldest weights that sampled one of its calls
   and the weights it trains: ``current - min(weights of its calls)``. Step ``s`` is queued once
   the update of step ``s - k - 1`` is served, so its calls are at most ``k`` updates old; a
-  rollout staler than ``k`` (one whose version is unknown, say) is dropped and counted
-  (``dropped/stale``) rather than trained.
+  rollout staler than ``k`` would be dropped and counted (``dropped/stale``) rather than
+  trained. A row whose sampler is not recorded (an explicit transition, a call of a gateway
+  LocalRL did not publish for) is trained as before: its age is unknown, not too old.
 
 Each token keeps the logprob its own call sampled it with, so a multi-turn row whose calls span
 an update trains against each token's own behaviour policy (the decoupled PPO objective of
@@ -103,16 +104,21 @@ class WeightVersions:
         rollouts = await ctx.enqueue(tasks, mode="train")
         return QueuedStep(step, version, self.current, rollouts)
 
+    def drop_stale(
+        self, trajectories: Sequence[Trajectory], max_staleness: int
+    ) -> tuple[list[Trajectory], dict[str, float]]:
+        """:func:`drop_stale` against the weights served now (those the update starts from)."""
+        return drop_stale(trajectories, self.of, self.current, max_staleness)
+
 
 def row_staleness(
     versions: Sequence[int | None], weights_of: Mapping[int, int], current: int
 ) -> int | None:
     """Updates between the oldest weights that sampled one of a row's calls (``versions``: the
-    calls' resources versions) and ``current``; None when a version is not one of
-    ``weights_of`` (so its weights are unknown); 0 for a row with no calls (an explicit
-    transition: its sampler is not recorded)."""
+    calls' resources versions) and ``current``; None when its sampler is unknown: a version
+    is not one of ``weights_of``, or the row has no calls (an explicit transition)."""
     if not versions:
-        return 0
+        return None
     if any(v is None or v not in weights_of for v in versions):
         return None
     return current - min(weights_of[v] for v in versions)  # type: ignore[index]
@@ -126,9 +132,11 @@ def drop_stale(
 ) -> tuple[list[Trajectory], dict[str, float]]:
     """``trajectories`` with those that have a row staler than ``max_staleness`` updates
     emptied: dropped whole, with ``dropped/stale`` in their stats, so the batch's counts say
-    why (their group's advantages are then computed without them). Returns them and the
-    metrics ``staleness/mean``, ``staleness/max`` (over the rows kept; 0 with none) and
-    ``dropped/stale`` (rollouts dropped)."""
+    why (their group's advantages are then computed without them). Each row kept gets its
+    age as ``metadata["staleness"]`` (None: unknown), which the update reads: a row sampled by
+    the weights it trains needs no proximal forward pass. Returns them and the metrics
+    ``staleness/mean``, ``staleness/max`` (over the rows kept whose age is known; 0 with none)
+    and ``dropped/stale`` (rollouts dropped)."""
     kept: list[Trajectory] = []
     ages: list[int] = []
     dropped = 0
@@ -137,13 +145,17 @@ def drop_stale(
             row_staleness(t.metadata.get("resources_versions") or [], weights_of, current)
             for t in trajectory.transitions
         ]
-        if any(age is None or age > max_staleness for age in rows):
+        if any(age is not None and age > max_staleness for age in rows):
             dropped += 1
             stats = {**trajectory.stats, "dropped/stale": 1}
             kept.append(trajectory.model_copy(update={"transitions": [], "stats": stats}))
             continue
         ages += [age for age in rows if age is not None]
-        kept.append(trajectory)
+        aged = [
+            t.model_copy(update={"metadata": {**t.metadata, "staleness": age}})
+            for t, age in zip(trajectory.transitions, rows, strict=True)
+        ]
+        kept.append(trajectory.model_copy(update={"transitions": aged}))
     metrics = {
         "staleness/mean": sum(ages) / len(ages) if ages else 0.0,
         "staleness/max": float(max(ages, default=0)),

@@ -93,6 +93,7 @@ class _Prepared:
     advantages: Tensor  # (B,)
     ref_logprobs: Tensor | None = None  # (B, R) when kl_coef > 0
     prox_logprobs: Tensor | None = None  # (B, R) with old_logprobs="decoupled"
+    proximal_rows: int = 0  # the rows the current weights scored for it
 
 
 def batch_advantages(
@@ -268,8 +269,10 @@ class PolicyTrainer:
         if data.ref_logprobs is not None:
             metrics["kl"] = sums.get("kl", 0.0) / n_steps
         if data.prox_logprobs is not None:
-            for key in ("behaviour_weight", "behaviour_capped"):
-                metrics[key] = sums.get(key, 0.0) / weighted
+            metrics["behaviour_weight"] = sums.get("behaviour_weight", 0.0) / weighted
+            if cfg.behaviour_weight_cap is not None:
+                metrics["behaviour_capped"] = sums.get("behaviour_capped", 0.0) / weighted
+            metrics["proximal_rows"] = float(data.proximal_rows)
         return metrics
 
     def accumulate_gradients(self, batch: TrainingBatch) -> dict[str, float]:
@@ -305,8 +308,22 @@ class PolicyTrainer:
             data.old_logprobs = self._logprobs_no_grad(data, rows.trained, reference=False)
             data.old_known = torch.ones_like(data.old_known)
         elif cfg.old_logprobs == "decoupled":
-            data.prox_logprobs = self._logprobs_no_grad(data, rows.trained, reference=False)
+            data.prox_logprobs, data.proximal_rows = self._proximal(data, batch)
         return data
+
+    def _proximal(self, data: _Prepared, batch: TrainingBatch) -> tuple[Tensor, int]:
+        """The decoupled objective's proximal logprobs: the current weights' for each row
+        that may be stale, and the sampling logprobs themselves for the rows the current
+        weights sampled (``batch.staleness`` 0: they are the same policy), which then train
+        exactly as with ``old_logprobs="rollout"``, with no forward pass."""
+        ages = batch.staleness or [None] * len(batch)
+        stale = [i for i in data.rows.trained if ages[i] != 0]
+        if not stale:
+            return data.old_logprobs, 0
+        recomputed = self._logprobs_no_grad(data, stale, reference=False)
+        rows = torch.zeros(len(batch), 1, dtype=torch.bool, device=recomputed.device)
+        rows[stale] = True
+        return torch.where(rows, recomputed, data.old_logprobs), len(stale)
 
     def _mini_batches(self, n: int) -> Iterator[list[int]]:
         """The rows of each optimizer step of one epoch: all rows in order when there is one

@@ -48,6 +48,10 @@ class TrainingRow:
     """The model that sampled the row (with per-role LoRA adapters: the adapter it trains)."""
     group: Group | None = None
     """The row's GRPO group, where an advantage was computed."""
+    weights: list[int] | None = None
+    """The weights versions that sampled the row's calls (``LLM.weights_version``, in call
+    order, repeats removed): more than one when the row spans a weight update
+    (``LocalRL(max_staleness=...)``); None when the run published none."""
 
 
 @dataclass
@@ -102,15 +106,16 @@ async def step_rows(entry: RunEntry, rollout: Rollout) -> Step:
     built = await trajectories_from_store(entry.store, mates, trajectory)
     rows: dict[str, list[TrainingRow]] = {}
     dropped: dict[str, str] = {}
+    weights = await _weights_versions(entry.store, built)
     for t in built:
         if not t.transitions:
             dropped[t.rollout_id] = ", ".join(k for k in t.stats if k.startswith("dropped/"))
-        rows[t.rollout_id] = [_row(tr) for tr in t.transitions]
+        rows[t.rollout_id] = [_row(tr, weights) for tr in t.transitions]
     if not train:
         step = Step(rows, dropped, f"{rollout.mode} rollouts are not trained on: no advantage")
         keep_newest(_STEPS, key, step, STEPS_KEPT)  # only finished rollouts have rows
         return step
-    note = _advantages(run, trajectory, built, rows)
+    note = _advantages(run, trajectory, built, rows) + _sampled_note(rows)
     if running:
         note += "; the step is still running: over the rollouts finished so far"
     if retokenized:
@@ -133,9 +138,45 @@ async def _all_rollouts(store: Store, query: RolloutQuery) -> list[Rollout]:
             return found
 
 
-def _row(t: Any) -> TrainingRow:
+async def _weights_versions(store: Store, built: Sequence[Any]) -> dict[int, int]:
+    """The weights version of every resources version the rows' calls recorded (those whose
+    ``main_llm`` has one)."""
+    versions = {
+        v
+        for t in built
+        for tr in t.transitions
+        for v in tr.metadata.get("resources_versions") or ()
+        if v is not None
+    }
+    out: dict[int, int] = {}
+    for version in sorted(versions):
+        resources = await store.get_resources(version)
+        llm = resources.items.get("main_llm") if resources is not None else None
+        if getattr(llm, "weights_version", None) is not None:
+            out[version] = llm.weights_version  # type: ignore[union-attr]
+    return out
+
+
+def _sampled_note(rows: dict[str, list[TrainingRow]]) -> str:
+    """``; rows sampled by weights 3 (12 rows), 4 (4 rows)...``: the weights the step's rows
+    came from, by their oldest call (empty when no row knows)."""
+    counts: dict[int, int] = {}
+    for row in (r for found in rows.values() for r in found):
+        if row.weights:
+            counts[min(row.weights)] = counts.get(min(row.weights), 0) + 1
+    if not counts:
+        return ""
+    spanning = sum(len(r.weights or ()) > 1 for found in rows.values() for r in found)
+    listed = ", ".join(f"{v} ({n} row{'s' * (n != 1)})" for v, n in sorted(counts.items()))
+    across = f", {spanning} of them across an update" if spanning else ""
+    return f"; rows sampled by weights version {listed}{across}"
+
+
+def _row(t: Any, weights: dict[int, int]) -> TrainingRow:
     n = len(t.response_token_ids)
     lps = list(t.response_logprobs or [])
+    sampled = [weights.get(v) for v in t.metadata.get("resources_versions") or ()]
+    known = list(dict.fromkeys(v for v in sampled if v is not None)) or None
     return TrainingRow(
         prompt=array("q", t.prompt_token_ids),  # a tenth of a list's memory
         response=array("q", t.response_token_ids),
@@ -145,6 +186,7 @@ def _row(t: Any) -> TrainingRow:
         advantage=None,
         agent=t.agent_name,
         model=t.model,
+        weights=known,
     )
 
 
