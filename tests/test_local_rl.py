@@ -21,11 +21,17 @@ from voltrl.trajectory import TrajectoryConfig
 @vl.rollout
 async def two_turn_agent(task: dict, llm: vl.LLM) -> float:
     """Two chained chat calls; reward 1 when the second reply contains the task's letter."""
+    return await say_it_twice(task, llm)
+
+
+async def say_it_twice(task: dict, llm: vl.LLM, pause_s: float = 0.0) -> float:
+    """:func:`two_turn_agent`'s work, with ``pause_s`` seconds between the calls."""
     client = AsyncOpenAI(base_url=llm.endpoint, api_key=llm.api_key, max_retries=0)
     messages = [{"role": "user", "content": f"Say {task['letter']}."}]
     first = await client.chat.completions.create(
         model=llm.model, messages=messages, **llm.sampling_parameters
     )
+    await asyncio.sleep(pause_s)
     messages += [
         {"role": "assistant", "content": first.choices[0].message.content or ""},
         {"role": "user", "content": "Again."},
