@@ -66,8 +66,6 @@ class QueuedStep:
     """The step that trains them (0-based)."""
     version: int | None
     """The resources version they were queued with: their step's own."""
-    weights_version: int
-    """The weights version served when they were queued."""
     rollouts: list[Rollout]
 
 
@@ -102,7 +100,7 @@ class WeightVersions:
         version = ctx.resources_version
         self.queued.add(version)
         rollouts = await ctx.enqueue(tasks, mode="train")
-        return QueuedStep(step, version, self.current, rollouts)
+        return QueuedStep(step, version, rollouts)
 
     def drop_stale(
         self, trajectories: Sequence[Trajectory], max_staleness: int
