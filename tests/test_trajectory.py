@@ -584,6 +584,37 @@ def test_explicit_transitions_are_used_as_is_instead_of_calls() -> None:
 # ---- collation --------------------------------------------------------------------------------
 
 
+def test_group_by_agent_gives_each_side_of_a_task_its_own_grpo_group() -> None:
+    """Wolves won both games of a deal: grouped by task, the wolves' calls get a positive
+    advantage and the village's a negative one from the same outcome twice over; grouped by
+    side, nothing differs within a group, so nothing is learned from it."""
+    import torch
+
+    from voltrl.algorithms.local.loss import grpo_advantages
+
+    def game(rollout_id: str) -> Trajectory:
+        return Trajectory(rollout_id=rollout_id, task_id="deal", transitions=[
+            Transition(prompt_token_ids=[1], response_token_ids=[2], reward=1.0,
+                       agent_name="policy/wolves/werewolf/Player1"),
+            Transition(prompt_token_ids=[1], response_token_ids=[2], reward=0.0,
+                       agent_name="policy/village/seer/Player2"),
+            Transition(prompt_token_ids=[1], response_token_ids=[2], reward=0.5,
+                       agent_name="moderator"),
+        ])  # fmt: skip
+
+    games = [game("r1"), game("r2")]
+    by_task = collate(games, TrajectoryConfig())
+    by_side = collate(games, TrajectoryConfig(group_by_agent=r"[^/]+/([^/]+)/.*"))
+    assert by_task.group_ids == ["deal"] * 6
+    assert by_side.group_ids == ["deal/wolves", "deal/village", "deal"] * 2  # no match: task
+    assert grpo_advantages(torch.tensor(by_task.rewards), by_task.group_ids).abs().sum() > 1
+    assert grpo_advantages(torch.tensor(by_side.rewards), by_side.group_ids).abs().sum() == 0
+    with pytest.raises(ValidationError, match="has no capturing group"):
+        TrajectoryConfig(group_by_agent="policy/.*")
+    with pytest.raises(ValidationError, match="group_by_agent is not a valid regex"):
+        TrajectoryConfig(group_by_agent="(")
+
+
 def test_collate_left_pads_prompts_right_pads_responses_and_places_rewards() -> None:
     t1 = Trajectory(rollout_id="r1", task_id="g1", reward=1.0, transitions=[
         Transition(prompt_token_ids=[11, 12], response_token_ids=[13, 14, 15],

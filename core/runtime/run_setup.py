@@ -50,11 +50,15 @@ RESUMABLE_SETTINGS = (
 )
 """The algorithm's settings a resumed run may change: none alters the data or the model."""
 
-ADDED_SETTINGS: dict[str, Any] = {"max_staleness": 0, "update.behaviour_weight_cap": 5.0}
+ADDED_SETTINGS: dict[str, Any] = {
+    "max_staleness": 0,
+    "update.behaviour_weight_cap": 5.0,
+    "trajectory.group_by_agent": None,
+}
 """Settings added to LocalRL after runs were first recorded (dotted paths in the algorithm's
 config), each with the value a run recorded before it ran with: a resume compares them as if
 the run had recorded it. (A run before ``max_staleness`` was synchronous; the cap only acts
-with ``old_logprobs="decoupled"``, which did not exist.)"""
+with ``old_logprobs="decoupled"``, which did not exist; rows were grouped by task alone.)"""
 
 _SHOWN = 160
 """How many characters of a value a refusal shows."""

@@ -33,6 +33,7 @@ class TrainingBatch:
     rewards: list[float] = field(default_factory=list)
     token_level_rewards: list[list[float]] = field(default_factory=list)
     group_ids: list[str] = field(default_factory=list)
+    """Per row: its GRPO group, the task (:meth:`TrajectoryConfig.group_of`)."""
     rollout_ids: list[str] = field(default_factory=list)
     agent_names: list[str | None] = field(default_factory=list)
     models: list[str | None] = field(default_factory=list)
@@ -126,7 +127,7 @@ def collate(
         batch.position_ids.append(_positions(attention))
         batch.rewards.append(float(reward))
         batch.token_level_rewards.append(token_rewards)
-        batch.group_ids.append(traj.task_id)
+        batch.group_ids.append(config.group_of(traj.task_id, tr.agent_name))
         batch.rollout_ids.append(traj.rollout_id)
         batch.agent_names.append(tr.agent_name)
         batch.models.append(tr.model)

@@ -7,7 +7,7 @@ import re
 from collections.abc import Callable
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from voltrl.types import LLMCall, Model
 
@@ -42,6 +42,7 @@ class TrajectoryConfig(Model):
     air_failure_reward: float = -0.1
     air_is_error: Callable[[str], bool] = Field(default=default_tool_error, exclude=True)
     agent_filter: str | None = None
+    group_by_agent: str | None = None
     max_transitions_per_rollout: int | None = Field(None, ge=1)
     max_prompt_length: int | None = Field(None, ge=1)
     max_response_length: int | None = Field(None, ge=1)
@@ -53,14 +54,19 @@ class TrajectoryConfig(Model):
     pad_token_id: int = 0
     pad_to_max_lengths: bool = False
 
-    @field_validator("agent_filter")
+    @field_validator("agent_filter", "group_by_agent")
     @classmethod
-    def _valid_regex(cls, v: str | None) -> str | None:
+    def _valid_regex(cls, v: str | None, info: ValidationInfo) -> str | None:
         if v is not None:
             try:
-                re.compile(v)
+                compiled = re.compile(v)
             except re.error as e:
-                raise ValueError(f"agent_filter is not a valid regex: {e}") from None
+                raise ValueError(f"{info.field_name} is not a valid regex: {e}") from None
+            if info.field_name == "group_by_agent" and compiled.groups < 1:
+                raise ValueError(
+                    f"group_by_agent {v!r} has no capturing group: its first group names a "
+                    "row's group within its task, e.g. r'[^/]+/([^/]+)/.*'"
+                )
         return v
 
     @model_validator(mode="after")
@@ -68,6 +74,15 @@ class TrajectoryConfig(Model):
         if self.missing_token_ids == "retokenize" and self.retokenizer is None:
             raise ValueError('missing_token_ids="retokenize" needs a retokenizer callable')
         return self
+
+    def group_of(self, task_id: str, agent_name: str | None) -> str:
+        """A row's GRPO group: its task, or with ``group_by_agent`` its task and what the
+        regex's first group captures of its agent name (``"<task>/<captured>"``; the task
+        alone when the name does not match)."""
+        if self.group_by_agent is None:
+            return task_id
+        found = re.fullmatch(self.group_by_agent, agent_name or "")
+        return task_id if found is None or found.group(1) is None else f"{task_id}/{found.group(1)}"
 
     def trains_agent(self, agent_name: str | None) -> bool:
         """Whether calls of this agent are trained on (``agent_filter`` fully matches)."""

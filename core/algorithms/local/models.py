@@ -15,7 +15,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from voltrl.algorithms.local.packaged import PACKAGED_MODELS, fetch_model
 from voltrl.algorithms.local.precision import resolve_dtype
-from voltrl.algorithms.local.tiny import TINY, build_tiny
+from voltrl.algorithms.local.tiny import TINY, build_tiny, build_tiny_tokenizer
 from voltrl.errors import VoltRLError
 
 
@@ -78,6 +78,32 @@ def load_model(
     if isinstance(warned := getattr(tokenizer, "deprecation_warnings", None), dict):
         warned[_LONG_SEQUENCE_WARNING] = True
     return model.to(device), tokenizer
+
+
+def load_tokenizer(model: str | Path) -> PreTrainedTokenizerBase:
+    """The tokenizer of the model a ``model`` argument names (as :func:`load_model` takes it),
+    without its weights: to count tokens as that model will, e.g. for an agent's history
+    budget. Raises :class:`~voltrl.errors.VoltRLError` when it cannot be loaded."""
+    from transformers import AutoTokenizer
+
+    if model == TINY:
+        return build_tiny_tokenizer()
+    if isinstance(model, str) and model in PACKAGED_MODELS:
+        model = fetch_model(model)
+    path = Path(model).expanduser()
+    if not path.exists() and (isinstance(model, Path) or str(model).startswith(("/", ".", "~"))):
+        raise VoltRLError(f"cannot load the tokenizer of {model}: the directory does not exist")
+    local = path.exists()
+    try:  # a hub name from the cache alone: a tokenizer is never worth a download here
+        return AutoTokenizer.from_pretrained(
+            str(path if local else model), local_files_only=not local
+        )
+    except (OSError, ValueError) as exc:
+        reason = " ".join(str(exc).split())
+        raise VoltRLError(
+            f"cannot load the tokenizer of {model} (a hub name is read from the Hugging Face "
+            f"cache only): {reason}"
+        ) from None
 
 
 _LONG_SEQUENCE_WARNING = "sequence-length-is-longer-than-the-specified-maximum"

@@ -99,7 +99,8 @@ class _Prepared:
 def batch_advantages(
     batch: TrainingBatch, config: PolicyUpdateConfig, rewards: Tensor | None = None
 ) -> Tensor:
-    """Each row's advantage in an update of ``batch``: GRPO over its group (the task), with
+    """Each row's advantage in an update of ``batch``: GRPO over its group (the task, or the
+    task and agent group of ``TrajectoryConfig.group_by_agent``), with
     rollout weights when ``config.rollout_weighting`` (the dashboard shows the same numbers).
     ``rewards``: the batch's rewards already as a tensor (on the update's device)."""
     r = torch.tensor(batch.rewards, dtype=torch.float32) if rewards is None else rewards
