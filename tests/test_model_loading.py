@@ -15,7 +15,7 @@ import pytest
 from helpers import free_port
 
 import voltrl as vl
-from voltrl.algorithms.local.models import load_model
+from voltrl.algorithms.local.models import load_model, load_tokenizer
 from voltrl.algorithms.local.tiny import build_tiny, build_tiny_tokenizer
 
 SCRIPT = """\
@@ -109,6 +109,22 @@ def test_a_local_path_that_does_not_exist_says_so(path):
     assert str(raised.value) == (
         f"cannot load a model from {path}: the directory {path} does not exist"
     )
+
+
+@pytest.mark.parametrize("path", ["./models/my-modle", "models/a/b", "~/no-such-model-dir"])
+def test_a_tokenizer_from_a_local_path_that_does_not_exist_says_so(path):
+    with pytest.raises(vl.VoltRLError) as raised:
+        load_tokenizer(path)
+    assert str(raised.value) == f"cannot load the tokenizer of {path}: the directory does not exist"
+
+
+def test_load_tokenizer_reads_tiny_and_a_directory_as_load_model_does(tmp_path):
+    build_tiny_tokenizer().save_pretrained(tmp_path / "tok")
+    text = "Player3 voted Player7."
+    expected = build_tiny_tokenizer()(text).input_ids
+    assert load_tokenizer("tiny")(text).input_ids == expected
+    assert load_tokenizer(tmp_path / "tok")(text).input_ids == expected
+    assert load_tokenizer(str(tmp_path / "tok"))(text).input_ids == expected
 
 
 def test_a_path_object_is_a_directory_even_where_it_reads_as_a_hub_name(tmp_path, monkeypatch):

