@@ -5,64 +5,17 @@ keeps only that side's trained calls; a refused prompt does not stop the game.""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fake_openai_backend import FakeBackend
-from helpers import fake_trainer, load_sample
+from helpers import fake_trainer
+from werewolf_script import agent, choices_offered, game_event, legal, play, player_of, rules
 
 import voltrl as vl
 from voltrl.store.memory import InMemoryStore
 from voltrl.trajectory import TrajectoryConfig, collate, trajectories_from_store
-
-agent = load_sample("werewolf", "agent")
-import rules  # noqa: E402  (the sample's directory is on sys.path now)
-
-
-def choices_offered(req: dict[str, Any]) -> list[str] | None:
-    """The legal answers of a structured-output request (the schema's enum), else None."""
-    for tool in req.get("tools") or ():
-        if tool["function"]["name"] == "GenerateStructuredOutput":
-            return tool["function"]["parameters"]["properties"]["target"]["enum"]
-    return None
-
-
-def player_of(req: dict[str, Any]) -> str:
-    system = req["messages"][0]["content"]
-    text = system if isinstance(system, str) else system[0]["text"]
-    return text.split("You are ")[1].split(";")[0]
-
-
-def legal(invalid_from: str | None = None):
-    """A script playing legal moves: always the first choice offered ("save" before "pass",
-    "nobody" before a poison), speeches naming the speaker. ``invalid_from``: that player's
-    every answer is outside the choices."""
-
-    def script(req: dict[str, Any]) -> dict[str, str]:
-        options = choices_offered(req)
-        if options is None:
-            return {"text": f"I am {player_of(req)} and I trust nobody."}
-        target = "Nobody99" if player_of(req) == invalid_from else options[0]
-        return {"tool": "GenerateStructuredOutput", "arguments": json.dumps({"target": target})}
-
-    return script
-
-
-async def play(tmp_path: Path, rows: list[dict], script, **resources: vl.LLM):
-    store = InMemoryStore()
-    async with FakeBackend() as fb, FakeBackend() as opponent:
-        fb.script = opponent.script = script
-        trainer = fake_trainer(store, tmp_path, vl.LLM(endpoint=fb.url, model="fake-model"))
-        trainer.resources["opponent_llm"] = vl.LLM(endpoint=opponent.url, model="hosted-model")
-        result = await trainer.dev_async(agent.werewolf_game, rows)
-    return result, store, fb, opponent
-
-
-async def game_event(store: InMemoryStore, rollout_id: str) -> dict[str, Any]:
-    [event] = [s for s in await store.get_spans(rollout_id) if s.name == "game"]
-    return event.attributes
 
 
 async def test_a_game_of_nine_runs_to_a_winner(tmp_path: Path) -> None:
@@ -165,9 +118,6 @@ def test_rules_win_checks_and_tally() -> None:
     for p in state.alive("wolves"):
         state.kill(p.name)
     assert state.winner() == "village"
-    assert rules.tally({"a": "x", "b": "x", "c": "y"}) == "x"
-    assert rules.tally({"a": "x", "b": "y"}) is None
-    assert rules.tally({"a": None}) is None
 
 
 @pytest.mark.timeout(600)

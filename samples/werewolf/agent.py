@@ -2,20 +2,9 @@
 trained and some on an external one; each team's calls credited with the team's outcome.
 
 One rollout is one game (a row from :func:`game_rows`): the table is dealt from the row's
-seed, then nights and days alternate until a side wins or ``max_rounds`` pass (a draw):
-
-- night: the werewolves talk among themselves and vote a victim; the witch may save the
-  victim and may poison someone (each potion once); the seer checks one player; the dead are
-  taken out (a hunter shoots someone as he dies, unless poisoned);
-- day: the deaths are announced, every player speaks in turn, all vote, the player with the
-  most votes is eliminated (a tie eliminates no one) after last words.
-
-Every choice is AgentScope structured output whose schema lists only the legal answers; an
-answer that is still not legal after a retry counts as invalid: the player's seat gets a
-penalty reward right after that call (``INVALID_PENALTY``) and a random legal answer is
-played. A prompt over the model's context (the gateway's ``context_length_exceeded``) is
-handled the same way; each player's memory is kept under ``HISTORY_BUDGET_CHARS`` by
-dropping the oldest messages.
+seed, then :mod:`game` plays nights and days under the row's rule set (:data:`rules.RULESETS`:
+``agentscope``, AgentScope's own game, or ``short``) until a side wins or the round cap
+passes (a draw).
 
 Each model call is recorded under ``<model>/<side>/<role>/<player>`` (``policy`` or
 ``external``), so ``side_filter`` selects one side's, or both sides', trained calls; at the
@@ -27,37 +16,50 @@ from __future__ import annotations
 
 import logging
 import random
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from agentscope.agent import Agent, InjectionConfig, ReActConfig
 from agentscope.formatter import OpenAIMultiAgentFormatter
-from agentscope.message import AssistantMsg, UserMsg
 from agentscope.middleware import TracingMiddleware
-from pydantic import create_model
-from rules import SIDES, GameState, Player, deal, tally
+from game import INVALID_PENALTY, Table, play
+from memory import HISTORY_TOKENS, History, PinnedNote, token_counter
+from rules import SIDES, GameState, Player, Rules, deal, ruleset
 
 import voltrl as vl
 from voltrl.adapters.agentscope import chat_model, instrument
-from voltrl.gateway import is_context_overflow
+
+__all__ = ["INVALID_PENALTY", "agent_name", "game_rows", "side_filter", "werewolf_game"]
 
 # AgentScope logs every model call that fails at WARNING (a refused prompt included); the game
 # counts those itself and reports them in its ``game`` event.
 logging.getLogger("as").setLevel(logging.ERROR)
 
-MAX_ROUNDS = 4
-INVALID_PENALTY = -0.2
-HISTORY_BUDGET_CHARS = 6_000
 #: What each side's calls get for the game's outcome (a draw: both ``draw``).
 OUTCOME = {"win": 1.0, "loss": 0.0, "draw": 0.0}
-RULES = (
-    "You play Werewolf with 9 players: 3 werewolves, 3 villagers, a seer, a witch and a "
-    "hunter. At night the werewolves kill one player; the seer learns whether one player is a "
-    "werewolf; the witch can save the victim once and poison one player once; a hunter who "
-    "dies shoots one player, unless poisoned. By day everyone speaks, then votes to eliminate "
-    "one player. The village wins when no werewolf is left; the werewolves win when they are "
-    "at least as many as the others. Speak in one or two short sentences."
-)
+SIDE_GROUPS = r"[^/]+/([^/]+)/.*"
+"""``TrajectoryConfig.group_by_agent`` for the recorded names: one GRPO group per side."""
+
+
+def rules_prompt(rules: Rules) -> str:
+    """The rules as every player's system prompt states them."""
+    seer = "the role of" if rules.seer_learns_role else "whether"
+    seer_end = "" if rules.seer_learns_role else " is a werewolf"
+    witch = (
+        "the witch can save the victim once (not herself) and poison one player once, "
+        "never both on one night"
+        if not rules.witch_self_heal
+        else "the witch can save the victim once and poison one player once"
+    )
+    tie = "a tie is settled by lot" if rules.day_tie == "draw_lots" else "a tie eliminates nobody"
+    return (
+        "You play Werewolf with 9 players: 3 werewolves, 3 villagers, a seer, a witch and a "
+        f"hunter. At night the werewolves kill one player; the seer learns {seer} one "
+        f"player{seer_end}; {witch}; a hunter who dies shoots one player, unless poisoned. By "
+        "day everyone speaks, then all vote in public to eliminate one player "
+        f"({tie}). The village wins when no werewolf is left; the werewolves win when they are "
+        f"at least as many as the others; after {rules.max_rounds} rounds it is a draw. Speak "
+        "in one or two short sentences."
+    )
 
 
 def side_filter(train: str) -> str:
@@ -73,8 +75,12 @@ def game_rows(
     """``n`` games (dataset rows): the deal's seed, the trained side (for the reward the
     rollout returns), who plays on the external model (``{"side": "wolves"}``,
     ``{"role": "seer"}`` or ``{"fraction": 0.2}``; None: nobody), and ``extra`` settings:
-    ``max_rounds``, ``outcome`` (per side, the rewards of a win, loss or draw, over
-    :data:`OUTCOME`, e.g. ``{"wolves": {"win": 2.0}}``)."""
+    ``rules`` (a :data:`rules.RULESETS` name, default ``agentscope``), ``max_rounds`` (default:
+    the rules'), ``history_tokens`` (each player's history budget, default
+    :data:`memory.HISTORY_TOKENS`), ``tokenizer`` (the model whose tokenizer counts it, as
+    LocalRL names models; default: about 4 characters a token), ``outcome`` (per side, the
+    rewards of a win, loss or draw, over :data:`OUTCOME`, e.g. ``{"wolves": {"win": 2.0}}``)."""
+    ruleset(extra.get("rules"))  # an unknown name fails here, not in every game
     return [
         {"seed": seed * 100_000 + i, "train": train, "external": external, **extra}
         for i in range(n)
@@ -98,95 +104,19 @@ def agent_name(player: Player, external: bool) -> str:
     return f"{'external' if external else 'policy'}/{player.side}/{player.role}/{player.name}"
 
 
-def role_prompt(player: Player, state: GameState) -> str:
+def role_prompt(player: Player, state: GameState, rules: Rules) -> str:
     """A player's system prompt: the rules, who they are, what a werewolf knows."""
-    text = f"{RULES}\nYou are {player.name}; your role is {player.role}."
+    text = f"{rules_prompt(rules)}\nYou are {player.name}; your role is {player.role}."
     if player.role == "werewolf":
         mates = [p.name for p in state.alive("wolves") if p.name != player.name]
         text += f" The other werewolves are {', '.join(mates)}."
     return text
 
 
-@dataclass
-class Table:
-    """A game being played: the state, each player's agent, and what went wrong."""
-
-    state: GameState
-    agents: dict[str, Agent]
-    rng: random.Random
-    invalid: int = 0
-    overflows: int = 0
-    decisions: int = 0
-    events: list[str] = field(default_factory=list)
-
-    async def tell(self, names: list[str], text: str) -> None:
-        """The moderator says ``text`` to ``names`` (into their memory, no model call)."""
-        for name in names:
-            await self.agents[name].observe(UserMsg("moderator", text))
-
-    def trim(self, name: str, budget: int = HISTORY_BUDGET_CHARS) -> None:
-        """Drop a player's oldest memories until the rest fit ``budget`` characters
-        (AgentScope keeps an agent's memory in ``agent.state.context``)."""
-        context = self.agents[name].state.context
-        while len(context) > 1 and sum(len(m.get_text_content() or "") for m in context) > budget:
-            del context[0]
-
-
-async def say(table: Table, name: str, prompt: str, audience: list[str]) -> str:
-    """``name`` speaks; ``audience`` hears it."""
-    table.trim(name)
-    try:
-        msg = await table.agents[name].reply(UserMsg("moderator", prompt))
-        text = (msg.get_text_content() or "").strip() or "(says nothing)"
-    except Exception as e:
-        if not is_context_overflow(e):
-            raise
-        table.overflows += 1
-        text = "(says nothing)"
-    for other in audience:
-        if other != name:
-            await table.agents[other].observe(AssistantMsg(name, text))
-    return text
-
-
-async def decide(table: Table, name: str, prompt: str, choices: list[str], retries: int = 1) -> str:
-    """``name`` picks one of ``choices`` as structured output (the schema allows only them).
-    Each invalid answer costs ``INVALID_PENALTY`` on the call that gave it; a prompt the
-    backend refused for its length (no call was made: no penalty) is retried on half the
-    memory. After ``retries`` more tries a random legal choice is played."""
-    schema = create_model(
-        "Choice",
-        target=(Literal[tuple(choices)], ...),  # type: ignore[valid-type]
-        reason=(str, ""),
-    )
-    hint, budget = "", HISTORY_BUDGET_CHARS
-    table.decisions += 1
-    for _ in range(retries + 1):
-        table.trim(name, budget)
-        try:
-            msg = await table.agents[name].reply(
-                UserMsg("moderator", f"{prompt}{hint} Choose one of: {', '.join(choices)}."),
-                structured_schema=schema,
-            )
-            target = (msg.structured_output or {}).get("target")
-        except Exception as e:
-            if is_context_overflow(e):
-                table.overflows += 1
-                budget //= 2
-                continue
-            if not isinstance(e, ValueError):  # AgentScope gives up on bad output so
-                raise
-            target = None
-        if target in choices:
-            return target
-        vl.emit_reward(INVALID_PENALTY, name="invalid_output")  # on the call just made
-        table.invalid += 1
-        hint = " Your last answer was not one of the choices."
-    return table.rng.choice(choices)
-
-
-def _agents(state: GameState, resources: vl.Resources, external: set[str]) -> dict[str, Agent]:
-    agents = {}
+def _agents(
+    table: Table, rules: Rules, resources: vl.Resources, external: set[str]
+) -> dict[str, Agent]:
+    agents, state = {}, table.state
     for p in state.players:
         llm = resources["opponent_llm" if p.name in external else "main_llm"]
         model = chat_model(
@@ -194,100 +124,13 @@ def _agents(state: GameState, resources: vl.Resources, external: set[str]) -> di
         )
         agents[p.name] = Agent(
             name=p.name,
-            system_prompt=role_prompt(p, state),
+            system_prompt=role_prompt(p, state, rules),
             model=model,
-            middlewares=[TracingMiddleware()],
+            middlewares=[TracingMiddleware(), PinnedNote(lambda name=p.name: table.note_of(name))],
             injection_config=InjectionConfig(inject_runtime_state=False),
             react_config=ReActConfig(max_iters=2),
         )
     return agents
-
-
-async def night(table: Table) -> list[str]:
-    """One night; returns who died."""
-    state, n = table.state, table.state.round
-    wolves = state.names(state.alive("wolves"))
-    prey = state.names(state.alive("village"))
-    for wolf in wolves:
-        await say(table, wolf, f"Night {n}. Werewolves, whom should you kill?", wolves)
-    votes = {w: await decide(table, w, f"Night {n}: vote whom to kill.", prey) for w in wolves}
-    victim = tally(votes) or table.rng.choice(sorted(set(votes.values())))
-    saved = poisoned = None
-    for witch in state.names(state.alive(role="witch")):
-        if state.save_potion:
-            choice = await decide(
-                table, witch, f"Night {n}: the werewolves attack {victim}.", ["save", "pass"]
-            )
-            if choice == "save":
-                saved, state.save_potion = victim, False
-        if state.poison_potion:
-            targets = ["nobody", *(x for x in state.names() if x != witch)]
-            choice = await decide(table, witch, f"Night {n}: poison someone?", targets)
-            if choice != "nobody":
-                poisoned, state.poison_potion = choice, False
-    for seer in state.names(state.alive(role="seer")):
-        others = [x for x in state.names() if x != seer]
-        checked = await decide(table, seer, f"Night {n}: whom do you check?", others)
-        verdict = "a werewolf" if state.player(checked).side == "wolves" else "not a werewolf"
-        await table.tell([seer], f"{checked} is {verdict}.")
-    dead = [x for x in (None if victim == saved else victim, poisoned) if x]
-    for name in dict.fromkeys(dead):
-        state.kill(name)
-    for name in list(dict.fromkeys(dead)):
-        if state.player(name).role == "hunter" and name != poisoned:
-            dead += await hunter_shoots(table, name)
-    return list(dict.fromkeys(dead))
-
-
-async def hunter_shoots(table: Table, hunter: str) -> list[str]:
-    """The dying hunter may take someone with him."""
-    targets = ["nobody", *table.state.names()]
-    shot = await decide(table, hunter, "You are dying: shoot someone?", targets)
-    if shot == "nobody":
-        return []
-    table.state.kill(shot)
-    return [shot]
-
-
-async def day(table: Table, dead: list[str]) -> None:
-    """One day: the news, the talk, the vote, the last words."""
-    state, n = table.state, table.state.round
-    news = f"Day {n}. " + (f"Died last night: {', '.join(dead)}." if dead else "Nobody died.")
-    await table.tell(state.names(), news)
-    if state.winner():
-        return
-    alive = state.names()
-    for name in alive:
-        await say(table, name, f"Day {n}: your turn to speak.", alive)
-    votes = {
-        name: await decide(
-            table, name, f"Day {n}: vote to eliminate.", [x for x in alive if x != name]
-        )
-        for name in alive
-    }
-    out = tally(votes)
-    if out is None:
-        await table.tell(state.names(), f"Day {n}: the vote is tied; nobody is eliminated.")
-        return
-    state.kill(out)
-    await table.tell(state.names(), f"Day {n}: {out} is eliminated.")
-    await say(table, out, "You are eliminated: your last words.", [*state.names(), out])
-    if state.player(out).role == "hunter":
-        shot = await hunter_shoots(table, out)
-        await table.tell(state.names(), f"The hunter shot {', '.join(shot) or 'nobody'}.")
-
-
-async def play(table: Table, max_rounds: int) -> str | None:
-    """Nights and days until a side wins (its name) or ``max_rounds`` pass (None)."""
-    while table.state.round < max_rounds:
-        table.state.round += 1
-        dead = await night(table)
-        if winner := table.state.winner():
-            return winner
-        await day(table, dead)
-        if winner := table.state.winner():
-            return winner
-    return None
 
 
 @vl.rollout
@@ -295,11 +138,15 @@ async def werewolf_game(row: dict, resources: vl.Resources) -> float:
     """One game; the reward is the trained side's outcome (``row["train"]``; ``both``: the
     village's). Each side's outcome is also the final reward of its players' calls."""
     instrument()
+    rules = ruleset(row.get("rules"))
     rng = random.Random(row["seed"])
     state = deal(row["seed"])
     external = external_seats(state, row.get("external"), rng)
-    table = Table(state, _agents(state, resources, external), rng)
-    winner = await play(table, int(row.get("max_rounds", MAX_ROUNDS)))
+    count = token_counter(row.get("tokenizer"))
+    history = History(count, int(row.get("history_tokens") or HISTORY_TOKENS))
+    table = Table(state, rules, {}, rng, history)
+    table.agents = _agents(table, rules, resources, external)
+    winner = await play(table, int(row.get("max_rounds") or rules.max_rounds))
     outcome = {}
     for side in SIDES:
         values = {**OUTCOME, **(row.get("outcome") or {}).get(side, {})}
@@ -308,8 +155,11 @@ async def werewolf_game(row: dict, resources: vl.Resources) -> float:
     vl.emit_event(
         "game",
         winner=winner or "draw",
+        rules=rules.name,
         rounds=state.round,
         decisions=table.decisions,
+        lots_drawn=table.lots_drawn,
+        history_dropped=history.dropped,
         invalid_outputs=table.invalid,
         context_overflows=table.overflows,
         external_seats=sorted(external),

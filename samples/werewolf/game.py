@@ -1,0 +1,245 @@
+"""The game on AgentScope 2.x agents: the moderator's nights and days under a rule set.
+
+- night: the werewolves talk (up to ``wolf_discussion_rounds``, ending when they agree) and
+  vote a victim; they see each other's votes and the victim (a tie: lots drawn among the
+  tied, and they are told); the witch may save the victim and poison someone (each potion
+  once; self-heal and both on one night as the rules say); the seer checks one player (its
+  role, or whether it is a werewolf); the dead are taken out (a hunter shoots someone as he
+  dies, unless poisoned);
+- day: the deaths are announced (the first night's victim gives last words, if the rules
+  say so), every player speaks in turn, all vote, every ballot and the tally are read out,
+  the most voted is eliminated (a tie: lots, or nobody) after last words.
+
+Every choice is structured output whose schema lists only the legal answers (:func:`decide`);
+what each player must remember is written to its pinned note (:mod:`memory`).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Literal
+
+from agentscope.agent import Agent
+from agentscope.message import AssistantMsg, UserMsg
+from memory import History
+from pydantic import create_model
+from rules import GameState, Rules, count_votes, outcome
+
+import voltrl as vl
+from voltrl.gateway import is_context_overflow
+
+INVALID_PENALTY = -0.2
+"""The reward put on a call whose answer was not one of the legal choices."""
+
+
+@dataclass
+class Table:
+    """A game being played: the state, the rules, each player's agent and pinned note, and
+    what went wrong."""
+
+    state: GameState
+    rules: Rules
+    agents: dict[str, Agent]
+    rng: random.Random
+    history: History
+    notes: dict[str, list[str]] = field(default_factory=dict)
+    invalid: int = 0
+    overflows: int = 0
+    decisions: int = 0
+    lots_drawn: int = 0
+
+    async def tell(self, names: list[str], text: str) -> None:
+        """The moderator says ``text`` to ``names`` (into their memory, no model call)."""
+        for name in names:
+            await self.agents[name].observe(UserMsg("moderator", text))
+
+    def note(self, name: str, line: str) -> None:
+        """Pin ``line`` to ``name``'s private note."""
+        self.notes.setdefault(name, []).append(line)
+
+    def note_of(self, name: str) -> list[str]:
+        """``name``'s note as its prompts show it: the witch's potions left, then its lines."""
+        lines = []
+        if self.state.player(name).role == "witch":
+            left = [p for p, kept in (("healing", self.state.save_potion),
+                                      ("poison", self.state.poison_potion)) if kept]  # fmt: skip
+            lines.append(f"Potions left: {', '.join(left) or 'none'}.")
+        return lines + self.notes.get(name, [])
+
+    def trim(self, name: str, budget: int | None = None) -> None:
+        """Keep ``name``'s memory under its token budget (``budget``: a smaller one)."""
+        self.history.trim(self.agents[name].state.context, budget)
+
+
+async def say(table: Table, name: str, prompt: str, audience: list[str]) -> str:
+    """``name`` speaks; ``audience`` hears it."""
+    table.trim(name)
+    try:
+        msg = await table.agents[name].reply(UserMsg("moderator", prompt))
+        text = (msg.get_text_content() or "").strip() or "(says nothing)"
+    except Exception as e:
+        if not is_context_overflow(e):
+            raise
+        table.overflows += 1
+        text = "(says nothing)"
+    for other in audience:
+        if other != name:
+            await table.agents[other].observe(AssistantMsg(name, text))
+    return text
+
+
+async def decide(table: Table, name: str, prompt: str, choices: list[str], retries: int = 1) -> str:
+    """``name`` picks one of ``choices`` as structured output (the schema allows only them).
+    Each invalid answer costs ``INVALID_PENALTY`` on the call that gave it; a prompt the
+    backend refused for its length (no call was made: no penalty) is retried on half the
+    memory. After ``retries`` more tries a random legal choice is played."""
+    schema = create_model(
+        "Choice",
+        target=(Literal[tuple(choices)], ...),  # type: ignore[valid-type]
+        reason=(str, ""),
+    )
+    hint, budget = "", table.history.budget
+    table.decisions += 1
+    for _ in range(retries + 1):
+        table.trim(name, budget)
+        try:
+            msg = await table.agents[name].reply(
+                UserMsg("moderator", f"{prompt}{hint} Choose one of: {', '.join(choices)}."),
+                structured_schema=schema,
+            )
+            target = (msg.structured_output or {}).get("target")
+        except Exception as e:
+            if is_context_overflow(e):
+                table.overflows += 1
+                budget //= 2
+                continue
+            if not isinstance(e, ValueError):  # AgentScope gives up on bad output so
+                raise
+            target = None
+        if target in choices:
+            return target
+        vl.emit_reward(INVALID_PENALTY, name="invalid_output")  # on the call just made
+        table.invalid += 1
+        hint = " Your last answer was not one of the choices."
+    return table.rng.choice(choices)
+
+
+async def vote(
+    table: Table, when: str, question: str, choices: dict[str, list[str]], tie: str
+) -> tuple[str | None, str]:
+    """Each player ``choices`` names votes (none hears another's ballot before voting; each
+    pins its own); returns who is out and the moderator's reading of the ballots and tally."""
+    prompt = f"{when}: {question}"
+    ballots = {voter: await decide(table, voter, prompt, legal) for voter, legal in choices.items()}
+    for voter, name in ballots.items():
+        table.note(voter, f"{when}: you voted {name}.")
+    count = count_votes(ballots)
+    out, drawn = outcome(count, tie, table.rng)
+    table.lots_drawn += drawn
+    text = f"The votes: {count.public()}."
+    if len(count.top) > 1:
+        tied = " and ".join(count.top)
+        text += f" A tie between {tied}: " + (f"{out} is drawn by lot." if drawn else "nobody.")
+    return out, text
+
+
+async def night(table: Table) -> tuple[list[str], str | None]:
+    """One night; returns who died, and the werewolves' victim if the bite killed."""
+    state, rules, n = table.state, table.rules, table.state.round
+    wolves = state.names(state.alive("wolves"))
+    prey = state.names() if rules.wolves_may_target_wolves else state.names(state.alive("village"))
+    rounds = rules.wolf_discussion_rounds if len(wolves) > 1 else 1
+    for r in range(1, rounds + 1):
+        for wolf in wolves:
+            talk = f" (round {r} of at most {rounds})" if rounds > 1 else ""
+            await say(table, wolf, f"Night {n}, werewolves' talk{talk}: whom to kill?", wolves)
+        if r < rounds:
+            agreed = await decide(
+                table, wolves[-1], "Do the werewolves agree on a victim?", ["agree", "talk on"]
+            )
+            if agreed == "agree":
+                break
+    choices = dict.fromkeys(wolves, prey)
+    victim, text = await vote(table, f"Night {n}", "vote whom to kill.", choices, "draw_lots")
+    assert victim is not None  # lots are drawn on a tie
+    await table.tell(wolves, f"Night {n}, werewolves: {text} You attack {victim}.")
+    for wolf in wolves:
+        table.note(wolf, f"Night {n}: the werewolves attacked {victim}.")
+    saved = poisoned = None
+    for witch in state.names(state.alive(role="witch")):
+        if state.save_potion and (rules.witch_self_heal or victim != witch):
+            prompt = f"Night {n}: the werewolves attack {victim}. Use your healing potion?"
+            if await decide(table, witch, prompt, ["save", "pass"]) == "save":
+                saved, state.save_potion = victim, False
+                table.note(witch, f"Night {n}: you saved {victim}.")
+        if state.poison_potion and (rules.heal_and_poison_one_night or saved is None):
+            targets = ["nobody", *(x for x in state.names() if x != witch)]
+            choice = await decide(table, witch, f"Night {n}: poison someone?", targets)
+            if choice != "nobody":
+                poisoned, state.poison_potion = choice, False
+                table.note(witch, f"Night {n}: you poisoned {choice}.")
+    for seer in state.names(state.alive(role="seer")):
+        others = [x for x in state.names() if x != seer]
+        checked = await decide(table, seer, f"Night {n}: whom do you check?", others)
+        player = state.player(checked)
+        if rules.seer_learns_role:
+            verdict = f"{'an' if player.role[0] in 'aeiou' else 'a'} {player.role}"
+        else:
+            verdict = "a werewolf" if player.side == "wolves" else "not a werewolf"
+        await table.tell([seer], f"{checked} is {verdict}.")
+        table.note(seer, f"Night {n}: you checked {checked}: {verdict}.")
+    bitten = None if victim == saved else victim
+    dead = [x for x in (bitten, poisoned) if x]
+    for name in dict.fromkeys(dead):
+        state.kill(name)
+    for name in list(dict.fromkeys(dead)):
+        if state.player(name).role == "hunter" and name != poisoned:
+            dead += await hunter_shoots(table, name)
+    return list(dict.fromkeys(dead)), bitten
+
+
+async def hunter_shoots(table: Table, hunter: str) -> list[str]:
+    """The dying hunter may take someone with him."""
+    targets = ["nobody", *table.state.names()]
+    shot = await decide(table, hunter, "You are dying: shoot someone?", targets)
+    if shot == "nobody":
+        return []
+    table.state.kill(shot)
+    return [shot]
+
+
+async def day(table: Table, dead: list[str], bitten: str | None) -> None:
+    """One day: the news (and the first night's last words), the talk, the public vote, the
+    last words."""
+    state, n = table.state, table.state.round
+    news = f"Day {n}. " + (f"Died last night: {', '.join(dead)}." if dead else "Nobody died.")
+    await table.tell(state.names(), news)
+    if n == 1 and bitten and table.rules.first_night_last_words:
+        await say(table, bitten, "You died in the night: your last words.", state.names())
+    alive = state.names()
+    for name in alive:
+        await say(table, name, f"Day {n}: your turn to speak.", alive)
+    choices = {name: [x for x in alive if x != name] for name in alive}
+    out, text = await vote(table, f"Day {n}", "vote to eliminate.", choices, table.rules.day_tie)
+    await table.tell(alive, f"Day {n}: {text} " + (f"{out} is eliminated." if out else ""))
+    if out is None:
+        return
+    state.kill(out)
+    await say(table, out, "You are eliminated: your last words.", alive)
+    if state.player(out).role == "hunter":
+        shot = await hunter_shoots(table, out)
+        await table.tell(state.names(), f"The hunter shot {', '.join(shot) or 'nobody'}.")
+
+
+async def play(table: Table, max_rounds: int) -> str | None:
+    """Nights and days until a side wins (its name) or ``max_rounds`` pass (None)."""
+    while table.state.round < max_rounds:
+        table.state.round += 1
+        dead, bitten = await night(table)
+        if winner := table.state.winner():
+            return winner
+        await day(table, dead, bitten)
+        if winner := table.state.winner():
+            return winner
+    return None
