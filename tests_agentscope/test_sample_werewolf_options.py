@@ -12,5 +12,5 @@ import test_sample_options as options
 
 @pytest.mark.timeout(300)
 def test_the_werewolf_run_py_takes_the_trainers_options_from_the_shared_parser():
-    defaults = {"--steps": "1", "--max-rounds": "4", "--lr": "1e-05", "--train": "village"}
+    defaults = {"--steps": "1", "--rules": "agentscope", "--lr": "1e-05", "--train": "village"}
     options.check_sample_options("werewolf", defaults, python=sys.executable)

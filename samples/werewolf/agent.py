@@ -14,6 +14,7 @@ end each side's outcome is emitted as the final reward of its calls
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 from typing import Any
@@ -139,6 +140,8 @@ async def werewolf_game(row: dict, resources: vl.Resources) -> float:
     village's). Each side's outcome is also the final reward of its players' calls."""
     instrument()
     rules = ruleset(row.get("rules"))
+    if row.get("max_rounds"):
+        rules = dataclasses.replace(rules, max_rounds=int(row["max_rounds"]))
     rng = random.Random(row["seed"])
     state = deal(row["seed"])
     external = external_seats(state, row.get("external"), rng)
@@ -146,7 +149,7 @@ async def werewolf_game(row: dict, resources: vl.Resources) -> float:
     history = History(count, int(row.get("history_tokens") or HISTORY_TOKENS))
     table = Table(state, rules, {}, rng, history)
     table.agents = _agents(table, rules, resources, external)
-    winner = await play(table, int(row.get("max_rounds") or rules.max_rounds))
+    winner = await play(table)
     outcome = {}
     for side in SIDES:
         values = {**OUTCOME, **(row.get("outcome") or {}).get(side, {})}

@@ -232,9 +232,9 @@ async def day(table: Table, dead: list[str], bitten: str | None) -> None:
         await table.tell(state.names(), f"The hunter shot {', '.join(shot) or 'nobody'}.")
 
 
-async def play(table: Table, max_rounds: int) -> str | None:
-    """Nights and days until a side wins (its name) or ``max_rounds`` pass (None)."""
-    while table.state.round < max_rounds:
+async def play(table: Table) -> str | None:
+    """Nights and days until a side wins (its name) or the rules' cap passes (None)."""
+    while table.state.round < table.rules.max_rounds:
         table.state.round += 1
         dead, bitten = await night(table)
         if winner := table.state.winner():

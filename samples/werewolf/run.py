@@ -25,7 +25,9 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 import sample_cli as cli  # noqa: E402
-from agent import game_rows, side_filter, werewolf_game  # noqa: E402
+from agent import SIDE_GROUPS, game_rows, side_filter, werewolf_game  # noqa: E402
+from memory import HISTORY_TOKENS  # noqa: E402
+from rules import RULESETS  # noqa: E402
 
 import voltrl as vl  # noqa: E402
 from voltrl.cli.endpoints import check_llm  # noqa: E402
@@ -81,7 +83,8 @@ async def game_report(store_path: Path, rollouts: list[vl.types.Rollout]) -> lis
 
 
 def print_report(result: vl.RunResult) -> None:
-    """Winners, calls and tokens per game, invalid answers and refused prompts."""
+    """Winners (and the draws: games the round cap ended), rounds, calls and tokens per game,
+    invalid answers and refused prompts."""
     games = asyncio.run(game_report(result.run_dir / "store.sqlite", result.rollouts))
     val_versions = sorted({g["version"] for g in games if g["mode"] == "val"})
     for g in games:
@@ -91,7 +94,9 @@ def print_report(result: vl.RunResult) -> None:
         some = [g for g in games if g["mode"] == mode]
         winners = Counter(g["winner"] for g in some)
         print(
-            f"{mode}: {len(some)} game(s), winners {dict(winners)}; per game "
+            f"{mode}: {len(some)} game(s), winners {dict(winners)}, draw rate "
+            f"{winners['draw'] / len(some):.0%} (ended by the round cap); per game "
+            f"{mean(g.get('rounds', 0) for g in some):.1f} rounds, "
             f"{mean(g['calls'] for g in some):.0f} calls, "
             f"{mean(g['prompt_tokens'] for g in some):.0f} prompt + "
             f"{mean(g['response_tokens'] for g in some):.0f} generated tokens, "
@@ -123,9 +128,21 @@ def dev(args: argparse.Namespace) -> vl.RunResult:
         **cli.trainer_args(args),
     )
     rows = game_rows(
-        args.games, args.seed, external=external_of(args, "village"), max_rounds=args.max_rounds
+        args.games, args.seed, external=external_of(args, "village"), **game_settings(args)
     )
     return trainer.dev(werewolf_game, rows)
+
+
+def game_settings(args: argparse.Namespace) -> dict:
+    """The rows' game settings: the rule set, its round cap unless ``--max-rounds`` gives
+    one, and each player's history budget in tokens of ``--tokenizer`` (``train``: the
+    trained model's)."""
+    settings = {"rules": args.rules, "history_tokens": args.history_tokens}
+    if args.max_rounds is not None:
+        settings["max_rounds"] = args.max_rounds
+    if tokenizer := args.tokenizer or (args.model or "tiny" if args.run is train else None):
+        settings["tokenizer"] = tokenizer
+    return settings
 
 
 def train(args: argparse.Namespace) -> vl.RunResult:
@@ -136,9 +153,17 @@ def train(args: argparse.Namespace) -> vl.RunResult:
     other = opponent(args)
     if other is not None:
         check_llm(other, "the opponent's endpoint")
+    if args.train == "both":
+        print(
+            "warning: --train both trains the werewolves and the village on one model. The "
+            "published werewolf work trained one side per run, because training both at once "
+            "worked poorly; each side's calls here form GRPO groups of their own.",
+            file=sys.stderr,
+        )
     trajectory = TrajectoryConfig(
         mode="transition",  # the multi-agent formatter re-renders the history every call
         agent_filter=side_filter(args.train),
+        group_by_agent=SIDE_GROUPS,  # a side's calls compared with that side's (--train both)
         credit="per_step",  # each call: its own penalties, plus its side's outcome
         gamma=0.0,
         per_step_add_final=True,
@@ -169,11 +194,9 @@ def train(args: argparse.Namespace) -> vl.RunResult:
         **cli.trainer_args(args),
     )
     external = external_of(args, args.train)
-    rows = game_rows(
-        200, args.seed, train=args.train, external=external, max_rounds=args.max_rounds
-    )
-    val = game_rows(args.n_val, 10_000 + args.seed, train=args.train, external=external,
-                    max_rounds=args.max_rounds)  # fmt: skip
+    settings = game_settings(args)
+    rows = game_rows(200, args.seed, train=args.train, external=external, **settings)
+    val = game_rows(args.n_val, 10_000 + args.seed, train=args.train, external=external, **settings)
     result = trainer.fit(werewolf_game, rows, val)
     for record in algorithm.history:
         if "batch/rows" in record:
@@ -192,7 +215,23 @@ def main(argv: list[str] | None = None) -> int:
     common = argparse.ArgumentParser(add_help=False, parents=[cli.trainer_options()])
     common.add_argument("--seed", type=int, default=0, help="deals' seed")
     common.add_argument("--concurrency", type=int, default=4, help="games at a time")
-    common.add_argument("--max-rounds", type=int, default=4, help="nights and days, then a draw")
+    common.add_argument(
+        "--rules", choices=sorted(RULESETS), default="agentscope",
+        help="agentscope: AgentScope's own game; short: 4 rounds, for tiny models and tests",
+    )  # fmt: skip
+    common.add_argument(
+        "--max-rounds", type=int, default=None,
+        help="nights and days, then a draw (default: the rules' cap, 30 or 4)",
+    )  # fmt: skip
+    common.add_argument(
+        "--history-tokens", type=int, default=HISTORY_TOKENS,
+        help="each player's history budget, in tokens (its pinned note is outside it)",
+    )  # fmt: skip
+    common.add_argument(
+        "--tokenizer", default=None,
+        help="the model whose tokenizer counts the budget: tiny, a packaged model, a directory "
+        "(default: train, the trained model's; dev, about 4 characters a token)",
+    )  # fmt: skip
     common.add_argument("--max-tokens", type=int, default=64, help="per model call")
     common.add_argument("--opponent-endpoint", help="OpenAI-compatible URL of the opponent")
     common.add_argument("--opponent-model", help="the opponent's model name")

@@ -41,6 +41,7 @@ def config(train: str = "village") -> dict:
             "trajectory": {
                 "mode": "transition",
                 "agent_filter": rf"policy/({sides})/[^/]+/[^/]+",
+                "group_by_agent": r"[^/]+/([^/]+)/.*",  # a GRPO group per side (--train both)
                 "credit": "per_step",
                 "gamma": 0.0,
                 "per_step_add_final": True,
@@ -59,7 +60,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--opponent-endpoint", help="OpenAI-compatible URL of the opponent")
     parser.add_argument("--opponent-model", help="the opponent's model name")
     parser.add_argument("--opponent-api-key-env", default=None, help="env var with its key")
-    parser.add_argument("--max-rounds", type=int, default=4)
+    parser.add_argument("--rules", choices=["agentscope", "short"], default="agentscope")
+    parser.add_argument("--max-rounds", type=int, default=None, help="default: the rules' cap")
+    parser.add_argument("--history-tokens", type=int, default=2_000, help="per player")
     return parser.parse_args(argv)
 
 
@@ -73,10 +76,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.opponent_endpoint and not args.opponent_model:
         raise SystemExit("--opponent-endpoint needs --opponent-model")
     sys.path.insert(0, str(HERE))
-    from agent import game_rows, side_filter, werewolf_game
+    from agent import SIDE_GROUPS, game_rows, side_filter, werewolf_game
 
-    if side_filter(args.train) != config(args.train)["voltrl"]["trajectory"]["agent_filter"]:
-        raise RuntimeError("config()'s agent filter no longer matches agent.side_filter")
+    trajectory = config(args.train)["voltrl"]["trajectory"]
+    if (trajectory["agent_filter"], trajectory["group_by_agent"]) != (
+        side_filter(args.train),
+        SIDE_GROUPS,
+    ):
+        raise RuntimeError("config()'s trajectory no longer matches agent.py's")
+    if args.train == "both":
+        print("warning: --train both: the published werewolf work trained one side per run, "
+              "because both at once worked poorly", file=sys.stderr)  # fmt: skip
     resources, external = None, None
     if args.opponent_endpoint:
         if args.train == "both":
@@ -89,10 +99,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         resources = {"opponent_llm": opponent}
         external = {"side": "wolves" if args.train == "village" else "village"}
-    rows = game_rows(2000, args.seed, train=args.train, external=external,
-                     max_rounds=args.max_rounds)  # fmt: skip
-    val = game_rows(16, 10_000 + args.seed, train=args.train, external=external,
-                    max_rounds=args.max_rounds)  # fmt: skip
+    settings = {"rules": args.rules, "max_rounds": args.max_rounds, "tokenizer": args.model,
+                "history_tokens": args.history_tokens}  # fmt: skip
+    rows = game_rows(2000, args.seed, train=args.train, external=external, **settings)
+    val = game_rows(16, 10_000 + args.seed, train=args.train, external=external, **settings)
     return verl_fit(
         args, algorithm(args), werewolf_game, rows, val, resources=resources,
         request_token_ids=False,
