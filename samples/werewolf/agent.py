@@ -129,7 +129,9 @@ def _agents(
             model=model,
             middlewares=[TracingMiddleware(), PinnedNote(lambda name=p.name: table.note_of(name))],
             injection_config=InjectionConfig(inject_runtime_state=False),
-            react_config=ReActConfig(max_iters=2),
+            # a reply is one call, and one more that asks for the structured output when the
+            # first gave none (AgentScope's default allows 50 + 5 calls a reply)
+            react_config=ReActConfig(max_iters=1, structured_output_grace_iters=1),
         )
     return agents
 
