@@ -5,6 +5,8 @@ keeps only that side's trained calls; a refused prompt does not stop the game.""
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -121,26 +123,38 @@ def test_rules_win_checks_and_tally() -> None:
 
 
 @pytest.mark.timeout(600)
-def test_run_py_trains_the_village_on_localrl(tmp_path: Path) -> None:
-    """``run.py train`` on the tiny model: one step of one round-long games through the
-    store, the gateway, LocalRL's engine and a real policy update; the report names what
-    the side filter and the caps left out."""
+def test_run_py_trains_both_sides_on_localrl_with_a_warning_and_a_grpo_group_per_side(
+    tmp_path: Path,
+) -> None:
+    """``run.py train --train both`` on the tiny model: one step of one round-long games
+    through the store, the gateway, LocalRL's engine and a real policy update; it warns that
+    the published work trained one side per run, groups each side's calls apart, counts the
+    history in the tiny tokenizer's tokens, and its report names what the side filter and
+    the caps left out, the wolves' win rate with its interval and the draw rate."""
     import subprocess
     import sys
 
+    import yaml
     from helpers import SAMPLES
 
     out = subprocess.run(
         [sys.executable, str(SAMPLES / "werewolf" / "run.py"), "train", "--out", str(tmp_path),
-         "--max-rounds", "1", "--max-tokens", "8", "--n-val", "1", "--max-calls", "16"],
+         "--name", "both", "--train", "both", "--max-rounds", "1", "--max-tokens", "8",
+         "--n-val", "1", "--max-calls", "16"],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
+    assert "warning: --train both trains the werewolves and the village" in out.stderr
     assert "step 1: " in out.stdout and "trained calls; left out" in out.stdout
     assert "over the cap of 16" in out.stdout
-    assert "train: 2 game(s), winners" in out.stdout
+    assert "train: 2 game(s), winners" in out.stdout and "draw rate " in out.stdout
+    assert re.search(r"the wolves won \d+% \(95% CI \d+%-\d+%\)", out.stdout), out.stdout
     assert "val before: 1 game(s)" in out.stdout and "val after: 1 game(s)" in out.stdout
     assert "remote runners" not in out.stdout + out.stderr  # they are local here
+    config = yaml.safe_load((tmp_path / "both" / "train.yaml").read_text())
+    assert config["algorithm"]["trajectory"]["group_by_agent"] == agent.SIDE_GROUPS
+    [row] = [json.loads(x) for x in (tmp_path / "both" / "val.jsonl").read_text().splitlines()]
+    assert (row["rules"], row["tokenizer"], row["max_rounds"]) == ("agentscope", "tiny", 1)
 
 
 async def test_a_refused_choice_costs_no_penalty_and_is_retried_on_less_memory(tmp_path: Path):

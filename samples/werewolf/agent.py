@@ -163,6 +163,7 @@ async def werewolf_game(row: dict, resources: vl.Resources) -> float:
         rules=rules.name,
         rounds=state.round,
         decisions=table.decisions,
+        fallbacks=table.fallbacks,
         lots_drawn=table.lots_drawn,
         history_dropped=history.dropped,
         invalid_outputs=table.invalid,

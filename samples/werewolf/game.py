@@ -47,6 +47,7 @@ class Table:
     invalid: int = 0
     overflows: int = 0
     decisions: int = 0
+    fallbacks: int = 0
     lots_drawn: int = 0
 
     async def tell(self, names: list[str], text: str) -> None:
@@ -122,6 +123,7 @@ async def decide(table: Table, name: str, prompt: str, choices: list[str], retri
         vl.emit_reward(INVALID_PENALTY, name="invalid_output")  # on the call just made
         table.invalid += 1
         hint = " Your last answer was not one of the choices."
+    table.fallbacks += 1
     return table.rng.choice(choices)
 
 

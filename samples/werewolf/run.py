@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import sys
 from collections import Counter
 from pathlib import Path
@@ -82,6 +83,16 @@ async def game_report(store_path: Path, rollouts: list[vl.types.Rollout]) -> lis
         await store.close()
 
 
+def wilson(wins: int, games: int, z: float = 1.96) -> tuple[float, float]:
+    """The Wilson score interval of a win rate (95% for ``z`` 1.96)."""
+    if games == 0:
+        return 0.0, 1.0
+    p = wins / games
+    centre = (p + z * z / (2 * games)) / (1 + z * z / games)
+    half = z * math.sqrt(p * (1 - p) / games + z * z / (4 * games * games)) / (1 + z * z / games)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
 def print_report(result: vl.RunResult) -> None:
     """Winners (and the draws: games the round cap ended), rounds, calls and tokens per game,
     invalid answers and refused prompts."""
@@ -93,10 +104,14 @@ def print_report(result: vl.RunResult) -> None:
     for mode in sorted({g["mode"] for g in games}, key=lambda m: (m != "train", m != "val before")):
         some = [g for g in games if g["mode"] == mode]
         winners = Counter(g["winner"] for g in some)
+        low, high = wilson(winners["wolves"], len(some))
         print(
-            f"{mode}: {len(some)} game(s), winners {dict(winners)}, draw rate "
+            f"{mode}: {len(some)} game(s), winners {dict(winners)}: the wolves won "
+            f"{winners['wolves'] / len(some):.0%} (95% CI {low:.0%}-{high:.0%}), draw rate "
             f"{winners['draw'] / len(some):.0%} (ended by the round cap); per game "
             f"{mean(g.get('rounds', 0) for g in some):.1f} rounds, "
+            f"{mean(g.get('decisions', 0) for g in some):.0f} choices "
+            f"({mean(g.get('fallbacks', 0) for g in some):.0f} played at random), "
             f"{mean(g['calls'] for g in some):.0f} calls, "
             f"{mean(g['prompt_tokens'] for g in some):.0f} prompt + "
             f"{mean(g['response_tokens'] for g in some):.0f} generated tokens, "
