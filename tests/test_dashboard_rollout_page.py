@@ -104,7 +104,7 @@ def test_a_rows_reward_and_advantage_are_explained(client: httpx.Client, game: G
     assert village is not None, rows[:3000]
     tooltip, _, advantage = village.groups()
     assert float(advantage) != 0.0
-    assert "below the mean 0.500 of its group" in tooltip and "rows of task game-0" in tooltip
+    assert "below the mean 0.500 of its group" in tooltip and "rows of group game-0" in tooltip
     legend = re.search(r'<p class="credit-note" title="([^"]+)"', rows)
     assert legend is not None and "agents=..." in legend.group(1)
     assert "GRPO" in legend.group(1) and "A reward of 0 can have a positive advantage" in rows

@@ -118,6 +118,18 @@ def test_a_tokenizer_from_a_local_path_that_does_not_exist_says_so(path):
     assert str(raised.value) == f"cannot load the tokenizer of {path}: the directory does not exist"
 
 
+def test_a_tokenizer_by_hub_name_neither_cached_nor_reachable_says_so(monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(vl.VoltRLError) as raised:
+        load_tokenizer("nobody/no-such-model")
+    assert str(raised.value) == (
+        "cannot load the tokenizer of nobody/no-such-model: it is not in the Hugging Face "
+        "cache, and the hub is offline (HF_HUB_OFFLINE is set)"
+    )
+
+
 def test_load_tokenizer_reads_tiny_and_a_directory_as_load_model_does(tmp_path):
     build_tiny_tokenizer().save_pretrained(tmp_path / "tok")
     text = "Player3 voted Player7."

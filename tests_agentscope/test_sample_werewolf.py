@@ -110,7 +110,9 @@ async def test_a_refused_prompt_is_an_invalid_choice_and_the_game_goes_on(tmp_pa
     assert traj.stats["refused/context_length_exceeded"] == 2
 
 
-def test_rules_win_checks_and_tally() -> None:
+def test_rules_win_checks_and_vote_counts() -> None:
+    import random
+
     state = rules.deal(0)
     assert state.winner() is None and len(state.alive("wolves")) == 3
     for p in state.alive("village")[:3]:
@@ -120,6 +122,18 @@ def test_rules_win_checks_and_tally() -> None:
     for p in state.alive("wolves"):
         state.kill(p.name)
     assert state.winner() == "village"
+    count = rules.count_votes({"a": "x", "b": "y", "c": "x"})
+    assert count.top == ["x"] and count.public() == "a -> x, b -> y, c -> x (tally: x 2, y 1)"
+    assert rules.outcome(count, "nobody", random.Random(0)) == ("x", False)
+    tie = rules.count_votes({"a": "y", "b": "x", "c": "z"})
+    assert tie.top == ["y", "x", "z"]  # in the order the ballots first name them
+    assert rules.outcome(tie, "nobody", random.Random(0)) == (None, False)
+    drawn = {rules.outcome(tie, "draw_lots", random.Random(seed))[0] for seed in range(20)}
+    assert drawn == {"x", "y", "z"}  # each of the tied, by the seed's lot
+    assert rules.outcome(tie, "draw_lots", random.Random(7)) == rules.outcome(
+        tie, "draw_lots", random.Random(7)
+    )
+    assert rules.outcome(rules.count_votes({}), "draw_lots", random.Random(0)) == (None, False)
 
 
 @pytest.mark.timeout(600)

@@ -13,12 +13,12 @@ import pytest
 from werewolf_script import (
     agent,
     asked,
+    choices_offered,
     game_event,
     heard,
     legal,
     play,
     player_of,
-    prompt_of,
     role_of,
     rules,
     seats,
@@ -164,8 +164,10 @@ async def test_the_werewolves_talk_until_they_agree_or_the_rounds_run_out(
     _result, _store, fb, _ = await play(tmp_path, [game], legal(choose=choose))
     talk = asked(fb, "Night 1, werewolves' talk")
     assert len(talk) == 3 * rounds and {role_of(b) for b in talk} == {"werewolf"}
-    asked_to_agree = asked(fb, "Do the werewolves agree on a victim?")
+    asked_to_agree = asked(fb, "Night 1: do the werewolves agree on a victim?")
     assert len(asked_to_agree) == (0 if rule_set == "short" else rounds - (answer == "talk on"))
+    last_to_speak = player_of(talk[-1])
+    assert {player_of(b) for b in asked_to_agree} <= {last_to_speak}
 
 
 @pytest.mark.parametrize("rule_set", ["agentscope", "short"])
@@ -221,9 +223,69 @@ async def test_a_game_the_round_cap_ends_is_a_draw_for_both_sides(tmp_path: Path
     assert event["winner"] == "draw" and event["rounds"] == 1 and event["rules"] == "agentscope"
     outcomes = {r.name: r.value for r in await store.get_rewards(result.rollouts[0].rollout_id)}
     assert outcomes == {"outcome/wolves": -0.5, "outcome/village": 0.0}
-    assert prompt_of(fb.requests[-1]["body"])  # the game had its day
+    assert asked(fb, "Day 1: vote to eliminate.")  # the game had its day, then ended
 
 
 def test_an_unknown_rule_set_is_refused_when_the_rows_are_made() -> None:
     with pytest.raises(ValueError, match=r"no rule set 'classic' \(known: agentscope, short\)"):
         agent.game_rows(1, rules="classic")
+
+
+@pytest.mark.parametrize("rule_set", ["agentscope", "short"])
+async def test_the_werewolves_may_bite_one_of_their_own_only_under_agentscope_rules(
+    tmp_path: Path, rule_set: str
+) -> None:
+    game = row(rule_set)
+    wolves = seats(game)["werewolf"]
+    bite = asked(fb := (await play(tmp_path, [game], legal()))[2], "vote whom to kill.")
+    offered = {name for b in bite for name in choices_offered(b)}
+    assert len(bite) == 3 and {role_of(b) for b in bite} == {"werewolf"}
+    if rule_set == "agentscope":
+        assert set(wolves) <= offered
+    else:
+        assert not set(wolves) & offered and len(offered) == 6
+    assert not asked(fb, "vote whom to kill.", seats(game)["seer"][0])
+
+
+@pytest.mark.parametrize(("death", "shoots"), [("bitten", True), ("poisoned", False),
+                                               ("voted out", True)])  # fmt: skip
+async def test_the_hunter_shoots_as_he_dies_unless_poisoned(
+    tmp_path: Path, death: str, shoots: bool
+) -> None:
+    """Bitten at night (the witch passes) or voted out by day he takes someone with him (the
+    first villager, who is then dead: the next night's choices leave both out); poisoned he
+    does not."""
+    game = row("agentscope", max_rounds=2 if death == "voted out" else 1)
+    roles = seats(game)
+    hunter, target = roles["hunter"][0], roles["villager"][0]
+
+    def choose(player: str, role: str, prompt: str, choices: list[str]) -> str | None:
+        if "vote whom to kill" in prompt:
+            if "Night 1" in prompt:
+                bites = {"bitten": hunter, "poisoned": target}
+                return bites.get(death, roles["villager"][1])
+            return None
+        if "healing potion" in prompt:  # voted out: she saves, so that the game goes on
+            return "save" if death == "voted out" else "pass"
+        if "poison someone" in prompt:
+            return hunter if death == "poisoned" else "nobody"
+        if "vote to eliminate" in prompt and death == "voted out":
+            return hunter if player != hunter else None
+        if "shoot someone" in prompt:
+            return target
+        return None
+
+    _, _, fb, _ = await play(tmp_path, [game], legal(choose=choose))
+    shot = asked(fb, "You are dying: shoot someone?", hunter)
+    assert len(shot) == int(shoots)
+    if death == "voted out":
+        night_2 = asked(fb, "Night 2: vote whom to kill.")
+        assert night_2 and all(f"The hunter shot {target}." in heard(b) for b in night_2)
+        assert not {target, hunter} & {x for b in night_2 for x in choices_offered(b)}
+    elif shoots:
+        news = heard(asked(fb, "Day 1: your turn to speak.")[0])
+        assert f"Died last night: {hunter}, {target}." in news
+        assert "nobody" in choices_offered(shot[0]) and hunter not in choices_offered(shot[0])
+    else:
+        news = heard(asked(fb, "Day 1: your turn to speak.")[0])
+        assert f"Died last night: {target}, {hunter}." in news

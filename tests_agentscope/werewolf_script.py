@@ -52,6 +52,15 @@ def role_of(req: dict[str, Any]) -> str:
     return system_prompt(req).split("your role is ")[1].split(".")[0]
 
 
+def pack_of(req: dict[str, Any]) -> set[str]:
+    """The asked werewolf and the others its system prompt names (empty for the village)."""
+    text = system_prompt(req)
+    if "The other werewolves are " not in text:
+        return set()
+    mates = text.split("The other werewolves are ")[1].split(".")[0]
+    return {player_of(req), *mates.split(", ")}
+
+
 def heard(req: dict[str, Any]) -> str:
     """Everything in the asked player's history (the multi-agent formatter's ``<history>``)."""
     return "\n".join(_text(m) for m in req["messages"][1:] if "<history>" in _text(m))
@@ -64,8 +73,9 @@ def prompt_of(req: dict[str, Any]) -> str:
 
 def legal(invalid_from: str | None = None, choose: Choose | None = None):
     """A script playing legal moves: ``choose``'s answer, else the first choice offered
-    ("save" before "pass", "nobody" before a poison, "agree" before "talk on"); speeches
-    name the speaker. ``invalid_from``: that player's every answer is outside the choices."""
+    ("save" before "pass", "nobody" before a poison, "agree" before "talk on"; the
+    werewolves bite the first player not of their pack); speeches name the speaker.
+    ``invalid_from``: that player's every answer is outside the choices."""
 
     def script(req: dict[str, Any]) -> dict[str, str]:
         options = choices_offered(req)
@@ -73,6 +83,8 @@ def legal(invalid_from: str | None = None, choose: Choose | None = None):
         if options is None:
             return {"text": f"I am {player} and I trust nobody."}
         picked = choose(player, role_of(req), prompt_of(req), options) if choose else None
+        if picked is None and "vote whom to kill" in prompt_of(req):
+            picked = next(x for x in options if x not in pack_of(req))
         target = "Nobody99" if player == invalid_from else picked or options[0]
         return {"tool": "GenerateStructuredOutput", "arguments": json.dumps({"target": target})}
 

@@ -42,24 +42,23 @@ SIDE_GROUPS = r"[^/]+/([^/]+)/.*"
 
 
 def rules_prompt(rules: Rules) -> str:
-    """The rules as every player's system prompt states them."""
-    seer = "the role of" if rules.seer_learns_role else "whether"
-    seer_end = "" if rules.seer_learns_role else " is a werewolf"
-    witch = (
-        "the witch can save the victim once (not herself) and poison one player once, "
-        "never both on one night"
-        if not rules.witch_self_heal
-        else "the witch can save the victim once and poison one player once"
+    """The rules as every player's system prompt states them, a clause per rule."""
+    bite = "one player (even one of their own)" if rules.wolves_may_target_wolves else "a villager"
+    seer = (
+        "the role of one player" if rules.seer_learns_role else "whether one player is a werewolf"
     )
+    heal = "the victim" if rules.witch_self_heal else "the victim (not herself)"
+    both = "" if rules.heal_and_poison_one_night else ", never both on one night"
+    last = " The first night's victim gives last words." if rules.first_night_last_words else ""
     tie = "a tie is settled by lot" if rules.day_tie == "draw_lots" else "a tie eliminates nobody"
     return (
         "You play Werewolf with 9 players: 3 werewolves, 3 villagers, a seer, a witch and a "
-        f"hunter. At night the werewolves kill one player; the seer learns {seer} one "
-        f"player{seer_end}; {witch}; a hunter who dies shoots one player, unless poisoned. By "
-        "day everyone speaks, then all vote in public to eliminate one player "
-        f"({tie}). The village wins when no werewolf is left; the werewolves win when they are "
-        f"at least as many as the others; after {rules.max_rounds} rounds it is a draw. Speak "
-        "in one or two short sentences."
+        f"hunter. At night the werewolves kill {bite}; the seer learns {seer}; the witch can "
+        f"save {heal} once and poison one player once{both}; a hunter who dies shoots one "
+        f"player, unless poisoned.{last} By day everyone speaks, then all vote in public to "
+        f"eliminate one player ({tie}), who gives last words. The village wins when no "
+        "werewolf is left; the werewolves win when they are at least as many as the others; "
+        f"after {rules.max_rounds} rounds it is a draw. Speak in one or two short sentences."
     )
 
 
@@ -81,7 +80,8 @@ def game_rows(
     :data:`memory.HISTORY_TOKENS`), ``tokenizer`` (the model whose tokenizer counts it, as
     LocalRL names models; default: about 4 characters a token), ``outcome`` (per side, the
     rewards of a win, loss or draw, over :data:`OUTCOME`, e.g. ``{"wolves": {"win": 2.0}}``)."""
-    ruleset(extra.get("rules"))  # an unknown name fails here, not in every game
+    ruleset(extra.get("rules"))  # an unknown rule set or tokenizer fails here, not every game
+    token_counter(extra.get("tokenizer"))
     return [
         {"seed": seed * 100_000 + i, "train": train, "external": external, **extra}
         for i in range(n)
@@ -114,9 +114,7 @@ def role_prompt(player: Player, state: GameState, rules: Rules) -> str:
     return text
 
 
-def _agents(
-    table: Table, rules: Rules, resources: vl.Resources, external: set[str]
-) -> dict[str, Agent]:
+def _agents(table: Table, resources: vl.Resources, external: set[str]) -> dict[str, Agent]:
     agents, state = {}, table.state
     for p in state.players:
         llm = resources["opponent_llm" if p.name in external else "main_llm"]
@@ -125,7 +123,7 @@ def _agents(
         )
         agents[p.name] = Agent(
             name=p.name,
-            system_prompt=role_prompt(p, state, rules),
+            system_prompt=role_prompt(p, state, table.rules),
             model=model,
             middlewares=[TracingMiddleware(), PinnedNote(lambda name=p.name: table.note_of(name))],
             injection_config=InjectionConfig(inject_runtime_state=False),
@@ -150,7 +148,7 @@ async def werewolf_game(row: dict, resources: vl.Resources) -> float:
     count = token_counter(row.get("tokenizer"))
     history = History(count, int(row.get("history_tokens") or HISTORY_TOKENS))
     table = Table(state, rules, {}, rng, history)
-    table.agents = _agents(table, rules, resources, external)
+    table.agents = _agents(table, resources, external)
     winner = await play(table)
     outcome = {}
     for side in SIDES:

@@ -141,13 +141,29 @@ async def vote(
     table.lots_drawn += drawn
     text = f"The votes: {count.public()}."
     if len(count.top) > 1:
-        tied = " and ".join(count.top)
+        tied = f"{', '.join(count.top[:-1])} and {count.top[-1]}"
         text += f" A tie between {tied}: " + (f"{out} is drawn by lot." if drawn else "nobody.")
     return out, text
 
 
 async def night(table: Table) -> tuple[list[str], str | None]:
-    """One night; returns who died, and the werewolves' victim if the bite killed."""
+    """One night: the werewolves, the witch, the seer, then the deaths (and a dying hunter's
+    shot); returns who died, and the werewolves' victim if the bite killed."""
+    victim = await wolves_turn(table)
+    saved, poisoned = await witch_turn(table, victim)
+    await seer_turn(table)
+    bitten = None if victim == saved else victim
+    dead = list(dict.fromkeys(x for x in (bitten, poisoned) if x))
+    for name in dead:
+        table.state.kill(name)
+    if bitten and table.state.player(bitten).role == "hunter" and bitten != poisoned:
+        dead += await hunter_shoots(table, bitten)
+    return dead, bitten
+
+
+async def wolves_turn(table: Table) -> str:
+    """The werewolves talk (up to the rules' rounds, until they agree), vote, and hear every
+    ballot and the victim, whom they return."""
     state, rules, n = table.state, table.rules, table.state.round
     wolves = state.names(state.alive("wolves"))
     prey = state.names() if rules.wolves_may_target_wolves else state.names(state.alive("village"))
@@ -157,10 +173,8 @@ async def night(table: Table) -> tuple[list[str], str | None]:
             talk = f" (round {r} of at most {rounds})" if rounds > 1 else ""
             await say(table, wolf, f"Night {n}, werewolves' talk{talk}: whom to kill?", wolves)
         if r < rounds:
-            agreed = await decide(
-                table, wolves[-1], "Do the werewolves agree on a victim?", ["agree", "talk on"]
-            )
-            if agreed == "agree":
+            question = f"Night {n}: do the werewolves agree on a victim?"
+            if await decide(table, wolves[-1], question, ["agree", "talk on"]) == "agree":
                 break
     choices = dict.fromkeys(wolves, prey)
     victim, text = await vote(table, f"Night {n}", "vote whom to kill.", choices, "draw_lots")
@@ -168,6 +182,13 @@ async def night(table: Table) -> tuple[list[str], str | None]:
     await table.tell(wolves, f"Night {n}, werewolves: {text} You attack {victim}.")
     for wolf in wolves:
         table.note(wolf, f"Night {n}: the werewolves attacked {victim}.")
+    return victim
+
+
+async def witch_turn(table: Table, victim: str) -> tuple[str | None, str | None]:
+    """The witch may save ``victim`` and poison someone, as her potions and the rules allow;
+    returns whom she saved and whom she poisoned."""
+    state, rules, n = table.state, table.rules, table.state.round
     saved = poisoned = None
     for witch in state.names(state.alive(role="witch")):
         if state.save_potion and (rules.witch_self_heal or victim != witch):
@@ -181,24 +202,22 @@ async def night(table: Table) -> tuple[list[str], str | None]:
             if choice != "nobody":
                 poisoned, state.poison_potion = choice, False
                 table.note(witch, f"Night {n}: you poisoned {choice}.")
+    return saved, poisoned
+
+
+async def seer_turn(table: Table) -> None:
+    """The seer checks one player: its role, or only whether it is a werewolf."""
+    state, n = table.state, table.state.round
     for seer in state.names(state.alive(role="seer")):
         others = [x for x in state.names() if x != seer]
         checked = await decide(table, seer, f"Night {n}: whom do you check?", others)
         player = state.player(checked)
-        if rules.seer_learns_role:
+        if table.rules.seer_learns_role:
             verdict = f"{'an' if player.role[0] in 'aeiou' else 'a'} {player.role}"
         else:
             verdict = "a werewolf" if player.side == "wolves" else "not a werewolf"
         await table.tell([seer], f"{checked} is {verdict}.")
         table.note(seer, f"Night {n}: you checked {checked}: {verdict}.")
-    bitten = None if victim == saved else victim
-    dead = [x for x in (bitten, poisoned) if x]
-    for name in dict.fromkeys(dead):
-        state.kill(name)
-    for name in list(dict.fromkeys(dead)):
-        if state.player(name).role == "hunter" and name != poisoned:
-            dead += await hunter_shoots(table, name)
-    return list(dict.fromkeys(dead)), bitten
 
 
 async def hunter_shoots(table: Table, hunter: str) -> list[str]:
@@ -224,7 +243,7 @@ async def day(table: Table, dead: list[str], bitten: str | None) -> None:
         await say(table, name, f"Day {n}: your turn to speak.", alive)
     choices = {name: [x for x in alive if x != name] for name in alive}
     out, text = await vote(table, f"Day {n}", "vote to eliminate.", choices, table.rules.day_tie)
-    await table.tell(alive, f"Day {n}: {text} " + (f"{out} is eliminated." if out else ""))
+    await table.tell(alive, f"Day {n}: {text}" + (f" {out} is eliminated." if out else ""))
     if out is None:
         return
     state.kill(out)

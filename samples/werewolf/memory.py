@@ -22,11 +22,12 @@ HISTORY_TOKENS = 2_000
 CHARS_PER_TOKEN = 4
 """With no tokenizer named (a hosted model), a token is counted as this many characters."""
 
-Counter = Callable[[str], int]
+TokenCount = Callable[[str], int]
+"""A text's length in tokens."""
 
 
 @functools.lru_cache(maxsize=4)
-def token_counter(tokenizer: str | None) -> Counter:
+def token_counter(tokenizer: str | None) -> TokenCount:
     """Counts a text's tokens as the model named ``tokenizer`` does (what LocalRL takes:
     ``tiny``, a packaged model, a directory or a cached hub name); None: about
     :data:`CHARS_PER_TOKEN` characters a token. Loaded once per process."""
@@ -56,7 +57,7 @@ def message_text(msg: Any) -> str:
 class History:
     """Keeps players' contexts under a token budget; counts each message once."""
 
-    def __init__(self, count: Counter, budget: int = HISTORY_TOKENS) -> None:
+    def __init__(self, count: TokenCount, budget: int = HISTORY_TOKENS) -> None:
         self.count = count
         self.budget = budget
         self._tokens: dict[str, int] = {}

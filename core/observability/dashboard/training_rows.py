@@ -23,11 +23,12 @@ from voltrl.types import Rollout, Run
 
 @dataclass
 class Group:
-    """A row's GRPO group in its update: the rows of its task in the step's batch (of its
-    LoRA adapter, with per-role adapters), their mean reward and standard deviation, as
-    ``grpo_advantages`` computes them (weighted per rollout with ``rollout_weighting``)."""
+    """A row's GRPO group in its update: the rows of its task (and agent group, with
+    ``TrajectoryConfig.group_by_agent``) in the step's batch (of its LoRA adapter, with
+    per-role adapters), their mean reward and standard deviation, as ``grpo_advantages``
+    computes them (weighted per rollout with ``rollout_weighting``)."""
 
-    task_id: str
+    group_id: str
     rows: int
     mean: float
     std: float
@@ -250,14 +251,14 @@ def _groups(batch: Any, indices: Sequence[int], weighted: bool) -> dict[int, Gro
     for i in indices:
         members.setdefault(batch.group_ids[i], []).append(i)
     out: dict[int, Group] = {}
-    for task_id, rows in members.items():
+    for group_id, rows in members.items():
         w = [1.0 / per_rollout[batch.rollout_ids[i]] if weighted else 1.0 for i in rows]
         r = [batch.rewards[i] for i in rows]
         total = sum(w)
         mean = sum(wi * ri for wi, ri in zip(w, r, strict=True)) / total
         spread = sum(wi * (ri - mean) ** 2 for wi, ri in zip(w, r, strict=True))
         std = math.sqrt(spread / (total - 1)) if total > 1 else 0.0
-        group = Group(task_id, len(rows), mean, std)
+        group = Group(group_id, len(rows), mean, std)
         out.update((i, group) for i in rows)
     return out
 
@@ -314,6 +315,6 @@ def advantage_note(row: TrainingRow) -> str:
     side = "above" if r > group.mean + 1e-9 else "below" if r < group.mean - 1e-9 else "at"
     return (
         f"reward {r:.3f} is {side} the mean {group.mean:.3f} of its group (the {group.rows} "
-        f"rows of task {group.task_id} in the step's batch, std {group.std:.3f}): "
+        f"rows of group {group.group_id} in the step's batch, std {group.std:.3f}): "
         f"advantage {row.advantage:.3f}"
     )
