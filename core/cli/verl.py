@@ -16,11 +16,15 @@ keys.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from voltrl.algorithms.verl.algorithm import VERL
 from voltrl.algorithms.verl.config import PRESETS
+
+if TYPE_CHECKING:
+    from voltrl.runtime import RunResult
 
 
 def verl_arguments(
@@ -79,11 +83,13 @@ def verl_fit(
     agent: Any,
     train: list[dict[str, Any]],
     val: list[dict[str, Any]],
+    *,
+    report: Callable[[RunResult], None] | None = None,
     **trainer: Any,
 ) -> int:
     """Train ``agent`` with ``algorithm`` on ``--runners`` runners of ``--concurrency`` rollouts
     as run ``--name`` (``trainer`` adds :class:`voltrl.Trainer` arguments); prints the run
-    directory and returns the script's exit status."""
+    directory (after ``report(result)``, if given) and returns the script's exit status."""
     from voltrl.runtime import Trainer
 
     result = Trainer(
@@ -94,5 +100,7 @@ def verl_fit(
         rollout_timeout_s=600,
         **trainer,
     ).fit(agent, train, val_dataset=val)
+    if report is not None:
+        report(result)
     print(f"run directory: {result.run_dir}")
     return 0

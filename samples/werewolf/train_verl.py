@@ -82,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.opponent_endpoint and not args.opponent_model:
         raise SystemExit("--opponent-endpoint needs --opponent-model")
     from agent import SIDE_GROUPS, game_rows, side_filter, werewolf_game
+    from report import print_report
 
     trajectory = config(args.train)["voltrl"]["trajectory"]
     if (trajectory["agent_filter"], trajectory["group_by_agent"]) != (
@@ -110,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     val = game_rows(16, 10_000 + args.seed, train=args.train, external=external, **settings)
     return verl_fit(
         args, algorithm(args), werewolf_game, rows, val, resources=resources,
-        request_token_ids=False,
+        request_token_ids=False, report=print_report,
     )  # fmt: skip
 
 
