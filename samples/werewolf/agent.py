@@ -82,6 +82,9 @@ def game_rows(
     rewards of a win, loss or draw, over :data:`OUTCOME`, e.g. ``{"wolves": {"win": 2.0}}``)."""
     ruleset(extra.get("rules"))  # an unknown rule set or tokenizer fails here, not every game
     token_counter(extra.get("tokenizer"))
+    for key in ("max_rounds", "history_tokens"):
+        if extra.get(key) is not None and int(extra[key]) < 1:
+            raise ValueError(f"{key} must be at least 1, not {extra[key]}")
     return [
         {"seed": seed * 100_000 + i, "train": train, "external": external, **extra}
         for i in range(n)

@@ -218,7 +218,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """The opponent's options go together: a usage error otherwise."""
+    """The opponent's options go together, and the game's numbers are positive: a usage
+    error otherwise."""
+    for option in ("max_rounds", "history_tokens"):
+        if (value := getattr(args, option)) is not None and value < 1:
+            parser.error(f"--{option.replace('_', '-')} must be at least 1 (got {value})")
     if bool(args.opponent_endpoint) != bool(args.opponent_model):
         parser.error("--opponent-endpoint and --opponent-model go together")
     if args.external_fraction is not None and not args.opponent_endpoint:
