@@ -136,6 +136,22 @@ def test_rules_win_checks_and_vote_counts() -> None:
     assert rules.outcome(rules.count_votes({}), "draw_lots", random.Random(0)) == (None, False)
 
 
+def test_the_report_splits_validation_by_the_weights_it_was_played_with() -> None:
+    """A resumed run repeats its first validation under a newer resources version with the
+    same weights: still "before"; without known weights the versions' order decides."""
+    from report import when_played
+
+    def game(version: int, weights: int | None) -> dict:
+        return {"mode": "val", "version": version, "weights": weights}
+
+    games = [game(2, 0), game(5, 0), game(8, 1), {"mode": "train", "version": 6, "weights": 0}]
+    when_played(games)
+    assert [g["mode"] for g in games] == ["val before", "val before", "val after", "train"]
+    games = [game(2, None), game(5, None)]
+    when_played(games)
+    assert [g["mode"] for g in games] == ["val before", "val after"]
+
+
 @pytest.mark.timeout(600)
 def test_run_py_trains_both_sides_on_localrl_with_a_warning_and_a_grpo_group_per_side(
     tmp_path: Path,

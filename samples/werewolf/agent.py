@@ -58,7 +58,8 @@ def rules_prompt(rules: Rules) -> str:
         f"player, unless poisoned.{last} By day everyone speaks, then all vote in public to "
         f"eliminate one player ({tie}), who gives last words. The village wins when no "
         "werewolf is left; the werewolves win when they are at least as many as the others; "
-        f"after {rules.max_rounds} rounds it is a draw. Speak in one or two short sentences."
+        f"after {rules.max_rounds} round{'s' * (rules.max_rounds != 1)} it is a draw. Speak in "
+        "one or two short sentences."
     )
 
 

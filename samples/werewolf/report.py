@@ -15,20 +15,30 @@ from voltrl.store import open_store
 
 
 async def game_report(store_path: Path, rollouts: list[vl.types.Rollout]) -> list[dict]:
-    """Per game: its ``game`` event, the number and tokens of its calls, and when it was
-    played (``train``; ``val`` before or after training)."""
+    """Per game: its ``game`` event (None for a game not played to its end: cancelled or
+    failed), its status, the number and tokens of its calls, and when it was played:
+    ``mode`` (``train`` or ``val``) and the trained weights it was played with (``weights``,
+    the updates LocalRL had served; None where unknown)."""
     store = open_store(store_path)
+    weights: dict[int, int | None] = {}
     try:
         out = []
         for r in rollouts:
             spans = await store.get_spans(r.rollout_id, r.final_attempt_id)
             calls = await store.get_llm_calls(r.rollout_id, r.final_attempt_id)
-            [game] = [s.attributes for s in spans if s.name == "game"] or [{"winner": r.status}]
+            version = r.resources_version or 0
+            if version not in weights:
+                resources = await store.get_resources(version)
+                has = resources is not None and "main_llm" in resources
+                llm = resources["main_llm"] if has else None
+                weights[version] = getattr(llm, "weights_version", None)
             out.append(
                 {
-                    **game,
+                    "game": next((s.attributes for s in spans if s.name == "game"), None),
+                    "status": r.status,
                     "mode": r.mode,
-                    "version": r.resources_version or 0,
+                    "version": version,
+                    "weights": weights[version],
                     "calls": len(calls),
                     "prompt_tokens": sum(len(c.prompt_token_ids or ()) for c in calls),
                     "response_tokens": sum(len(c.response_token_ids or ()) for c in calls),
@@ -37,6 +47,18 @@ async def game_report(store_path: Path, rollouts: list[vl.types.Rollout]) -> lis
         return out
     finally:
         await store.close()
+
+
+def when_played(games: list[dict]) -> None:
+    """Splits ``val`` into ``val before`` and ``val after`` training (in place): by the
+    weights they were played with where known (a resumed run's repeated first validation is
+    still "before"), else by resources version."""
+    val = [g for g in games if g["mode"] == "val"]
+    key = "weights" if all(g["weights"] is not None for g in val) else "version"
+    first = min((g[key] for g in val), default=None)
+    if len({g[key] for g in val}) > 1:
+        for g in val:
+            g["mode"] = "val before" if g[key] == first else "val after"
 
 
 def wilson(wins: int, games: int, z: float = 1.96) -> tuple[float, float]:
@@ -50,27 +72,33 @@ def wilson(wins: int, games: int, z: float = 1.96) -> tuple[float, float]:
 
 
 def print_report(result: vl.RunResult) -> None:
-    """Winners (and the draws: games the round cap ended), rounds, calls and tokens per game,
-    invalid answers and refused prompts."""
+    """Per group of games: winners (and the draws: games the round cap ended), the wolves' win
+    rate with its interval, rounds, choices, calls and tokens per game, invalid answers,
+    refused prompts and history dropped; games not played to their end are named, not
+    counted."""
     games = asyncio.run(game_report(result.run_dir / "store.sqlite", result.rollouts))
-    val_versions = sorted({g["version"] for g in games if g["mode"] == "val"})
-    for g in games:
-        if g["mode"] == "val" and len(val_versions) > 1:
-            g["mode"] = "val before" if g["version"] == val_versions[0] else "val after"
+    when_played(games)
     for mode in sorted({g["mode"] for g in games}, key=lambda m: (m != "train", m != "val before")):
-        some = [g for g in games if g["mode"] == mode]
+        unfinished = Counter(g["status"] for g in games if g["mode"] == mode and not g["game"])
+        some = [{**g, **g["game"]} for g in games if g["mode"] == mode and g["game"]]
+        skipped = f" ({dict(unfinished)} not played to the end, not counted)" if unfinished else ""
+        if not some:
+            print(f"{mode}: no game played to the end{skipped}")
+            continue
         winners = Counter(g["winner"] for g in some)
         low, high = wilson(winners["wolves"], len(some))
         print(
-            f"{mode}: {len(some)} game(s), winners {dict(winners)}: the wolves won "
+            f"{mode}: {len(some)} game(s){skipped}, winners {dict(winners)}: the wolves won "
             f"{winners['wolves'] / len(some):.0%} (95% CI {low:.0%}-{high:.0%}), draw rate "
             f"{winners['draw'] / len(some):.0%} (ended by the round cap); per game "
             f"{mean(g.get('rounds', 0) for g in some):.1f} rounds, "
-            f"{mean(g.get('decisions', 0) for g in some):.0f} choices "
-            f"({mean(g.get('fallbacks', 0) for g in some):.0f} played at random), "
+            f"{mean(g.get('decisions', 0) for g in some):.1f} choices "
+            f"({mean(g.get('fallbacks', 0) for g in some):.1f} played at random), "
             f"{mean(g['calls'] for g in some):.0f} calls, "
             f"{mean(g['prompt_tokens'] for g in some):.0f} prompt + "
             f"{mean(g['response_tokens'] for g in some):.0f} generated tokens, "
             f"{mean(g.get('invalid_outputs', 0) for g in some):.1f} invalid answers, "
-            f"{mean(g.get('context_overflows', 0) for g in some):.1f} refused prompts"
+            f"{mean(g.get('context_overflows', 0) for g in some):.1f} refused prompts, "
+            f"{mean(g.get('history_dropped', 0) for g in some):.0f} messages dropped from "
+            "histories"
         )
