@@ -29,7 +29,16 @@ from rules import SIDES, GameState, Player, Rules, deal, ruleset
 import voltrl as vl
 from voltrl.adapters.agentscope import chat_model, instrument
 
-__all__ = ["INVALID_PENALTY", "agent_name", "game_rows", "side_filter", "werewolf_game"]
+__all__ = [
+    "INVALID_PENALTY",
+    "OUTCOME",
+    "SIDE_GROUPS",
+    "agent_name",
+    "game_rows",
+    "rules_prompt",
+    "side_filter",
+    "werewolf_game",
+]
 
 # AgentScope logs every model call that fails at WARNING (a refused prompt included); the game
 # counts those itself and reports them in its ``game`` event.
