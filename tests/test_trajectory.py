@@ -605,8 +605,9 @@ def test_group_by_agent_gives_each_side_of_a_task_its_own_grpo_group() -> None:
     games = [game("r1"), game("r2")]
     by_task = collate(games, TrajectoryConfig())
     by_side = collate(games, TrajectoryConfig(group_by_agent=r"[^/]+/([^/]+)/.*"))
-    assert by_task.group_ids == ["deal"] * 6
+    assert by_task.group_ids == ["deal"] * 6 and by_task.stats["groups"] == 1
     assert by_side.group_ids == ["deal/wolves", "deal/village", "deal"] * 2  # no match: task
+    assert by_side.stats["groups"] == 3
     assert grpo_advantages(torch.tensor(by_task.rewards), by_task.group_ids).abs().sum() > 1
     assert grpo_advantages(torch.tensor(by_side.rewards), by_side.group_ids).abs().sum() == 0
     with pytest.raises(ValidationError, match="has no capturing group"):
@@ -640,6 +641,7 @@ def test_collate_left_pads_prompts_right_pads_responses_and_places_rewards() -> 
         "merge_failures": 1,
         "dropped/too_long": 3,
         "rows": 2,
+        "groups": 1,
         "rollouts": 2,
         "rollouts_with_rows": 2,
     }

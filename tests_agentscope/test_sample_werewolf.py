@@ -175,7 +175,7 @@ def test_run_py_trains_both_sides_on_localrl_with_a_warning_and_a_grpo_group_per
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
     assert "warning: --train both trains the werewolves and the village" in out.stderr
-    assert "step 1: " in out.stdout and "trained calls; left out" in out.stdout
+    assert "step 1: " in out.stdout and "trained calls in 2 GRPO group(s); left out" in out.stdout
     assert "over the cap of 16" in out.stdout
     assert "train: 2 game(s), winners" in out.stdout and "draw rate " in out.stdout
     assert re.search(r"the wolves won \d+% \(95% CI \d+%-\d+%\)", out.stdout), out.stdout

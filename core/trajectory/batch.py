@@ -89,7 +89,7 @@ def collate(
 
     Widths are the longest prompt/response in the batch, or the configured maximum lengths
     when ``pad_to_max_lengths`` is set. ``stats`` sums the trajectories' counts and adds
-    ``rows``, ``rollouts`` and ``rollouts_with_rows``.
+    ``rows``, ``groups`` (GRPO groups), ``rollouts`` and ``rollouts_with_rows``.
     """
     config = config or TrajectoryConfig()
     pad = config.pad_token_id
@@ -133,6 +133,7 @@ def collate(
         batch.models.append(tr.model)
         batch.staleness.append(tr.metadata.get("staleness"))
     stats["rows"] = len(rows)
+    stats["groups"] = len(set(batch.group_ids))
     stats["rollouts"] = len(trajectories)
     stats["rollouts_with_rows"] = sum(1 for t in trajectories if t.transitions)
     batch.stats = dict(stats)

@@ -150,7 +150,8 @@ def train(args: argparse.Namespace) -> vl.RunResult:
     for record in algorithm.history:
         if "batch/rows" in record:
             print(
-                f"step {record['step']}: {record['batch/rows']} trained calls; left out "
+                f"step {record['step']}: {record['batch/rows']} trained calls in "
+                f"{record.get('batch/groups', '?')} GRPO group(s); left out "
                 f"{record.get('batch/dropped/agent_filter', 0)} of other players, "
                 f"{record.get('batch/dropped/over_cap', 0)} over the cap of {args.max_calls}, "
                 f"{record.get('batch/dropped/too_long', 0)} too long; "
