@@ -10,13 +10,11 @@ for later prompts that begin with them too (:mod:`.prefixes`).
 
 from __future__ import annotations
 
-import asyncio
 import collections
-import contextlib
 import secrets
 import threading
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -24,12 +22,11 @@ from torch import nn
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from voltrl.algorithms.local.engine.batch import Batch
+from voltrl.algorithms.local.engine.front import EngineFront
 from voltrl.algorithms.local.engine.prefixes import KV, PrefixCache, shared_length
 from voltrl.algorithms.local.engine.sampling import (
     Choice,
-    RequestOutput,
     SamplingParams,
-    is_int,
     sample,
 )
 from voltrl.algorithms.local.engine.sequences import (
@@ -44,7 +41,7 @@ from voltrl.algorithms.local.prefix_cache import cache_keyword, shares_prefix_ca
 from voltrl.algorithms.local.threads import decide_threads, use_threads
 
 
-class Engine:
+class Engine(EngineFront):
     """Continuous-batching generation for a causal LM, on its own thread.
 
     Args:
@@ -163,92 +160,6 @@ class Engine:
         self.close()
 
     # ---- requests -------------------------------------------------------------------------
-    def stream(
-        self,
-        prompt_token_ids: Sequence[int],
-        params: SamplingParams | None = None,
-        *,
-        request_id: str | None = None,
-        adapter: str | None = None,
-    ) -> AsyncIterator[list[Choice]]:
-        """Submit a request now; iterate the result for each step's deltas (one per choice
-        that changed) until all ``n`` choices have a ``finish_reason``. Call it on the event
-        loop that will iterate it; closing the iterator early aborts the request.
-        ``adapter``: the LoRA adapter generating it (None: the base model).
-
-        Raises ``ValueError`` at once for a bad prompt, bad parameters or an unknown adapter
-        (see :meth:`check`); the iteration raises ``EngineError`` if the engine is closed or
-        the model fails.
-        """
-        req = self._submit(list(prompt_token_ids), params or SamplingParams(), request_id, adapter)
-        return self._iterate(req)
-
-    async def _iterate(self, req: Request) -> AsyncIterator[list[Choice]]:
-        left = req.params.n
-        try:
-            while left:
-                item = await req.queue.get()
-                if isinstance(item, BaseException):
-                    raise item
-                left -= sum(d.finish_reason is not None for d in item)
-                yield item
-        finally:
-            if left:
-                req.aborted = True
-                with self._cv:
-                    self._cv.notify_all()
-
-    async def generate(
-        self,
-        prompt_token_ids: Sequence[int],
-        params: SamplingParams | None = None,
-        *,
-        request_id: str | None = None,
-        adapter: str | None = None,
-    ) -> RequestOutput:
-        """Generate all ``n`` choices of one prompt (with ``adapter``, as :meth:`stream`)
-        and return them when finished."""
-        params = params or SamplingParams()
-        rid = request_id or f"req-{uuid.uuid4().hex[:16]}"
-        choices = [Choice(index=i) for i in range(params.n)]
-        stream = self.stream(prompt_token_ids, params, request_id=rid, adapter=adapter)
-        async with contextlib.aclosing(stream) as it:
-            async for deltas in it:
-                for d in deltas:
-                    choices[d.index].add(d)
-        return RequestOutput(rid, list(prompt_token_ids), choices)
-
-    def check(
-        self, prompt_token_ids: Sequence[int], params: SamplingParams, adapter: str | None = None
-    ) -> int:
-        """Validate a request without submitting it; return how many tokens it may generate.
-
-        Raises ``ValueError`` with a message fit for the caller (an HTTP 400).
-        """
-        params.validate()
-        if adapter is not None and adapter not in self.adapters:
-            served = ", ".join(sorted(self.adapters)) or "none"
-            raise ValueError(f"no LoRA adapter {adapter!r} (adapters served: {served})")
-        prompt = prompt_token_ids
-        if not prompt:
-            raise ValueError("the prompt is empty")
-        if any(not is_int(t) or not 0 <= t < self.vocab_size for t in prompt):
-            raise ValueError(f"prompt token ids must be integers in [0, {self.vocab_size})")
-        if len(prompt) >= self.max_model_len:
-            raise ValueError(
-                f"the prompt has {len(prompt)} tokens; this model's context is "
-                f"{self.max_model_len} tokens, so at most {self.max_model_len - 1} fit"
-            )
-        room = self.max_model_len - len(prompt)
-        if params.max_tokens is not None and params.max_tokens > room:
-            raise ValueError(
-                f"max_tokens={params.max_tokens} with a {len(prompt)}-token prompt exceeds the "
-                f"context of {self.max_model_len} tokens (at most {room} can be generated)"
-            )
-        if params.n > self.max_batch_size:
-            raise ValueError(f"n={params.n} exceeds the engine's batch size {self.max_batch_size}")
-        return params.max_tokens or room
-
     def _submit(
         self, prompt: list[int], params: SamplingParams, rid: str | None, adapter: str | None
     ) -> Request:
@@ -260,6 +171,10 @@ class Engine:
             self._waiting.append(req)
             self._cv.notify_all()
         return req
+
+    def _abort(self, req: Request) -> None:
+        with self._cv:  # the engine thread drops the aborted rows at its next step
+            self._cv.notify_all()
 
     # ---- weights --------------------------------------------------------------------------
     def update_weights(
@@ -290,16 +205,6 @@ class Engine:
         if box and isinstance(box[0], BaseException):
             raise box[0]
         return self.weights_version
-
-    async def aupdate_weights(
-        self,
-        weights: Mapping[str, torch.Tensor] | nn.Module,
-        *,
-        strict: bool = True,
-        adapter: str | None = None,
-    ) -> int:
-        """:meth:`update_weights` without blocking the event loop."""
-        return await asyncio.to_thread(self.update_weights, weights, strict=strict, adapter=adapter)
 
     def _load(self, state: Mapping[str, torch.Tensor], strict: bool, adapter: str | None) -> None:
         try:
