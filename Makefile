@@ -207,7 +207,7 @@ $(VLLM_VENV)/.deps-$(VLLM_VERSION): | $(VLLM_PY)
 	$(VLLM_PY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec triton
 	touch $@
 
-## make test-vllm: the gateway against a real vLLM server on this CPU (tests_vllm/)
+## make test-vllm: the gateway and LocalRL(engine="vllm") on a real vLLM on this CPU (tests_vllm/)
 test-vllm: $(VENV)/.test-deps $(VLLM_VENV)/.deps-$(VLLM_VERSION)
 	VOLTRL_VLLM_PYTHON="$(abspath $(VLLM_PY))" $(PY) -m pytest -q tests_vllm
 

@@ -46,6 +46,8 @@ RESUMABLE_SETTINGS = (
     "dtype",
     "threads",
     "max_batch_size",
+    "engine",
+    "engine_args",
     "gateway_retry",
 )
 """The algorithm's settings a resumed run may change: none alters the data or the model."""

@@ -47,6 +47,7 @@ from voltrl.algorithms.local.checkpoints import (
     resume_step,
     save_final,
 )
+from voltrl.algorithms.local.engine.choice import checked_engine, engine_hint
 from voltrl.algorithms.local.lora_adapters import LoraAdapters
 from voltrl.algorithms.local.precision import checked_dtype
 from voltrl.algorithms.local.reports import (
@@ -66,6 +67,7 @@ from voltrl.types import Rollout, Task
 
 if TYPE_CHECKING:
     from voltrl.algorithms.local.engine import Engine
+    from voltrl.algorithms.local.engine.vllm import VLLMEngine
     from voltrl.algorithms.local.sft import SFT
     from voltrl.algorithms.local.update import PolicyTrainer, PolicyUpdateConfig
     from voltrl.gateway import Gateway
@@ -113,6 +115,11 @@ class LocalRL(Algorithm):
             CPUs, so that a busy core does not stall every kernel; see ``threads.py``).
         seed: task order and sampling seed.
         max_batch_size: sequences the engine decodes together.
+        engine: what serves the model: ``"local"``, the built-in engine (any device, the
+            default), or ``"vllm"``, vLLM in this process on the same device, its weights
+            updated in place after each update (``engine/vllm.py``; no ``lora_adapters``).
+        engine_args: with ``engine="vllm"``, more ``vllm.EngineArgs`` fields (e.g.
+            ``{"gpu_memory_utilization": 0.5}``).
         gateway_retry: how the gateway retries engine calls (default: the trainer's).
         reasoning_split: agents get the ``<think>...</think>`` the model writes as
             ``reasoning_content`` (:mod:`voltrl.gateway.reasoning`); training still sees every
@@ -158,6 +165,8 @@ class LocalRL(Algorithm):
         threads: int | None = None,
         seed: int = 0,
         max_batch_size: int = 64,
+        engine: str = "local",
+        engine_args: dict[str, Any] | None = None,
         gateway_retry: GatewayRetry | dict[str, Any] | None = None,
         reasoning_split: bool = False,
         warm_start: SFT | None = None,
@@ -214,6 +223,8 @@ class LocalRL(Algorithm):
         self.threads = decide_threads(threads)
         self.seed = seed
         self.max_batch_size = max_batch_size
+        self.engine = checked_engine(engine, engine_args, lora_adapters is not None)
+        self.engine_args = engine_args
         from voltrl.retry import GatewayRetry
 
         self.gateway_retry = (
@@ -229,7 +240,7 @@ class LocalRL(Algorithm):
         self._policy_lock = threading.Lock()
         self._steps_done = 0
         self._torn_update = False  # some adapters' update stepped, others' failed: out of step
-        self._engine: Engine | None = None
+        self._engine: Engine | VLLMEngine | None = None
         self._gateway: Gateway | None = None
         self._policies: dict[str | None, PolicyTrainer] = {}
         """The trainers: one per adapter, or one under ``None`` (the model or its LoRA)."""
@@ -260,6 +271,8 @@ class LocalRL(Algorithm):
             "threads": self.threads,
             "seed": self.seed,
             "max_batch_size": self.max_batch_size,
+            "engine": self.engine,
+            "engine_args": self.engine_args,
             "gateway_retry": self.gateway_retry and self.gateway_retry.model_dump(),
             "reasoning_split": self.reasoning_split,
             "warm_start": self.warm_start and self.warm_start.config(),
@@ -277,7 +290,7 @@ class LocalRL(Algorithm):
 
     async def setup(self, ctx: TrainContext) -> None:
         """Load the model, start the engine and a gateway in front of it, publish the LLM."""
-        from voltrl.algorithms.local.engine import Engine
+        from voltrl.algorithms.local.engine import start_engine
         from voltrl.algorithms.local.memory import check_memory
         from voltrl.algorithms.local.openai_api import serve_engine
         from voltrl.algorithms.local.threads import use_threads
@@ -286,6 +299,8 @@ class LocalRL(Algorithm):
         use_threads(self.threads, report=ctx.progress)
         model, tokenizer = await asyncio.to_thread(self._load)
         check_memory(model, self, report=ctx.progress)
+        if ctx.progress and (hint := engine_hint(self.engine, str(model.device))):
+            print(hint, flush=True)
         # The dashboard and ``voltrl show`` decode the run's token ids with it.
         await asyncio.to_thread(tokenizer.save_pretrained, ctx.run_dir / TOKENIZER_DIR)
         resume_from = None
@@ -320,12 +335,16 @@ class LocalRL(Algorithm):
             served.load_state_dict(self._policies[None].merged_state_dict())
         else:  # the engine's copy: the same base and adapters, unmerged, served by name
             served = copy.deepcopy(model).requires_grad_(False)
-        self._engine = Engine(
+        self._engine = await asyncio.to_thread(
+            start_engine,
+            self.engine,
             served,
             tokenizer,
+            ctx.run_dir / "engine_model",
             max_batch_size=self.max_batch_size,
             seed=self.seed,
             lora_adapters=self.adapters is not None,
+            engine_args=self.engine_args,
         )
         self.tokenizer = tokenizer
         engine_url, stop_engine = await serve_engine(

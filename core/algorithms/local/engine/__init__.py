@@ -31,6 +31,12 @@ update on its own rows (peft's mixed-adapter batches). ``update_weights(state,
 adapter=name)`` swaps one adapter's weights and leaves the others, and the base, as they are.
 """
 
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
 from voltrl.algorithms.local.engine.core import Engine
 from voltrl.algorithms.local.engine.sampling import (
     MAX_TOP_LOGPROBS,
@@ -41,6 +47,9 @@ from voltrl.algorithms.local.engine.sampling import (
 )
 from voltrl.algorithms.local.engine.sequences import EngineError
 
+if TYPE_CHECKING:
+    from voltrl.algorithms.local.engine.vllm import VLLMEngine
+
 __all__ = [
     "MAX_TOP_LOGPROBS",
     "Choice",
@@ -49,4 +58,38 @@ __all__ = [
     "FinishReason",
     "RequestOutput",
     "SamplingParams",
+    "start_engine",
 ]
+
+
+def start_engine(
+    kind: str,
+    model: Any,
+    tokenizer: Any,
+    directory: Path,
+    *,
+    max_batch_size: int,
+    seed: int | None,
+    lora_adapters: bool = False,
+    engine_args: Mapping[str, Any] | None = None,
+) -> Engine | VLLMEngine:
+    """The engine LocalRL serves ``model`` with: ``kind`` ``"local"``, an :class:`Engine`
+    (serving ``lora_adapters`` by name when asked); ``"vllm"``, a
+    :class:`~.vllm.VLLMEngine` on ``model``'s device, started from a copy saved in
+    ``directory``."""
+    if kind == "vllm":
+        from voltrl.algorithms.local.engine.vllm import vllm_engine_for
+
+        device = str(next(model.parameters()).device)
+        return vllm_engine_for(
+            model,
+            tokenizer,
+            directory,
+            device=device,
+            max_batch_size=max_batch_size,
+            seed=seed,
+            engine_args=engine_args,
+        )
+    return Engine(
+        model, tokenizer, max_batch_size=max_batch_size, seed=seed, lora_adapters=lora_adapters
+    )

@@ -1,0 +1,120 @@
+"""``LocalRL(engine="vllm")``: vLLM in the trainer's process serves the rollouts, and after an
+update it serves the updated weights, with no restart.
+
+Not part of ``make test`` (``make test-vllm`` runs it, as ``test_gateway_vllm.py``). The run
+itself happens under the vLLM environment's python (``localrl_vllm_run.py``: one LocalRL step
+on a tiny model, then a validation), importing voltrl from this tree; this module then reads
+its store and recomputes, with transformers, the logprobs of every token vLLM sampled: under
+the initial weights for the step's rollouts, under ``final/`` (the updated weights) for the
+validation after it, which must also differ from the initial weights' logprobs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from voltrl.algorithms.local.tiny import build_tiny_model, build_tiny_tokenizer
+from voltrl.store.sql import SQLStore
+
+ROOT = Path(__file__).resolve().parents[1]
+VLLM_PYTHON = os.environ.get("VOLTRL_VLLM_PYTHON", "")
+TIMEOUT_S = 900.0
+TOLERANCE = 1e-3
+"""Largest difference allowed between a logprob vLLM recorded and transformers' (float32 on
+both sides: measured up to about 1e-5 here)."""
+
+pytestmark = pytest.mark.timeout(TIMEOUT_S + 60)
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Run ``localrl_vllm_run.py`` under the vLLM environment; its run directory."""
+    if not VLLM_PYTHON or not os.access(VLLM_PYTHON, os.X_OK):
+        pytest.fail("VOLTRL_VLLM_PYTHON must name vLLM's python: run `make test-vllm`")
+    tmp = tmp_path_factory.mktemp("localrl-vllm")
+    tree = tmp / "tree"
+    tree.mkdir()
+    (tree / "voltrl").symlink_to(ROOT / "core")  # this tree's voltrl, not an installed one
+    log = tmp / "run.log"
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    with log.open("w") as out:
+        proc = subprocess.run(
+            [VLLM_PYTHON, str(ROOT / "tests_vllm" / "localrl_vllm_run.py"), str(tmp / "runs")],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            timeout=TIMEOUT_S,
+            check=False,
+        )
+    if proc.returncode != 0:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
+        pytest.fail(f"the LocalRL run failed ({proc.returncode}); log {log}:\n{tail}")
+    return tmp / "runs" / "vllm"
+
+
+def recorded(run_dir: Path) -> dict[tuple[str, int], list]:
+    """The run's model calls, by (rollout mode, the store's resources version)."""
+
+    async def read() -> dict[tuple[str, int], list]:
+        store = SQLStore(run_dir / "store.sqlite")
+        try:
+            calls: dict[tuple[str, int], list] = {}
+            for r in await store.query_rollouts():
+                key = (r.mode, r.resources_version or 0)
+                calls.setdefault(key, []).extend(await store.get_llm_calls(r.rollout_id))
+            return calls
+        finally:
+            await store.close()
+
+    return asyncio.run(read())
+
+
+def gaps(model: torch.nn.Module, calls: list) -> list[float]:
+    """For every sampled token of ``calls``: |recorded logprob - ``model``'s logprob|."""
+    out = []
+    with torch.no_grad():
+        for call in calls:
+            prompt, response = call.prompt_token_ids, call.response_token_ids
+            logits = model(torch.tensor([prompt + response])).logits[0].float()
+            lps = torch.log_softmax(logits, dim=-1)
+            for i, token in enumerate(response):
+                out.append(abs(lps[len(prompt) - 1 + i, token].item() - call.response_logprobs[i]))
+    return out
+
+
+def test_localrl_on_vllm_samples_from_the_weights_of_each_step(run_dir: Path) -> None:
+    calls = recorded(run_dir)
+    (train_version,) = [v for mode, v in calls if mode == "train"]
+    before, after = sorted(v for mode, v in calls if mode == "val")
+    assert before < train_version < after  # validations before and after the one update
+    trained, validated = calls[("train", train_version)], calls[("val", after)]
+    assert len(trained) == 32 and len(validated) == 4
+    assert all(c.response_token_ids and c.response_logprobs for c in trained + validated)
+    tok = build_tiny_tokenizer()
+    initial = build_tiny_model(tok, hidden=64, layers=2, heads=2, kv_heads=1, seed=0)
+    updated = AutoModelForCausalLM.from_pretrained(run_dir / "final", dtype=torch.float32).eval()
+    # The step's rollouts and the first validation: the initial weights' logprobs.
+    assert max(gaps(initial, trained + calls[("val", before)])) < TOLERANCE
+    # The validation after the update: the updated weights', which the initial ones are not.
+    assert max(gaps(updated, validated)) < TOLERANCE
+    assert max(gaps(initial, validated)) > 10 * TOLERANCE
+
+
+def test_the_vllm_engine_model_dir_holds_what_vllm_started_from(run_dir: Path) -> None:
+    engine_model = run_dir / "engine_model"
+    assert (engine_model / "config.json").is_file()
+    assert (engine_model / "tokenizer.json").is_file() or (
+        engine_model / "tokenizer_config.json"
+    ).is_file()
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
