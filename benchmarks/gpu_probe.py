@@ -5,8 +5,9 @@ so): what LocalRL does with the device, in three parts, each printed as it finis
    batch of the same size, at concurrency 1, 16 and 64, on a Qwen2 shape of about 0.5B
    parameters in bfloat16 (random weights: speed does not depend on them).
 2. **Update**: one PolicyTrainer step on rows of 1,024 tokens, in float32 and bfloat16, with
-   and without gradient checkpointing: seconds, model TFLOP/s (6 x parameters x tokens, plus
-   a forward's 2 x when checkpointing recomputes it) and peak memory.
+   and without gradient checkpointing, in micro-batches of 4 rows and of the whole batch, and
+   compiled: seconds, model TFLOP/s (6 x parameters x tokens, plus a forward's 2 x when
+   checkpointing recomputes it) and peak memory.
 3. **Demo steps**: the calculator sample's LocalRL run with the tiny model (as ``make demo``
    trains it, no warm-up): each step's rollout and update seconds, from ``metrics.jsonl``.
 
@@ -127,6 +128,24 @@ def hf_rate(model: Any, batch: int, prompt: int, tokens: int, device: str) -> fl
     return batch * tokens / (time.perf_counter() - start)
 
 
+def hf_graph_rate(model: Any, prompt: int, tokens: int, device: str) -> tuple[float, float]:
+    """Generated tokens/s of ``model.generate`` on one prompt with a static KV cache, which
+    transformers compiles (``torch.compile(mode="reduce-overhead")``: CUDA graphs) on a GPU;
+    and the seconds the first call took (the compilation)."""
+    ids = torch.randint(1, model.config.vocab_size, (1, prompt), device=device)
+    kwargs = {"do_sample": True, "top_k": 0, "pad_token_id": 0, "cache_implementation": "static"}
+    with torch.inference_mode():
+        start = time.perf_counter()
+        for _ in range(2):  # the first call compiles; the second replays (a graph per shape)
+            model.generate(ids, max_new_tokens=tokens, min_new_tokens=tokens, **kwargs)
+        sync(device)
+        compiled = time.perf_counter() - start
+        start = time.perf_counter()
+        model.generate(ids, max_new_tokens=tokens, min_new_tokens=tokens, **kwargs)
+        sync(device)
+    return tokens / (time.perf_counter() - start), compiled
+
+
 def decode(shape: str, device: str, dtype: torch.dtype, tokens: int) -> None:
     model = qwen2(shape, dtype, device)
     print(f"\n1. decode: {shape} Qwen2 shape, {str(dtype)[6:]}, {tokens} tokens per request")
@@ -136,9 +155,30 @@ def decode(shape: str, device: str, dtype: torch.dtype, tokens: int) -> None:
         ours = asyncio.run(engine_rate(model, concurrency, 64, tokens))
         theirs = hf_rate(model, concurrency, 64, tokens, device)
         print(f"| {concurrency} | {ours:,.0f} | {theirs:,.0f} | {ours / theirs:.2f}x |", flush=True)
+    if device.startswith("cuda"):  # what CUDA graphs make of concurrency 1 (item 5's question)
+        rate, compiled = hf_graph_rate(model, 64, tokens, device)
+        print(
+            f"| 1, HF static cache compiled (CUDA graphs) | - | {rate:,.0f} | - |\n"
+            f"(its compilation and first two calls: {compiled:.0f} s)",
+            flush=True,
+        )
 
 
 # ---- 2. update -------------------------------------------------------------------------------
+UPDATE_SETTINGS = [  # (dtype, checkpointing, micro-batch size, compiled)
+    (torch.float32, False, 4, False),
+    (torch.float32, True, 4, False),
+    (torch.bfloat16, False, 4, False),
+    (torch.bfloat16, True, 4, False),
+    (torch.bfloat16, False, 16, False),
+    (torch.bfloat16, True, 16, False),
+    (torch.bfloat16, False, 16, True),
+]
+"""Part 2's rows: the four of dtype x checkpointing at LocalRL's default micro-batch size,
+then bfloat16 with the whole batch in one micro-batch (fewer kernel launches per token), and
+that with the model compiled (``torch.compile``: fused elementwise kernels)."""
+
+
 def update(shape: str, device: str, rows: int, length: int) -> None:
     from voltrl.algorithms.local.update import PolicyTrainer, PolicyUpdateConfig
     from voltrl.trajectory import collate
@@ -162,35 +202,38 @@ def update(shape: str, device: str, rows: int, length: int) -> None:
         for i in range(rows)
     ]
     batch = collate(trajectories)
-    print(f"\n2. update: {shape} Qwen2 shape, {rows} rows of {length} tokens, micro-batches of 4")
-    print("| dtype | checkpointing | seconds | model TFLOP/s | peak memory (GiB) |")
-    print("|---|---|---|---|---|")
-    for dtype in (torch.float32, torch.bfloat16):
-        for checkpointing in (False, True):
-            model = qwen2(shape, dtype, device).train()
-            params = sum(p.numel() for p in model.parameters())
-            config = PolicyUpdateConfig(
-                lr=1e-6, micro_batch_size=4, gradient_checkpointing=checkpointing
-            )
-            trainer = PolicyTrainer(model, config)
-            trainer.step(copy.deepcopy(batch))  # warm-up (allocator, kernels)
-            sync(device)
-            peak_reset(device)
-            start = time.perf_counter()
-            trainer.step(copy.deepcopy(batch))
-            sync(device)
-            seconds = time.perf_counter() - start
-            flops = (8 if checkpointing else 6) * params * rows * length
-            peak = peak_gib(device)
-            shown = "-" if peak is None else f"{peak:.1f}"
-            print(
-                f"| {str(dtype)[6:]} | {checkpointing} | {seconds:.2f} | "
-                f"{flops / seconds / 1e12:.3g} | {shown} |",
-                flush=True,
-            )
-            del trainer, model
-            if device.startswith("cuda"):
-                torch.cuda.empty_cache()
+    print(f"\n2. update: {shape} Qwen2 shape, {rows} rows of {length} tokens")
+    print("| dtype | checkpointing | micro-batch | compiled | seconds | model TFLOP/s | peak GiB |")
+    print("|---|---|---|---|---|---|---|")
+    for dtype, checkpointing, micro, compiled in UPDATE_SETTINGS:
+        if compiled and not device.startswith("cuda"):
+            continue  # inductor's CPU compilation: tens of seconds for nothing a GPU needs
+        model = qwen2(shape, dtype, device).train()
+        params = sum(p.numel() for p in model.parameters())
+        config = PolicyUpdateConfig(
+            lr=1e-6, micro_batch_size=min(micro, rows), gradient_checkpointing=checkpointing
+        )
+        trainer = PolicyTrainer(model, config)
+        if compiled:
+            model.compile()
+        trainer.step(copy.deepcopy(batch))  # warm-up (allocator, kernels, compilation)
+        sync(device)
+        peak_reset(device)
+        start = time.perf_counter()
+        trainer.step(copy.deepcopy(batch))
+        sync(device)
+        seconds = time.perf_counter() - start
+        flops = (8 if checkpointing else 6) * params * rows * length
+        peak = peak_gib(device)
+        shown = "-" if peak is None else f"{peak:.1f}"
+        print(
+            f"| {str(dtype)[6:]} | {checkpointing} | {min(micro, rows)} | {compiled} | "
+            f"{seconds:.2f} | {flops / seconds / 1e12:.3g} | {shown} |",
+            flush=True,
+        )
+        del trainer, model
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()
 
 
 # ---- 3. the demo's steps ---------------------------------------------------------------------
@@ -221,12 +264,19 @@ def demo_steps(steps: int, tasks_per_step: int, group_size: int) -> None:
     with tempfile.TemporaryDirectory() as out:
         trainer = vl.Trainer(algo, run_dir=out, name="probe", max_concurrency=64, progress=False)
         result = trainer.fit(calculator_agent, make_tasks(200, seed=0))
-    print("| step | rollouts | rollout s | update s |")
-    print("|---|---|---|---|")
-    for m in result.metrics:
-        if "rollout_s" in m:
-            count = m.get("train/rollouts", "-")
-            print(f"| {m['step']} | {count} | {m['rollout_s']:.2f} | {m['update_s']:.2f} |")
+        print("| step | rollouts | rollout s | update s |")
+        print("|---|---|---|---|")
+        for m in result.metrics:
+            if "rollout_s" in m:
+                count = m.get("train/rollouts", "-")
+                print(f"| {m['step']} | {count} | {m['rollout_s']:.2f} | {m['update_s']:.2f} |")
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        from step_timeline import table, timeline
+
+        run = Path(result.run_dir)
+        steps = asyncio.run(timeline(str(run / "store.sqlite"), run / "metrics.jsonl"))
+        print("\nthe steps' timeline (seconds from each step's tasks being queued):")
+        print(table(steps), flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

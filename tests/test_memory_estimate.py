@@ -86,3 +86,14 @@ def test_the_docs_table_is_what_the_estimate_gives_for_qwen25() -> None:
     for (model, kind, dtype), total in table.items():
         assert f"| Qwen2.5-{model} | {kind} | {dtype} | {total:.1f} |" in docs
     assert table[("7B", "LoRA r16", "bfloat16")] < 80  # a 7B model with LoRA fits one card
+
+
+def test_the_measured_table_runs_two_updates_of_each_kind_on_a_cpu(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from memory_table import main
+
+    main(["--measure", "--shapes", "small"])
+    out = capsys.readouterr().out
+    assert "| small | full | 0.0 | - |" in out  # no peak to read without CUDA
+    assert "| small | LoRA r16 | 0.0 | - |" in out
