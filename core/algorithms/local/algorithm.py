@@ -47,7 +47,7 @@ from voltrl.algorithms.local.checkpoints import (
     resume_step,
     save_final,
 )
-from voltrl.algorithms.local.engine.choice import checked_engine, engine_hint
+from voltrl.algorithms.local.engine_choice import checked_engine
 from voltrl.algorithms.local.lora_adapters import LoraAdapters
 from voltrl.algorithms.local.precision import checked_dtype
 from voltrl.algorithms.local.reports import (
@@ -115,11 +115,9 @@ class LocalRL(Algorithm):
             CPUs, so that a busy core does not stall every kernel; see ``threads.py``).
         seed: task order and sampling seed.
         max_batch_size: sequences the engine decodes together.
-        engine: what serves the model: ``"local"``, the built-in engine (any device, the
-            default), or ``"vllm"``, vLLM in this process on the same device, its weights
-            updated in place after each update (``engine/vllm.py``; no ``lora_adapters``).
-        engine_args: with ``engine="vllm"``, more ``vllm.EngineArgs`` fields (e.g.
-            ``{"gpu_memory_utilization": 0.5}``).
+        engine: ``"local"`` (the built-in engine) or ``"vllm"`` (vLLM in this process,
+            its weights updated in place: ``engine/vllm.py``, docs/gpu.md).
+        engine_args: with ``engine="vllm"``, more ``vllm.EngineArgs`` fields.
         gateway_retry: how the gateway retries engine calls (default: the trainer's).
         reasoning_split: agents get the ``<think>...</think>`` the model writes as
             ``reasoning_content`` (:mod:`voltrl.gateway.reasoning`); training still sees every
@@ -175,7 +173,7 @@ class LocalRL(Algorithm):
     ) -> None:
         try:
             from voltrl.algorithms.local.threads import decide_threads
-            from voltrl.algorithms.local.update import PolicyUpdateConfig
+            from voltrl.algorithms.local.update_config import implied_update
         except ModuleNotFoundError as exc:
             if exc.name not in LOCAL_EXTRA:
                 raise
@@ -197,21 +195,13 @@ class LocalRL(Algorithm):
         self.val_sampling = {**self.sampling, "temperature": 0.0, **(val_sampling or {})}
         self.val_every = val_every
         self.val_n = val_n
-        if isinstance(update, dict):
-            update = PolicyUpdateConfig.model_validate({"seed": seed, **update})
-        self.update = update or PolicyUpdateConfig(seed=seed)
         self.adapters = (
             None
             if lora_adapters is None
             else LoraAdapters.parse(lora_adapters, served_name=served_name)
         )
-        if self.adapters is not None and not self.update.use_lora:
-            if "use_lora" in self.update.model_fields_set:
-                raise ValueError("lora_adapters trains LoRA adapters: leave use_lora out (or True)")
-            self.update = self.update.model_copy(update={"use_lora": True})
+        self.update = implied_update(update, seed, self.adapters is not None, max_staleness)
         self.max_staleness = max_staleness
-        if max_staleness and "old_logprobs" not in self.update.model_fields_set:
-            self.update = self.update.model_copy(update={"old_logprobs": "decoupled"})
         if isinstance(trajectory, dict):
             trajectory = TrajectoryConfig.model_validate(trajectory)
         self.trajectory = trajectory or TrajectoryConfig()
@@ -252,8 +242,10 @@ class LocalRL(Algorithm):
         """The settings recorded with the run: every argument but ``tokenizer``, as
         ``voltrl train``'s ``algorithm:`` section takes them (a local model directory as its
         absolute path; a model object by its class name, which no config can load)."""
+        from voltrl.algorithms.local.models import model_name
+
         return {
-            "model": _model_name(self.model),
+            "model": model_name(self.model),
             "steps": self.steps,
             "tasks_per_step": self.tasks_per_step,
             "group_size": self.group_size,
@@ -299,8 +291,6 @@ class LocalRL(Algorithm):
         use_threads(self.threads, report=ctx.progress)
         model, tokenizer = await asyncio.to_thread(self._load)
         check_memory(model, self, report=ctx.progress)
-        if ctx.progress and (hint := engine_hint(self.engine, str(model.device))):
-            print(hint, flush=True)
         # The dashboard and ``voltrl show`` decode the run's token ids with it.
         await asyncio.to_thread(tokenizer.save_pretrained, ctx.run_dir / TOKENIZER_DIR)
         resume_from = None
@@ -345,6 +335,7 @@ class LocalRL(Algorithm):
             seed=self.seed,
             lora_adapters=self.adapters is not None,
             engine_args=self.engine_args,
+            report=ctx.progress,
         )
         self.tokenizer = tokenizer
         engine_url, stop_engine = await serve_engine(
@@ -606,13 +597,3 @@ class LocalRL(Algorithm):
         if ctx.progress:
             print(f"validation @ {step}: reward {stats.reward_mean or 0:.3f}", flush=True)
         return rollouts
-
-
-def _model_name(model: object) -> str:
-    """How a run records ``model``: a local directory as its absolute path (so a resume from
-    another directory, or from the run's ``train.yaml``, names the same model), a name as
-    given, a model object by its class name."""
-    if isinstance(model, str | Path):
-        path = Path(model).expanduser()
-        return str(path.resolve()) if path.exists() else str(model)
-    return type(model).__name__

@@ -189,3 +189,13 @@ def _hub_unreachable(timeout_s: float = 3.0) -> str | None:
     except OSError as exc:
         return f"the hub at {constants.ENDPOINT} cannot be reached{via} ({exc.strerror or exc})"
     return None
+
+
+def model_name(model: object) -> str:
+    """How a run records ``model``: a local directory as its absolute path (so a resume from
+    another directory, or from the run's ``train.yaml``, names the same model), a name as
+    given, a model object by its class name."""
+    if isinstance(model, str | Path):
+        path = Path(model).expanduser()
+        return str(path.resolve()) if path.exists() else str(model)
+    return type(model).__name__

@@ -7,7 +7,7 @@ batched, LoRA. The run's ``train.yaml`` records them as ``algorithm.update``.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -60,3 +60,25 @@ class PolicyUpdateConfig(Model):
     lora_dropout: float = Field(0.0, ge=0, lt=1)
     lora_target_modules: list[str] | str = "all-linear"
     seed: int = 0
+
+
+def implied_update(
+    update: PolicyUpdateConfig | dict[str, Any] | None,
+    seed: int,
+    lora_adapters: bool,
+    max_staleness: int,
+) -> PolicyUpdateConfig:
+    """LocalRL's update settings: ``update`` (a dict takes LocalRL's ``seed`` unless it names
+    one), with what LocalRL's other arguments imply where ``update`` leaves it unset: LoRA for
+    ``lora_adapters``, ``old_logprobs="decoupled"`` for ``max_staleness``. A ``use_lora=False``
+    set with ``lora_adapters`` is refused."""
+    if isinstance(update, dict):
+        update = PolicyUpdateConfig.model_validate({"seed": seed, **update})
+    update = update or PolicyUpdateConfig(seed=seed)
+    if lora_adapters and not update.use_lora:
+        if "use_lora" in update.model_fields_set:
+            raise ValueError("lora_adapters trains LoRA adapters: leave use_lora out (or True)")
+        update = update.model_copy(update={"use_lora": True})
+    if max_staleness and "old_logprobs" not in update.model_fields_set:
+        update = update.model_copy(update={"old_logprobs": "decoupled"})
+    return update

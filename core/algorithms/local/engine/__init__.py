@@ -72,11 +72,16 @@ def start_engine(
     seed: int | None,
     lora_adapters: bool = False,
     engine_args: Mapping[str, Any] | None = None,
+    report: bool = False,
 ) -> Engine | VLLMEngine:
     """The engine LocalRL serves ``model`` with: ``kind`` ``"local"``, an :class:`Engine`
     (serving ``lora_adapters`` by name when asked); ``"vllm"``, a
     :class:`~.vllm.VLLMEngine` on ``model``'s device, started from a copy saved in
-    ``directory``."""
+    ``directory``. ``report``: print :func:`~..engine_choice.engine_hint` where it has one."""
+    from voltrl.algorithms.local.engine_choice import engine_hint
+
+    if report and (hint := engine_hint(kind, str(next(model.parameters()).device))):
+        print(hint, flush=True)
     if kind == "vllm":
         from voltrl.algorithms.local.engine.vllm import vllm_engine_for
 
