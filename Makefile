@@ -207,9 +207,20 @@ $(VLLM_VENV)/.deps-$(VLLM_VERSION): | $(VLLM_PY)
 	$(VLLM_PY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec triton
 	touch $@
 
-## make test-vllm: the gateway and LocalRL(engine="vllm") on a real vLLM on this CPU (tests_vllm/)
-test-vllm: $(VENV)/.test-deps $(VLLM_VENV)/.deps-$(VLLM_VERSION)
+# LocalRL(engine="vllm") runs vLLM in the trainer's process: .venv-vllm also gets what its
+# tests and LoRA need, and imports voltrl from this tree (.venv-vllm/tree/voltrl -> core).
+$(VLLM_VENV)/.localrl-deps: $(VLLM_VENV)/.deps-$(VLLM_VERSION)
+	$(VLLM_PY) -m pip install --quiet "peft>=0.13" "pytest>=8" "pytest-asyncio>=0.23" \
+		"pytest-timeout>=2.3" "$(TORCH)"
+	mkdir -p $(VLLM_VENV)/tree && ln -sfn ../../core $(VLLM_VENV)/tree/voltrl
+	touch $@
+
+## make test-vllm: the gateway and LocalRL(engine="vllm") on a real vLLM on this CPU
+## (tests_vllm/ from .venv, tests_vllm_engine/ inside vLLM's environment)
+test-vllm: $(VENV)/.test-deps $(VLLM_VENV)/.deps-$(VLLM_VERSION) $(VLLM_VENV)/.localrl-deps
 	VOLTRL_VLLM_PYTHON="$(abspath $(VLLM_PY))" $(PY) -m pytest -q tests_vllm
+	PYTHONPATH="$(abspath $(VLLM_VENV))/tree" $(VLLM_PY) -m pytest -q -p no:cacheprovider \
+		tests_vllm_engine
 
 # The package itself, for pip installs outside this clone: a pinned `build` in .venv makes the
 # source archive and, from it, the wheel (each in an isolated environment with setuptools, so

@@ -97,3 +97,14 @@ def test_the_measured_table_runs_two_updates_of_each_kind_on_a_cpu(
     out = capsys.readouterr().out
     assert "| small | full | 0.0 | - |" in out  # no peak to read without CUDA
     assert "| small | LoRA r16 | 0.0 | - |" in out
+
+
+def test_with_vllm_on_a_cpu_its_weights_and_kv_cache_replace_the_built_in_cache() -> None:
+    from voltrl.algorithms.local.memory import with_vllm
+
+    model = tiny_model()
+    found = estimate(model, PolicyUpdateConfig(), max_batch_size=4)
+    vllm = with_vllm(found, "cpu", {"kv_cache_memory_bytes": 1000})
+    assert "KV cache" not in vllm.parts
+    assert vllm.parts["engine copy"] == found.parts["engine copy"]  # LocalRL's copy for final/
+    assert vllm.parts["vLLM (weights and KV cache)"] == found.parts["weights"] + 1000

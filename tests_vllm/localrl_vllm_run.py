@@ -1,7 +1,9 @@
 """Run by ``test_localrl_vllm.py`` under the vLLM environment's python: one LocalRL step with
 ``engine="vllm"`` on a tiny model, then a validation served by the updated weights.
 
-    python tests_vllm/localrl_vllm_run.py RUN_PARENT
+    python tests_vllm/localrl_vllm_run.py RUN_PARENT [lora]
+
+With ``lora``, a LoRA adapter trains and vLLM serves the merged weights.
 
 Prints one JSON line: the run directory and the vLLM engine's counters.
 """
@@ -30,7 +32,7 @@ async def say_the_letter(task: dict, llm: vl.LLM) -> float:
     return float(task["letter"] in (reply.choices[0].message.content or ""))
 
 
-def main(parent: Path) -> None:
+def main(parent: Path, lora: bool) -> None:
     tok = build_tiny_tokenizer()
     model = build_tiny_model(tok, hidden=64, layers=2, heads=2, kv_heads=1, seed=0)
     algo = vl.LocalRL(
@@ -44,14 +46,15 @@ def main(parent: Path) -> None:
         val_every=1,
         sampling={"temperature": 1.0, "max_tokens": 8},
         val_sampling={"max_tokens": 8},
-        update={"lr": 0.05, "micro_batch_size": 8},
+        update={"lr": 0.05, "micro_batch_size": 8, "use_lora": lora, "lora_r": 8},
         checkpoint_every=0,
     )
     rows = [{"letter": c} for c in "abcdefgh"]
-    trainer = vl.Trainer(algo, run_dir=parent, name="vllm", progress=False)
+    name = "vllm-lora" if lora else "vllm"
+    trainer = vl.Trainer(algo, run_dir=parent, name=name, progress=False)
     result = trainer.fit(say_the_letter, rows[:4], val_dataset=rows[4:])
     print(json.dumps({"run_dir": str(result.run_dir), "history": algo.history}))
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), lora=sys.argv[2:] == ["lora"])

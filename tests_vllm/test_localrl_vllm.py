@@ -3,7 +3,8 @@ update it serves the updated weights, with no restart.
 
 Not part of ``make test`` (``make test-vllm`` runs it, as ``test_gateway_vllm.py``). The run
 itself happens under the vLLM environment's python (``localrl_vllm_run.py``: one LocalRL step
-on a tiny model, then a validation), importing voltrl from this tree; this module then reads
+on a tiny model, every weight trained or a LoRA adapter, then a validation), importing voltrl
+from this tree; this module then reads
 its store and recomputes, with transformers, the logprobs of every token vLLM sampled: under
 the initial weights for the step's rollouts, under ``final/`` (the updated weights) for the
 validation after it, which must also differ from the initial weights' logprobs.
@@ -34,9 +35,10 @@ both sides: measured up to about 1e-5 here)."""
 pytestmark = pytest.mark.timeout(TIMEOUT_S + 60)
 
 
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Run ``localrl_vllm_run.py`` under the vLLM environment; its run directory."""
+@pytest.fixture(scope="module", params=["full", "lora"])
+def run_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Run ``localrl_vllm_run.py`` under the vLLM environment, training every weight or a
+    LoRA adapter; its run directory."""
     if not VLLM_PYTHON or not os.access(VLLM_PYTHON, os.X_OK):
         pytest.fail("VOLTRL_VLLM_PYTHON must name vLLM's python: run `make test-vllm`")
     tmp = tmp_path_factory.mktemp("localrl-vllm")
@@ -47,7 +49,12 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     env = {**os.environ, "PYTHONPATH": str(tree)}
     with log.open("w") as out:
         proc = subprocess.run(
-            [VLLM_PYTHON, str(ROOT / "tests_vllm" / "localrl_vllm_run.py"), str(tmp / "runs")],
+            [
+                VLLM_PYTHON,
+                str(ROOT / "tests_vllm" / "localrl_vllm_run.py"),
+                str(tmp / "runs"),
+                *(["lora"] if request.param == "lora" else []),
+            ],
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,
@@ -57,7 +64,7 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if proc.returncode != 0:
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
         pytest.fail(f"the LocalRL run failed ({proc.returncode}); log {log}:\n{tail}")
-    return tmp / "runs" / "vllm"
+    return tmp / "runs" / ("vllm-lora" if request.param == "lora" else "vllm")
 
 
 def recorded(run_dir: Path) -> dict[tuple[str, int], list]:

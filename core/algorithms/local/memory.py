@@ -156,6 +156,35 @@ def check_fits(found: MemoryEstimate, device: Any, loaded: int) -> str | None:
     raise VoltRLError(message)
 
 
+def with_vllm(
+    found: MemoryEstimate, device: Any, engine_args: dict[str, Any] | None
+) -> MemoryEstimate:
+    """``found`` with vLLM serving (``LocalRL(engine="vllm")``) instead of the built-in
+    engine. On a GPU, vLLM's share of the card (``gpu_memory_utilization``: its weights, CUDA
+    graphs and KV cache) replaces the engine's copy and KV cache, since LocalRL keeps its own
+    copy of the served weights on the CPU. On a CPU, vLLM's weights and its KV cache
+    (``kv_cache_memory_bytes``) replace the KV cache, beside that copy."""
+    import torch
+
+    from voltrl.algorithms.local.engine.vllm import (
+        DEFAULT_CPU_KV_CACHE_BYTES,
+        DEFAULT_GPU_MEMORY_UTILIZATION,
+    )
+
+    args = engine_args or {}
+    parts = {k: v for k, v in found.parts.items() if k != "KV cache"}
+    device = torch.device(device)
+    if device.type == "cuda":
+        del parts["engine copy"]
+        share = args.get("gpu_memory_utilization", DEFAULT_GPU_MEMORY_UTILIZATION)
+        total = torch.cuda.get_device_properties(device).total_memory
+        parts[f"vLLM ({share:.0%} of the card)"] = int(share * total)
+    else:
+        kv = args.get("kv_cache_memory_bytes", DEFAULT_CPU_KV_CACHE_BYTES)
+        parts["vLLM (weights and KV cache)"] = found.parts["weights"] + kv
+    return MemoryEstimate(parts, found.note)
+
+
 def check_memory(model: Any, local_rl: Any, report: bool) -> None:
     """Estimate the memory ``local_rl`` (a LocalRL) will hold for ``model`` (just loaded),
     print it when ``report``, and refuse the run (:func:`check_fits`) when its GPU cannot hold
@@ -169,6 +198,8 @@ def check_memory(model: Any, local_rl: Any, report: bool) -> None:
         warm_start=local_rl.warm_start is not None,
     )
     device = next(model.parameters()).device
+    if local_rl.engine == "vllm":
+        found = with_vllm(found, device, local_rl.engine_args)
     if report:
         print(f"{found.line()} on {device}", flush=True)
     if warning := check_fits(found, device, found.parts["weights"]):

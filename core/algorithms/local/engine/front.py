@@ -34,6 +34,8 @@ class EngineFront:
     max_model_len: int
     max_batch_size: int
     weights_version: int
+    processed_logprobs: bool = True
+    """Whether deltas carry the sampling (processed) logprobs as well as the raw ones."""
 
     def _submit(
         self, prompt: list[int], params: SamplingParams, rid: str | None, adapter: str | None

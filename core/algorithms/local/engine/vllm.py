@@ -99,6 +99,9 @@ class VLLMEngine(EngineFront):
             "seed": seed if seed is not None else 0,
             "enable_prefix_caching": True,
             "disable_log_stats": True,
+            # Each step's outputs before the next step is scheduled, so that new weights load
+            # between two steps and every token is stamped with the weights that sampled it.
+            "async_scheduling": False,
         }
         if max_model_len is not None:
             args["max_model_len"] = max_model_len
@@ -110,12 +113,14 @@ class VLLMEngine(EngineFront):
         self.tokenizer = tokenizer
         self.model = model.to("cpu").eval() if model is not None else None
         self.adapters = frozenset()
+        self.processed_logprobs = False  # vLLM gives one kind: LocalRL's raw ones
         self.adapter_versions: dict[str, int] = {}
         self.max_batch_size = max_batch_size
         self.weights_version = 0
         self.stats: collections.Counter[str] = collections.Counter()
         self._cv = threading.Condition()
-        self._waiting: collections.deque[Request] = collections.deque()
+        self._waiting: collections.deque[tuple[Request, Any]] = collections.deque()
+        """Requests to hand to vLLM, each with vLLM's sampling parameters for it."""
         self._aborts: list[str] = []
         self._running: dict[str, Request] = {}
         """The requests vLLM holds, by id."""
@@ -173,11 +178,15 @@ class VLLMEngine(EngineFront):
     ) -> Request:
         max_tokens = self.check(prompt, params, adapter)
         req = Request(rid or f"req-{uuid.uuid4().hex[:16]}", prompt, params, max_tokens)
+        try:  # vLLM checks its parameters when they are made: refused here, as a bad request
+            vllm_params = self._vllm_params(req)
+        except Exception as exc:
+            raise ValueError(f"vLLM refuses these sampling parameters: {exc}") from None
         self.start()
         with self._cv:
             if self._closing:
                 raise EngineError("the engine is closed")
-            self._waiting.append(req)
+            self._waiting.append((req, vllm_params))
             self._cv.notify_all()
         return req
 
@@ -196,7 +205,7 @@ class VLLMEngine(EngineFront):
             temperature=p.temperature,
             top_p=p.top_p,
             top_k=max(p.top_k, 0),
-            seed=p.seed,
+            seed=None if p.seed is None else p.seed % (2**63 - p.n),  # choice i: seed + i
             stop=list(p.stop) or None,
             stop_token_ids=list(p.stop_token_ids) or None,
             ignore_eos=p.ignore_eos,
@@ -220,27 +229,37 @@ class VLLMEngine(EngineFront):
         if adapter is not None:
             raise ValueError("engine='vllm' serves no named LoRA adapters")
         state = weights.state_dict() if isinstance(weights, nn.Module) else weights
-        if self.model is not None:
-            with torch.no_grad():
-                self.model.load_state_dict(state, strict=strict)
-        if not self.running or threading.current_thread() is self._thread:
-            self._load(state)
-            return self.weights_version
+        if strict and self.model is not None:  # checked before vLLM sees any of it
+            expected = self.model.state_dict().keys()
+            if state.keys() != expected:
+                raise ValueError(
+                    "the weights given do not match the served model's (missing "
+                    f"{sorted(expected - state.keys())[:3]}, unexpected "
+                    f"{sorted(state.keys() - expected)[:3]})"
+                )
         done, box = threading.Event(), []
         with self._cv:
-            if self._closing:
+            if self._closing or not self.running:
                 raise EngineError("the engine is closed")
             self._updates.append((state, done, box))
             self._cv.notify_all()
         done.wait()
-        if box and isinstance(box[0], BaseException):
+        if box:
             raise box[0]
+        if self.model is not None:  # what final/ is saved from: vLLM's weights, once loaded
+            with torch.no_grad():
+                self.model.load_state_dict(state, strict=strict)
         return self.weights_version
 
     def _load(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Reload vLLM's weights in place. Choices in flight are recomputed from their tokens
+        with the new weights (vLLM preempts them), and the prefix cache is emptied: both hold
+        keys and values of the old weights. A reload that fails part-way leaves vLLM's model
+        unusable, so the caller closes the engine."""
         weights = [(name, tensor.detach()) for name, tensor in state.items()]
         self._vllm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
-        self._vllm.reset_prefix_cache()  # its keys and values came from the old weights
+        if not self._vllm.reset_prefix_cache(reset_running_requests=True):
+            raise EngineError("vLLM could not empty its prefix cache after new weights")
         self.weights_version += 1
 
     # ---- the engine thread ----------------------------------------------------------------
@@ -255,6 +274,7 @@ class VLLMEngine(EngineFront):
         with self._cv:
             started.append(self._vllm)
             self._cv.notify_all()
+        new: list[tuple[Request, Any]] = []
         try:
             while True:
                 with self._cv:
@@ -271,23 +291,28 @@ class VLLMEngine(EngineFront):
                     new, self._waiting = list(self._waiting), collections.deque()
                     updates, self._updates = self._updates, []
                     aborts, self._aborts = self._aborts, []
-                for state, done, box in updates:
+                self._drop(aborts)  # before new weights: their rows must not stay cached
+                for i, (state, done, box) in enumerate(updates):
                     try:
                         self._load(state)
-                    except BaseException as exc:  # the caller raises it
-                        box.append(exc)
+                    except BaseException as exc:  # vLLM's model is unusable: close
+                        box.append(EngineError(f"vLLM failed to load the new weights: {exc!r}"))
+                        done.set()
+                        with self._cv:  # failed with the rest below
+                            self._updates[:0] = updates[i + 1 :]
+                        raise
                     done.set()
-                self._drop(aborts)
-                for req in new:
+                while new:
+                    req, vllm_params = new.pop(0)
                     if not req.aborted:
-                        self._add(req)
+                        self._add(req, vllm_params)
                 if self._running:
                     self._deliver(self._vllm.step())
         except BaseException as exc:  # vLLM failed: fail every request, refuse new ones
             error = failure(exc)
             with self._cv:
                 self._closing = True
-                waiting = list(self._waiting)
+                waiting = [req for req, _ in [*new, *self._waiting]]
                 for _, done, box in self._updates:
                     box.append(error)
                     done.set()
@@ -297,7 +322,7 @@ class VLLMEngine(EngineFront):
             return
         closed = EngineError("the engine is closed")
         with self._cv:
-            waiting = list(self._waiting)
+            waiting = [req for req, _ in self._waiting]
             for _, done, box in self._updates:
                 box.append(closed)
                 done.set()
@@ -306,17 +331,18 @@ class VLLMEngine(EngineFront):
         self._shutdown()
 
     def _shutdown(self) -> None:
-        """Stop vLLM's engine core: its memory (on a GPU, the KV cache's) goes back."""
+        """Stop vLLM's engine core (its executor and workers); the memory goes back once
+        the engine is dropped."""
         try:
             self._vllm.engine_core.shutdown()
         except Exception as exc:  # closing anyway: say so, do not raise from the thread
             print(f"vLLM did not shut down cleanly: {exc}", file=sys.stderr)
 
-    def _add(self, req: Request) -> None:
+    def _add(self, req: Request, vllm_params: Any) -> None:
         """Hand ``req`` to vLLM; a request vLLM refuses fails alone, with vLLM's reason."""
         try:
-            self._vllm.add_request(req.id, {"prompt_token_ids": req.prompt}, self._vllm_params(req))
-        except (ValueError, TypeError) as exc:
+            self._vllm.add_request(req.id, {"prompt_token_ids": req.prompt}, vllm_params)
+        except Exception as exc:
             req.emit(EngineError(f"vLLM refused the request: {exc}"))
             return
         self._running[req.id] = req
@@ -333,7 +359,12 @@ class VLLMEngine(EngineFront):
             req = self._running.get(out.request_id)
             if req is None:
                 continue
-            deltas = [self._choice(c, req.params.top_logprobs) for c in out.outputs]
+            try:
+                deltas = [self._choice(c, req.params.top_logprobs) for c in out.outputs]
+            except EngineError as exc:  # this request fails, the others go on
+                self._drop([req.id])
+                req.emit(exc)
+                continue
             if out.finished:
                 del self._running[out.request_id]
             if deltas and not req.aborted:
@@ -358,9 +389,9 @@ class VLLMEngine(EngineFront):
             [(t, float(lp.logprob)) for t, lp in sorted(entry.items(), key=lambda e: e[1].rank)][:k]
             for entry in entries
         ]
-        finish = c.finish_reason if c.finish_reason in ("stop", "length") else None
-        if c.finish_reason is not None and finish is None:
-            finish = "stop"  # vLLM's "abort" and others end the choice too
+        finish = c.finish_reason
+        if finish not in (None, "stop", "length"):  # cut off ("abort", "error"): not an answer
+            raise EngineError(f"vLLM ended choice {c.index} early: {finish}")
         return Choice(
             index=c.index,
             token_ids=ids,

@@ -41,6 +41,8 @@ class Handlers:
     streamed as server-sent events."""
 
     def __init__(self, engine: Engine, model_name: str, logprobs_mode: LogprobsMode) -> None:
+        if logprobs_mode == "processed" and not engine.processed_logprobs:
+            raise ValueError(f"{type(engine).__name__} gives raw logprobs only")
         self.engine, self.model_name, self.logprobs_mode = engine, model_name, logprobs_mode
         self.tokens = TokenText(engine.tokenizer)
         self.created = int(time.time())
