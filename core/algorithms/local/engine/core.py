@@ -153,12 +153,6 @@ class Engine(EngineFront):
         """Whether the engine thread is alive."""
         return self._thread is not None and self._thread.is_alive()
 
-    def __enter__(self) -> Engine:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     # ---- requests -------------------------------------------------------------------------
     def _submit(
         self, prompt: list[int], params: SamplingParams, rid: str | None, adapter: str | None

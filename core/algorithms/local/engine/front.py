@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any
+from typing import Any, Self
 
 import torch
 from torch import nn
@@ -36,6 +36,18 @@ class EngineFront:
     weights_version: int
     processed_logprobs: bool = True
     """Whether deltas carry the sampling (processed) logprobs as well as the raw ones."""
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def _submit(
         self, prompt: list[int], params: SamplingParams, rid: str | None, adapter: str | None

@@ -166,12 +166,6 @@ class VLLMEngine(EngineFront):
         """Whether the engine thread is alive."""
         return self._thread.is_alive()
 
-    def __enter__(self) -> VLLMEngine:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     # ---- requests -------------------------------------------------------------------------
     def _submit(
         self, prompt: list[int], params: SamplingParams, rid: str | None, adapter: str | None
