@@ -210,8 +210,8 @@ $(VLLM_VENV)/.deps-$(VLLM_VERSION): | $(VLLM_PY)
 # LocalRL(engine="vllm") runs vLLM in the trainer's process: .venv-vllm also gets what its
 # tests and LoRA need, and imports voltrl from this tree (.venv-vllm/tree/voltrl -> core).
 $(VLLM_VENV)/.localrl-deps: $(VLLM_VENV)/.deps-$(VLLM_VERSION)
-	$(VLLM_PY) -m pip install --quiet "peft>=0.13" "pytest>=8" "pytest-asyncio>=0.23" \
-		"pytest-timeout>=2.3" "$(TORCH)"
+	$(VLLM_PY) -m pip install --quiet "peft>=0.13" "matplotlib>=3.8" "pytest>=8" \
+		"pytest-asyncio>=0.23" "pytest-timeout>=2.3" "$(TORCH)"
 	mkdir -p $(VLLM_VENV)/tree && ln -sfn ../../core $(VLLM_VENV)/tree/voltrl
 	touch $@
 

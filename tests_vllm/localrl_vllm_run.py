@@ -1,9 +1,10 @@
 """Run by ``test_localrl_vllm.py`` under the vLLM environment's python: one LocalRL step with
 ``engine="vllm"`` on a tiny model, then a validation served by the updated weights.
 
-    python tests_vllm/localrl_vllm_run.py RUN_PARENT [lora]
+    python tests_vllm/localrl_vllm_run.py RUN_PARENT [lora|heads16]
 
-With ``lora``, a LoRA adapter trains and vLLM serves the merged weights.
+With ``lora``, a LoRA adapter trains and vLLM serves the merged weights. With ``heads16``,
+the model has heads of 16, which vLLM's CPU attention cannot run: the run must fail saying so.
 
 Prints one JSON line: the run directory and the vLLM engine's counters.
 """
@@ -32,9 +33,11 @@ async def say_the_letter(task: dict, llm: vl.LLM) -> float:
     return float(task["letter"] in (reply.choices[0].message.content or ""))
 
 
-def main(parent: Path, lora: bool) -> None:
+def main(parent: Path, mode: str) -> None:
     tok = build_tiny_tokenizer()
-    model = build_tiny_model(tok, hidden=64, layers=2, heads=2, kv_heads=1, seed=0)
+    heads, kv_heads = (4, 2) if mode == "heads16" else (2, 1)
+    model = build_tiny_model(tok, hidden=64, layers=2, heads=heads, kv_heads=kv_heads, seed=0)
+    lora = mode == "lora"
     algo = vl.LocalRL(
         model,
         tokenizer=tok,
@@ -57,4 +60,4 @@ def main(parent: Path, lora: bool) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), lora=sys.argv[2:] == ["lora"])
+    main(Path(sys.argv[1]), mode=(sys.argv[2:] or ["full"])[0])

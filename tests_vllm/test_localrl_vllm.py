@@ -115,12 +115,28 @@ def test_localrl_on_vllm_samples_from_the_weights_of_each_step(run_dir: Path) ->
     assert max(gaps(initial, validated)) > 10 * TOLERANCE
 
 
-def test_the_vllm_engine_model_dir_holds_what_vllm_started_from(run_dir: Path) -> None:
-    engine_model = run_dir / "engine_model"
-    assert (engine_model / "config.json").is_file()
-    assert (engine_model / "tokenizer.json").is_file() or (
-        engine_model / "tokenizer_config.json"
-    ).is_file()
+def test_the_copy_vllm_started_from_is_removed_and_final_holds_the_model(run_dir: Path) -> None:
+    assert not (run_dir / "engine_model").exists()
+    assert (run_dir / "final" / "config.json").is_file()
+
+
+def test_a_model_vllm_cannot_run_fails_at_setup_saying_why(tmp_path: Path) -> None:
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "voltrl").symlink_to(ROOT / "core")
+    proc = subprocess.run(
+        [VLLM_PYTHON, str(ROOT / "tests_vllm" / "localrl_vllm_run.py"), str(tmp_path), "heads16"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(tree)},
+        timeout=TIMEOUT_S,
+        check=False,
+    )
+    assert proc.returncode != 0
+    out = proc.stdout + proc.stderr
+    assert "vLLM started but cannot generate with this model" in out
+    assert "head_dim=16" in out  # vLLM's own reason
+    assert "gateway POST" not in out  # at setup: no model call was made, none retried
 
 
 if __name__ == "__main__":

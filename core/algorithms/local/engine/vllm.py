@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import collections
 import os
+import shutil
 import sys
 import threading
 import uuid
@@ -67,6 +68,7 @@ class VLLMEngine(EngineFront):
         model: the Hugging Face module whose weights vLLM serves, kept on the CPU and
             updated with vLLM's (what :attr:`model` returns: LocalRL saves ``final/`` from
             it). Optional.
+        remove_on_close: delete ``model_dir`` when the engine closes (a copy made for it).
     """
 
     def __init__(
@@ -81,8 +83,10 @@ class VLLMEngine(EngineFront):
         device: str = "cpu",
         engine_args: Mapping[str, Any] | None = None,
         model: nn.Module | None = None,
+        remove_on_close: bool = False,
     ) -> None:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # not its start-up's INFO pages
         try:
             from vllm.engine.arg_utils import EngineArgs
             from vllm.v1.engine.llm_engine import LLMEngine
@@ -126,6 +130,9 @@ class VLLMEngine(EngineFront):
         """The requests vLLM holds, by id."""
         self._updates: list[tuple[Mapping[str, torch.Tensor], threading.Event, list]] = []
         self._closing = False
+        self._failure: EngineError | None = None
+        """What stopped the engine, when vLLM failed: every later call is told it."""
+        self._remove = Path(model_dir) if remove_on_close else None
         # vLLM starts on the engine thread and runs there: on a CPU it binds its OpenMP
         # threads to the thread that starts it, and its attention checks each step against it.
         started: list[Any] = []
@@ -150,8 +157,14 @@ class VLLMEngine(EngineFront):
     def start(self) -> VLLMEngine:
         """The engine thread runs from construction: here for the built-in engine's API."""
         if self._closing:
-            raise EngineError("the engine is closed")
+            raise self._closed()
         return self
+
+    def _closed(self) -> EngineError:
+        """The error for a call after the engine stopped, with vLLM's failure if it failed."""
+        if self._failure is None:
+            return EngineError("the engine is closed")
+        return EngineError(f"the engine stopped after vLLM failed: {self._failure}")
 
     def close(self, timeout_s: float = 30.0) -> None:
         """Stop the thread after vLLM's current step; requests not finished get EngineError."""
@@ -176,10 +189,9 @@ class VLLMEngine(EngineFront):
             vllm_params = self._vllm_params(req)
         except Exception as exc:
             raise ValueError(f"vLLM refuses these sampling parameters: {exc}") from None
-        self.start()
         with self._cv:
             if self._closing:
-                raise EngineError("the engine is closed")
+                raise self._closed()
             self._waiting.append((req, vllm_params))
             self._cv.notify_all()
         return req
@@ -234,7 +246,7 @@ class VLLMEngine(EngineFront):
         done, box = threading.Event(), []
         with self._cv:
             if self._closing or not self.running:
-                raise EngineError("the engine is closed")
+                raise self._closed()
             self._updates.append((state, done, box))
             self._cv.notify_all()
         done.wait()
@@ -260,6 +272,7 @@ class VLLMEngine(EngineFront):
     def _run(self, start: Any, started: list[Any]) -> None:
         try:
             self._vllm = start()
+            self._warm_up()
         except BaseException as exc:  # the constructor raises it
             with self._cv:
                 started.append(exc)
@@ -305,7 +318,7 @@ class VLLMEngine(EngineFront):
         except BaseException as exc:  # vLLM failed: fail every request, refuse new ones
             error = failure(exc)
             with self._cv:
-                self._closing = True
+                self._closing, self._failure = True, error
                 waiting = [req for req, _ in [*new, *self._waiting]]
                 for _, done, box in self._updates:
                     box.append(error)
@@ -314,7 +327,7 @@ class VLLMEngine(EngineFront):
                 req.emit(error)
             self._shutdown()
             return
-        closed = EngineError("the engine is closed")
+        closed = self._closed()
         with self._cv:
             waiting = [req for req, _ in self._waiting]
             for _, done, box in self._updates:
@@ -331,15 +344,33 @@ class VLLMEngine(EngineFront):
             self._vllm.engine_core.shutdown()
         except Exception as exc:  # closing anyway: say so, do not raise from the thread
             print(f"vLLM did not shut down cleanly: {exc}", file=sys.stderr)
+        if self._remove is not None:
+            shutil.rmtree(self._remove, ignore_errors=True)
 
     def _add(self, req: Request, vllm_params: Any) -> None:
         """Hand ``req`` to vLLM; a request vLLM refuses fails alone, with vLLM's reason."""
         try:
-            self._vllm.add_request(req.id, {"prompt_token_ids": req.prompt}, vllm_params)
+            (prompt,) = self._vllm.renderer.render_cmpl([{"prompt_token_ids": req.prompt}])
+            self._vllm.add_request(req.id, prompt, vllm_params)
         except Exception as exc:
             req.emit(EngineError(f"vLLM refused the request: {exc}"))
             return
         self._running[req.id] = req
+
+    def _warm_up(self) -> None:
+        """Generate one token, so that a model vLLM starts but cannot run (on a CPU, heads
+        smaller than 32) fails here, when the engine is made, saying why."""
+        from vllm import SamplingParams as VSamplingParams
+
+        try:
+            (prompt,) = self._vllm.renderer.render_cmpl([{"prompt_token_ids": [0]}])
+            self._vllm.add_request("voltrl-warm-up", prompt, VSamplingParams(max_tokens=1))
+            while self._vllm.has_unfinished_requests():
+                self._vllm.step()
+        except Exception as exc:
+            raise EngineError(
+                f"vLLM started but cannot generate with this model: {type(exc).__name__}: {exc}"
+            ) from exc
 
     def _drop(self, request_ids: list[str]) -> None:
         gone = [rid for rid in request_ids if self._running.pop(rid, None) is not None]
@@ -422,7 +453,7 @@ def vllm_engine_for(
     engine_args: Mapping[str, Any] | None = None,
 ) -> VLLMEngine:
     """Save ``model`` (a plain Hugging Face causal LM) and ``tokenizer`` to ``directory``
-    and start a
+    (removed again when the engine closes) and start a
     :class:`VLLMEngine` on them, in the model's dtype, keeping ``model`` (moved to the CPU)
     as the engine's :attr:`~VLLMEngine.model`."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -439,4 +470,5 @@ def vllm_engine_for(
         device=device,
         engine_args=engine_args,
         model=model,
+        remove_on_close=True,
     )
