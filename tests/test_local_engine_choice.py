@@ -31,7 +31,10 @@ def test_a_bad_engine_choice_is_refused_when_local_rl_is_built(options, message)
         vl.LocalRL("tiny", **options)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed")
+@pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is not None,
+    reason="vLLM is installed here, so its absence cannot be refused; make test-vllm runs it",
+)
 def test_vllm_without_vllm_installed_says_how_to_install_it() -> None:
     with pytest.raises(vl.VoltRLError, match=r"engine='vllm' needs vLLM installed .*pip install"):
         vl.LocalRL("tiny", engine="vllm")

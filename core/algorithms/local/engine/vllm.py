@@ -316,25 +316,22 @@ class VLLMEngine(EngineFront):
                 if self._running:
                     self._deliver(self._vllm.step())
         except BaseException as exc:  # vLLM failed: fail every request, refuse new ones
-            error = failure(exc)
             with self._cv:
-                self._closing, self._failure = True, error
-                waiting = [req for req, _ in [*new, *self._waiting]]
-                for _, done, box in self._updates:
-                    box.append(error)
-                    done.set()
-            for req in [*self._running.values(), *waiting]:
-                req.emit(error)
-            self._shutdown()
+                self._closing, self._failure = True, failure(exc)
+            self._fail_all(self._failure, new)
             return
-        closed = self._closed()
+        self._fail_all(self._closed(), [])
+
+    def _fail_all(self, error: EngineError, new: list[tuple[Request, Any]]) -> None:
+        """As the thread ends: ``error`` to every request and update still waiting (``new``:
+        those taken but not yet handed to vLLM), then shut vLLM down."""
         with self._cv:
-            waiting = [req for req, _ in self._waiting]
+            waiting = [req for req, _ in [*new, *self._waiting]]
             for _, done, box in self._updates:
-                box.append(closed)
+                box.append(error)
                 done.set()
         for req in [*self._running.values(), *waiting]:
-            req.emit(closed)
+            req.emit(error)
         self._shutdown()
 
     def _shutdown(self) -> None:
