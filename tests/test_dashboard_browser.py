@@ -83,8 +83,16 @@ def visit(driver, url: str, shot: str):
 
 
 def until(driver, condition, timeout: float = WAIT_S) -> None:
+    """Poll ``condition``; an element the live page replaced mid-read counts as not yet."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
     deadline = time.time() + timeout
-    while not condition():
+    while True:
+        try:
+            if condition():
+                return
+        except StaleElementReferenceException:
+            pass
         if time.time() > deadline:
             raise AssertionError(f"timed out on {driver.current_url}")
         time.sleep(0.2)
