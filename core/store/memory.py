@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pickle
 import time
 from collections import OrderedDict, defaultdict
 from collections.abc import Sequence
+from typing import TypeVar
 
 from voltrl.errors import NotFoundError, StaleAttemptError
 from voltrl.resources import Resources
@@ -24,6 +26,15 @@ from voltrl.types import (
     Task,
     now,
 )
+
+R = TypeVar("R")
+
+
+def _copied(record: R) -> R:
+    """A deep copy of a record, so neither the store nor its caller sees the other's changes.
+    Through pickle: several times faster than ``model_copy(deep=True)`` on calls holding
+    thousands of token ids."""
+    return pickle.loads(pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL))
 
 
 class InMemoryStore(LocalStore):
@@ -46,7 +57,7 @@ class InMemoryStore(LocalStore):
 
     # ---- runs and resources -----------------------------------------------------------
     async def add_run(self, run: Run) -> Run:
-        self._runs[run.run_id] = run.model_copy(deep=True)
+        self._runs[run.run_id] = _copied(run)
         return run
 
     async def list_runs(self) -> list[Run]:
@@ -59,16 +70,16 @@ class InMemoryStore(LocalStore):
         )
         self._resources.append(saved)
         self._changed.notify()
-        return saved.model_copy(deep=True)
+        return _copied(saved)
 
     async def get_resources(self, version: int | None = None) -> Resources | None:
         if not self._resources:
             return None
         if version is None:
-            return self._resources[-1].model_copy(deep=True)
+            return _copied(self._resources[-1])
         if not 1 <= version <= len(self._resources):
             return None
-        return self._resources[version - 1].model_copy(deep=True)
+        return _copied(self._resources[version - 1])
 
     # ---- queue ------------------------------------------------------------------------
     async def enqueue(
@@ -95,7 +106,7 @@ class InMemoryStore(LocalStore):
             )
             self._rollouts[r.rollout_id] = r
             self._queue[r.rollout_id] = None
-            out.append(r.model_copy(deep=True))
+            out.append(_copied(r))
         self._changed.notify()
         return out
 
@@ -116,7 +127,7 @@ class InMemoryStore(LocalStore):
         self._attempts[a.attempt_id] = a
         self._attempts_of[rollout_id].append(a.attempt_id)
         self._running[rollout_id] = a.attempt_id
-        return Claim(rollout=r.model_copy(deep=True), attempt=a.model_copy(deep=True))
+        return Claim(rollout=_copied(r), attempt=_copied(a))
 
     async def start_rollout(
         self,
@@ -137,8 +148,8 @@ class InMemoryStore(LocalStore):
             lease_s=lease_s,
         )
         r, a = claim.rollout, claim.attempt
-        self._rollouts[r.rollout_id] = r.model_copy(deep=True)
-        self._attempts[a.attempt_id] = a.model_copy(deep=True)
+        self._rollouts[r.rollout_id] = _copied(r)
+        self._attempts[a.attempt_id] = _copied(a)
         self._attempts_of[r.rollout_id].append(a.attempt_id)
         self._running[r.rollout_id] = a.attempt_id
         self._changed.notify()
@@ -190,19 +201,19 @@ class InMemoryStore(LocalStore):
         if r.status == "queued":
             self._queue[r.rollout_id] = None
         self._changed.notify()
-        return r.model_copy(deep=True)
+        return _copied(r)
 
     async def cancel(self, rollout_id: str) -> Rollout:
         r = self._get(rollout_id)
         if r.finished:
-            return r.model_copy(deep=True)
+            return _copied(r)
         if (aid := self._running.pop(rollout_id, None)) is not None:
             a = self._attempts[aid]
             a.status, a.finished_at = "cancelled", now()
         self._queue.pop(rollout_id, None)
         r.status, r.finished_at, r.error = "cancelled", now(), "cancelled"
         self._changed.notify()
-        return r.model_copy(deep=True)
+        return _copied(r)
 
     async def expire_leases(self) -> int:
         t, n = time.time(), 0
@@ -236,7 +247,7 @@ class InMemoryStore(LocalStore):
                 update={"sequence_id": self._next_seq(c.rollout_id, c.attempt_id, "call")}
             )
             self._calls[c.rollout_id].append(c)
-            out.append(c.model_copy(deep=True))
+            out.append(_copied(c))
         return out
 
     def _add_span(self, span: Span) -> Span:
@@ -250,13 +261,13 @@ class InMemoryStore(LocalStore):
     async def add_spans(self, spans: Sequence[Span]) -> list[Span]:
         for s in spans:
             self._get(s.rollout_id)
-        return [self._add_span(s).model_copy(deep=True) for s in spans]
+        return [_copied(self._add_span(s)) for s in spans]
 
     async def add_rewards(self, rewards: Sequence[Reward]) -> None:
         for rw in rewards:
             self._get(rw.rollout_id)
         for rw in rewards:
-            self._rewards[rw.rollout_id].append(rw.model_copy(deep=True))
+            self._rewards[rw.rollout_id].append(_copied(rw))
 
     # ---- queries ----------------------------------------------------------------------
     def _get(self, rollout_id: str) -> Rollout:
@@ -266,7 +277,7 @@ class InMemoryStore(LocalStore):
             raise NotFoundError(f"no rollout with id {rollout_id!r}") from None
 
     async def get_rollout(self, rollout_id: str) -> Rollout:
-        return self._get(rollout_id).model_copy(deep=True)
+        return _copied(self._get(rollout_id))
 
     async def query_rollouts(
         self,
@@ -286,7 +297,7 @@ class InMemoryStore(LocalStore):
             else self._rollouts.values()
         )
         out = [
-            r.model_copy(deep=True)
+            _copied(r)
             for r in pool
             if (run_id is None or r.run_id == run_id)
             and (statuses is None or r.status in statuses)
@@ -299,15 +310,11 @@ class InMemoryStore(LocalStore):
 
     async def get_attempts(self, rollout_id: str) -> list[Attempt]:
         self._get(rollout_id)
-        return [self._attempts[a].model_copy(deep=True) for a in self._attempts_of[rollout_id]]
+        return [_copied(self._attempts[a]) for a in self._attempts_of[rollout_id]]
 
     @staticmethod
     def _of(items: list, attempt_id: str | None) -> list:
-        return [
-            x.model_copy(deep=True)
-            for x in items
-            if attempt_id is None or x.attempt_id == attempt_id
-        ]
+        return [_copied(x) for x in items if attempt_id is None or x.attempt_id == attempt_id]
 
     async def get_llm_calls(self, rollout_id: str, attempt_id: str | None = None) -> list[LLMCall]:
         self._get(rollout_id)
