@@ -52,6 +52,20 @@ def gold_messages(task: Any) -> list[dict[str, Any]]:
     return messages
 
 
+def test_each_environment_has_its_own_copy_of_tau2s_database():
+    """Environments parse tau2's db.json from bytes read once: each is tau2's database as its
+    ``FlightDB.load`` reads it, and a write in one is not seen by the next."""
+    from tau2.domains.airline.data_model import FlightDB
+    from tau2.domains.airline.utils import AIRLINE_DB_PATH
+
+    first = tau2_domain.environment()
+    assert first.tools.db == FlightDB.load(AIRLINE_DB_PATH)
+    reservation = next(iter(first.tools.db.reservations))
+    first.make_tool_call("cancel_reservation", reservation_id=reservation)
+    assert first.tools.db.reservations[reservation].status == "cancelled"
+    assert tau2_domain.environment().tools.db.reservations[reservation].status != "cancelled"
+
+
 def test_the_gold_transcript_scores_1_and_the_samples_tool_path_leaves_tau2s_database():
     """On a task that books, cancels and changes flights: the sample's tool path and tau2's
     own environment (as tau2's evaluator runs the gold actions) end in the same database."""
@@ -181,28 +195,38 @@ def batches_with_distinct_openings(tasks: list[Any]) -> list[list[Any]]:
     return [list(b.values()) for b in out]
 
 
+SHARDS = 5
+"""The 50 tasks' end-to-end test runs in shards, so test processes can share it."""
+
+
 @pytest.mark.timeout(900)
-async def test_every_tau2_task_scores_1_end_to_end_with_the_gold_assistant(tmp_path: Path):
-    """All 50 of tau2's tasks through the sample: the Agent Framework assistant on the
-    gateway plays each task's gold actions, the sample runs them on tau2's environment, the
-    scripted customer stops, and tau2's evaluator scores 1. Its DB check is the issue's
-    check: it replays the episode's calls on a fresh tau2 environment (and fails the episode
-    if any result differs from the one the sample recorded) and compares that database with
-    tau2's own environment after the gold actions. With token ids as LocalRL's engine records
-    them, each episode is one training row in trajectory mode (no merge failure)."""
+@pytest.mark.parametrize("shard", range(SHARDS))
+async def test_every_tau2_task_scores_1_end_to_end_with_the_gold_assistant(
+    tmp_path: Path, shard: int
+):
+    """All 50 of tau2's tasks through the sample (a fifth per shard): the Agent Framework
+    assistant on the gateway plays each task's gold actions, the sample runs them on tau2's
+    environment, the scripted customer stops, and tau2's evaluator scores 1. Its DB check is
+    the issue's check: it replays the episode's calls on a fresh tau2 environment (and fails
+    the episode if any result differs from the one the sample recorded) and compares that
+    database with tau2's own environment after the gold actions. With token ids as LocalRL's
+    engine records them, each episode is one training row in trajectory mode (no merge
+    failure)."""
+    assert len(TASKS) == 50
+    tasks = list(TASKS.values())[shard::SHARDS]
     store = InMemoryStore()
     rollouts = []
     async with FakeBackend() as fb:
         chatml_ids(fb)
-        for batch in batches_with_distinct_openings(list(TASKS.values())):
+        for batch in batches_with_distinct_openings(tasks):
             fb.script = gold_assistant(batch)
             trainer = fake_trainer(
                 store, tmp_path, vl.LLM(endpoint=fb.url, model="m"), max_concurrency=8
             )
             rows = agent.task_rows("tau2", [t.id for t in batch], user="scripted")
             rollouts += (await trainer.dev_async(agent.airline_episode, rows)).rollouts
-    assert len(rollouts) == 50
-    assert [r.reward for r in rollouts] == [1.0] * 50
+    assert len(rollouts) == len(tasks) == 10
+    assert [r.reward for r in rollouts] == [1.0] * len(tasks)
     policy = tau2_domain.environment().get_policy()
     for rollout in rollouts:
         spans = await store.get_spans(rollout.rollout_id)
@@ -216,7 +240,7 @@ async def test_every_tau2_task_scores_1_end_to_end_with_the_gold_assistant(tmp_p
         assert len(calls[0].request["tools"]) == 14
     config = TrajectoryConfig(mode="trajectory", agent_filter=agent.AGENT_FILTER)
     trajectories = await trajectories_from_store(store, rollouts, config)
-    assert [len(t.transitions) for t in trajectories] == [1] * 50
+    assert [len(t.transitions) for t in trajectories] == [1] * len(tasks)
     assert sum(t.merge_failures for t in trajectories) == 0
 
 
@@ -300,8 +324,8 @@ def test_without_tau2s_package_the_sample_says_how_to_install_it(monkeypatch, ca
 @pytest.mark.timeout(600)
 def test_run_py_dev_with_trials_prints_pass_hat_k_against_a_served_model(tmp_path: Path):
     """The issue's check: ``run.py dev --trials 2`` on 3 of tau2's tasks, ``voltrl model
-    serve tiny`` as the assistant and as the customer, to the end, with pass^1 and pass^2
-    (the tiny model scores 0: as the customer it writes nothing, an ending of its own)."""
+    serve tiny`` as the assistant and as the customer (8 tokens a call), to the end, with
+    pass^1 and pass^2 (the tiny model scores 0)."""
     from test_model_serve import Served
 
     served = Served("tiny", "--port", "0")
@@ -310,6 +334,7 @@ def test_run_py_dev_with_trials_prints_pass_hat_k_against_a_served_model(tmp_pat
         out = run_py(
             "dev", "--out", str(tmp_path), "--endpoint", url, "--model", "tiny",
             "--user-endpoint", url, "--user-model", "tiny", "--limit", "3", "--trials", "2",
+            "--max-tokens", "8", "--user-max-tokens", "8",
         )  # fmt: skip
     finally:
         served.stop()

@@ -126,12 +126,24 @@ def task(task_id: str) -> Any:
     return found
 
 
-def environment() -> Any:
-    """A fresh tau2 airline ``Environment`` (its own copy of tau2's ``db.json``)."""
+def environment(solo_mode: bool = False) -> Any:
+    """A fresh tau2 airline ``Environment``, as tau2's ``get_environment()`` makes it, on its
+    own copy of tau2's ``db.json`` (``solo_mode`` for tau2's evaluator, which passes it)."""
     require()
+    from tau2.domains.airline.data_model import FlightDB
     from tau2.domains.airline.environment import get_environment
 
-    return get_environment()
+    return get_environment(FlightDB.model_validate_json(_db_json()), solo_mode=solo_mode)
+
+
+@functools.cache
+def _db_json() -> bytes:
+    """tau2's ``db.json``, read once: an episode makes three environments (its own, and the
+    evaluator's two), and parsing these bytes takes half as long as tau2's ``FlightDB.load``."""
+    from tau2.domains.airline.utils import AIRLINE_DB_PATH
+
+    with open(AIRLINE_DB_PATH, "rb") as f:
+        return f.read()
 
 
 def assistant_prompt(policy: str) -> str:
@@ -240,7 +252,6 @@ def evaluate(task: Any, messages: list[dict[str, Any]], termination: str) -> dic
     ``reward``, ``termination`` and the parts (``db``, ``communicate``, ``action``: None when
     not in the basis)."""
     from tau2.data_model.tasks import RewardType
-    from tau2.domains.airline.environment import get_environment
     from tau2.evaluator.evaluator_action import ActionEvaluator
     from tau2.evaluator.evaluator_communicate import CommunicateEvaluator
     from tau2.evaluator.evaluator_env import EnvironmentEvaluator
@@ -261,7 +272,7 @@ def evaluate(task: Any, messages: list[dict[str, Any]], termination: str) -> dic
         raise ValueError("NL assertions are part of the reward basis, but they are not evaluated")
     reward = 1.0
     if basis & {RewardType.DB, RewardType.ENV_ASSERTION}:
-        info = EnvironmentEvaluator.calculate_reward(get_environment, task, trajectory)
+        info = EnvironmentEvaluator.calculate_reward(environment, task, trajectory)
         out["db"] = info.reward
         reward *= info.reward
     if RewardType.ACTION in basis:
