@@ -33,10 +33,11 @@ async def calls_with_and_without_the_key(task: dict, llm: vl.LLM) -> float:
 
 @vl.rollout
 async def calls_once(task: dict, llm: vl.LLM) -> float:
-    """One call with the key the agent was given (no client retries); reward 1 if answered."""
+    """One call with the key and sampling the agent was given (no client retries); reward 1
+    if answered."""
     client = AsyncOpenAI(base_url=llm.endpoint, api_key=llm.api_key, max_retries=0)
     reply = await client.chat.completions.create(
-        model=llm.model, messages=[{"role": "user", "content": "hello"}]
+        model=llm.model, messages=[{"role": "user", "content": "hello"}], **llm.sampling_parameters
     )
     return float(bool(reply.choices))
 
@@ -50,7 +51,9 @@ async def calls_twice_slowly(task: dict, llm: vl.LLM) -> float:
     client = AsyncOpenAI(base_url=llm.endpoint, api_key=llm.api_key, max_retries=0)
     for _ in range(2):
         reply = await client.chat.completions.create(
-            model=llm.model, messages=[{"role": "user", "content": "hello"}]
+            model=llm.model,
+            messages=[{"role": "user", "content": "hello"}],
+            **llm.sampling_parameters,
         )
         await asyncio.sleep(0.5)
     return float(bool(reply.choices))

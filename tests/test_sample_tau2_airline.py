@@ -757,7 +757,7 @@ def test_run_py_train_with_the_scripted_customer_trains_on_the_assistant_alone(
 
     options = ("--domain", "generated", "--data", str(data_dir), "--run-dir", str(tmp_path),
                "--steps", "1", "--tasks-per-step", "1", "--group-size", "2",
-               "--n-val", "1")  # fmt: skip
+               "--n-val", "1", "--max-tokens", "8")  # fmt: skip
     out = run_py("train", *options, "--name", "first", "--loggers", "tensorboard", timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "step 1: 2 assistant rows (0 merge failures), 0 user calls left out" in out.stdout

@@ -362,6 +362,8 @@ def test_local_rl_warm_started_by_sft_validates_the_student_after_warm_up(tmp_pa
 def test_voltrl_train_runs_sft_alone_and_as_local_rls_warm_start_from_yaml(tmp_path):
     import yaml
 
+    from voltrl.cli import build_from_config
+
     run_dir = record_teacher_run(tmp_path)
     data = tmp_path / "rows.jsonl"
     data.write_text("".join(json.dumps(t) + "\n" for t in TASKS[:2]))
@@ -384,9 +386,15 @@ def test_voltrl_train_runs_sft_alone_and_as_local_rls_warm_start_from_yaml(tmp_p
         metrics = (tmp_path / "runs" / name / "metrics.jsonl").read_text()
         assert '"sft/loss"' in metrics
         assert (tmp_path / "runs" / name / "final" / "config.json").exists()
-        # the run's train.yaml runs it again (as NAME-2)
+        # the run's train.yaml builds it again: run for SFT alone (as NAME-2); built, with its
+        # warm start, for LocalRL (whose train.yaml runs again in test_rerun.py)
         written = tmp_path / "runs" / name / "train.yaml"
         assert yaml.safe_load(written.read_text())["algorithm"]["name"] == algorithm["name"]
+        if name == "warm":
+            rebuilt, *_ = build_from_config(yaml.safe_load(written.read_text()))
+            sft = rebuilt.algorithm.warm_start.config()
+            assert {k: sft[k] for k in warm} == {**warm, "source": [str(run_dir)]}
+            continue
         again = voltrl("train", str(written), cwd=tmp_path, timeout=300)
         assert again.returncode == 0, again.stderr[-2000:]
         assert '"sft/loss"' in (tmp_path / "runs" / f"{name}-2" / "metrics.jsonl").read_text()
