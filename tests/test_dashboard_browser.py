@@ -99,9 +99,14 @@ def until(driver, condition, timeout: float = WAIT_S) -> None:
 
 
 def open_part(driver, details) -> None:
-    """Open a ``<details>`` whose content is fetched when opened, and wait for it."""
+    """Open a ``<details>`` whose content is fetched when opened, and wait for it. One with an
+    id is waited for by that id: a live page may swap it for a new element meanwhile."""
+    key = details.get_attribute("id")
     details.find_element("css selector", ":scope > summary").click()
-    until(driver, lambda: details.get_attribute("data-loaded") == "yes")
+    if key:
+        until(driver, lambda: css(driver, f"details#{key}[data-loaded=yes]"))
+    else:
+        until(driver, lambda: details.get_attribute("data-loaded") == "yes")
 
 
 def css(driver, selector: str) -> list:
@@ -280,7 +285,7 @@ def test_a_live_rollout_keeps_the_token_view_it_opened(browser, tmp_path: Path) 
             "return f(url, ...rest); };"
         )
         open_part(d, css(d, "details#t-1-0")[0])
-        assert [t.text.strip() for t in css(d, "details#t-1-0 .tok.gen")] == ["#4", "#5"]
+        until(d, lambda: [t.text.strip() for t in css(d, "details#t-1-0 .tok.gen")] == ["#4", "#5"])
         section = css(d, "section.call")[0]
         until(d, lambda: _stale(section))  # the page refreshed
         view = css(d, "details#t-1-0")[0]

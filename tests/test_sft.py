@@ -386,13 +386,13 @@ def test_voltrl_train_runs_sft_alone_and_as_local_rls_warm_start_from_yaml(tmp_p
         metrics = (tmp_path / "runs" / name / "metrics.jsonl").read_text()
         assert '"sft/loss"' in metrics
         assert (tmp_path / "runs" / name / "final" / "config.json").exists()
-        # the run's train.yaml builds it again: run for SFT alone (as NAME-2); built, with its
-        # warm start, for LocalRL (whose train.yaml runs again in test_rerun.py)
+        # the run's train.yaml runs it again (as NAME-2): run for LocalRL with its warm start;
+        # for SFT alone (the same SFT settings) built, with those settings
         written = tmp_path / "runs" / name / "train.yaml"
         assert yaml.safe_load(written.read_text())["algorithm"]["name"] == algorithm["name"]
-        if name == "warm":
+        if name == "alone":
             rebuilt, *_ = build_from_config(yaml.safe_load(written.read_text()))
-            sft = rebuilt.algorithm.warm_start.config()
+            sft = rebuilt.algorithm.config()
             assert {k: sft[k] for k in warm} == {**warm, "source": [str(run_dir)]}
             continue
         again = voltrl("train", str(written), cwd=tmp_path, timeout=300)

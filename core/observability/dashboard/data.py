@@ -329,17 +329,17 @@ def load_tokenizer(entry: RunEntry | None) -> tuple[Any | None, str]:
 
 def tokens(ids: Sequence[int], tokenizer: Any | None) -> list[str]:
     """Each id as the text it stands for (``#id`` without a tokenizer), made visible: a line
-    break shows as ``↵`` before it, a tab as ``→``, a token with no text as ``∅``."""
+    break shows as ``↵`` before it, a tab as ``→``, a carriage return as ``␍``, a token with
+    no text as ``∅``."""
     if tokenizer is None:
         return [f"#{i} " for i in ids]
     return [_visible(text) for text in tokenizer.batch_decode([[i] for i in ids])]
 
 
 def _visible(text: str) -> str:
-    """A token's text with the characters that would take no room on the page marked."""
-    if not text:
-        return "∅"
-    return text.replace("\t", "→\t").replace("\r", "").replace("\n", "↵\n")
+    """A token's text with the characters that would take no room on the page marked (a
+    carriage return, which HTML would read as a line break, as ``␍`` alone)."""
+    return text.replace("\r", "␍").replace("\t", "→\t").replace("\n", "↵\n") or "∅"
 
 
 # ---- spans, calls, workers ----------------------------------------------------------------------
