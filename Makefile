@@ -101,18 +101,18 @@ bench-peer-store: $(VENV)/.test-deps .venv-peer/.deps
 
 # Each suite runs in TEST_WORKERS pytest-xdist processes: much of a test's time is spent
 # waiting on the processes and servers it starts, so two workers on two cores take the main
-# suite from about 12 minutes to 7 here. A worker that runs out of tests takes some from the
-# other (worksteal), so a suite does not end on one worker with a queue of its own.
+# suite from about 12 minutes to 7 here. In the main suite a worker that runs out of tests
+# takes some from the other (worksteal), so it does not end on one worker's queue; the two
+# small suites measured no gain from it.
 TEST_WORKERS ?= 2
-XDIST := -n $(TEST_WORKERS) --dist worksteal
 
 ## make test: install what the tests need and run them (tests/, tests_verl/, tests_agentscope/)
 ## (PG_BINDIR=DIR: PostgreSQL binaries you have; PG_INSTALL=no: install none, see `postgres`;
 ## TEST_WORKERS=N: test processes per suite, default 2)
 test: test-envs
-	$(PY) -m pytest -q $(XDIST) --durations=15
-	$(VERL_PY) -m pytest -q $(XDIST) tests_verl
-	$(AS_PY) -m pytest -q $(XDIST) tests_agentscope
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=15
+	$(VERL_PY) -m pytest -q -n $(TEST_WORKERS) tests_verl
+	$(AS_PY) -m pytest -q -n $(TEST_WORKERS) tests_agentscope
 
 # What make test needs, installed side by side: the three environments' pip installs are
 # mostly downloads and unpacking, so together they take about as long as the largest alone;
@@ -144,7 +144,7 @@ $(AS_VENV)/.deps: pyproject.toml constraints/agentscope.txt | $(AS_PY)
 
 ## make test-agentscope: the AgentScope adapter in its own environment (tests_agentscope/)
 test-agentscope: $(AS_VENV)/.deps
-	$(AS_PY) -m pytest -q $(XDIST) tests_agentscope
+	$(AS_PY) -m pytest -q -n $(TEST_WORKERS) tests_agentscope
 
 # The VERL integration's tests (tests_verl/) need the real verl package, which pins
 # transformers<5.11, so they run in their own environment, .venv-verl, on the same pinned
@@ -164,7 +164,7 @@ $(VERL_VENV)/.deps-$(VERL_VERSION): pyproject.toml | $(VERL_PY)
 
 ## make test-verl: the VERL integration against the real verl package on this CPU (tests_verl/)
 test-verl: $(VERL_VENV)/.deps-$(VERL_VERSION)
-	$(VERL_PY) -m pytest -q $(XDIST) tests_verl
+	$(VERL_PY) -m pytest -q -n $(TEST_WORKERS) tests_verl
 
 # The store tests start a PostgreSQL server of their own (tests/pg.py: initdb into a temporary
 # directory) and need only its binaries, initdb and pg_ctl. PG_BINDIR=DIR points them at
