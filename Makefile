@@ -101,16 +101,14 @@ bench-peer-store: $(VENV)/.test-deps .venv-peer/.deps
 
 # Each suite runs in TEST_WORKERS pytest-xdist processes: much of a test's time is spent
 # waiting on the processes and servers it starts, so two workers on two cores take the main
-# suite from about 12 minutes to 7 here. In the main suite a worker that runs out of tests
-# takes some from the other (worksteal), so it does not end on one worker's queue; the two
-# small suites measured no gain from it.
+# suite from about 12 minutes to 7 here.
 TEST_WORKERS ?= 2
 
 ## make test: install what the tests need and run them (tests/, tests_verl/, tests_agentscope/)
 ## (PG_BINDIR=DIR: PostgreSQL binaries you have; PG_INSTALL=no: install none, see `postgres`;
 ## TEST_WORKERS=N: test processes per suite, default 2)
 test: test-envs
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=15
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --durations=15
 	$(VERL_PY) -m pytest -q -n $(TEST_WORKERS) tests_verl
 	$(AS_PY) -m pytest -q -n $(TEST_WORKERS) tests_agentscope
 
