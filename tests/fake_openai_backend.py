@@ -11,7 +11,9 @@ Everything is deterministic, so tests can compute what should have been recorded
 :func:`prompt_ids`, :func:`reply_text`, :func:`reply_ids` and :func:`reply_logprobs`.
 
 In-process: ``async with FakeBackend() as fb: fb.url`` (``fb.fail_next(429, 500)``,
-``fb.requests``, ``fb.hold``). As a process: ``python tests/fake_openai_backend.py --port P``.
+``fb.requests``, ``fb.hold``). As a process: ``python tests/fake_openai_backend.py`` (a port
+the OS picks, or ``--port P``) prints ``serving URL`` once it listens
+(:func:`helpers.FakeBackendProcess` reads it).
 """
 
 from __future__ import annotations
@@ -472,6 +474,7 @@ async def _main(port: int, max_seconds: float, think: bool = False) -> None:
     if think:
         backend.script = lambda req: {"text": THINKING_REPLY}
     await backend.start()
+    print(f"serving {backend.url}", flush=True)
     try:
         await asyncio.sleep(max_seconds)
     finally:
@@ -480,7 +483,7 @@ async def _main(port: int, max_seconds: float, think: bool = False) -> None:
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--port", type=int, default=0, help="default: a free port the OS picks")
     ap.add_argument("--max-seconds", type=float, default=600.0)
     ap.add_argument("--think", action="store_true", help="answer like a reasoning model")
     args = ap.parse_args()

@@ -10,7 +10,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from types import ModuleType
@@ -139,29 +138,18 @@ async def serve_gateway(
 
 
 @contextlib.contextmanager
-def FakeBackendProcess() -> Iterator[str]:
-    """The fake OpenAI backend (``tests/fake_openai_backend.py``) in a process of its own, for
-    tests whose event loop is blocked by a subprocess; yields its ``/v1`` URL."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+def FakeBackendProcess(*args: str) -> Iterator[str]:
+    """The fake OpenAI backend (``tests/fake_openai_backend.py ARGS``) in a process of its own,
+    on a port the OS picks, for tests whose event loop is blocked by a subprocess or that stop
+    processes with signals; yields its ``/v1`` URL once it listens."""
     script = Path(__file__).with_name("fake_openai_backend.py")
-    proc = subprocess.Popen(
-        [sys.executable, str(script), "--port", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    proc = subprocess.Popen([sys.executable, str(script), *args], stdout=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError("the fake backend did not start") from None
-                time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}/v1"
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # "serving URL" once it listens; "" if it died
+        if not line.startswith("serving "):
+            raise RuntimeError(f"the fake backend did not start (exit {proc.wait(10)})")
+        yield line.split()[1]
     finally:
         proc.terminate()
         proc.wait(10)

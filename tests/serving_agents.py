@@ -60,6 +60,37 @@ async def calls_twice_slowly(task: dict, llm: vl.LLM) -> float:
 
 
 @vl.rollout
+async def calls_twice_across_an_update(task: dict, llm: vl.LLM, ctx: vl.RolloutContext) -> float:
+    """:func:`calls_twice_slowly` whose first steps span a weight update, whatever the
+    machine's speed: after its first call a rollout leaves a note named after its resources
+    version in ``task["meet_dir"]``; one sampled by the first weights (``weights_version``
+    0) then waits for a note of a later version before its second call. So a step's
+    rollouts end only once the next step's have called the model, and under
+    ``max_staleness >= 1`` the update that step 0 trains lands between the calls of
+    step 1's rollouts: their rows are a step stale. Needs the run's concurrency to hold
+    the queued steps' rollouts at once."""
+    import asyncio
+    from pathlib import Path
+
+    meet = Path(task["meet_dir"])
+    client = AsyncOpenAI(base_url=llm.endpoint, api_key=llm.api_key, max_retries=0)
+    messages = [{"role": "user", "content": "hello"}]
+    await client.chat.completions.create(
+        model=llm.model, messages=messages, **llm.sampling_parameters
+    )
+    mine = ctx.resources.version
+    (meet / f"{mine}.{ctx.rollout_id}").touch()
+    while llm.weights_version == 0 and not any(
+        int(note.name.split(".")[0]) > mine for note in meet.iterdir()
+    ):
+        await asyncio.sleep(0.05)
+    reply = await client.chat.completions.create(
+        model=llm.model, messages=messages, **llm.sampling_parameters
+    )
+    return float(bool(reply.choices))
+
+
+@vl.rollout
 async def calls_then_waits(task: dict, llm: vl.LLM) -> float:
     """One call, then a note in ``task["started_dir"]`` and a long wait: a rollout that is in
     flight when the test presses Ctrl-C."""

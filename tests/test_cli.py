@@ -4,46 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import subprocess
-import sys
 import threading
-import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import recorded_calls, voltrl
+from helpers import FakeBackendProcess, free_port, recorded_calls, voltrl
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "samples" / "quickstart"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def backend():
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "tests" / "fake_openai_backend.py"), "--port", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.time() + 20
-    while time.time() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
-        except OSError:
-            time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}/v1"
-    proc.terminate()
-    proc.wait(10)
+def backend() -> Iterator[str]:
+    with FakeBackendProcess() as url:
+        yield url
 
 
+@pytest.mark.slow
 def test_dev_runs_an_agent_file_against_an_endpoint_and_runs_lists_it(tmp_path, backend):
     out = voltrl(
         "dev",
@@ -71,6 +49,7 @@ def test_dev_runs_an_agent_file_against_an_endpoint_and_runs_lists_it(tmp_path, 
     assert "smoke" in runs.stdout and "dev" in runs.stdout
 
 
+@pytest.mark.slow
 def test_dev_sampling_flags_reach_the_agents_llm(tmp_path, backend):
     out = voltrl(
         "dev",
@@ -127,6 +106,7 @@ def test_dev_whose_rollouts_all_fail_prints_the_error_and_exits_1_with_one_line(
     assert "failures: 2 of 2 rollouts failed" in out.stdout
 
 
+@pytest.mark.slow
 def test_dev_with_a_bad_module_path_says_so(tmp_path):
     for spec, message in [
         ("no_such_module:agent", "cannot import module 'no_such_module'"),
@@ -149,6 +129,7 @@ def test_dev_with_a_bad_module_path_says_so(tmp_path):
         assert "Traceback" not in out.stderr
 
 
+@pytest.mark.slow
 def test_dev_with_a_missing_data_file_says_so(tmp_path):
     out = voltrl(
         "dev",
@@ -164,6 +145,7 @@ def test_dev_with_a_missing_data_file_says_so(tmp_path):
     assert out.returncode == 2 and "nope.jsonl does not exist" in out.stderr
 
 
+@pytest.mark.slow
 def test_dev_with_an_unreachable_endpoint_says_so(tmp_path):
     data = tmp_path / "d.jsonl"
     data.write_text(json.dumps({"question": "1+1?", "answer": 2}) + "\n")
@@ -187,6 +169,7 @@ def test_runs_on_an_empty_directory_says_there_are_none(tmp_path):
     assert out.returncode == 0 and "no runs found" in out.stdout
 
 
+@pytest.mark.slow
 def test_train_runs_local_rl_from_a_yaml_config(tmp_path):
     import yaml
 
@@ -221,6 +204,7 @@ def test_train_runs_local_rl_from_a_yaml_config(tmp_path):
     assert (tmp_path / "runs" / "yaml" / "final" / "config.json").exists()
 
 
+@pytest.mark.slow
 def test_train_with_a_bad_config_says_what_is_wrong(tmp_path):
     cfg = tmp_path / "c.yaml"
     for text, message in [
@@ -236,6 +220,7 @@ def test_train_with_a_bad_config_says_what_is_wrong(tmp_path):
     assert out.returncode == 2 and "does not exist" in out.stderr
 
 
+@pytest.mark.slow
 def test_runner_errors_are_one_line_each(tmp_path):
     """A bad agent, a store that is not a URL, an unreachable store, a wrong token."""
     from voltrl._http.serving import serve_in_thread

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -24,14 +25,17 @@ async def two_turn_agent(task: dict, llm: vl.LLM) -> float:
     return await say_it_twice(task, llm)
 
 
-async def say_it_twice(task: dict, llm: vl.LLM, pause_s: float = 0.0) -> float:
-    """:func:`two_turn_agent`'s work, with ``pause_s`` seconds between the calls."""
+async def say_it_twice(
+    task: dict, llm: vl.LLM, between: Callable[[], Awaitable[object]] | None = None
+) -> float:
+    """:func:`two_turn_agent`'s work, awaiting ``between()`` between the calls."""
     client = AsyncOpenAI(base_url=llm.endpoint, api_key=llm.api_key, max_retries=0)
     messages = [{"role": "user", "content": f"Say {task['letter']}."}]
     first = await client.chat.completions.create(
         model=llm.model, messages=messages, **llm.sampling_parameters
     )
-    await asyncio.sleep(pause_s)
+    if between is not None:
+        await between()
     messages += [
         {"role": "assistant", "content": first.choices[0].message.content or ""},
         {"role": "user", "content": "Again."},
@@ -77,6 +81,7 @@ def stored(path: Path):
     return asyncio.run(stored_async(path))
 
 
+@pytest.mark.slow
 def test_local_rl_trains_through_store_gateway_runners_and_engine(tmp_path: Path):
     algo = make_algorithm()
     trainer = vl.Trainer(
@@ -104,6 +109,7 @@ def test_local_rl_trains_through_store_gateway_runners_and_engine(tmp_path: Path
     assert algo._engine is not None and algo._engine.weights_version == 2
 
 
+@pytest.mark.slow
 def test_local_rl_resumes_from_its_last_checkpoint(tmp_path: Path):
     first = vl.Trainer(
         make_algorithm(steps=1),
@@ -136,6 +142,7 @@ def run_statuses(path: Path) -> list[str]:
     return asyncio.run(statuses())
 
 
+@pytest.mark.slow
 def test_a_run_whose_update_fails_keeps_a_checkpoint_of_its_last_step_and_resume_finishes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ):

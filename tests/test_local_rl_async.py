@@ -18,7 +18,7 @@ from test_local_rl import say_it_twice
 import voltrl as vl
 from voltrl._http.serving import serve_in_thread
 from voltrl.algorithms.local.loss import policy_loss
-from voltrl.algorithms.local.schedule import drop_stale, row_staleness
+from voltrl.algorithms.local.schedule import WeightVersions, drop_stale, row_staleness
 from voltrl.algorithms.local.tiny import build_tiny_model, build_tiny_tokenizer
 from voltrl.algorithms.local.update import PolicyTrainer, PolicyUpdateConfig
 from voltrl.observability.dashboard import Catalog, dashboard_app
@@ -219,18 +219,43 @@ def test_rollouts_staler_than_the_bound_are_dropped_whole_and_counted_and_rows_k
 
 # ---- end to end -------------------------------------------------------------------------------
 
-SLOW_UPDATE_S = 2.0
-"""Each update is held this long first. With the runners holding one step's rollouts at a
-time, a step queued ahead starts when the previous one ends: its first calls come during the
-previous step's update (on the weights before it), its second after it (margins of about
-``SLOW_UPDATE_S``, not the scheduler's luck)."""
+STEP = 4
+"""Rollouts a step (2 tasks x 2); the runner holds one step's at a time (``max_concurrency``)."""
+
+
+def take_a_number(notes: Path) -> int:
+    """The order of this rollout's first call among all the run's: 0, 1, 2... (a note each,
+    created exclusively, so two rollouts never take the same number)."""
+    number = 0
+    while True:
+        try:
+            (notes / f"call-{number}").touch(exist_ok=False)
+            return number
+        except FileExistsError:
+            number += 1
+
+
+async def until_exists(path: Path) -> None:
+    while not path.exists():
+        await asyncio.sleep(0.02)
 
 
 @vl.rollout
 async def thinks_between_calls(task: dict, llm: vl.LLM) -> float:
-    """Two chained calls with a pause between (a slow tool): long enough for an update to be
-    served while the rollout waits, so its second call is sampled by newer weights."""
-    return await say_it_twice(task, llm, pause_s=2 * SLOW_UPDATE_S + 0.5)
+    """Two chained calls around a weight update, in an order the test fixes with notes in
+    ``task["notes"]``, not with the scheduler's luck. The runner holds one step's rollouts at a
+    time, so the first four first calls are step 1's, the next four step 2's, and so on. A
+    rollout of step ``s > 1`` makes its first call while update ``s - 1`` is held (it waits for
+    them: :func:`held_update`), then waits for the weights of that update to be published
+    before its second call: it spans the update."""
+    notes = Path(task["notes"])
+
+    async def wait_for_the_update() -> None:
+        step = take_a_number(notes) // STEP + 1
+        if step > 1:
+            await until_exists(notes / f"weights-{step - 1}")
+
+    return await say_it_twice(task, llm, between=wait_for_the_update)
 
 
 async def read_store(path: Path) -> tuple[list[Rollout], dict[str, list[LLMCall]], dict]:
@@ -256,6 +281,7 @@ def recomputed_logprobs(model: Any, call: LLMCall) -> torch.Tensor:
     return picked.gather(-1, torch.tensor(response)[:, None]).squeeze(-1)
 
 
+@pytest.mark.slow
 def test_rollouts_queued_ahead_span_updates_and_every_call_was_sampled_by_its_versions_weights(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
@@ -263,13 +289,27 @@ def test_rollouts_queued_ahead_span_updates_and_every_call_was_sampled_by_its_ve
     recorded logprobs are those of the weights its resources version names (a checkpoint per
     step), so no request was decoded across a weight swap; rows span updates; each step
     trains its own rollouts, at most one update stale."""
-    update = PolicyTrainer.step
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    update, publish = PolicyTrainer.step, WeightVersions.publish
+    updates = iter(range(1, 4))
 
-    def slow_update(self: PolicyTrainer, batch: Any) -> dict:
-        time.sleep(SLOW_UPDATE_S)
+    def held_update(self: PolicyTrainer, batch: Any) -> dict:
+        """Update ``k`` starts once step ``k + 1``'s rollouts have all made their first call
+        (on the weights before it); the last has no step after it."""
+        k = next(updates)
+        while k < 3 and not (notes / f"call-{STEP * (k + 1) - 1}").exists():
+            time.sleep(0.02)
         return update(self, batch)
 
-    monkeypatch.setattr(PolicyTrainer, "step", slow_update)
+    async def noted_publish(self: WeightVersions, ctx: Any, llm: vl.LLM) -> int:
+        """Publish, then leave a note that weights ``self.current`` are served."""
+        version = await publish(self, ctx, llm)
+        (notes / f"weights-{self.current}").touch()
+        return version
+
+    monkeypatch.setattr(PolicyTrainer, "step", held_update)
+    monkeypatch.setattr(WeightVersions, "publish", noted_publish)
     tok = build_tiny_tokenizer()
     algo = vl.LocalRL(
         build_tiny_model(tok, seed=0),
@@ -284,7 +324,7 @@ def test_rollouts_queued_ahead_span_updates_and_every_call_was_sampled_by_its_ve
         max_staleness=1,
     )
     trainer = vl.Trainer(algo, n_runners=1, max_concurrency=4, run_dir=tmp_path, name="async")
-    result = trainer.fit(thinks_between_calls, [{"letter": c} for c in "abcd"])
+    result = trainer.fit(thinks_between_calls, [{"letter": c, "notes": str(notes)} for c in "abcd"])
     steps = [m for m in result.metrics if "update/loss" in m]
     assert [m["step"] for m in steps] == [1, 2, 3]
     assert [m["staleness/max"] for m in steps] == [0.0, 1.0, 1.0]
