@@ -1,8 +1,14 @@
 """A real short LocalRL run for the dashboard's tests: two agents, a tool span, rewards, a
-failed attempt that is retried, validation; recorded in ``<dir>/dash/``."""
+failed attempt that is retried, validation; recorded in ``<dir>/dash/``.
+
+With ``DASHBOARD_RUN_GATE`` set to a path, every rollout waits until that file exists: a test
+sees the run started, then lets it go on (the browser test reads a page of the running run
+first, then opens the gate and waits for the page to show the steps that follow)."""
 
 from __future__ import annotations
 
+import asyncio
+import os
 from pathlib import Path
 
 from openai import AsyncOpenAI
@@ -13,6 +19,7 @@ from voltrl.algorithms.local.update import PolicyUpdateConfig
 from voltrl.trajectory import TrajectoryConfig
 
 RUN_NAME = "dash"
+GATE = "DASHBOARD_RUN_GATE"
 ROWS = [{"letter": c, "n": i} for i, c in enumerate("abcd")]
 _failed_once: set[str] = set()
 
@@ -27,6 +34,9 @@ async def writer_checker(task: dict, llm: vl.LLM) -> float:
     ends a reply inside a multi-byte UTF-8 character, whose text (with U+FFFD) re-tokenizes
     to other ids when the conversation is sent back, and such turns do not merge (about 5
     in 6 did). Greedy, the first step's replies are the same every run, and merge."""
+    gate = os.environ.get(GATE)
+    while gate and not Path(gate).exists():  # the test opens it (see the module docstring)
+        await asyncio.sleep(0.05)
     writer = llm.for_agent("writer")
     client = AsyncOpenAI(base_url=writer.endpoint, api_key=llm.api_key, max_retries=0)
     messages = [{"role": "user", "content": f"Say {task['letter']}."}]

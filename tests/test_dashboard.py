@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -44,6 +45,7 @@ def client(runs_dir: Path) -> Iterator[httpx.Client]:
         yield c
 
 
+@pytest.mark.slow
 def test_pages_need_the_token_and_sign_in_sets_a_cookie(client: httpx.Client) -> None:
     page = client.get("/rollouts", follow_redirects=True)
     assert page.status_code == 200 and "needs its token" in page.text  # the sign-in form
@@ -183,12 +185,14 @@ def test_only_train_rollouts_link_to_a_group(client: httpx.Client) -> None:
     assert "/group?" in client.get("/rollouts?mode=train").text
 
 
-def test_a_run_started_after_the_dashboard_is_found_by_rollout_id(runs_dir: Path) -> None:
+def test_a_run_started_after_the_dashboard_is_found_by_rollout_id(
+    runs_dir: Path, tmp_path: Path
+) -> None:
     import shutil
     import sqlite3
 
-    root = runs_dir.parent / "later-runs"
-    root.mkdir(exist_ok=True)
+    root = tmp_path / "later-runs"
+    root.mkdir()
     with (
         serve_in_thread(dashboard_app(Catalog([root]))) as server,
         httpx.Client(base_url=server.url) as c,
@@ -281,12 +285,19 @@ def test_the_token_itself_opens_no_page_as_a_cookie(client: httpx.Client) -> Non
         assert client.get("/").status_code == 307, name
 
 
-def test_a_session_expires(runs_dir: Path) -> None:
-    app = dashboard_app(Catalog([runs_dir]), token=TOKEN, session_s=1.0)
+def test_a_session_expires(runs_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the sessions' clock, which the test moves: good until its lifetime is past."""
+    from voltrl.observability.dashboard import sessions
+
+    now = [time.time()]
+    monkeypatch.setattr(sessions, "time", SimpleNamespace(time=lambda: now[0]))
+    app = dashboard_app(Catalog([runs_dir]), token=TOKEN, session_s=60.0)
     with serve_in_thread(app) as server, httpx.Client(base_url=server.url) as c:
         cookie = sign_in(c)
-        assert "run-row" in c.get("/").text
-        time.sleep(1.2)
+        assert not signed_out(c, cookie) and "run-row" in c.get("/").text
+        now[0] += 59.0
+        assert not signed_out(c, cookie)
+        now[0] += 2.0
         assert signed_out(c, cookie)
 
 
@@ -381,6 +392,7 @@ def make_runs(root: Path, count: int) -> list[str]:
 MAX_OPEN = 16  # voltrl.observability.dashboard.open_stores.MAX_OPEN
 
 
+@pytest.mark.slow
 def test_a_catalog_of_many_runs_keeps_few_stores_open(tmp_path: Path) -> None:
     """Every page of 60 runs fetched: threads and file descriptors stay those of at most
     ``MAX_OPEN`` stores (each about 2 threads and 5 descriptors), not of 60."""
@@ -407,7 +419,13 @@ def test_a_catalog_of_many_runs_keeps_few_stores_open(tmp_path: Path) -> None:
         assert open_fds() <= fds + 5 * MAX_OPEN + 10
 
 
-def test_idle_stores_are_closed(tmp_path: Path) -> None:
+def test_idle_stores_are_closed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the stores' clock, which the test moves: it stands still while the 8 runs' pages are
+    fetched (all stay open, however slow), then passes ``idle_s``: all are closed."""
+    from voltrl.observability.dashboard import open_stores
+
+    now = [1000.0]
+    monkeypatch.setattr(open_stores, "time", SimpleNamespace(monotonic=lambda: now[0]))
     run_ids = make_runs(tmp_path, 8)
     catalog = Catalog([tmp_path], idle_s=0.5)
     with serve_in_thread(dashboard_app(catalog)) as server, httpx.Client(base_url=server.url) as c:
@@ -416,7 +434,8 @@ def test_idle_stores_are_closed(tmp_path: Path) -> None:
         for run_id in run_ids:
             assert c.get(f"/runs/{run_id}").status_code == 200
         assert open_fds() >= fds + 8 * 4  # all open: fewer than the bound
-        deadline = time.monotonic() + 10
+        now[0] += 1.0  # idle: the next look (every idle_s) closes them
+        deadline = time.monotonic() + 60
         while (open_fds() > fds or threading.active_count() > threads) and (
             time.monotonic() < deadline
         ):

@@ -3,6 +3,10 @@ a real short LocalRL run: every page renders without console errors, filters and
 change the rows, token views load when opened and show the loss mask, and pages update while
 a run trains.
 
+A live table polls every few seconds and is swapped for the answer; the dashboards here poll
+once an hour (``REFRESH_S``) and a test refreshes a table when it means to (:func:`refresh`),
+except the one that watches a run train, whose pages poll as they do for everyone.
+
 Screenshots of every page are saved to ``.artifacts/dashboard/`` for review. Chromium comes
 from Debian (``apt-get install -y chromium chromium-driver``, which ``make test`` runs); when it
 is missing these tests fail with that command, they never skip."""
@@ -26,6 +30,8 @@ HERE = Path(__file__).resolve().parent
 SHOTS = HERE.parent / ".artifacts" / "dashboard"
 INSTALL = "apt-get install -y chromium chromium-driver"
 WAIT_S = 60.0
+REFRESH_S = 3600
+"""How often the tests' live tables poll: never during a test, which refreshes them itself."""
 
 
 def _browser_paths() -> tuple[str, str]:
@@ -47,7 +53,7 @@ def runs_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def url(runs_dir: Path) -> Iterator[str]:
-    with serve_in_thread(dashboard_app(Catalog([runs_dir]))) as server:
+    with serve_in_thread(dashboard_app(Catalog([runs_dir]), refresh_s=REFRESH_S)) as server:
         yield server.url
 
 
@@ -75,7 +81,6 @@ def visit(driver, url: str, shot: str):
     """Open ``url``, wait until loaded, save a screenshot, and fail on console errors."""
     driver.get(url)
     until(driver, lambda: driver.execute_script("return document.readyState") == "complete")
-    time.sleep(0.3)  # the deferred chart script draws after the load event
     driver.save_screenshot(str(SHOTS / f"{shot}.png"))
     errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
     assert not errors, f"console errors on {url}: {errors}"
@@ -109,12 +114,43 @@ def open_part(driver, details) -> None:
         until(driver, lambda: details.get_attribute("data-loaded") == "yes")
 
 
+def refresh(driver, region: str) -> None:
+    """Refresh the live table ``#region`` now, as its poll does (its own ``hx-get``,
+    ``hx-select`` and ``hx-swap``), and wait until the swap has settled: dashboard.js has
+    put back what the reader ticked, opened and fetched in it."""
+    old = css(driver, f"#{region}[hx-get]")
+    assert old, f"#{region} is not a live table on {driver.current_url}"
+    driver.execute_script(
+        "window.__settled = false;"
+        "document.addEventListener('htmx:afterSettle', () => { window.__settled = true; },"
+        " {once: true});"
+        "const el = arguments[0]; htmx.ajax('GET', el.getAttribute('hx-get'), {source: el});",
+        old[0],
+    )
+    until(driver, lambda: _stale(old[0]) and driver.execute_script("return window.__settled"))
+
+
+def click(driver, find) -> None:
+    """Click what ``find()`` returns once it returns something; found again when a live page
+    swaps it out from under the click."""
+
+    def clicked() -> bool:
+        element = find()
+        if element is None:
+            return False
+        element.click()
+        return True
+
+    until(driver, clicked)
+
+
 def css(driver, selector: str) -> list:
     from selenium.webdriver.common.by import By
 
     return driver.find_elements(By.CSS_SELECTOR, selector)
 
 
+@pytest.mark.slow
 def test_every_page_renders_without_console_errors(browser, url: str) -> None:
     d = visit(browser, url + "/", "runs")
     rows = css(d, "tr.run-row")
@@ -158,6 +194,7 @@ def stored(runs_dir: Path, where: str) -> int:
         return db.execute(f"SELECT COUNT(*) FROM rollouts WHERE {where}").fetchone()[0]
 
 
+@pytest.mark.slow
 def test_filters_and_sorting_change_the_rows(browser, url: str, runs_dir: Path) -> None:
     from selenium.webdriver.support.ui import Select
 
@@ -186,6 +223,7 @@ def test_filters_and_sorting_change_the_rows(browser, url: str, runs_dir: Path) 
     assert not css(d, "tr.rollout-row") and "No rollouts match" in d.page_source
 
 
+@pytest.mark.slow
 def test_token_view_shows_the_loss_mask_and_advantages(browser, url: str) -> None:
     d = visit(browser, f"{url}/rollouts?mode=train&status=succeeded", "rollouts-succeeded")
     links = [a.get_attribute("href") for a in css(d, "tr.rollout-row a[href*='/rollouts/']")]
@@ -245,9 +283,11 @@ def test_a_calls_token_view_loads_when_opened(browser, url: str) -> None:
     visit(d, d.current_url, "rollout-call-tokens")  # no console error on the way
 
 
+@pytest.mark.slow
 def test_a_live_rollout_keeps_the_token_view_it_opened(browser, tmp_path: Path) -> None:
     """A running rollout's page refreshes every few seconds: an opened token view stays open
-    with its tokens, and is not fetched again."""
+    with its tokens, and is not fetched again. The test refreshes the page once the tokens
+    are in (a refresh while they load fetches them again, for the view swapped in open)."""
     import asyncio
 
     from voltrl.store.sql import SQLStore
@@ -277,7 +317,7 @@ def test_a_live_rollout_keeps_the_token_view_it_opened(browser, tmp_path: Path) 
             await store.close()
 
     rollout_id = asyncio.run(running())
-    with serve_in_thread(dashboard_app(Catalog([tmp_path]))) as server:
+    with serve_in_thread(dashboard_app(Catalog([tmp_path]), refresh_s=REFRESH_S)) as server:
         d = visit(browser, f"{server.url}/rollouts/{rollout_id}", "rollout-live")
         d.execute_script(
             "window.__fetched = []; const f = window.fetch;"
@@ -285,11 +325,12 @@ def test_a_live_rollout_keeps_the_token_view_it_opened(browser, tmp_path: Path) 
             "return f(url, ...rest); };"
         )
         open_part(d, css(d, "details#t-1-0")[0])
-        until(d, lambda: [t.text.strip() for t in css(d, "details#t-1-0 .tok.gen")] == ["#4", "#5"])
+        tokens = "details#t-1-0[open][data-loaded=yes] .tok.gen"
+        until(d, lambda: [t.text.strip() for t in css(d, tokens)] == ["#4", "#5"])
         section = css(d, "section.call")[0]
-        until(d, lambda: _stale(section))  # the page refreshed
-        view = css(d, "details#t-1-0")[0]
-        assert view.get_attribute("open") is not None and len(css(view, ".tok.gen")) == 2
+        refresh(d, "rollout")
+        assert _stale(section), "the page was swapped"
+        until(d, lambda: [t.text.strip() for t in css(d, tokens)] == ["#4", "#5"])
         fetched = d.execute_script("return window.__fetched")
         assert [u for u in fetched if u.endswith("/tokens")] == [
             f"/rollouts/{rollout_id}/calls/1/0/tokens"
@@ -322,47 +363,76 @@ def test_signing_in_and_out_through_the_page(browser, runs_dir: Path) -> None:
         until(d, lambda: css(d, "input[name=token]"))  # signed out: the form again
 
 
-def test_pages_update_while_a_run_trains(browser, url: str, runs_dir: Path) -> None:
-    d = visit(browser, url + "/", "live-before")
-    d.execute_script("window.__notReloaded = true")
-    env = {**os.environ, "PYTHONPATH": str(HERE)}
-    training = subprocess.Popen(
-        [sys.executable, str(HERE / "dashboard_run.py"), str(runs_dir), "6", "live"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        until(d, lambda: len(css(d, "tr.run-row")) == 2 and "running" in d.page_source)
-        d.save_screenshot(str(SHOTS / "live-runs.png"))
-        run_link = next(a for a in css(d, "tr.run-row a") if a.text == "live")
-        assert d.execute_script("return window.__notReloaded === true"), "the page reloaded"
-        run_link.click()
-        until(d, lambda: css(d, "#versions tbody tr"))
+@pytest.mark.slow
+def test_pages_update_while_a_run_trains(browser, runs_dir: Path, tmp_path: Path) -> None:
+    """A run trains beside a finished one (in a directory of this test's own: the others'
+    counts stay as they are): the runs page and the run's page show it running and its steps
+    coming in, by their own polls, never reloading; then ticked runs stay ticked when the
+    runs table refreshes, and compare on shared charts."""
+    from dashboard_run import GATE
+
+    root = tmp_path / "runs"
+    _copy_run(runs_dir / "dash", root / "dash")
+    gate = tmp_path / "gate"  # the run's rollouts wait for it: the test has read the page
+    env = {**os.environ, "PYTHONPATH": str(HERE), GATE: str(gate)}
+    with (
+        serve_in_thread(dashboard_app(Catalog([root]))) as server,  # its pages poll every 3 s
+        serve_in_thread(dashboard_app(Catalog([root]), refresh_s=REFRESH_S)) as still,
+    ):  # both up till the end: no live page is left polling a server that stopped
+        d = visit(browser, server.url + "/", "live-before")
         d.execute_script("window.__notReloaded = true")
-        seen = len(css(d, "#versions tbody tr"))
-        until(d, lambda: len(css(d, "#versions tbody tr")) > seen)
-        until(d, lambda: css(d, ".chart[data-metric='train/reward_mean'] canvas"))
-        d.save_screenshot(str(SHOTS / "live-run.png"))
-        assert d.execute_script("return window.__notReloaded === true"), "the page reloaded"
-        assert training.wait(timeout=300) == 0
-        until(d, lambda: d.find_element("id", "run-status").text == "finished")
-        errors = [e for e in d.get_log("browser") if e["level"] == "SEVERE"]
-        assert not errors, errors
+        training = subprocess.Popen(
+            [sys.executable, str(HERE / "dashboard_run.py"), str(root), "6", "live"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            until(d, lambda: len(css(d, "tr.run-row")) == 2 and "running" in d.page_source)
+            d.save_screenshot(str(SHOTS / "live-runs.png"))
+            assert d.execute_script("return window.__notReloaded === true"), "the page reloaded"
+            click(d, lambda: next((a for a in css(d, "tr.run-row a") if a.text == "live"), None))
+            until(d, lambda: css(d, "#versions[hx-get] tbody tr"))  # live: it polls
+            d.execute_script("window.__notReloaded = true")
+            seen = len(css(d, "#versions tbody tr"))
+            gate.touch()  # the run goes on: its next steps are versions not on the page yet
+            until(d, lambda: len(css(d, "#versions tbody tr")) > seen)
+            until(d, lambda: css(d, ".chart[data-metric='train/reward_mean'] canvas"))
+            d.save_screenshot(str(SHOTS / "live-run.png"))
+            assert d.execute_script("return window.__notReloaded === true"), "the page reloaded"
+            assert training.wait(timeout=300) == 0
+            until(d, lambda: d.find_element("id", "run-status").text == "finished")
+            errors = [e for e in d.get_log("browser") if e["level"] == "SEVERE"]
+            assert not errors, errors
+        finally:
+            if training.poll() is None:
+                training.kill()
+                training.wait()
+        d = visit(d, still.url + "/", "runs-two")
+        ticks = css(d, "tr.run-row input[type=checkbox]")
+        assert len(ticks) == 2
+        for box in ticks:
+            box.click()
+        refresh(d, "runs-table")
+        boxes = "tr.run-row input[type=checkbox]"
+        until(d, lambda: [b.is_selected() for b in css(d, boxes)] == [True, True])
+        css(d, "#runs-form button[type=submit]")[0].click()
+        until(d, lambda: "/compare" in d.current_url and css(d, ".chart canvas"))
+        visit(d, d.current_url, "compare-two")
+        assert len(css(d, "h1 a")) == 2
+
+
+def _copy_run(source: Path, to: Path) -> None:
+    """Copy a run directory; its store through SQLite's backup (a page may have it open)."""
+    import sqlite3
+
+    shutil.copytree(source, to, ignore=shutil.ignore_patterns("store.sqlite*"))
+    read, write = sqlite3.connect(source / "store.sqlite"), sqlite3.connect(to / "store.sqlite")
+    try:
+        read.backup(write)
     finally:
-        if training.poll() is None:
-            training.kill()
-    # ticked runs stay ticked while the table refreshes, and compare on shared charts
-    d = visit(d, url + "/", "runs-two")
-    for box in css(d, "tr.run-row input[type=checkbox]"):
-        box.click()
-    marker = css(d, "tr.run-row")[0]
-    until(d, lambda: _stale(marker))  # the table was swapped by a refresh
-    assert all(b.is_selected() for b in css(d, "tr.run-row input[type=checkbox]"))
-    css(d, "#runs-form button[type=submit]")[0].click()
-    until(d, lambda: "/compare" in d.current_url and css(d, ".chart canvas"))
-    visit(d, d.current_url, "compare-two")
-    assert len(css(d, "h1 a")) == 2
+        read.close()
+        write.close()
 
 
 def _stale(element) -> bool:

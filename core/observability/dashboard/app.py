@@ -59,17 +59,22 @@ from voltrl.store.browse import RolloutPage, RolloutQuery, duration
 
 HERE = Path(__file__).resolve().parent
 REFRESH_S = 3
-"""How often a live page polls."""
+"""How often a live page's tables poll, unless the dashboard is told otherwise."""
 STORE_CURVES = tuple(f"store/{mode}_reward_by_version" for mode in ("train", "val", "dev"))
 """The reward curves drawn from the store where no metrics.jsonl is known."""
 
 
 def dashboard_app(
-    catalog: data.Catalog, *, token: str | None = None, session_s: float = DEFAULT_SESSION_S
+    catalog: data.Catalog,
+    *,
+    token: str | None = None,
+    session_s: float = DEFAULT_SESSION_S,
+    refresh_s: float = REFRESH_S,
 ) -> FastAPI:
     """The dashboard over ``catalog``'s stores. With a ``token``, pages need the session
     cookie that ``/login`` sets once given the token, good for ``session_s`` seconds or until
-    ``/logout`` (or an ``Authorization: Bearer`` header with the token)."""
+    ``/logout`` (or an ``Authorization: Bearer`` header with the token). Live tables poll
+    every ``refresh_s`` seconds (tests make it long, and refresh a table when they choose)."""
     app = FastAPI(title="VoltRL dashboard", docs_url=None, redoc_url=None, openapi_url=None)
     sessions = Sessions(token, session_s) if token else None
     templates = Jinja2Templates(directory=HERE / "templates")
@@ -78,7 +83,7 @@ def dashboard_app(
     templates.env.filters["num"] = _num
     templates.env.filters["pretty"] = conversation.text_of
     templates.env.filters["shown"] = conversation.shown_value
-    templates.env.globals["REFRESH_S"] = REFRESH_S
+    templates.env.globals["REFRESH_S"] = refresh_s
     templates.env.globals["first_metrics"] = [*FIRST_METRICS, *STORE_CURVES]
     templates.env.globals["url_for"] = _url_path
     templates.env.globals["session_s"] = session_s
