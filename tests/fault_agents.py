@@ -9,7 +9,8 @@ Task fields steer them:
   and token come from ``VOLTRL_FAULT_STORE`` and ``VOLTRL_TOKEN``), sleeps ``sleep`` seconds,
   and returns 1.0.
 - ``CallsLLM``: one chat completion through the ``main_llm`` resource (a gateway), inside a
-  span; returns 1.0.
+  span; then, if the task has a ``gate``, waits until the file ``{dir}/{gate}`` exists; sleeps
+  ``sleep`` seconds and returns 1.0.
 - ``SyncSleeper``: a sync agent that records its process id (an event ``pid``), sleeps
   ``sleep`` seconds in ``time.sleep`` and returns 1.0.
 """
@@ -68,7 +69,7 @@ class Recording(vl.LitAgent):
 
 
 class CallsLLM(vl.LitAgent):
-    """One chat completion through the gateway."""
+    """One chat completion through the gateway, then a wait for the task's gate file, if any."""
 
     async def rollout(self, task: dict[str, Any], resources: vl.Resources) -> float:
         from openai import AsyncOpenAI
@@ -84,6 +85,9 @@ class CallsLLM(vl.LitAgent):
                 )
         finally:
             await client.close()
+        if "gate" in task:
+            while not (Path(task["dir"]) / task["gate"]).exists():
+                await asyncio.sleep(0.05)
         await asyncio.sleep(task.get("sleep", 0.0))
         return 1.0
 

@@ -204,6 +204,7 @@ async def test_a_failing_tool_is_an_error_span_and_the_model_is_told() -> None:
     assert tool_message["content"].startswith("Error")
 
 
+@pytest.mark.slow
 async def test_mcp_stdio_calculator_server_as_the_tool() -> None:
     """Agent Framework's own MCPStdioTool (mcp 2.x) runs the sample's calculator server."""
     instrument()

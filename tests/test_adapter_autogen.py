@@ -62,6 +62,7 @@ def tool_span(spans: list[Span], tool: str) -> Span:
     return span
 
 
+@pytest.mark.slow
 async def test_agent_through_trainer_records_calls_spans_and_reward(tmp_path: Path) -> None:
     """In a runner process, where only ``model_client`` turns the span recording on."""
     store = InMemoryStore()

@@ -75,6 +75,7 @@ def tracing() -> Iterator[vla.VoltRLTracingProcessor]:
     yield vla.install_tracing()
 
 
+@pytest.mark.slow
 async def test_agent_through_trainer_records_calls_spans_and_reward(tmp_path: Path) -> None:
     """In a runner process, where only ``vla.model`` installs the tracing processor."""
     store = InMemoryStore()

@@ -241,6 +241,7 @@ def test_bad_settings_are_refused_when_apo_is_built() -> None:
     assert "sk-x" not in json.dumps(config) and config["prompt"]["template"] == START
 
 
+@pytest.mark.slow
 async def test_voltrl_show_lists_the_candidates_and_the_diff_to_the_best(tmp_path: Path) -> None:
     async with FakeBackend() as optimizer:
         optimizer.script = optimizer_model(GOOD)

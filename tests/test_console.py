@@ -78,6 +78,7 @@ def store_with_a_hostile_run(path: Path) -> str:
     return asyncio.run(write())
 
 
+@pytest.mark.slow
 def test_voltrl_runs_prints_hostile_names_and_errors_as_text(tmp_path: Path) -> None:
     store = tmp_path / "store.sqlite"
     store_with_a_hostile_run(store)
@@ -90,6 +91,7 @@ def test_voltrl_runs_prints_hostile_names_and_errors_as_text(tmp_path: Path) -> 
     assert_shown_as_text(wide.stdout)
 
 
+@pytest.mark.slow
 def test_voltrl_show_prints_a_rewards_name_and_the_task_as_text(tmp_path: Path) -> None:
     store = tmp_path / "store.sqlite"
     rollout_id = store_with_a_hostile_run(store)
@@ -102,6 +104,7 @@ def test_voltrl_show_prints_a_rewards_name_and_the_task_as_text(tmp_path: Path) 
     assert_shown_as_text(shown.stdout)
 
 
+@pytest.mark.slow
 def test_a_cli_error_line_prints_the_message_as_text(tmp_path: Path) -> None:
     # `voltrl dev` of an agent that raises: the run stops, and its error line quotes the error
     agent = tmp_path / "raising.py"

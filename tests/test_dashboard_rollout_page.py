@@ -41,6 +41,7 @@ def parts(page: str) -> list[str]:
     return re.findall(r'data-part="([^"]+)"', page)
 
 
+@pytest.mark.slow
 def test_a_long_game_is_a_small_page_with_no_token_on_it(client: httpx.Client, game: Game) -> None:
     """A 4-round game of 800 calls of 2,500 prompt tokens was a page of tens of megabytes,
     one span per token; now every page of it is under 1 MB and carries no token."""

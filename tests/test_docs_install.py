@@ -304,12 +304,14 @@ def merged_id(line: InstallLine) -> str:
     return "+".join(c.removeprefix("constraints/") for c in line.constraints) or "unconstrained"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("line", merged(CLONE_LINES), ids=merged_id)
 def test_the_clone_installs_resolve(line: InstallLine, tmp_path: Path) -> None:
     resolve(line, copy_of_clone(tmp_path / "clone"), tmp_path)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(480)
 def test_make_dist_builds_the_wheel_the_docs_install(tmp_path: Path) -> None:
     """``make dist`` on a fresh copy of the clone (its own .venv, a pinned ``build``) leaves the

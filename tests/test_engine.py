@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -221,6 +222,23 @@ async def test_logprobs_are_raw_model_logprobs(engine: Engine, model: Any, tok: 
     assert out.choices[0].token_ids != out.choices[1].token_ids
 
 
+def hold_until_update_queued(eng: Engine) -> None:
+    """Make the engine thread's next decode step wait until a weights update is queued (then
+    decode as usual): a request's first token goes out, and its second is only sampled once
+    the update waits for the next step boundary, however slowly the test's side runs."""
+    decode, seen = eng._decode, threading.Event()
+
+    def held() -> None:
+        if not seen.is_set():
+            with eng._cv:  # update_weights queues under this lock and notifies it
+                queued = eng._cv.wait_for(lambda: eng._updates or eng._closing, timeout=120)
+            assert queued, "no weights update was queued"
+            seen.set()
+        decode()
+
+    eng._decode = held  # type: ignore[method-assign]
+
+
 async def test_weight_swap_at_a_step_boundary(
     tok: Any, model: Any, trained: dict[str, Any]
 ) -> None:
@@ -229,6 +247,7 @@ async def test_weight_swap_at_a_step_boundary(
     greedy = SamplingParams(max_tokens=40, temperature=0)
     with Engine(copy.deepcopy(model), tok) as eng:
         before = (await eng.generate(prompt, greedy)).choices[0]
+        hold_until_update_queued(eng)  # the stream cannot end before the update is asked for
         inflight = eng.stream(prompt, SamplingParams(max_tokens=200, temperature=0, **NO_EOS))
         first = await anext(inflight)
         assert await eng.aupdate_weights(trained) == 1

@@ -141,6 +141,7 @@ async def all_finished(
 # ---- runners killed and stopped -----------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_a_runner_killed_mid_rollout_has_its_rollouts_retried_and_completed_once(
     tmp_path, procs
 ):
@@ -149,11 +150,14 @@ async def test_a_runner_killed_mid_rollout_has_its_rollouts_retried_and_complete
     await procs.serve(str(tmp_path / "store.sqlite"), port)
     store = HTTPStore(url, TOKEN)
     tasks = [Task(input={"dir": str(tmp_path), "gate": "open", "i": i}) for i in range(3)]
-    rollouts = await store.enqueue(tasks, max_attempts=3)
+    # Room for a re-claim by the first runner too (its lease ran out while it was slowed).
+    rollouts = await store.enqueue(tasks, max_attempts=5)
     first = procs.runner("first", url, "Blocking", "--max-concurrency", "4", "--lease", "3")
 
     async def all_started() -> bool:
-        return len(list(tmp_path.glob("started-*"))) == 3
+        # Every rollout has an attempt that started (counted by rollout: a rollout whose
+        # lease ran out and that was claimed again has two files).
+        return all(any(tmp_path.glob(f"started-{r.rollout_id}-*")) for r in rollouts)
 
     await until(all_started, 60, "the first runner to start every rollout")
     procs.kill(first)
@@ -171,6 +175,7 @@ async def test_a_runner_killed_mid_rollout_has_its_rollouts_retried_and_complete
     await store.close()
 
 
+@pytest.mark.slow
 async def test_sigterm_lets_a_runner_finish_within_its_grace_period_then_release_the_rest(
     tmp_path, procs
 ):
@@ -214,6 +219,7 @@ def store_spec(kind: str, tmp_path: Path) -> str:
     return new_database_url()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["sqlite", "postgres"])
 async def test_the_server_killed_mid_run_restarts_and_keeps_everything_acknowledged(
     tmp_path, procs, kind
@@ -227,7 +233,11 @@ async def test_the_server_killed_mid_run_restarts_and_keeps_everything_acknowled
         store = HTTPStore(url, TOKEN, retries=8)
         llm = LLM(endpoint=f"{url}/v1", model="fake-model", api_key=TOKEN, gateway=True)
         resources = await store.add_resources(Resources(items={"main_llm": llm}))
-        tasks = [Task(input={"i": i, "sleep": 0.5}) for i in range(40)]
+        # The first 3 rollouts wait, once their call is made, for a file made only after the
+        # kill: some work is surely unfinished at the kill, and as they are fewer than the
+        # runner's 4 slots, the others still run meanwhile.
+        gate = {"dir": str(tmp_path), "gate": "open"}
+        tasks = [Task(input={"i": i, "sleep": 0.2, **(gate if i < 3 else {})}) for i in range(40)]
         rollouts = await store.enqueue(tasks, resources_version=resources.version, max_attempts=20)
         runner = procs.runner("runner", url, "CallsLLM", "--max-concurrency", "4", "--lease", "3")
 
@@ -239,9 +249,10 @@ async def test_the_server_killed_mid_run_restarts_and_keeps_everything_acknowled
         before = {r.rollout_id: r for r in await store.query_rollouts(status="succeeded")}
         calls = {c.call_id for r in rollouts for c in await store.get_llm_calls(r.rollout_id)}
         spans = {s.span_id for r in rollouts for s in await store.get_spans(r.rollout_id)}
-        assert len(await store.query_rollouts(status=["queued", "running"])) > 0
+        assert len(await store.query_rollouts(status=["queued", "running"])) >= 3
         procs.kill(server)
         assert server.returncode == -signal.SIGKILL
+        (tmp_path / "open").touch()
         await procs.serve(*serve_args)
         done = await all_finished(store, rollouts, 120)
         assert [r.status for r in done] == ["succeeded"] * len(rollouts)
@@ -329,6 +340,7 @@ class FlakyProxy:
         abort()
 
 
+@pytest.mark.slow
 async def test_network_faults_between_runner_and_server_lose_nothing_and_duplicate_nothing(
     tmp_path, procs
 ):
@@ -346,7 +358,7 @@ async def test_network_faults_between_runner_and_server_lose_nothing_and_duplica
             "--max-concurrency",
             "8",
             "--lease",
-            "5",
+            "15",  # heartbeats every 5 s: only a lost claim, not a slowed runner, expires
             env={"VOLTRL_FAULT_STORE": proxy.url},
         )
         done = await all_finished(store, rollouts, 150)
@@ -371,7 +383,8 @@ async def test_network_faults_between_runner_and_server_lose_nothing_and_duplica
 # ---- load ----------------------------------------------------------------------------------
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.slow
+@pytest.mark.timeout(600)  # a bound for a hang only: a loaded machine is slow, not wrong
 async def test_32_concurrent_runners_run_2000_rollouts_once_each_with_flat_server_memory(
     tmp_path, procs
 ):
@@ -392,10 +405,9 @@ async def test_32_concurrent_runners_run_2000_rollouts_once_each_with_flat_serve
 
     async def finished(part: list[str]) -> None:
         # A cheap poll: is any of them still unfinished? (A long poll on 2,000 ids costs the
-        # server a query of them all at every change.)
-        deadline = time.monotonic() + 240
+        # server a query of them all at every change.) No deadline of its own: how fast the
+        # rollouts go depends on the machine; the test's timeout bounds a hang.
         while await store.query_rollouts(rollout_ids=part, status=["queued", "running"], limit=1):
-            assert time.monotonic() < deadline, "timed out waiting for the rollouts"
             await asyncio.sleep(0.5)
 
     await finished(ids[:1000])

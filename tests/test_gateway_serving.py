@@ -6,6 +6,7 @@ token it is refused."""
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 import threading
@@ -30,6 +31,7 @@ AGENTS = Path(__file__).with_name("serving_agents.py")
 HOST = "127.0.0.2"  # a loopback address that is not the default one
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_local_rl_gateway_follows_the_trainer_host_and_token_for_remote_runners(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
@@ -66,11 +68,20 @@ def test_local_rl_gateway_follows_the_trainer_host_and_token_for_remote_runners(
     thread = threading.Thread(target=fit)
     thread.start()
     token_file = tmp_path / "remote" / "runner.token"
+
+    def written_token() -> str:
+        """The token in the file, once it is written (the trainer's thread creates the file,
+        then writes it), else empty."""
+        try:
+            return token_file.read_text().strip()
+        except FileNotFoundError:
+            return ""
+
     deadline = time.monotonic() + 300
-    while not token_file.exists() and thread.is_alive() and time.monotonic() < deadline:
+    # read now: the file goes when the run ends
+    while not (token := written_token()) and thread.is_alive() and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert token_file.exists(), done
-    token = token_file.read_text().strip()  # read now: the file goes when the run ends
+    assert token, done
     command = [
         *("--store", f"http://{HOST}:{port}", "--token-file", str(token_file)),
         *("--agent", f"{AGENTS}:calls_with_and_without_the_key", "--lease", "10"),
@@ -204,26 +215,37 @@ async def test_stopping_a_gateway_cuts_its_calls_in_flight_short_with_a_503(capf
             backend.hold = asyncio.Event()
         served = await start_gateway(store, [backend.url], graceful_s=0.2)
         body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": stream}
+        relayed = asyncio.Event()  # the client has the answer's first event
         async with httpx.AsyncClient(timeout=30) as http:
-            call = asyncio.create_task(
-                http.post(
-                    f"{served.url}/chat/completions",
-                    json=body,
-                    headers={"x-rollout-id": claim.rollout.rollout_id},
-                )
-            )
+
+            async def post() -> tuple[int, str]:
+                url, rollout = f"{served.url}/chat/completions", claim.rollout.rollout_id
+                headers = {"x-rollout-id": rollout}
+                async with http.stream("POST", url, json=body, headers=headers) as response:
+                    text = ""
+                    async for chunk in response.aiter_text():
+                        text += chunk
+                        if "data: " in text:
+                            relayed.set()
+                    return response.status_code, text
+
+            call = asyncio.create_task(post())
             while not backend.requests:
                 await asyncio.sleep(0.01)
-            await asyncio.sleep(0.1)  # the first event relayed
+            if stream:  # stopped once the first event reached the client
+                waiter = asyncio.create_task(relayed.wait())
+                await asyncio.wait({call, waiter}, return_when=asyncio.FIRST_COMPLETED)
+                waiter.cancel()
+                assert relayed.is_set(), f"the call ended before its first event: {await call}"
             await served.stop()
-            response = await call
+            status, text = await call
     if stream:  # the status went out with the first event: the stream ends with an error
-        assert response.status_code == 200
-        last = [line for line in response.text.splitlines() if line.startswith("data: ")][-1]
+        assert status == 200
+        last = [line for line in text.splitlines() if line.startswith("data: ")][-1]
         assert "stopped before the call finished" in last
     else:
-        assert response.status_code == 503
-        assert "stopped before the call finished" in response.json()["error"]["message"]
+        assert status == 503
+        assert "stopped before the call finished" in json.loads(text)["error"]["message"]
     err = capfd.readouterr().err
     assert "Exception in ASGI application" not in err and "Traceback" not in err, err
     assert "timeout graceful shutdown exceeded" not in err, err

@@ -11,6 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_gpu_probe_prints_its_three_parts_on_a_cpu() -> None:
     out = subprocess.run(

@@ -88,6 +88,7 @@ def test_the_name_of_a_host_header(header: str, name: str) -> None:
     assert is_loopback(name) == (".rebound." not in name)
 
 
+@pytest.mark.slow
 def test_voltrl_serve_answers_only_requests_for_loopback_names() -> None:
     backend = "http://127.0.0.1:9/v1"  # never called: the gateway's routes are only reached
     with voltrl("serve", "--store", "memory", "--backend", backend, ready="voltrl store") as url:
@@ -99,6 +100,7 @@ def test_voltrl_serve_answers_only_requests_for_loopback_names() -> None:
         assert httpx.get(f"{url}/v1/store/runs", headers={"Host": "localhost"}).json() == []
 
 
+@pytest.mark.slow
 def test_voltrl_dashboard_answers_only_requests_for_loopback_names(tmp_path: Path) -> None:
     asyncio.run(SQLStore(tmp_path / "store.sqlite").close())
     with voltrl("dashboard", str(tmp_path), ready="voltrl dashboard") as url:
@@ -123,6 +125,7 @@ async def test_a_served_gateway_answers_only_requests_for_loopback_names() -> No
             await served.stop()
 
 
+@pytest.mark.slow
 def test_voltrl_model_serve_answers_only_requests_for_loopback_names() -> None:
     with voltrl("model", "serve", "tiny", "--threads", "1", ready="voltrl model serve") as url:
         assert refused(url, "/health", REBOUND)

@@ -82,6 +82,7 @@ async def _rows(run_dir: Path, mode: str, config: TrajectoryConfig) -> list[tupl
         await store.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sample", list(FRAMEWORK_CALLS))
 def test_the_recipe_warms_up_on_the_framework_teachers_calls_then_takes_an_rl_step(
     sample, tmp_path

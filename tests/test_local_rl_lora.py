@@ -56,6 +56,7 @@ def teacher_forced(model: Any, prompt: list[int], ids: list[int]) -> list[float]
     return [lps[len(prompt) - 1 + k, t].item() for k, t in enumerate(ids)]
 
 
+@pytest.mark.slow
 def test_local_rl_with_lora_serves_merged_weights_checkpoints_resumes_and_saves(tmp_path: Path):
     untrained = build_tiny_model(build_tiny_tokenizer(), seed=0)  # the model LocalRL starts from
     initial = untrained.state_dict()

@@ -332,6 +332,7 @@ async def stored(path: Path) -> tuple[list[vl.Rollout], dict[str, list[LLMCall]]
         await store.close()
 
 
+@pytest.mark.slow
 def test_local_rl_trains_each_adapter_on_its_agents_calls_and_saves_peft_adapters(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ):
@@ -394,6 +395,7 @@ def test_local_rl_trains_each_adapter_on_its_agents_calls_and_saves_peft_adapter
             torch.testing.assert_close(torch.tensor(mine), expected, atol=2e-4, rtol=0)
 
 
+@pytest.mark.slow
 def test_local_rl_resumes_each_adapter_from_the_last_step_all_adapters_saved(tmp_path: Path):
     fit(tmp_path)
     ckpts = tmp_path / "roles" / "checkpoints"
@@ -429,6 +431,7 @@ def test_local_rl_resumes_each_adapter_from_the_last_step_all_adapters_saved(tmp
             trainer.fit(three_roles, ROWS, val_dataset=ROWS[:2])
 
 
+@pytest.mark.slow
 def test_agents_matching_no_adapter_are_trained_by_a_catch_all_pattern(tmp_path: Path):
     _, result = fit(tmp_path, lora_adapters={"writer": "write", "rest": ".*"}, steps=1)
     (m,) = [m for m in result.metrics if "update_s" in m]

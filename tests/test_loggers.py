@@ -223,6 +223,7 @@ def mlflow_run(uri: str) -> Any:
 # ---- the tests ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_a_fit_reaches_every_tracker(tmp_path: Path) -> None:
     """Trainer.fit with all three (and jsonl): config, metrics, the validation's rollouts
     with the model's reply (W&B), summary; each read back from the package's own files."""
@@ -368,6 +369,7 @@ def test_loggers_get_the_summary_and_are_closed_when_a_run_fails(tmp_path: Path)
     assert written["trainer"]["loggers"] == [{"name": "mlflow", "tracking_uri": uri}]  # not ours
 
 
+@pytest.mark.slow
 def test_ctrl_c_ends_the_loggers_too(tmp_path: Path) -> None:
     """SIGINT during a run (the trainer's Ctrl-C): the loggers still get the summary
     (``interrupted``) and are closed; W&B's run ends with exit code 1."""

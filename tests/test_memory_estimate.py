@@ -88,6 +88,7 @@ def test_the_docs_table_is_what_the_estimate_gives_for_qwen25() -> None:
     assert table[("7B", "LoRA r16", "bfloat16")] < 80  # a 7B model with LoRA fits one card
 
 
+@pytest.mark.slow
 def test_the_measured_table_runs_two_updates_of_each_kind_on_a_cpu(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

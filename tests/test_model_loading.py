@@ -52,6 +52,7 @@ def _run(tmp_path: Path, script: str, *args: str, **env: str) -> subprocess.Comp
     )
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_hub_name_with_the_hub_unreachable_fails_at_once_in_one_line(tmp_path):
     endpoint = f"http://127.0.0.1:{free_port()}"  # nothing listens there
@@ -66,6 +67,7 @@ def test_a_hub_name_with_the_hub_unreachable_fails_at_once_in_one_line(tmp_path)
     assert "Retrying" not in out.stderr and "Retry" not in out.stdout, out.stderr  # none tried
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_hub_name_in_offline_mode_says_so(tmp_path):
     script = (
@@ -84,6 +86,7 @@ def test_a_hub_name_in_offline_mode_says_so(tmp_path):
     assert "Retrying" not in out.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_hub_name_in_the_cache_loads_while_the_hub_cannot_be_reached(tmp_path):
     model, tokenizer = build_tiny(hidden=32)

@@ -5,6 +5,7 @@ the work of clients that went away."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import queue
@@ -83,6 +84,7 @@ def tiny_server() -> Iterator[Served]:
     served.stop()
 
 
+@pytest.mark.slow
 def test_model_serve_tiny_answers_an_openai_client_with_token_ids(tiny_server: Served) -> None:
     client = OpenAI(base_url=tiny_server.endpoint, api_key="EMPTY", max_retries=0)
     assert [m.id for m in client.models.list().data] == ["tiny"]
@@ -97,6 +99,7 @@ def test_model_serve_tiny_answers_an_openai_client_with_token_ids(tiny_server: S
     assert data["prompt_token_ids"] and resp.model == "tiny"
 
 
+@pytest.mark.slow
 def test_model_serve_prints_a_dev_line_that_runs_an_agent_end_to_end(
     tiny_server: Served, tmp_path: Path
 ) -> None:
@@ -115,6 +118,7 @@ def test_model_serve_prints_a_dev_line_that_runs_an_agent_end_to_end(
     assert all(c.has_token_ids and c.model == "tiny" for c in calls)
 
 
+@pytest.mark.slow
 def test_model_serve_of_a_directory_with_a_token_guards_it_and_stops_on_sigint_with_0(
     tmp_path: Path,
 ) -> None:
@@ -243,6 +247,34 @@ def wait_for(condition: Callable[[], bool], timeout_s: float = 30.0) -> bool:
     return True
 
 
+@contextlib.contextmanager
+def held_until_aborted(engine: Engine) -> Iterator[threading.Event]:
+    """Within the block, the engine's decode steps wait until every running request is
+    aborted (the event yielded is then set): a request whose client hangs up gets its first
+    token only, however long the server takes to notice, and one the server never aborts
+    decodes on once the block ends."""
+    decode, aborted, done = engine._decode, threading.Event(), threading.Event()
+
+    def all_aborted() -> bool:
+        return all(s.req.aborted for s in engine._batch.seqs)
+
+    def held() -> None:
+        with engine._cv:  # an abort notifies it
+            engine._cv.wait_for(lambda: done.is_set() or all_aborted())
+            if all_aborted():
+                aborted.set()
+        decode()
+
+    engine._decode = held  # type: ignore[method-assign]
+    try:
+        yield aborted
+    finally:
+        del engine._decode
+        done.set()
+        with engine._cv:
+            engine._cv.notify_all()
+
+
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
 def test_a_client_hanging_up_frees_its_batch_slot(
@@ -259,11 +291,13 @@ def test_a_client_hanging_up_frees_its_batch_slot(
     host, port = server.url.removeprefix("http://").split(":")
     raw = json.dumps(body).encode()
     head = f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-    with socket.create_connection((host, int(port))) as sock:
-        sock.sendall(f"{head}Content-Length: {len(raw)}\r\n\r\n".encode() + raw)
-        assert wait_for(lambda: engine.describe()["running"] == 1)
-    assert wait_for(lambda: engine.describe()["running"] == 0), engine.describe()
-    assert engine.stats["decode_tokens"] - decoded < LONG - 1
+    with held_until_aborted(engine) as aborted:
+        with socket.create_connection((host, int(port))) as sock:
+            sock.sendall(f"{head}Content-Length: {len(raw)}\r\n\r\n".encode() + raw)
+            assert wait_for(lambda: engine.describe()["running"] == 1)
+        assert wait_for(lambda: engine.describe()["running"] == 0), engine.describe()
+    assert aborted.is_set(), "the server did not abort the request of the client that hung up"
+    assert engine.stats["decode_tokens"] - decoded < LONG - 1  # the rest was never decoded
     short = {**body, "max_tokens": 4, "stream": False}
     resp = httpx.post(f"{server.url}{path}", json=short, timeout=30)  # the slot is free
     assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 4

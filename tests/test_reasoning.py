@@ -102,6 +102,7 @@ async def test_the_split_is_off_unless_asked_for(stream: bool) -> None:
     assert (content, reasoning) == (THOUGHT, "")
 
 
+@pytest.mark.slow
 async def test_on_the_local_engine_token_ids_stay_those_sampled() -> None:
     """A tiny model taught to answer ``<think>hm</think>ok``: through a splitting gateway the
     agent gets ``hm`` / ``ok``; the recorded ids are the engine's sampled ones and decode to

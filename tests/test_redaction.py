@@ -73,6 +73,7 @@ def files_containing(root: Path, secret: str) -> list[Path]:
     return [p for p in root.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
 
 
+@pytest.mark.slow
 def test_a_database_password_reaches_no_sink(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:

@@ -100,6 +100,7 @@ def test_a_config_that_cannot_run_is_one_line_naming_the_field_and_starts_no_run
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 def test_a_run_given_a_model_object_writes_a_yaml_that_says_so_and_voltrl_train_refuses_it(
     tmp_path: Path,
 ):

@@ -74,6 +74,7 @@ async def test_a_taken_name_gets_a_new_one_and_metrics_lines_carry_the_run_id(
         await store.close()
 
 
+@pytest.mark.slow
 def test_a_run_whose_setup_failed_is_marked_failed(tmp_path: Path) -> None:
     trainer = vl.Trainer(vl.LocalRL(str(tmp_path / "no-such-model")), run_dir=tmp_path, name="bad")
     with pytest.raises(Exception, match="no-such-model"):
@@ -85,6 +86,7 @@ def test_a_run_whose_setup_failed_is_marked_failed(tmp_path: Path) -> None:
     assert "no runs found" in voltrl_runs(tmp_path, "--status", "finished")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_local_rl_run_leaves_its_curve_and_the_config_that_runs_it_again(tmp_path: Path) -> None:
     from serving_agents import calls_once
@@ -120,6 +122,7 @@ def test_a_local_rl_run_leaves_its_curve_and_the_config_that_runs_it_again(tmp_p
     assert name not in voltrl_runs(tmp_path, "--kind", "dev")
 
 
+@pytest.mark.slow
 def test_cancelled_rollouts_are_counted_in_voltrl_runs_and_voltrl_show(tmp_path: Path) -> None:
     """A run stopped early: one rollout succeeded, one failed, two cancelled."""
     from voltrl.types import AttemptResult, Run, Task

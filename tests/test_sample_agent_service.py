@@ -60,6 +60,7 @@ async def dev_run(
     return await trainer.dev_async(agent, rows), store
 
 
+@pytest.mark.slow
 async def test_dev_through_the_service_records_each_rollout_apart(
     service: tuple[str, Path], tmp_path: Path
 ) -> None:

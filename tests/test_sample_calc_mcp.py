@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 import socket
 import ssl
-import time
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +119,21 @@ def test_shared_calculator_that_cannot_start_says_why(
     assert "no such port" in log.read_text()
 
 
+class _StartedProcesses:
+    """Stands in for ``subprocess`` in the sample's module, keeping the processes it starts."""
+
+    def __init__(self) -> None:
+        self.processes: list[subprocess.Popen[Any]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(subprocess, name)
+
+    def Popen(self, *args: Any, **kwargs: Any) -> subprocess.Popen[Any]:
+        process = subprocess.Popen(*args, **kwargs)
+        self.processes.append(process)
+        return process
+
+
 def test_shared_calculator_warns_when_its_server_died_during_the_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
@@ -127,9 +142,12 @@ def test_shared_calculator_warns_when_its_server_died_during_the_run(
     stub = tmp_path / "dying_server.py"
     stub.write_text("print('starting')\nprint('http://127.0.0.1:9/mcp', flush=True)\n")
     monkeypatch.setattr(agent, "SERVER", stub)
+    started = _StartedProcesses()
+    monkeypatch.setattr(agent, "subprocess", started)
     with agent.shared_calculator() as url:
         assert url == "http://127.0.0.1:9/mcp"
-        time.sleep(1.0)  # the stub exits at once
+        [server] = started.processes
+        assert server.wait(60) == 0  # the stub exits once it printed its URL
     assert "the calculator server had exited with code 0 before the end" in capfd.readouterr().err
 
 

@@ -85,6 +85,7 @@ def check_sample_options(
     assert status == 2 and "--resume needs the --name of the run to continue" in err
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(
     ("sample", "train_defaults"),

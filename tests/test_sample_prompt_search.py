@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 from fake_openai_backend import FakeBackend
 from helpers import SAMPLES, load_sample
 
@@ -67,6 +68,7 @@ def test_the_label_is_the_first_one_the_reply_names() -> None:
     assert agent.label_of("") is None
 
 
+@pytest.mark.slow
 def test_run_py_finds_a_template_that_asks_for_the_label(tmp_path: Path) -> None:
     with served(model) as url:
         done = subprocess.run(

@@ -66,6 +66,7 @@ def test_each_environment_has_its_own_copy_of_tau2s_database():
     assert tau2_domain.environment().tools.db.reservations[reservation].status != "cancelled"
 
 
+@pytest.mark.slow
 def test_the_gold_transcript_scores_1_and_the_samples_tool_path_leaves_tau2s_database():
     """On a task that books, cancels and changes flights: the sample's tool path and tau2's
     own environment (as tau2's evaluator runs the gold actions) end in the same database."""
@@ -82,6 +83,7 @@ def test_the_gold_transcript_scores_1_and_the_samples_tool_path_leaves_tau2s_dat
     assert (score["reward"], score["db"], score["communicate"]) == (1.0, 1.0, 1.0)
 
 
+@pytest.mark.slow
 def test_tau2s_evaluator_scores_0_for_a_missing_write_unsaid_information_or_no_stop():
     writes = next(t for t in TASKS.values() if any(
         a.name == "cancel_reservation" for a in t.evaluation_criteria.actions or ()))  # fmt: skip
@@ -96,6 +98,7 @@ def test_tau2s_evaluator_scores_0_for_a_missing_write_unsaid_information_or_no_s
         assert tau2_domain.evaluate(writes, messages, ending)["reward"] == 0.0
 
 
+@pytest.mark.slow
 def test_a_call_that_never_reached_the_tools_is_left_out_of_tau2s_replay():
     """Arguments that are not a JSON object never reach the environment, so tau2's replay of
     the episode must not see them either (it would replay and compare another call); a later
@@ -199,6 +202,7 @@ SHARDS = 5
 """The 50 tasks' end-to-end test runs in shards, so test processes can share it."""
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("shard", range(SHARDS))
 async def test_every_tau2_task_scores_1_end_to_end_with_the_gold_assistant(
@@ -244,6 +248,7 @@ async def test_every_tau2_task_scores_1_end_to_end_with_the_gold_assistant(
     assert sum(t.merge_failures for t in trajectories) == 0
 
 
+@pytest.mark.slow
 async def test_an_llm_customer_gets_tau2s_user_simulator_prompt(tmp_path: Path):
     task = next(t for t in TASKS.values() if any(
         a.name == "cancel_reservation" for a in t.evaluation_criteria.actions or ()))  # fmt: skip
@@ -296,6 +301,7 @@ def run_py(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]
     )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_tau2s_tasks_want_an_llm_customer_and_warn_when_scripted(tmp_path: Path):
     dead = f"http://127.0.0.1:{free_port()}/v1"
     common = ("dev", "--out", str(tmp_path), "--endpoint", dead, "--model", "m")
@@ -321,6 +327,7 @@ def test_without_tau2s_package_the_sample_says_how_to_install_it(monkeypatch, ca
     assert "using the generated domain, which is ours, not tau2's" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_run_py_dev_with_trials_prints_pass_hat_k_against_a_served_model(tmp_path: Path):
     """The issue's check: ``run.py dev --trials 2`` on 3 of tau2's tasks, ``voltrl model

@@ -5,7 +5,6 @@ reaches remote runners through a file, never the printed command."""
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -48,6 +47,7 @@ async def served_answers(store_path: Path) -> str:
     return "\n".join(bodies)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("record_calls", [True, False], ids=["behind-gateway", "direct"])
 async def test_a_provider_key_is_never_stored_served_or_printed(
     tmp_path: Path, capfd: pytest.CaptureFixture[str], record_calls: bool
@@ -76,7 +76,7 @@ async def test_a_provider_key_is_never_stored_served_or_printed(
     assert SECRET not in repr(llm) and SECRET not in llm.model_dump_json()
 
 
-def test_keys_are_put_back_by_the_runner_only() -> None:
+def test_keys_are_put_back_by_the_runner_only(monkeypatch: pytest.MonkeyPatch) -> None:
     stored = vl.Resources.model_validate_json(
         vl.Resources(
             items={
@@ -87,11 +87,9 @@ def test_keys_are_put_back_by_the_runner_only() -> None:
         ).model_dump_json()
     )
     assert {llm.api_key for llm in stored.of_kind(vl.LLM).values()} == {"EMPTY"}
-    os.environ["MY_TEST_KEY"] = "from-env"
-    try:
-        filled = stored.with_keys(ApiKeys(gateway="run-token", llms={"hosted": SECRET}))
-    finally:
-        del os.environ["MY_TEST_KEY"]
+    monkeypatch.setenv("MY_TEST_KEY", "from-env")
+    filled = stored.with_keys(ApiKeys(gateway="run-token", llms={"hosted": SECRET}))
+    monkeypatch.delenv("MY_TEST_KEY")
     keys = {name: llm.api_key for name, llm in filled.of_kind(vl.LLM).items()}
     assert keys == {"gw": "run-token", "hosted": SECRET, "by_env": "from-env"}
     assert "run-token" not in repr(ApiKeys(gateway="run-token"))
@@ -99,20 +97,22 @@ def test_keys_are_put_back_by_the_runner_only() -> None:
         stored.with_keys(ApiKeys())
 
 
-def test_a_runner_reads_its_token_from_a_file_or_the_environment(tmp_path: Path) -> None:
+def test_a_runner_reads_its_token_from_a_file_or_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from voltrl.cli.main import build_parser
     from voltrl.cli.options import bearer_token
+
+    monkeypatch.delenv("VOLTRL_TOKEN", raising=False)
 
     token_file = tmp_path / "token"
     token_file.write_text("file-token\n")
     parse = build_parser().parse_args
     base = ["runner", "--store", "http://127.0.0.1:1", "--agent", "m:a"]
     assert bearer_token(parse([*base, "--token-file", str(token_file)])) == "file-token"
-    os.environ["VOLTRL_TOKEN"] = "env-token"
-    try:
-        assert bearer_token(parse(base)) == "env-token"
-    finally:
-        del os.environ["VOLTRL_TOKEN"]
+    monkeypatch.setenv("VOLTRL_TOKEN", "env-token")
+    assert bearer_token(parse(base)) == "env-token"
+    monkeypatch.delenv("VOLTRL_TOKEN")
     (tmp_path / "empty").write_text("")
     with pytest.raises(vl.VoltRLError, match="is empty"):
         bearer_token(parse([*base, "--token-file", str(tmp_path / "empty")]))

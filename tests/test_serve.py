@@ -67,6 +67,7 @@ def test_loopback_hosts():
     assert not any(is_loopback(h) for h in ("0.0.0.0", "::", "10.0.0.1", "example.com"))
 
 
+@pytest.mark.slow
 def test_serving_beyond_loopback_without_a_token_is_refused(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "VOLTRL_TOKEN"}
     for command in (["serve", "--store", "memory"], ["gateway", "--store", "http://x:1"]):
@@ -91,6 +92,7 @@ def test_serving_beyond_loopback_without_a_token_is_refused(tmp_path):
         assert out.stderr.count("\n") == 1 and "or set VOLTRL_TOKEN" in out.stderr
 
 
+@pytest.mark.slow
 def test_serve_errors_are_one_line(tmp_path):
     """A port in use, an unknown store, an unreachable database."""
     with socket.socket() as taken:
@@ -189,6 +191,7 @@ def test_bearer_auth_needs_a_token():
         BearerAuth(server_app(InMemoryStore()), "")
 
 
+@pytest.mark.slow
 async def test_voltrl_gateway_records_into_a_separate_store_server(tmp_path):
     """``voltrl serve --no-gateway`` holds the store; ``voltrl gateway`` records into it, and
     with ``--lora-adapter`` forwards an agent's calls to its LoRA adapter (as the model)."""
@@ -251,6 +254,7 @@ def _schema() -> schemathesis.BaseSchema:
 schema = _schema()
 
 
+@pytest.mark.slow
 @schema.parametrize()
 @settings(
     max_examples=20,
@@ -296,6 +300,7 @@ async def test_the_trainers_gateways_check_its_token(tmp_path):
     assert seen == [(TOKEN, 200), ("wrong", 401)]
 
 
+@pytest.mark.slow
 def test_serve_on_a_port_in_use_says_so_without_creating_the_store_file(tmp_path):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -322,6 +327,7 @@ def test_serve_on_a_port_in_use_says_so_without_creating_the_store_file(tmp_path
     assert not (tmp_path / "X.sqlite").exists()
 
 
+@pytest.mark.slow
 def test_serve_prints_the_openapi_spec_and_serves_no_cdn_docs_page(tmp_path):
     server, url = start("serve", "--store", "memory", "--no-gateway")
     try:

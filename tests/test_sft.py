@@ -312,6 +312,7 @@ def test_the_sft_loss_is_the_mean_nll_of_the_masked_tokens_however_micro_batched
         assert loss == pytest.approx(nll / tokens, rel=1e-4)
 
 
+@pytest.mark.slow
 def test_sft_alone_lowers_the_loss_and_saves_a_model_that_loads(tmp_path):
     from transformers import AutoModelForCausalLM
 
@@ -330,6 +331,7 @@ def test_sft_alone_lowers_the_loss_and_saves_a_model_that_loads(tmp_path):
     assert [m["step"] for m in metrics if "sft/loss" in m] == list(range(1, 41))
 
 
+@pytest.mark.slow
 def test_local_rl_warm_started_by_sft_validates_the_student_after_warm_up(tmp_path):
     run_dir = record_teacher_run(tmp_path)
     sft = vl.SFT(source=run_dir, retokenize=True, min_reward=1.0, steps=3, batch_size=2)
@@ -359,6 +361,7 @@ def test_local_rl_warm_started_by_sft_validates_the_student_after_warm_up(tmp_pa
         vl.LocalRL("tiny", warm_start=vl.SFT("tiny", source=run_dir))
 
 
+@pytest.mark.slow
 def test_voltrl_train_runs_sft_alone_and_as_local_rls_warm_start_from_yaml(tmp_path):
     import yaml
 
@@ -400,6 +403,7 @@ def test_voltrl_train_runs_sft_alone_and_as_local_rls_warm_start_from_yaml(tmp_p
         assert '"sft/loss"' in (tmp_path / "runs" / f"{name}-2" / "metrics.jsonl").read_text()
 
 
+@pytest.mark.slow
 def test_a_resumed_lora_run_puts_its_adapters_back_on_the_warm_started_base(tmp_path):
     import torch
     from transformers import AutoModelForCausalLM
@@ -434,6 +438,7 @@ def test_a_resumed_lora_run_puts_its_adapters_back_on_the_warm_started_base(tmp_
     assert not torch.equal(base, fresh.model.embed_tokens.weight)
 
 
+@pytest.mark.slow
 def test_a_cancelled_warm_up_stops_its_training_thread_between_steps(tmp_path):
     """Ctrl-C cancels ``SFT.run``; the thread training the model must not run on for every
     remaining step (the process would not exit until it had)."""

@@ -278,14 +278,21 @@ async def test_completing_twice_or_an_unknown_attempt_is_stale(store: Store) -> 
 
 async def test_heartbeat_renews_lease(store: Store) -> None:
     [r] = await store.enqueue(tasks(1))
-    c = await claim(store, lease_s=0.3)
-    for _ in range(8):  # 0.4 s in all, past the first lease
-        await asyncio.sleep(0.05)
-        assert await store.heartbeat([c.attempt.attempt_id], lease_s=0.3) == []
-    assert await store.expire_leases() == 0
-    [attempt] = await store.get_attempts(r.rollout_id)
+    # Leases far longer than any stall of a loaded machine: the attempt cannot expire here, so
+    # what is checked is each heartbeat moving the lease on (from its own time, by its lease).
+    c = await claim(store, lease_s=30.0)
+    previous = c.attempt
+    for _ in range(3):
+        await asyncio.sleep(0.01)  # the clock moves on between heartbeats (a lower bound only)
+        assert await store.heartbeat([c.attempt.attempt_id], lease_s=60.0) == []
+        [attempt] = await store.get_attempts(r.rollout_id)
+        assert attempt.heartbeat_at > previous.heartbeat_at
+        assert attempt.lease_expires_at > previous.lease_expires_at
+        assert attempt.lease_expires_at == pytest.approx(attempt.heartbeat_at + 60.0)
+        previous = attempt
     assert attempt.heartbeat_at > attempt.started_at
-    assert attempt.lease_expires_at > c.attempt.lease_expires_at
+    assert attempt.lease_expires_at > c.attempt.lease_expires_at + 29.0  # not the claim's lease
+    assert await store.expire_leases() == 0
     assert (await store.complete(c.attempt.attempt_id, succeeded())).status == "succeeded"
 
 
@@ -495,6 +502,7 @@ async def test_complete_records_transitions_and_error_on_the_attempt(store: Stor
 
 
 # ---- queries ------------------------------------------------------------------------------
+@pytest.mark.slow
 async def test_query_rollouts_filters_and_orders_oldest_first(store: Store) -> None:
     t0 = now()
     train = await store.enqueue(tasks(3), run_id="run-a")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -33,6 +32,17 @@ WAKE_LIMIT_S = 10.0  # far longer than any wake-up takes; reaching it means no w
 
 def tasks(n: int) -> list[Task]:
     return [Task(input={"i": i}, index=i) for i in range(n)]
+
+
+async def until_waiting(store: InMemoryStore, n: int) -> None:
+    """Poll until ``n`` long-polls wait on ``store`` for a change (a claim that found nothing
+    queued sleeps as one of its notifier's waiters)."""
+    try:
+        async with asyncio.timeout(WAKE_LIMIT_S):
+            while len(store._changed._waiters) != n:
+                await asyncio.sleep(0.01)
+    except TimeoutError:
+        raise AssertionError(f"{len(store._changed._waiters)} long-polls wait, not {n}") from None
 
 
 class Served:
@@ -402,7 +412,7 @@ async def test_serve_runs_on_the_current_event_loop() -> None:
     client = HTTPStore(url, TOKEN)
     try:
         waiter = asyncio.create_task(client.claim("w", wait_s=60.0))
-        await asyncio.sleep(0.1)
+        await until_waiting(store, 1)  # the claim waits on the server
         [r] = await store.enqueue(tasks(1))  # directly, as the algorithm does
         c = await asyncio.wait_for(waiter, WAKE_LIMIT_S)
         assert c is not None and c.rollout.rollout_id == r.rollout_id
@@ -426,21 +436,24 @@ async def test_remembered_answers_are_bounded_in_bytes(served: Served) -> None:
 
 
 async def test_a_long_poll_claim_whose_client_died_takes_no_rollout(served: Served) -> None:
-    server, _store = served.server()
+    server, store = served.server()
     client = served.client(server.url)
     body = b'{"worker_id": "dead", "lease_s": 30, "wait_s": 20}'
     _reader, writer = await asyncio.open_connection(server.host, server.port)
     writer.write(
-        b"POST /v1/store/claims HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        + f"Authorization: Bearer {TOKEN}\r\nX-Request-Id: r1\r\n".encode()
+        b"POST /v1/store/claims HTTP/1.1\r\nContent-Type: application/json\r\n"
+        + f"Host: {server.host}:{server.port}\r\nAuthorization: Bearer {TOKEN}\r\n".encode()
+        + b"X-Request-Id: r1\r\n"
         + f"Content-Length: {len(body)}\r\n\r\n".encode()
         + body
     )
     await writer.drain()
-    await asyncio.sleep(0.3)  # the claim is now waiting on the server
+    await until_waiting(store, 1)  # the claim is now waiting on the server
     writer.close()  # the worker dies
     await writer.wait_closed()
-    await asyncio.sleep(0.3)
+    # The server saw the disconnect and dropped the claim: nothing else wakes it, so it only
+    # stops waiting by being cancelled (its wait is 20 s, past the test's end).
+    await until_waiting(store, 0)
     [queued] = await client.enqueue(tasks(1))
     claim = await client.claim("alive", wait_s=WAKE_LIMIT_S)
     assert claim is not None and claim.rollout.rollout_id == queued.rollout_id
@@ -507,14 +520,36 @@ async def test_5xx_answers_are_retried_and_the_write_applies_once(served: Served
         await served.client(server.url, retries=2, backoff_s=0.001).claim("w")
 
 
-async def test_a_429_is_retried_no_sooner_than_its_retry_after(served: Served) -> None:
+class _Pauses:
+    """Stands in for ``asyncio`` in :mod:`voltrl.retry`: records each backoff pause asked
+    for, and yields without waiting it out."""
+
+    def __init__(self) -> None:
+        self.asked: list[float] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(asyncio, name)
+
+    async def sleep(self, delay: float) -> None:
+        self.asked.append(delay)
+        await asyncio.sleep(0)
+
+
+async def test_a_429_is_retried_no_sooner_than_its_retry_after(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import voltrl.retry
+
+    pauses = _Pauses()
+    monkeypatch.setattr(voltrl.retry, "asyncio", pauses)
     store = InMemoryStore()
     app = fail_first(store_app(store, token=TOKEN), "/rollouts", 1, 429, retry_after="0.3")
     server, _ = served.server(store, app=app)
     client = served.client(server.url, backoff_s=0.001, max_backoff_s=1.0)
-    started = time.monotonic()
     await client.enqueue(tasks(1))
-    assert time.monotonic() - started >= 0.3
+    # One retry, after the pause the answer asked for (not the 1 ms backoff).
+    [pause] = pauses.asked
+    assert 0.3 <= pause <= 1.0
     assert len(await store.query_rollouts()) == 1
 
 

@@ -119,6 +119,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 async def test_processes_claiming_from_one_database_never_get_the_same_rollout() -> None:
     url = new_database_url()
     store = SQLStore(url)
@@ -150,6 +151,7 @@ async def test_processes_claiming_from_one_database_never_get_the_same_rollout()
     await store.close()
 
 
+@pytest.mark.slow
 async def test_acknowledged_writes_survive_sigkill_of_the_writer() -> None:
     url = new_database_url()
     writer = python(WRITER, url, stdout=subprocess.PIPE)
@@ -184,6 +186,7 @@ async def test_acknowledged_writes_survive_sigkill_of_the_writer() -> None:
     await store.close()
 
 
+@pytest.mark.slow
 async def test_waiters_wake_when_another_process_commits_a_change() -> None:
     url = new_database_url()
     store = SQLStore(url)
@@ -257,19 +260,40 @@ async def test_transaction_aborted_to_break_a_deadlock_runs_again(
 
     monkeypatch.setattr(PostgresDialect, "retryable", spy)
     # cancel locks the rollout, then its attempt; another transaction holds the attempt and
-    # then asks for the rollout. PostgreSQL breaks the deadlock by aborting the store's
-    # transaction (the other one looks for deadlocks only after 60 s); the store runs it again.
+    # then asks for the rollout. A waiting transaction looks for a deadlock once, its
+    # deadlock_timeout after its wait began: the store's (1 s, the default) only asks for the
+    # attempt once the other one waits for the rollout, so the deadlock is there when it looks,
+    # and PostgreSQL breaks it by aborting the store's transaction (the other one would look
+    # only after 60 s); the store runs it again.
+    rollout_locked, ask_for_attempt = threading.Event(), threading.Event()
+    one = SQLStore._one
+
+    def paused(conn: Any, sql: str, params: tuple, cls: type) -> Any:
+        if sql == store._sql.running_attempt_of and not rollout_locked.is_set():
+            rollout_locked.set()  # the first run of cancel holds the rollout's lock
+            assert ask_for_attempt.wait(PROCESS_LIMIT_S)
+        return one(conn, sql, params, cls)
+
+    monkeypatch.setattr(SQLStore, "_one", staticmethod(paused))
     with psycopg.connect(url) as other:
-        other.execute("SET deadlock_timeout = '60s'")
-        other.execute(
-            "SELECT 1 FROM attempts WHERE attempt_id = %s FOR UPDATE", [c.attempt.attempt_id]
-        )
-        cancel = asyncio.create_task(store.cancel(c.rollout.rollout_id))  # rollout, then attempt
-        while not await asyncio.to_thread(lock_waiters, url):
-            await asyncio.sleep(0.01)
-        sql = "SELECT 1 FROM rollouts WHERE rollout_id = %s FOR UPDATE"
-        await asyncio.to_thread(other.execute, sql, [c.rollout.rollout_id])
-        other.commit()
+        try:
+            other.execute("SET deadlock_timeout = '60s'")
+            other.execute(
+                "SELECT 1 FROM attempts WHERE attempt_id = %s FOR UPDATE", [c.attempt.attempt_id]
+            )
+            cancel = asyncio.create_task(store.cancel(c.rollout.rollout_id))
+            assert await asyncio.to_thread(rollout_locked.wait, PROCESS_LIMIT_S)
+            sql = "SELECT 1 FROM rollouts WHERE rollout_id = %s FOR UPDATE"
+            grab = asyncio.create_task(
+                asyncio.to_thread(other.execute, sql, [c.rollout.rollout_id])
+            )
+            while not await asyncio.to_thread(lock_waiters, url):  # the other one waits
+                await asyncio.sleep(0.01)
+            ask_for_attempt.set()  # the store's transaction asks for the attempt: a deadlock
+            await asyncio.wait_for(grab, PROCESS_LIMIT_S)  # the rollout's lock, once it is broken
+            other.commit()
+        finally:
+            ask_for_attempt.set()
     r = await asyncio.wait_for(cancel, PROCESS_LIMIT_S)
     assert r.status == "cancelled"
     assert aborted and all(isinstance(e, psycopg.errors.DeadlockDetected) for e in aborted)

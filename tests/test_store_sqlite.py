@@ -183,6 +183,7 @@ async def test_acknowledged_writes_survive_sigkill_of_the_writer(tmp_path: Path)
     await store.close()
 
 
+@pytest.mark.slow
 async def test_processes_claiming_from_one_file_never_get_the_same_rollout(
     tmp_path: Path,
 ) -> None:
@@ -206,6 +207,7 @@ async def test_processes_claiming_from_one_file_never_get_the_same_rollout(
     await store.close()
 
 
+@pytest.mark.slow
 async def test_reader_in_another_process_sees_only_whole_reports(tmp_path: Path) -> None:
     path = tmp_path / "store.sqlite"
     await SQLStore(path).close()  # create the file before the writer starts

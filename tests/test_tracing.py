@@ -126,6 +126,7 @@ def test_a_span_whose_rollout_ended_meanwhile_lets_the_blocks_own_exception_thro
     assert later.spans == []
 
 
+@pytest.mark.slow
 async def test_replacing_the_loops_executor_keeps_its_threads_and_their_children_alive():
     """A child started from an executor thread with a parent-death signal (as Ray starts its
     processes when ``ray.init`` runs in ``asyncio.to_thread``) outlives the executor being
@@ -135,24 +136,32 @@ async def test_replacing_the_loops_executor_keeps_its_threads_and_their_children
     import signal
     import subprocess
     import sys
+    import weakref
 
     from voltrl.tracing import copy_context_into_executor
 
     libc = ctypes.CDLL(None, use_errno=True)
     pr_set_pdeathsig = 1
 
-    def start_child() -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
+    def start_child() -> tuple[subprocess.Popen[bytes], threading.Thread]:
+        child = subprocess.Popen(
             [sys.executable, "-c", "import time; time.sleep(60)"],
             preexec_fn=lambda: libc.prctl(pr_set_pdeathsig, signal.SIGKILL),
         )
+        return child, threading.current_thread()
 
-    child = await asyncio.to_thread(start_child)
+    child, thread = await asyncio.to_thread(start_child)
+    loop = asyncio.get_running_loop()
+    replaced = weakref.ref(loop._default_executor)  # type: ignore[attr-defined]
     try:
-        copy_context_into_executor(asyncio.get_running_loop())
+        copy_context_into_executor(loop)
         gc.collect()
-        await asyncio.sleep(1.0)  # a thread that ended would have taken the child with it
-        assert child.poll() is None
+        # An executor ends its threads when it is collected or shut down (and a thread that
+        # ended would take the child with it): the one replaced is neither, so nothing tells
+        # the thread that started the child to end.
+        executor = replaced()
+        assert executor is not None and not executor._shutdown
+        assert thread.is_alive() and child.poll() is None
     finally:
         child.kill()
         child.wait()

@@ -202,6 +202,7 @@ def test_the_failure_limit_is_a_rate_and_none_turns_it_off(tmp_path):
         vl.Trainer(stop_at_failure_rate=0.0)
 
 
+@pytest.mark.slow
 def test_fit_runs_workers_as_processes(tmp_path: Path):
     trainer = vl.Trainer(n_runners=2, run_dir=tmp_path, name="p", progress=False)
     result = trainer.dev(Adder(), ROWS)
@@ -230,6 +231,7 @@ class Marker(vl.LitAgent):
         return 1.0
 
 
+@pytest.mark.slow
 def test_a_worker_killed_mid_rollout_is_replaced_and_the_task_completes_exactly_once(tmp_path):
     log = tmp_path / "events.log"
     log.touch()

@@ -46,6 +46,7 @@ def _traceback_stored(run_dir) -> str:
     return asyncio.run(read())
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(
     ("agent", "line", "code"),

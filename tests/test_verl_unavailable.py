@@ -25,6 +25,7 @@ def test_vl_verl_names_the_extra_and_the_versions():
     assert isinstance(info.value, ImportError) and isinstance(info.value, vl.VoltRLError)
 
 
+@pytest.mark.slow
 def test_import_voltrl_does_not_import_verl():
     code = "import sys, voltrl; assert voltrl.VERL; print('verl' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
