@@ -25,7 +25,7 @@ VERL_VERSION := 0.9.1
 AS_VENV := .venv-agentscope
 AS_PY   := $(AS_VENV)/bin/python
 
-.PHONY: test test-envs system-deps test-verl test-vllm test-agentscope test-real demo demo-seeds demo-real learn dist lint format clean postgres chromium bench-peer-store bench-dashboard bench-lora-adapters bench-lora-learning
+.PHONY: test test-main test-quick stress test-envs system-deps test-verl test-vllm test-agentscope test-real demo demo-seeds demo-real learn dist lint format clean postgres chromium bench-peer-store bench-dashboard bench-lora-adapters bench-lora-learning
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -107,10 +107,23 @@ TEST_WORKERS ?= 2
 ## make test: install what the tests need and run them (tests/, tests_verl/, tests_agentscope/)
 ## (PG_BINDIR=DIR: PostgreSQL binaries you have; PG_INSTALL=no: install none, see `postgres`;
 ## TEST_WORKERS=N: test processes per suite, default 2)
+# The three suites run side by side, each printing its results when it ends: the verl and
+# AgentScope suites fill the CPU the main suite leaves idle while its tests wait.
 test: test-envs
+	@$(MAKE) --no-print-directory -j3 --output-sync=target test-main test-verl test-agentscope
+
+test-main: $(VENV)/.test-deps
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --durations=15
-	$(VERL_PY) -m pytest -q -n $(TEST_WORKERS) tests_verl
-	$(AS_PY) -m pytest -q -n $(TEST_WORKERS) tests_agentscope
+
+## make test-quick: a few minutes' check of every package, for development (the tests not
+## marked slow: see tests/conftest.py)
+test-quick: $(VENV)/.test-deps
+	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not slow"
+
+## make stress: the main suite 3 times in a row beside two busy processes
+## (scripts/stress_suite.sh; RUNS=N, LOAD=N, and pytest arguments as ARGS="...")
+stress: test-envs
+	RUNS=$(or $(RUNS),3) LOAD=$(or $(LOAD),2) sh scripts/stress_suite.sh $(ARGS)
 
 # What make test needs, installed side by side: the three environments' pip installs are
 # mostly downloads and unpacking, so together they take about as long as the largest alone;

@@ -1,0 +1,46 @@
+#!/usr/bin/env sh
+# The test suite under a competing CPU load: a test that passes only on a quiet machine fails
+# here. Runs pytest RUNS times in a row (default 3) while LOAD busy processes (default 2, one per
+# core of a 2-core machine) compete for the CPU, prints each run's outcome and time, and exits
+# non-zero if any run failed. Each run's output is kept in $LOGS/run-N.log.
+#
+#   scripts/stress_suite.sh                                   # the main suite, 3 times
+#   RUNS=10 scripts/stress_suite.sh tests/test_interrupt.py   # one file, 10 times
+#
+# Arguments are pytest's (default: the main suite, -q -n $TEST_WORKERS); make stress runs it
+# after installing what the tests need.
+set -u
+cd "$(dirname "$0")/.."
+
+RUNS=${RUNS:-3}
+LOAD=${LOAD:-2}
+TEST_WORKERS=${TEST_WORKERS:-2}
+PY=${PY:-.venv/bin/python}
+LOGS=${LOGS:-runs/stress}
+[ $# -gt 0 ] || set -- tests
+
+mkdir -p "$LOGS"
+busy=""
+stop_load() { [ -z "$busy" ] || kill $busy 2>/dev/null; }
+trap stop_load EXIT
+trap 'stop_load; exit 130' INT TERM
+for _ in $(seq "$LOAD"); do
+    python3 -c 'while True: pass' &
+    busy="$busy $!"
+done
+echo "stress: pytest $* , $RUNS run(s) beside $LOAD busy process(es); logs in $LOGS/"
+
+failed=0
+for i in $(seq "$RUNS"); do
+    start=$(date +%s)
+    "$PY" -m pytest -q -p no:cacheprovider -n "$TEST_WORKERS" "$@" >"$LOGS/run-$i.log" 2>&1
+    rc=$?
+    summary=$(tail -n 1 "$LOGS/run-$i.log")
+    echo "run $i/$RUNS: exit $rc in $(($(date +%s) - start)) s: $summary"
+    if [ "$rc" -ne 0 ]; then
+        failed=$((failed + 1))
+        grep -E "^(FAILED|ERROR) " "$LOGS/run-$i.log" | sed 's/^/    /'
+    fi
+done
+echo "stress: $((RUNS - failed)) of $RUNS run(s) green"
+[ "$failed" -eq 0 ]
