@@ -326,6 +326,22 @@ async def test_prompts_sharing_a_prefix_decode_as_if_each_were_fed_whole(
     assert shared[-1].choices[0].token_ids != shared[-1].choices[1].token_ids
 
 
+def admit_all_at_once(eng: Engine, n: int) -> None:
+    """Make the engine thread's next admission wait until ``n`` requests are waiting, as if
+    they had come in the same instant, however the event loop and the engine thread happen to
+    interleave the submissions."""
+    admit, done = eng._admit, threading.Event()
+
+    def held() -> list:
+        if not done.is_set():  # called holding eng._cv, which waiting releases
+            arrived = eng._cv.wait_for(lambda: len(eng._waiting) >= n, timeout=120)
+            assert arrived, f"{len(eng._waiting)} requests came, not {n}"
+            done.set()
+        return admit()
+
+    eng._admit = held  # type: ignore[method-assign]
+
+
 async def test_the_prefill_budget_leaves_out_what_the_prefix_cache_holds(
     model: Any, tok: Any
 ) -> None:
@@ -342,6 +358,7 @@ async def test_the_prefill_budget_leaves_out_what_the_prefix_cache_holds(
         groups: list[int] = []
         prefill = eng._prefill
         eng._prefill = lambda new: (groups.append(len(new)), prefill(new))[1]
+        admit_all_at_once(eng, len(rest))
         await asyncio.gather(*(eng.generate(p, greedy) for p in rest))
     assert groups == [4]
 
