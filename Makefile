@@ -108,9 +108,12 @@ TEST_WORKERS ?= 2
 ## (PG_BINDIR=DIR: PostgreSQL binaries you have; PG_INSTALL=no: install none, see `postgres`;
 ## TEST_WORKERS=N: test processes per suite, default 2)
 # The three suites run side by side, each printing its results when it ends: the verl and
-# AgentScope suites fill the CPU the main suite leaves idle while its tests wait.
+# AgentScope suites (in SIDE_WORKERS processes each) fill the CPU the main suite leaves idle
+# while its tests wait, and end long before it.
+SIDE_WORKERS ?= 1
 test: test-envs
-	@$(MAKE) --no-print-directory -j3 --output-sync=target test-main test-verl test-agentscope
+	@$(MAKE) --no-print-directory -j3 --output-sync=target test-main test-verl test-agentscope \
+		TEST_WORKERS_VERL=$(SIDE_WORKERS) TEST_WORKERS_AS=$(SIDE_WORKERS)
 
 test-main: $(VENV)/.test-deps
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --durations=15
@@ -154,8 +157,9 @@ $(AS_VENV)/.deps: pyproject.toml constraints/agentscope.txt | $(AS_PY)
 	touch $@
 
 ## make test-agentscope: the AgentScope adapter in its own environment (tests_agentscope/)
+TEST_WORKERS_AS ?= $(TEST_WORKERS)
 test-agentscope: $(AS_VENV)/.deps
-	$(AS_PY) -m pytest -q -n $(TEST_WORKERS) tests_agentscope
+	$(AS_PY) -m pytest -q -n $(TEST_WORKERS_AS) tests_agentscope
 
 # The VERL integration's tests (tests_verl/) need the real verl package, which pins
 # transformers<5.11, so they run in their own environment, .venv-verl, on the same pinned
@@ -174,8 +178,9 @@ $(VERL_VENV)/.deps-$(VERL_VERSION): pyproject.toml | $(VERL_PY)
 	touch $@
 
 ## make test-verl: the VERL integration against the real verl package on this CPU (tests_verl/)
+TEST_WORKERS_VERL ?= $(TEST_WORKERS)
 test-verl: $(VERL_VENV)/.deps-$(VERL_VERSION)
-	$(VERL_PY) -m pytest -q -n $(TEST_WORKERS) tests_verl
+	$(VERL_PY) -m pytest -q -n $(TEST_WORKERS_VERL) tests_verl
 
 # The store tests start a PostgreSQL server of their own (tests/pg.py: initdb into a temporary
 # directory) and need only its binaries, initdb and pg_ctl. PG_BINDIR=DIR points them at
