@@ -104,6 +104,11 @@ bench-peer-store: $(VENV)/.test-deps .venv-peer/.deps
 # suite from about 12 minutes to 7 here.
 TEST_WORKERS ?= 2
 
+# The suites start hundreds of Python processes (servers, runners, `voltrl` commands): each
+# reads voltrl's and the tests' bytecode from __pycache__ rather than compiling them again,
+# even where PYTHONDONTWRITEBYTECODE is set.
+TEST_ENV := env -u PYTHONDONTWRITEBYTECODE
+
 ## make test: install what the tests need and run them (tests/, tests_verl/, tests_agentscope/)
 ## (PG_BINDIR=DIR: PostgreSQL binaries you have; PG_INSTALL=no: install none, see `postgres`;
 ## TEST_WORKERS=N: test processes per suite, default 2)
@@ -116,12 +121,12 @@ test: test-envs
 		TEST_WORKERS_VERL=$(SIDE_WORKERS) TEST_WORKERS_AS=$(SIDE_WORKERS)
 
 test-main: $(VENV)/.test-deps
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --durations=15
+	$(TEST_ENV) $(PY) -m pytest -q -n $(TEST_WORKERS) --durations=15
 
 ## make test-quick: a few minutes' check of every package, for development (the tests not
 ## marked slow: see tests/conftest.py)
 test-quick: $(VENV)/.test-deps
-	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not slow"
+	$(TEST_ENV) $(PY) -m pytest -q -n $(TEST_WORKERS) -m "not slow"
 
 ## make stress: the main suite 3 times in a row beside two busy processes
 ## (scripts/stress_suite.sh; RUNS=N, LOAD=N, and pytest arguments as ARGS="...")
@@ -159,7 +164,7 @@ $(AS_VENV)/.deps: pyproject.toml constraints/agentscope.txt | $(AS_PY)
 ## make test-agentscope: the AgentScope adapter in its own environment (tests_agentscope/)
 TEST_WORKERS_AS ?= $(TEST_WORKERS)
 test-agentscope: $(AS_VENV)/.deps
-	$(AS_PY) -m pytest -q -n $(TEST_WORKERS_AS) tests_agentscope
+	$(TEST_ENV) $(AS_PY) -m pytest -q -n $(TEST_WORKERS_AS) tests_agentscope
 
 # The VERL integration's tests (tests_verl/) need the real verl package, which pins
 # transformers<5.11, so they run in their own environment, .venv-verl, on the same pinned
@@ -180,7 +185,7 @@ $(VERL_VENV)/.deps-$(VERL_VERSION): pyproject.toml | $(VERL_PY)
 ## make test-verl: the VERL integration against the real verl package on this CPU (tests_verl/)
 TEST_WORKERS_VERL ?= $(TEST_WORKERS)
 test-verl: $(VERL_VENV)/.deps-$(VERL_VERSION)
-	$(VERL_PY) -m pytest -q -n $(TEST_WORKERS_VERL) tests_verl
+	$(TEST_ENV) $(VERL_PY) -m pytest -q -n $(TEST_WORKERS_VERL) tests_verl
 
 # The store tests start a PostgreSQL server of their own (tests/pg.py: initdb into a temporary
 # directory) and need only its binaries, initdb and pg_ctl. PG_BINDIR=DIR points them at

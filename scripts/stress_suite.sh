@@ -33,7 +33,8 @@ echo "stress: pytest $* , $RUNS run(s) beside $LOAD busy process(es); logs in $L
 failed=0
 for i in $(seq "$RUNS"); do
     start=$(date +%s)
-    "$PY" -m pytest -q -p no:cacheprovider -n "$TEST_WORKERS" "$@" >"$LOGS/run-$i.log" 2>&1
+    env -u PYTHONDONTWRITEBYTECODE "$PY" -m pytest -q -p no:cacheprovider -n "$TEST_WORKERS" \
+        "$@" >"$LOGS/run-$i.log" 2>&1
     rc=$?
     summary=$(tail -n 1 "$LOGS/run-$i.log")
     echo "run $i/$RUNS: exit $rc in $(($(date +%s) - start)) s: $summary"
