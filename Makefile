@@ -99,9 +99,10 @@ bench-peer-store: $(VENV)/.test-deps .venv-peer/.deps
 	.venv-peer/bin/pip install --quiet agentlightning==0.3.0
 	touch $@
 
-# Each suite runs in TEST_WORKERS pytest-xdist processes: much of a test's time is spent
-# waiting on the processes and servers it starts, so two workers on two cores take the main
-# suite from about 12 minutes to 7 here.
+# The main suite runs in TEST_WORKERS pytest-xdist processes (make test-verl and make
+# test-agentscope alone too): much of a test's time is spent waiting on the processes and
+# servers it starts, so two workers on two cores take the main suite from about 12 minutes to 7
+# here.
 TEST_WORKERS ?= 2
 
 # The suites start hundreds of Python processes (servers, runners, `voltrl` commands): each
@@ -111,7 +112,8 @@ TEST_ENV := env -u PYTHONDONTWRITEBYTECODE
 
 ## make test: install what the tests need and run them (tests/, tests_verl/, tests_agentscope/)
 ## (PG_BINDIR=DIR: PostgreSQL binaries you have; PG_INSTALL=no: install none, see `postgres`;
-## TEST_WORKERS=N: test processes per suite, default 2)
+## TEST_WORKERS=N: the main suite's test processes, default 2; SIDE_WORKERS=N: the verl and
+## AgentScope suites', default 1)
 # The three suites run side by side, each printing its results when it ends: the verl and
 # AgentScope suites (in SIDE_WORKERS processes each) fill the CPU the main suite leaves idle
 # while its tests wait, and end long before it.
@@ -123,15 +125,16 @@ test: test-envs
 test-main: $(VENV)/.test-deps
 	$(TEST_ENV) $(PY) -m pytest -q -n $(TEST_WORKERS) --durations=15
 
-## make test-quick: a few minutes' check of every package, for development (the tests not
-## marked slow: see tests/conftest.py)
-test-quick: $(VENV)/.test-deps
+## make test-quick: a check of every package in about 3 minutes, for development: the main
+## suite's tests not marked slow (pyproject.toml's markers)
+test-quick: $(VENV)/.test-deps postgres
 	$(TEST_ENV) $(PY) -m pytest -q -n $(TEST_WORKERS) -m "not slow"
 
 ## make stress: the main suite 3 times in a row beside two busy processes
 ## (scripts/stress_suite.sh; RUNS=N, LOAD=N, and pytest arguments as ARGS="...")
-stress: test-envs
-	RUNS=$(or $(RUNS),3) LOAD=$(or $(LOAD),2) sh scripts/stress_suite.sh $(ARGS)
+stress: $(VENV)/.test-deps system-deps
+	RUNS=$(or $(RUNS),3) LOAD=$(or $(LOAD),2) TEST_WORKERS=$(TEST_WORKERS) PY=$(PY) \
+		sh scripts/stress_suite.sh $(ARGS)
 
 # What make test needs, installed side by side: the three environments' pip installs are
 # mostly downloads and unpacking, so together they take about as long as the largest alone;

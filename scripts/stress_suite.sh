@@ -7,8 +7,8 @@
 #   scripts/stress_suite.sh                                   # the main suite, 3 times
 #   RUNS=10 scripts/stress_suite.sh tests/test_interrupt.py   # one file, 10 times
 #
-# Arguments are pytest's (default: the main suite, -q -n $TEST_WORKERS); make stress runs it
-# after installing what the tests need.
+# Arguments are pytest's (default: the main suite, in TEST_WORKERS processes); make stress runs
+# it after installing what the tests need. Ctrl-C or SIGTERM stops the run and the load.
 set -u
 cd "$(dirname "$0")/.."
 
@@ -21,23 +21,32 @@ LOGS=${LOGS:-runs/stress}
 
 mkdir -p "$LOGS"
 busy=""
-stop_load() { [ -z "$busy" ] || kill $busy 2>/dev/null; }
-trap stop_load EXIT
-trap 'stop_load; exit 130' INT TERM
+suite=""
+stop() {
+    # shellcheck disable=SC2086  # the pids are words
+    kill $busy $suite 2>/dev/null
+}
+trap stop EXIT
+trap 'stop; exit 129' HUP
+trap 'stop; exit 130' INT
+trap 'stop; exit 143' TERM
 for _ in $(seq "$LOAD"); do
     python3 -c 'while True: pass' &
     busy="$busy $!"
 done
-echo "stress: pytest $* , $RUNS run(s) beside $LOAD busy process(es); logs in $LOGS/"
+echo "stress: pytest $*, $RUNS run(s) beside $LOAD busy process(es); logs in $LOGS/"
 
 failed=0
 for i in $(seq "$RUNS"); do
     start=$(date +%s)
+    # in the background, so a signal to this script is handled at once
     env -u PYTHONDONTWRITEBYTECODE "$PY" -m pytest -q -p no:cacheprovider -n "$TEST_WORKERS" \
-        "$@" >"$LOGS/run-$i.log" 2>&1
+        "$@" >"$LOGS/run-$i.log" 2>&1 &
+    suite=$!
+    wait "$suite"
     rc=$?
-    summary=$(tail -n 1 "$LOGS/run-$i.log")
-    echo "run $i/$RUNS: exit $rc in $(($(date +%s) - start)) s: $summary"
+    suite=""
+    echo "run $i/$RUNS: exit $rc in $(($(date +%s) - start)) s: $(tail -n 1 "$LOGS/run-$i.log")"
     if [ "$rc" -ne 0 ]; then
         failed=$((failed + 1))
         grep -E "^(FAILED|ERROR) " "$LOGS/run-$i.log" | sed 's/^/    /'

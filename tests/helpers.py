@@ -143,7 +143,12 @@ def FakeBackendProcess(*args: str) -> Iterator[str]:
     on a port the OS picks, for tests whose event loop is blocked by a subprocess or that stop
     processes with signals; yields its ``/v1`` URL once it listens."""
     script = Path(__file__).with_name("fake_openai_backend.py")
-    proc = subprocess.Popen([sys.executable, str(script), *args], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()  # "serving URL" once it listens; "" if it died
@@ -153,6 +158,8 @@ def FakeBackendProcess(*args: str) -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 def chatml_ids(fb: FakeBackend) -> None:

@@ -61,14 +61,13 @@ async def calls_twice_slowly(task: dict, llm: vl.LLM) -> float:
 
 @vl.rollout
 async def calls_twice_across_an_update(task: dict, llm: vl.LLM, ctx: vl.RolloutContext) -> float:
-    """:func:`calls_twice_slowly` whose first steps span a weight update, whatever the
-    machine's speed: after its first call a rollout leaves a note named after its resources
-    version in ``task["meet_dir"]``; one sampled by the first weights (``weights_version``
-    0) then waits for a note of a later version before its second call. So a step's
-    rollouts end only once the next step's have called the model, and under
-    ``max_staleness >= 1`` the update that step 0 trains lands between the calls of
-    step 1's rollouts: their rows are a step stale. Needs the run's concurrency to hold
-    the queued steps' rollouts at once."""
+    """:func:`calls_twice_slowly` whose first steps overlap, whatever the machine's speed:
+    after its first call a rollout leaves a note named after its resources version in
+    ``task["meet_dir"]``; one sampled by the first weights (``weights_version`` 0) then waits
+    for a note of the next version (the next step's: each step queued ahead publishes one)
+    before its second call. So step 0's batch is complete, and its update starts, only once
+    step 1 has called the model: under ``max_staleness >= 1`` step 1's rows are a step stale
+    when they train. Needs the run's concurrency to hold the queued steps' rollouts at once."""
     import asyncio
     from pathlib import Path
 
@@ -81,7 +80,7 @@ async def calls_twice_across_an_update(task: dict, llm: vl.LLM, ctx: vl.RolloutC
     mine = ctx.resources.version
     (meet / f"{mine}.{ctx.rollout_id}").touch()
     while llm.weights_version == 0 and not any(
-        int(note.name.split(".")[0]) > mine for note in meet.iterdir()
+        note.name.startswith(f"{mine + 1}.") for note in meet.iterdir()
     ):
         await asyncio.sleep(0.05)
     reply = await client.chat.completions.create(
@@ -93,7 +92,8 @@ async def calls_twice_across_an_update(task: dict, llm: vl.LLM, ctx: vl.RolloutC
 @vl.rollout
 async def calls_then_waits(task: dict, llm: vl.LLM) -> float:
     """One call, then a note in ``task["started_dir"]`` and a long wait: a rollout that is in
-    flight when the test presses Ctrl-C."""
+    flight when the test presses Ctrl-C. With ``task["slow_to_cancel"]`` it ignores being
+    cancelled, so its worker is killed only when the stop's grace runs out."""
     import asyncio
     from pathlib import Path
 
@@ -102,5 +102,10 @@ async def calls_then_waits(task: dict, llm: vl.LLM) -> float:
         model=llm.model, messages=[{"role": "user", "content": "hello"}], max_tokens=2
     )
     (Path(task["started_dir"]) / f"{task['i']}.started").touch()
-    await asyncio.sleep(600)
-    return 1.0
+    while True:
+        try:
+            await asyncio.sleep(600)
+            return 1.0
+        except asyncio.CancelledError:
+            if not task.get("slow_to_cancel"):
+                raise  # else: an agent that will not let go, which holds a clean stop

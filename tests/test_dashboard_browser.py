@@ -26,6 +26,8 @@ import pytest
 from voltrl._http.serving import serve_in_thread
 from voltrl.observability.dashboard import Catalog, dashboard_app
 
+pytestmark = pytest.mark.slow  # a browser, and a training run behind the pages
+
 HERE = Path(__file__).resolve().parent
 SHOTS = HERE.parent / ".artifacts" / "dashboard"
 INSTALL = "apt-get install -y chromium chromium-driver"
@@ -150,7 +152,6 @@ def css(driver, selector: str) -> list:
     return driver.find_elements(By.CSS_SELECTOR, selector)
 
 
-@pytest.mark.slow
 def test_every_page_renders_without_console_errors(browser, url: str) -> None:
     d = visit(browser, url + "/", "runs")
     rows = css(d, "tr.run-row")
@@ -194,7 +195,6 @@ def stored(runs_dir: Path, where: str) -> int:
         return db.execute(f"SELECT COUNT(*) FROM rollouts WHERE {where}").fetchone()[0]
 
 
-@pytest.mark.slow
 def test_filters_and_sorting_change_the_rows(browser, url: str, runs_dir: Path) -> None:
     from selenium.webdriver.support.ui import Select
 
@@ -223,7 +223,6 @@ def test_filters_and_sorting_change_the_rows(browser, url: str, runs_dir: Path) 
     assert not css(d, "tr.rollout-row") and "No rollouts match" in d.page_source
 
 
-@pytest.mark.slow
 def test_token_view_shows_the_loss_mask_and_advantages(browser, url: str) -> None:
     d = visit(browser, f"{url}/rollouts?mode=train&status=succeeded", "rollouts-succeeded")
     links = [a.get_attribute("href") for a in css(d, "tr.rollout-row a[href*='/rollouts/']")]
@@ -283,7 +282,6 @@ def test_a_calls_token_view_loads_when_opened(browser, url: str) -> None:
     visit(d, d.current_url, "rollout-call-tokens")  # no console error on the way
 
 
-@pytest.mark.slow
 def test_a_live_rollout_keeps_the_token_view_it_opened(browser, tmp_path: Path) -> None:
     """A running rollout's page refreshes every few seconds: an opened token view stays open
     with its tokens, and is not fetched again. The test refreshes the page once the tokens
@@ -363,7 +361,6 @@ def test_signing_in_and_out_through_the_page(browser, runs_dir: Path) -> None:
         until(d, lambda: css(d, "input[name=token]"))  # signed out: the form again
 
 
-@pytest.mark.slow
 def test_pages_update_while_a_run_trains(browser, runs_dir: Path, tmp_path: Path) -> None:
     """A run trains beside a finished one (in a directory of this test's own: the others'
     counts stay as they are): the runs page and the run's page show it running and its steps

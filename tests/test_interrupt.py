@@ -76,11 +76,15 @@ def backend() -> Iterator[str]:
         yield url
 
 
-def dev_command(tmp_path: Path, url: str) -> list[str]:
+def dev_command(tmp_path: Path, url: str, slow_to_cancel: bool = False) -> list[str]:
+    """``voltrl dev`` of four ``calls_then_waits`` rollouts (``slow_to_cancel``: rollouts that
+    hold a clean stop until their worker's grace runs out, 12 s)."""
     tasks = tmp_path / "tasks.jsonl"
     started = tmp_path / "started"
     started.mkdir()
-    tasks.write_text("".join(f'{{"i": {i}, "started_dir": "{started}"}}\n' for i in range(4)))
+    row = {"started_dir": str(started), "slow_to_cancel": slow_to_cancel}
+    rows = [{"i": i, **row} for i in range(4)]
+    tasks.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return [
         "dev",
         f"{AGENTS}:calls_then_waits",
@@ -109,7 +113,9 @@ def test_ctrl_c_stops_voltrl_dev_within_seconds_and_marks_the_run_interrupted(
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_second_signal_of_either_kind_exits_at_once(tmp_path: Path, backend: str) -> None:
-    proc = voltrl(*dev_command(tmp_path, backend), cwd=tmp_path)
+    """The rollouts will not let go, so the clean stop the first signal begins is still
+    waiting for them (for 12 s) when the second comes, a moment after its message."""
+    proc = voltrl(*dev_command(tmp_path, backend, slow_to_cancel=True), cwd=tmp_path)
     until(lambda: len(list((tmp_path / "started").iterdir())) == 4, 120, "4 rollouts to start")
     sigterm(proc)
     assert proc.stdout is not None

@@ -244,7 +244,8 @@ async def until_exists(path: Path) -> None:
 async def thinks_between_calls(task: dict, llm: vl.LLM) -> float:
     """Two chained calls around a weight update, in an order the test fixes with notes in
     ``task["notes"]``, not with the scheduler's luck. The runner holds one step's rollouts at a
-    time, so the first four first calls are step 1's, the next four step 2's, and so on. A
+    time, and no rollout of step 1 goes on before all four have called, so the first four first
+    calls are step 1's, the next four step 2's, and so on. A
     rollout of step ``s > 1`` makes its first call while update ``s - 1`` is held (it waits for
     them: :func:`held_update`), then waits for the weights of that update to be published
     before its second call: it spans the update."""
@@ -252,7 +253,9 @@ async def thinks_between_calls(task: dict, llm: vl.LLM) -> float:
 
     async def wait_for_the_update() -> None:
         step = take_a_number(notes) // STEP + 1
-        if step > 1:
+        if step == 1:  # none of step 1 ends (freeing a slot) before all four have a number
+            await until_exists(notes / f"call-{STEP - 1}")
+        else:
             await until_exists(notes / f"weights-{step - 1}")
 
     return await say_it_twice(task, llm, between=wait_for_the_update)
@@ -353,7 +356,7 @@ def test_rollouts_queued_ahead_span_updates_and_every_call_was_sampled_by_its_ve
         for c, v in zip(calls[r.rollout_id], versions, strict=True):
             recorded = torch.tensor(c.response_logprobs)
             assert torch.allclose(recorded, recomputed_logprobs(policies[v], c), atol=1e-4)
-    assert spanned >= 4  # steps 2 and 3: begun during the update before, ended after it
+    assert spanned == 8  # steps 2 and 3: begun during the update before, ended after it
 
     # the dashboard's step page says which weights sampled the step's rows
     last = next(r for r in train if r.resources_version == batch_versions[-1])
