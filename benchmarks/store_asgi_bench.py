@@ -18,7 +18,7 @@ import json
 import time
 from typing import Any
 
-from voltrl.store.http import store_app
+from voltrl.store.http.endpoints import store_app
 from voltrl.store.memory import InMemoryStore
 from voltrl.types import Span
 

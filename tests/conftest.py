@@ -56,7 +56,7 @@ async def make_store(kind: str, tmp_path: Path) -> Store:
         return SQLStore(new_database_url())
     if kind == "http":  # a real server on loopback, an in-memory store behind it
         from voltrl._http.serving import serve_in_thread
-        from voltrl.store.http import store_app
+        from voltrl.store.http.endpoints import store_app
         from voltrl.store.memory import InMemoryStore
 
         return ServedHTTPStore(serve_in_thread(store_app(InMemoryStore(), token=HTTP_STORE_TOKEN)))

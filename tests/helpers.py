@@ -10,11 +10,12 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import pytest
 from fake_openai_backend import FakeBackend, scripted_ids, tool_then_answer
 
 import voltrl as vl
@@ -41,6 +42,21 @@ def voltrl(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedP
     )
 
 
+def voltrl_here(
+    *args: str, cwd: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> subprocess.CompletedProcess[str]:
+    """``voltrl ARGS`` as :func:`voltrl` runs it, but in this test's process, which has torch
+    and transformers imported already (a ``voltrl train`` process spends seconds on that): for
+    tests of what a command does, not of its process."""
+    from voltrl.cli import main
+
+    monkeypatch.chdir(cwd)
+    monkeypatch.setenv("NO_COLOR", "1")
+    monkeypatch.setenv("COLUMNS", "200")
+    code, out, err = run_main(main, *args, capsys=capsys)
+    return subprocess.CompletedProcess(["voltrl", *args], code, out, err)
+
+
 async def recorded_calls(path: Path) -> list[Any]:
     """Every LLM call in the SQLite store at ``path``, rollout by rollout."""
     from voltrl.store.sql import SQLStore
@@ -52,6 +68,20 @@ async def recorded_calls(path: Path) -> list[Any]:
         ]
     finally:
         await store.close()
+
+
+def run_main(
+    main: Callable[[list[str]], int], *args: str, capsys: pytest.CaptureFixture[str]
+) -> tuple[int, str, str]:
+    """A script's ``main(args)`` in this process: its exit status (argparse's usage errors
+    give 2), stdout and stderr. For checks of what a command says, where starting a Python
+    process with the script's imports (seconds) is not what the test is about."""
+    try:
+        code = main(list(args))
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
 def free_port(host: str = "127.0.0.1") -> int:

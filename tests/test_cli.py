@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import FakeBackendProcess, free_port, recorded_calls, voltrl
+from helpers import FakeBackendProcess, free_port, recorded_calls, voltrl, voltrl_here
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "samples" / "quickstart"
@@ -170,7 +170,7 @@ def test_runs_on_an_empty_directory_says_there_are_none(tmp_path):
 
 
 @pytest.mark.slow
-def test_train_runs_local_rl_from_a_yaml_config(tmp_path):
+def test_train_runs_local_rl_from_a_yaml_config(tmp_path, capsys, monkeypatch):
     import yaml
 
     from voltrl.algorithms.local.tiny import build_tiny_model, build_tiny_tokenizer
@@ -195,7 +195,8 @@ def test_train_runs_local_rl_from_a_yaml_config(tmp_path):
         "trainer": {"n_runners": 1, "run_dir": str(tmp_path / "runs"), "name": "yaml"},
     }
     (tmp_path / "train.yaml").write_text(yaml.safe_dump(config))
-    out = voltrl("train", str(tmp_path / "train.yaml"), cwd=tmp_path)
+    here = {"capsys": capsys, "monkeypatch": monkeypatch}
+    out = voltrl_here("train", str(tmp_path / "train.yaml"), cwd=tmp_path, **here)
     assert out.returncode == 0, out.stderr[-2000:]
     metrics = [
         json.loads(x) for x in (tmp_path / "runs/yaml/metrics.jsonl").read_text().splitlines()
@@ -205,7 +206,8 @@ def test_train_runs_local_rl_from_a_yaml_config(tmp_path):
 
 
 @pytest.mark.slow
-def test_train_with_a_bad_config_says_what_is_wrong(tmp_path):
+def test_train_with_a_bad_config_says_what_is_wrong(tmp_path, capsys, monkeypatch):
+    here = {"capsys": capsys, "monkeypatch": monkeypatch}
     cfg = tmp_path / "c.yaml"
     for text, message in [
         ("agent: x:y\nwhat: 1\n", "unknown config sections ['what']"),
@@ -214,9 +216,9 @@ def test_train_with_a_bad_config_says_what_is_wrong(tmp_path):
         ("- a list\n", "must be a mapping"),
     ]:
         cfg.write_text(text)
-        out = voltrl("train", str(cfg), cwd=tmp_path)
+        out = voltrl_here("train", str(cfg), cwd=tmp_path, **here)
         assert out.returncode == 2 and message in out.stderr, out.stderr
-    out = voltrl("train", str(tmp_path / "missing.yaml"), cwd=tmp_path)
+    out = voltrl_here("train", str(tmp_path / "missing.yaml"), cwd=tmp_path, **here)
     assert out.returncode == 2 and "does not exist" in out.stderr
 
 
@@ -224,7 +226,7 @@ def test_train_with_a_bad_config_says_what_is_wrong(tmp_path):
 def test_runner_errors_are_one_line_each(tmp_path):
     """A bad agent, a store that is not a URL, an unreachable store, a wrong token."""
     from voltrl._http.serving import serve_in_thread
-    from voltrl.store.http import store_app
+    from voltrl.store.http.endpoints import store_app
     from voltrl.store.memory import InMemoryStore
 
     agent = f"{ROOT / 'tests' / 'fault_agents.py'}:Trivial"

@@ -21,7 +21,7 @@ from voltrl.cli import main
 from voltrl.cli.serve import server_app
 from voltrl.errors import VoltRLError
 from voltrl.observability.dashboard import Catalog, dashboard_app
-from voltrl.store.http import store_app
+from voltrl.store.http.endpoints import store_app
 from voltrl.store.sql import SQLStore
 
 TOKEN = "s3cret-dashboard-token"

@@ -28,7 +28,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import Status, StatusCode
 
 from voltrl._http.serving import BackgroundServer, serve_in_thread
-from voltrl.store.http import HTTPStore, store_app
+from voltrl.store.http import HTTPStore
+from voltrl.store.http.endpoints import store_app
 from voltrl.store.memory import InMemoryStore
 from voltrl.types import Claim, Task
 

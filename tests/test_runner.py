@@ -441,7 +441,8 @@ async def test_a_worker_process_past_the_abandoned_thread_limit_is_replaced_and_
 
     from voltrl._http.serving import serve_in_thread
     from voltrl.runtime.workers import WorkerPool
-    from voltrl.store.http import HTTPStore, store_app
+    from voltrl.store.http import HTTPStore
+    from voltrl.store.http.endpoints import store_app
 
     server = serve_in_thread(store_app(InMemoryStore(), token="t"))
     store = HTTPStore(server.url, "t")

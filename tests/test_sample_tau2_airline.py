@@ -724,30 +724,29 @@ def run_py(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]
     )  # fmt: skip
 
 
-@pytest.mark.slow
-def test_run_py_says_what_is_wrong_in_one_line(tmp_path: Path, data_dir: Path):
-    from helpers import free_port
+def test_run_py_says_what_is_wrong_in_one_line(tmp_path: Path, data_dir: Path, capsys):
+    from helpers import free_port, run_main
 
-    missing = run_py(
-        "train", "--domain", "generated", "--data", str(tmp_path / "nowhere"), "--out",
-        str(tmp_path),
-    )  # fmt: skip
-    assert missing.returncode == 1 and "Traceback" not in missing.stderr
-    assert "db.json is missing" in missing.stderr
-    folder = run_py(
-        "train", "--domain", "generated", "--data", str(data_dir / "tau2/domains/airline")
-    )
-    assert "give the directory holding tau2/" in folder.stderr and folder.returncode == 1
-    no_model = run_py("train", "--user-endpoint", "http://127.0.0.1:1/v1")
-    assert no_model.returncode == 2 and "--user-endpoint needs --user-model" in no_model.stderr
+    main = load_sample("tau2_airline", "run").main
+    missing = ("train", "--domain", "generated", "--data", str(tmp_path / "nowhere"),
+               "--out", str(tmp_path))  # fmt: skip
+    code, _, err = run_main(main, *missing, capsys=capsys)
+    assert code == 1 and "Traceback" not in err
+    assert "db.json is missing" in err
+    folder = ("train", "--domain", "generated", "--data", str(data_dir / "tau2/domains/airline"))
+    code, _, err = run_main(main, *folder, capsys=capsys)
+    assert "give the directory holding tau2/" in err and code == 1
+    no_model = ("train", "--user-endpoint", "http://127.0.0.1:1/v1")
+    code, _, err = run_main(main, *no_model, capsys=capsys)
+    assert code == 2 and "--user-endpoint needs --user-model" in err
     dead = f"http://127.0.0.1:{free_port()}/v1"
-    customer = run_py(
+    customer = (
         "dev", "--domain", "generated", "--data", str(data_dir), "--out", str(tmp_path),
-        "--endpoint", dead,
-        "--model", "m", "--user-endpoint", dead, "--user-model", "hosted",
+        "--endpoint", dead, "--model", "m", "--user-endpoint", dead, "--user-model", "hosted",
     )  # fmt: skip
-    assert customer.returncode == 1 and "Traceback" not in customer.stderr
-    assert customer.stderr.startswith("error: the assistant's endpoint: no OpenAI-compatible")
+    code, _, err = run_main(main, *customer, capsys=capsys)
+    assert code == 1 and "Traceback" not in err
+    assert err.startswith("error: the assistant's endpoint: no OpenAI-compatible")
 
 
 @pytest.mark.slow

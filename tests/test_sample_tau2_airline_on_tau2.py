@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from fake_openai_backend import FakeBackend
-from helpers import SAMPLES, chatml_ids, fake_trainer, free_port, load_sample
+from helpers import SAMPLES, chatml_ids, fake_trainer, free_port, load_sample, run_main
 
 import voltrl as vl
 from voltrl.store.memory import InMemoryStore
@@ -301,20 +301,19 @@ def run_py(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]
     )  # fmt: skip
 
 
-@pytest.mark.slow
-def test_tau2s_tasks_want_an_llm_customer_and_warn_when_scripted(tmp_path: Path):
+def test_tau2s_tasks_want_an_llm_customer_and_warn_when_scripted(tmp_path: Path, capsys):
     dead = f"http://127.0.0.1:{free_port()}/v1"
     common = ("dev", "--out", str(tmp_path), "--endpoint", dead, "--model", "m")
-    nobody = run_py(*common)
-    assert nobody.returncode == 1 and "Traceback" not in nobody.stderr
-    assert nobody.stderr.startswith("error: tau2's tasks need a customer: an LLM")
-    scripted = run_py(*common, "--user", "scripted")
-    assert "warning: the scripted customer plays tau2's tasks" in scripted.stderr
-    assert "error: the assistant's endpoint" in scripted.stderr  # the run got that far
-    policy = run_py(*common, "--user", "policy")
-    assert "warning: the model being trained plays tau2's customer too" in policy.stderr
-    data = run_py(*common, "--data", str(tmp_path))
-    assert "error: --data is for --domain generated" in data.stderr
+    code, _, err = run_main(run.main, *common, capsys=capsys)
+    assert code == 1 and "Traceback" not in err
+    assert err.startswith("error: tau2's tasks need a customer: an LLM")
+    _, _, err = run_main(run.main, *common, "--user", "scripted", capsys=capsys)
+    assert "warning: the scripted customer plays tau2's tasks" in err
+    assert "error: the assistant's endpoint" in err  # the run got that far
+    _, _, err = run_main(run.main, *common, "--user", "policy", capsys=capsys)
+    assert "warning: the model being trained plays tau2's customer too" in err
+    _, _, err = run_main(run.main, *common, "--data", str(tmp_path), capsys=capsys)
+    assert "error: --data is for --domain generated" in err
 
 
 def test_without_tau2s_package_the_sample_says_how_to_install_it(monkeypatch, capsys):

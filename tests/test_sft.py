@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from fake_openai_backend import FakeBackend, tool_then_answer
-from helpers import voltrl
+from helpers import voltrl_here
 from openai import AsyncOpenAI
 
 import voltrl as vl
@@ -362,11 +362,14 @@ def test_local_rl_warm_started_by_sft_validates_the_student_after_warm_up(tmp_pa
 
 
 @pytest.mark.slow
-def test_voltrl_train_runs_sft_alone_and_as_local_rls_warm_start_from_yaml(tmp_path):
+def test_voltrl_train_runs_sft_alone_and_as_local_rls_warm_start_from_yaml(
+    tmp_path, capsys, monkeypatch
+):
     import yaml
 
     from voltrl.cli import build_from_config
 
+    here = {"capsys": capsys, "monkeypatch": monkeypatch}
     run_dir = record_teacher_run(tmp_path)
     data = tmp_path / "rows.jsonl"
     data.write_text("".join(json.dumps(t) + "\n" for t in TASKS[:2]))
@@ -384,7 +387,7 @@ def test_voltrl_train_runs_sft_alone_and_as_local_rls_warm_start_from_yaml(tmp_p
             "trainer": {"n_runners": 1, "run_dir": str(tmp_path / "runs"), "name": name},
         }
         (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(config))
-        out = voltrl("train", str(tmp_path / f"{name}.yaml"), cwd=tmp_path, timeout=300)
+        out = voltrl_here("train", str(tmp_path / f"{name}.yaml"), cwd=tmp_path, **here)
         assert out.returncode == 0, out.stderr[-2000:]
         metrics = (tmp_path / "runs" / name / "metrics.jsonl").read_text()
         assert '"sft/loss"' in metrics
@@ -398,7 +401,7 @@ def test_voltrl_train_runs_sft_alone_and_as_local_rls_warm_start_from_yaml(tmp_p
             sft = rebuilt.algorithm.config()
             assert {k: sft[k] for k in warm} == {**warm, "source": [str(run_dir)]}
             continue
-        again = voltrl("train", str(written), cwd=tmp_path, timeout=300)
+        again = voltrl_here("train", str(written), cwd=tmp_path, **here)
         assert again.returncode == 0, again.stderr[-2000:]
         assert '"sft/loss"' in (tmp_path / "runs" / f"{name}-2" / "metrics.jsonl").read_text()
 

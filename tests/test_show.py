@@ -235,7 +235,7 @@ def test_a_name_of_several_runs_shows_the_latest_and_says_so(runs: Path, tmp_pat
 
 def test_over_a_store_server_the_reward_curve_comes_from_the_store(runs, tmp_path, capsys) -> None:
     from voltrl._http.serving import serve_in_thread
-    from voltrl.store.http import store_app
+    from voltrl.store.http.endpoints import store_app
 
     store = SQLStore(runs / "demo" / "store.sqlite")
     _, rollouts = stored(runs)

@@ -19,8 +19,8 @@ from starlette.types import Message, Receive, Scope, Send
 from voltrl._http.auth import BearerAuth
 from voltrl._http.serving import BackgroundServer, serve, serve_in_thread
 from voltrl.errors import NotFoundError, StaleAttemptError, StoreError
-from voltrl.store.http import store_app, store_router
 from voltrl.store.http.client import API_PREFIX, REQUEST_ID_HEADER, HTTPStore
+from voltrl.store.http.endpoints import store_app, store_router
 from voltrl.store.http.routes import HEALTH_PATH
 from voltrl.store.memory import InMemoryStore
 from voltrl.types import AttemptResult, Run, Task

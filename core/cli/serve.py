@@ -57,7 +57,7 @@ def server_app(
     never holding up the runners' requests), or is left out (False).
     """
     from voltrl.observability.dashboard import Catalog, dashboard_app
-    from voltrl.store.http import store_app
+    from voltrl.store.http.endpoints import store_app
 
     options: dict[str, Any] = {} if max_wait_s is None else {"max_wait_s": max_wait_s}
     root = None if gateway is None else gateway.app

@@ -196,7 +196,7 @@ class Services:
             return store.url, store.token
         from voltrl._http.serving import reachable_url, serve
         from voltrl.observability.dashboard import Catalog, dashboard_app
-        from voltrl.store.http import store_app
+        from voltrl.store.http.endpoints import store_app
 
         t = self._trainer
         # the store API for the workers, and the run's dashboard under /ui (as voltrl serve)

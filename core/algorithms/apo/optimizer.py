@@ -7,8 +7,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
-
 from voltrl.errors import VoltRLError
 from voltrl.resources import LLM
 from voltrl.store.base import Store
@@ -57,6 +55,8 @@ class Optimizer:
     async def ask(self, claim: Claim, prompt: str) -> str:
         """The optimizer's answer to ``prompt`` (one user message), recorded in ``claim``'s
         rollout. Raises :class:`OptimizerError` with the gateway's message when it fails."""
+        import aiohttp  # here: `import voltrl` (every runner and command) does without it
+
         llm = LLM(endpoint=self.url, model=self.model, gateway=True)
         endpoint = llm.scoped(claim.rollout.rollout_id, claim.attempt.attempt_id, AGENT_NAME)
         body = {"model": self.model, "messages": [{"role": "user", "content": prompt}]}
