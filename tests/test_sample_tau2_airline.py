@@ -22,6 +22,7 @@ from voltrl.store.memory import InMemoryStore
 from voltrl.trajectory import TrajectoryConfig, collate, trajectories_from_store
 
 agent = load_sample("tau2_airline", "agent")  # puts the sample on sys.path for its siblings
+run = load_sample("tau2_airline", "run")
 import airline_db as db_mod  # noqa: E402
 import airline_tools as tools_mod  # noqa: E402
 import customers  # noqa: E402
@@ -727,7 +728,7 @@ def run_py(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]
 def test_run_py_says_what_is_wrong_in_one_line(tmp_path: Path, data_dir: Path, capsys):
     from helpers import free_port, run_main
 
-    main = load_sample("tau2_airline", "run").main
+    main = run.main
     missing = ("train", "--domain", "generated", "--data", str(tmp_path / "nowhere"),
                "--out", str(tmp_path))  # fmt: skip
     code, _, err = run_main(main, *missing, capsys=capsys)
@@ -752,41 +753,47 @@ def test_run_py_says_what_is_wrong_in_one_line(tmp_path: Path, data_dir: Path, c
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_run_py_train_with_the_scripted_customer_trains_on_the_assistant_alone(
-    tmp_path: Path, data_dir: Path
+    tmp_path: Path, data_dir: Path, capsys, monkeypatch
 ):
     """The README's first command, smaller: LocalRL on the tiny model, the scripted
     customer (no customer call at all), the episodes' endings reported; its metrics also go
     to TensorBoard (``--loggers``). Its ``train.yaml`` runs it again through ``voltrl train``,
-    and a ``--resume`` with another customer is refused, leaving the run as it was."""
-    from helpers import voltrl
+    and a ``--resume`` with another customer is refused, leaving the run as it was. (Each
+    command runs in this process: what they do, not their processes, is checked here.)"""
+    from helpers import run_main, voltrl_here
     from test_loggers import tensorboard_events
+
+    main = run.main
 
     options = ("--domain", "generated", "--data", str(data_dir), "--run-dir", str(tmp_path),
                "--steps", "1", "--tasks-per-step", "1", "--group-size", "2",
                "--n-val", "1", "--max-tokens", "8")  # fmt: skip
-    out = run_py("train", *options, "--name", "first", "--loggers", "tensorboard", timeout=600)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert "step 1: 2 assistant rows (0 merge failures), 0 user calls left out" in out.stdout
+    first_run = ("train", *options, "--name", "first", "--loggers", "tensorboard")
+    code, stdout, stderr = run_main(main, *first_run, capsys=capsys)
+    assert code == 0, stderr[-2000:]
+    assert "step 1: 2 assistant rows (0 merge failures), 0 user calls left out" in stdout
     # how the two sampled episodes ended (temperature 1: mostly the customer's stop, now and
     # then an empty message), each a tau2 ending
-    ends = re.search(r"^train episodes: (.+)$", out.stdout, re.MULTILINE)
-    assert ends, out.stdout
+    ends = re.search(r"^train episodes: (.+)$", stdout, re.MULTILINE)
+    assert ends, stdout
     counts = dict(part.rsplit(" ", 1) for part in ends.group(1).split(", "))
     assert set(counts) <= set(scoring.ENDINGS) and sum(map(int, counts.values())) == 2, counts
     # before and after training: the greedy tiny model writes an empty message (agent_error)
-    assert "val episodes: agent_error 2" in out.stdout
+    assert "val episodes: agent_error 2" in stdout
     first = tmp_path / "first"
     events = tensorboard_events(first / "tensorboard")
     assert "update/loss" in events.Tags()["scalars"]
 
     metrics = (first / "metrics.jsonl").read_bytes()
-    resumed = run_py("train", *options, "--name", "first", "--resume", "--user", "policy")
-    assert resumed.returncode == 1 and "Traceback" not in resumed.stderr
-    assert resumed.stderr.startswith("error: cannot resume run 'first' with a different set-up")
-    assert 'train data row 1.user is "main_llm" (the run\'s: "scripted")' in resumed.stderr
+    resume = ("train", *options, "--name", "first", "--resume", "--user", "policy")
+    code, _, stderr = run_main(main, *resume, capsys=capsys)
+    assert code == 1 and "Traceback" not in stderr
+    assert stderr.startswith("error: cannot resume run 'first' with a different set-up")
+    assert 'train data row 1.user is "main_llm" (the run\'s: "scripted")' in stderr
     assert (first / "metrics.jsonl").read_bytes() == metrics
 
-    again = voltrl("train", str(first / "train.yaml"), cwd=tmp_path, timeout=600)
+    here = {"capsys": capsys, "monkeypatch": monkeypatch}
+    again = voltrl_here("train", str(first / "train.yaml"), cwd=tmp_path, **here)
     assert again.returncode == 0, again.stderr[-2000:]
     lines = (tmp_path / "first-2" / "metrics.jsonl").read_text().splitlines()
     assert [m["step"] for m in map(json.loads, lines) if "update/loss" in m] == [1]
