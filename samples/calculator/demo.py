@@ -39,6 +39,7 @@ def warm_model(seed: int, cache: Path) -> Path:
     import torch
 
     from voltrl.algorithms.local.sft import supervised_warmup
+    from voltrl.algorithms.local.threads import usable_cpus
     from voltrl.algorithms.local.tiny import build_tiny_model, build_tiny_tokenizer
 
     tasks = make_tasks(WARMUP["transcripts"], seed=10_000 + seed)
@@ -55,9 +56,13 @@ def warm_model(seed: int, cache: Path) -> Path:
     model = build_tiny_model(tokenizer, seed=seed, **MODEL)
     started = time.time()
 
+    # Nothing else runs during the warm-up: it takes every CPU (LocalRL later takes half,
+    # leaving the rest to the agent's runner process).
+    threads = usable_cpus()
+
     def log(step: int, loss: float) -> None:
-        if step == 0:  # supervised_warmup has set the count (threads=... to choose it)
-            print(f"warm-up: {torch.get_num_threads()} torch intra-op thread(s)", flush=True)
+        if step == 0:
+            print(f"warm-up: {threads} torch intra-op thread(s)", flush=True)
         if step % 200 == 0 or step == WARMUP["steps"] - 1:
             print(
                 f"warm-up step {step:5d}/{WARMUP['steps']}  loss {loss:.3f}  "
@@ -73,6 +78,7 @@ def warm_model(seed: int, cache: Path) -> Path:
         batch_size=WARMUP["batch_size"],
         lr=WARMUP["lr"],
         seed=seed,
+        threads=threads,
         log=log,
     )
     # Settle on transcripts that mostly answer directly: the warmed model then knows both
@@ -86,6 +92,7 @@ def warm_model(seed: int, cache: Path) -> Path:
         lr=SETTLE["lr"],
         warmup_steps=0,
         seed=seed + 1,
+        threads=threads,
     )
     tmp = path.with_suffix(".tmp")
     model.save_pretrained(tmp)
@@ -116,7 +123,7 @@ def write_run_files(run_dir: Path, seed: int, model_path: Path, steps: int) -> P
             "group_size": 8,
             "sampling": sampling,
             "val_sampling": sampling,
-            "val_every": 5,
+            "val_every": 10,
             "seed": seed,
             "update": {"lr": 5e-4, "micro_batch_size": 32, "clip_eps": 0.2, "seed": seed},
             "trajectory": {"mode": "trajectory"},
@@ -141,19 +148,21 @@ def run_seed(seed: int, out: Path, steps: int) -> dict[str, Any]:
     from voltrl.cli import build_from_config
     from voltrl.runtime import free_run_name
 
+    started = time.time()
     model_path = warm_model(seed, out / ".cache")
+    warmed = time.time()
     # a re-run of a seed gets a directory of its own: the earlier run's files stay as they were
     run_dir = out / free_run_name(out, f"calculator-seed{seed}")
     config = yaml.safe_load(write_run_files(run_dir, seed, model_path, steps).read_text())
     trainer, agent, train, val = build_from_config(config)
-    started = time.time()
     result = trainer.fit(agent, train, val)
     val_points = [h for h in trainer.algorithm.history if "val/reward_mean" in h]
     return {
         "seed": seed,
         "before": val_points[0]["val/reward_mean"],
         "after": val_points[-1]["val/reward_mean"],
-        "minutes": (time.time() - started) / 60,
+        "warm-up minutes": (warmed - started) / 60,
+        "minutes": (time.time() - warmed) / 60,
         "run_dir": str(result.run_dir),  # LocalRL left reward_curve.png there
     }
 
@@ -169,13 +178,15 @@ def main(argv: list[str] | None = None) -> int:
         help="directory of run directories (and of the warm-up cache, .cache)",
     )  # fmt: skip
     args = parser.parse_args(argv)
+    started = time.time()
     results = [run_seed(seed, args.out, args.steps) for seed in args.seeds]
 
     from rich.console import Console
     from rich.table import Table
 
     table = Table(title="held-out accuracy of the calculator agent (192 tasks, sampled)")
-    for col in ("seed", "after warm-up", "after LocalRL", "change", "train minutes", "run"):
+    columns = ("seed", "after warm-up", "after LocalRL", "change", "warm-up min", "RL min", "run")
+    for col in columns:
         table.add_column(col, overflow="fold")
     for r in results:
         table.add_row(
@@ -183,11 +194,13 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['before']:.1%}",
             f"{r['after']:.1%}",
             f"{(r['after'] - r['before']) * 100:+.1f} pts",
+            f"{r['warm-up minutes']:.1f}",
             f"{r['minutes']:.1f}",
             r["run_dir"],
         )
     Console().print(table)
     print("reward curves: " + ", ".join(f"{r['run_dir']}/reward_curve.png" for r in results))
+    print(f"{len(results)} seed(s) in {(time.time() - started) / 60:.1f} minutes")
     return 0
 
 
