@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from fake_openai_backend import FakeBackend
-from helpers import FakeBackendProcess, voltrl
+from helpers import FakeBackendProcess, voltrl, voltrl_here
 
 import voltrl as vl
 from voltrl.store.sql import SQLStore
@@ -79,26 +79,32 @@ def store_with_a_hostile_run(path: Path) -> str:
 
 
 @pytest.mark.slow
-def test_voltrl_runs_prints_hostile_names_and_errors_as_text(tmp_path: Path) -> None:
+def test_voltrl_runs_prints_hostile_names_and_errors_as_text(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    here = {"cwd": tmp_path, "capsys": capsys, "monkeypatch": monkeypatch}
     store = tmp_path / "store.sqlite"
     store_with_a_hostile_run(store)
     for wide in ([], ["--wide"]):
-        out = voltrl("runs", "--store", str(store), *wide, cwd=tmp_path)
+        out = voltrl_here("runs", "--store", str(store), *wide, **here)
         assert out.returncode == 0, out.stderr  # rich raised MarkupError on "[/INST]"
         assert "[/INST]" in out.stdout
         assert "\x1b" not in out.stdout
-    wide = voltrl("runs", "--store", str(store), "--wide", cwd=tmp_path)
+    wide = voltrl_here("runs", "--store", str(store), "--wide", **here)
     assert_shown_as_text(wide.stdout)
 
 
 @pytest.mark.slow
-def test_voltrl_show_prints_a_rewards_name_and_the_task_as_text(tmp_path: Path) -> None:
+def test_voltrl_show_prints_a_rewards_name_and_the_task_as_text(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    here = {"cwd": tmp_path, "capsys": capsys, "monkeypatch": monkeypatch}
     store = tmp_path / "store.sqlite"
     rollout_id = store_with_a_hostile_run(store)
-    run = voltrl("show", "--store", str(store), f"run {BRACKETS}", cwd=tmp_path)
+    run = voltrl_here("show", "--store", str(store), f"run {BRACKETS}", **here)
     assert run.returncode == 0, run.stderr
     assert_shown_as_text(run.stdout)
-    shown = voltrl("show", "--store", str(store), f"run {BRACKETS}", rollout_id, cwd=tmp_path)
+    shown = voltrl_here("show", "--store", str(store), f"run {BRACKETS}", rollout_id, **here)
     assert shown.returncode == 0, shown.stderr
     assert "judge" in shown.stdout
     assert_shown_as_text(shown.stdout)

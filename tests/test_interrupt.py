@@ -15,10 +15,11 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
-from helpers import FakeBackendProcess
+from helpers import FakeBackendProcess, voltrl_here
 
 from voltrl.store.sql import SQLStore
 
@@ -149,11 +150,12 @@ def test_sigterm_stops_voltrl_dev_as_ctrl_c_does_and_exits_143(
 
 
 def stop_local_rl_training_then_resume(
-    tmp_path: Path, stop, status: int, max_staleness: int = 0
+    tmp_path: Path, stop, status: int, here: dict[str, Any], max_staleness: int = 0
 ) -> list[dict]:
     """Train LocalRL with ``voltrl train``, ``stop`` it after two steps (it must exit with
-    ``status``, checkpointed and ``interrupted``), then resume it for one step more; returns
-    the metrics records of both sessions. With ``max_staleness`` the agent holds each of the
+    ``status``, checkpointed and ``interrupted``), then resume it for one step more (in this
+    process: ``here`` holds the test's ``capsys`` and ``monkeypatch``); returns the metrics
+    records of both sessions. With ``max_staleness`` the agent holds each of the
     first weights' steps until the next step has called the model, so steps overlap on any
     machine (``calls_twice_across_an_update``)."""
     tasks = tmp_path / "tasks.jsonl"
@@ -203,13 +205,7 @@ def stop_local_rl_training_then_resume(
 
     config["algorithm"].update(steps=done + 1, resume=True)
     path.write_text(yaml.safe_dump(config))
-    resumed = subprocess.run(
-        [sys.executable, "-m", "voltrl.cli", "train", str(path)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    resumed = voltrl_here("train", str(path), cwd=tmp_path, **here)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     runs, _ = stored(run_dir / "store.sqlite")
     assert [r.status for r in runs] == ["finished"]  # the same run, continued
@@ -221,22 +217,26 @@ def stop_local_rl_training_then_resume(
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_sigterm_during_local_rl_training_checkpoints_and_resume_continues(tmp_path: Path) -> None:
+def test_sigterm_during_local_rl_training_checkpoints_and_resume_continues(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``kill PID``: SIGTERM reaches the trainer, whose workers go on claiming until the run
     cancels its rollouts. (Ctrl-C takes the same path: its first signal cancels the run, as
     the dev tests above show.)"""
-    stop_local_rl_training_then_resume(tmp_path, sigterm, 143)
+    here = {"capsys": capsys, "monkeypatch": monkeypatch}
+    stop_local_rl_training_then_resume(tmp_path, sigterm, 143, here)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_ctrl_c_while_steps_are_queued_ahead_resumes_without_training_a_rollout_twice(
-    tmp_path: Path,
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``max_staleness=2``: when Ctrl-C lands, the next steps' rollouts are queued or running.
     They are cancelled or left untrained; the resumed run queues its steps again, so every
     step trained rollouts of its own resources version, none of them another step's."""
-    records = stop_local_rl_training_then_resume(tmp_path, ctrl_c, 130, max_staleness=2)
+    here = {"capsys": capsys, "monkeypatch": monkeypatch}
+    records = stop_local_rl_training_then_resume(tmp_path, ctrl_c, 130, here, max_staleness=2)
     steps = [r for r in records if "update_s" in r]
     versions = [r["resources_version"] for r in steps]
     assert len(set(versions)) == len(versions), steps  # no batch trained twice
