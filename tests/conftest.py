@@ -17,13 +17,6 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 STORE_KINDS = ["memory", "sqlite", "sqlite-grouped", "postgres", "http"]
 
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The tests marked ``slow`` first, each group in its own order: pytest-xdist hands tests
-    out in this order, so the suite ends on short tests spread over its workers rather than
-    on one long test while the other workers have nothing left to run."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
-
 HTTP_STORE_TOKEN = "test-token"
 
 
