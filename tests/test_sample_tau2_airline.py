@@ -753,47 +753,41 @@ def test_run_py_says_what_is_wrong_in_one_line(tmp_path: Path, data_dir: Path, c
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_run_py_train_with_the_scripted_customer_trains_on_the_assistant_alone(
-    tmp_path: Path, data_dir: Path, capsys, monkeypatch
+    tmp_path: Path, data_dir: Path
 ):
     """The README's first command, smaller: LocalRL on the tiny model, the scripted
     customer (no customer call at all), the episodes' endings reported; its metrics also go
     to TensorBoard (``--loggers``). Its ``train.yaml`` runs it again through ``voltrl train``,
-    and a ``--resume`` with another customer is refused, leaving the run as it was. (Each
-    command runs in this process: what they do, not their processes, is checked here.)"""
-    from helpers import run_main, voltrl_here
+    and a ``--resume`` with another customer is refused, leaving the run as it was."""
+    from helpers import voltrl
     from test_loggers import tensorboard_events
-
-    main = run.main
 
     options = ("--domain", "generated", "--data", str(data_dir), "--run-dir", str(tmp_path),
                "--steps", "1", "--tasks-per-step", "1", "--group-size", "2",
                "--n-val", "1", "--max-tokens", "8")  # fmt: skip
-    first_run = ("train", *options, "--name", "first", "--loggers", "tensorboard")
-    code, stdout, stderr = run_main(main, *first_run, capsys=capsys)
-    assert code == 0, stderr[-2000:]
-    assert "step 1: 2 assistant rows (0 merge failures), 0 user calls left out" in stdout
+    out = run_py("train", *options, "--name", "first", "--loggers", "tensorboard", timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "step 1: 2 assistant rows (0 merge failures), 0 user calls left out" in out.stdout
     # how the two sampled episodes ended (temperature 1: mostly the customer's stop, now and
     # then an empty message), each a tau2 ending
-    ends = re.search(r"^train episodes: (.+)$", stdout, re.MULTILINE)
-    assert ends, stdout
+    ends = re.search(r"^train episodes: (.+)$", out.stdout, re.MULTILINE)
+    assert ends, out.stdout
     counts = dict(part.rsplit(" ", 1) for part in ends.group(1).split(", "))
     assert set(counts) <= set(scoring.ENDINGS) and sum(map(int, counts.values())) == 2, counts
     # before and after training: the greedy tiny model writes an empty message (agent_error)
-    assert "val episodes: agent_error 2" in stdout
+    assert "val episodes: agent_error 2" in out.stdout
     first = tmp_path / "first"
     events = tensorboard_events(first / "tensorboard")
     assert "update/loss" in events.Tags()["scalars"]
 
     metrics = (first / "metrics.jsonl").read_bytes()
-    resume = ("train", *options, "--name", "first", "--resume", "--user", "policy")
-    code, _, stderr = run_main(main, *resume, capsys=capsys)
-    assert code == 1 and "Traceback" not in stderr
-    assert stderr.startswith("error: cannot resume run 'first' with a different set-up")
-    assert 'train data row 1.user is "main_llm" (the run\'s: "scripted")' in stderr
+    resumed = run_py("train", *options, "--name", "first", "--resume", "--user", "policy")
+    assert resumed.returncode == 1 and "Traceback" not in resumed.stderr
+    assert resumed.stderr.startswith("error: cannot resume run 'first' with a different set-up")
+    assert 'train data row 1.user is "main_llm" (the run\'s: "scripted")' in resumed.stderr
     assert (first / "metrics.jsonl").read_bytes() == metrics
 
-    here = {"capsys": capsys, "monkeypatch": monkeypatch}
-    again = voltrl_here("train", str(first / "train.yaml"), cwd=tmp_path, **here)
+    again = voltrl("train", str(first / "train.yaml"), cwd=tmp_path, timeout=600)
     assert again.returncode == 0, again.stderr[-2000:]
     lines = (tmp_path / "first-2" / "metrics.jsonl").read_text().splitlines()
     assert [m["step"] for m in map(json.loads, lines) if "update/loss" in m] == [1]
