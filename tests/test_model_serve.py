@@ -250,10 +250,16 @@ def wait_for(condition: Callable[[], bool], timeout_s: float = 30.0) -> bool:
 @contextlib.contextmanager
 def held_until_aborted(engine: Engine) -> Iterator[threading.Event]:
     """Within the block, the engine's decode steps wait until every running request is
-    aborted (the event yielded is then set): a request whose client hangs up gets its first
-    token only, however long the server takes to notice, and one the server never aborts
-    decodes on once the block ends."""
-    decode, aborted, done = engine._decode, threading.Event(), threading.Event()
+    aborted: a request whose client hangs up gets its first token only, however long the
+    server takes to notice, and one the server never aborts decodes on once the block ends.
+    The event yielded is set when the server aborts a request (``Engine._abort``), wherever
+    the engine thread then is (under load the abort can come before the first decode step)."""
+    decode, abort = engine._decode, engine._abort
+    aborted, done = threading.Event(), threading.Event()
+
+    def noted_abort(req: Any) -> None:
+        aborted.set()
+        abort(req)
 
     def all_aborted() -> bool:
         return all(s.req.aborted for s in engine._batch.seqs)
@@ -261,15 +267,14 @@ def held_until_aborted(engine: Engine) -> Iterator[threading.Event]:
     def held() -> None:
         with engine._cv:  # an abort notifies it
             engine._cv.wait_for(lambda: done.is_set() or all_aborted())
-            if all_aborted():
-                aborted.set()
         decode()
 
     engine._decode = held  # type: ignore[method-assign]
+    engine._abort = noted_abort  # type: ignore[method-assign]
     try:
         yield aborted
     finally:
-        del engine._decode
+        del engine._decode, engine._abort
         done.set()
         with engine._cv:
             engine._cv.notify_all()
