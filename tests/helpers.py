@@ -79,7 +79,7 @@ def run_main(
     try:
         code = main(list(args))
     except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
+        code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
     out, err = capsys.readouterr()
     return code, out, err
 
