@@ -109,7 +109,9 @@ bench-peer-store: $(VENV)/.test-deps .venv-peer/.deps
 # The main suite runs in TEST_WORKERS pytest-xdist processes (make test-verl and make
 # test-agentscope alone too): much of a test's time is spent waiting on the processes and
 # servers it starts, so on 2 cores a third worker keeps the CPU busy where two left a sixth of
-# it idle (a fresh clone's make test: 18.0 minutes with three, 19.2 with two).
+# it idle (a fresh clone's make test: 18.0 minutes with three, 19.2 with two). Idle workers
+# steal queued tests from busy ones (--dist worksteal): with xdist's default split, one worker
+# still had 2.5 minutes of tests queued behind its slow ones when the other two ran out.
 TEST_WORKERS ?= 3
 
 ## make test: install what the tests need and run them (tests/, tests_verl/, tests_agentscope/)
@@ -125,12 +127,12 @@ test: test-envs
 		TEST_WORKERS_VERL=$(SIDE_WORKERS) TEST_WORKERS_AS=$(SIDE_WORKERS)
 
 test-main: $(VENV)/.test-deps
-	$(RUN) $(PY) -m pytest -q -n $(TEST_WORKERS) --durations=15
+	$(RUN) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=15
 
 ## make test-quick: a check of every package in about 3 minutes, for development: the main
 ## suite's tests not marked slow (pyproject.toml's markers)
 test-quick: $(VENV)/.test-deps postgres
-	$(RUN) $(PY) -m pytest -q -n $(TEST_WORKERS) -m "not slow"
+	$(RUN) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m "not slow"
 
 ## make stress: the main suite 3 times in a row beside two busy processes
 ## (scripts/stress_suite.sh; RUNS=N, LOAD=N, and pytest arguments as ARGS="...")
@@ -169,7 +171,7 @@ $(AS_VENV)/.deps: pyproject.toml constraints/agentscope.txt | $(AS_PY)
 ## make test-agentscope: the AgentScope adapter in its own environment (tests_agentscope/)
 TEST_WORKERS_AS ?= $(TEST_WORKERS)
 test-agentscope: $(AS_VENV)/.deps
-	$(RUN) $(AS_PY) -m pytest -q -n $(TEST_WORKERS_AS) tests_agentscope
+	$(RUN) $(AS_PY) -m pytest -q -n $(TEST_WORKERS_AS) --dist worksteal tests_agentscope
 
 # The VERL integration's tests (tests_verl/) need the real verl package, which pins
 # transformers<5.11, so they run in their own environment, .venv-verl, on the same pinned
@@ -190,7 +192,7 @@ $(VERL_VENV)/.deps-$(VERL_VERSION): pyproject.toml | $(VERL_PY)
 ## make test-verl: the VERL integration against the real verl package on this CPU (tests_verl/)
 TEST_WORKERS_VERL ?= $(TEST_WORKERS)
 test-verl: $(VERL_VENV)/.deps-$(VERL_VERSION)
-	$(RUN) $(VERL_PY) -m pytest -q -n $(TEST_WORKERS_VERL) tests_verl
+	$(RUN) $(VERL_PY) -m pytest -q -n $(TEST_WORKERS_VERL) --dist worksteal tests_verl
 
 # The store tests start a PostgreSQL server of their own (tests/pg.py: initdb into a temporary
 # directory) and need only its binaries, initdb and pg_ctl. PG_BINDIR=DIR points them at

@@ -40,7 +40,7 @@ failed=0
 for i in $(seq "$RUNS"); do
     start=$(date +%s)
     # in the background, so a signal to this script is handled at once
-    env -u PYTHONDONTWRITEBYTECODE "$PY" -m pytest -q -p no:cacheprovider -n "$TEST_WORKERS" \
+    env -u PYTHONDONTWRITEBYTECODE "$PY" -m pytest -q -p no:cacheprovider --dist worksteal -n "$TEST_WORKERS" \
         "$@" >"$LOGS/run-$i.log" 2>&1 &
     suite=$!
     wait "$suite"
