@@ -181,7 +181,7 @@ def test_train_runs_local_rl_from_a_yaml_config(tmp_path, capsys, monkeypatch):
     data = tmp_path / "rows.jsonl"
     data.write_text("".join(json.dumps({"letter": c}) + "\n" for c in "ab"))
     config = {
-        "agent": f"{ROOT / 'tests' / 'test_local_rl.py'}:two_turn_agent",
+        "agent": f"{ROOT / 'tests' / 'rl_agents.py'}:two_turn_agent",
         "data": {"train": str(data)},
         "algorithm": {
             "name": "local_rl",

@@ -6,44 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
-from openai import AsyncOpenAI
+from rl_agents import ROWS, assistant_and_user, reply_then_fail, same_reward, two_turn_agent
 
 import voltrl as vl
 from voltrl.algorithms.local.tiny import build_tiny_model, build_tiny_tokenizer
 from voltrl.algorithms.local.update import PolicyTrainer, PolicyUpdateConfig
 from voltrl.store.sql import SQLStore
 from voltrl.trajectory import TrajectoryConfig
-
-
-@vl.rollout
-async def two_turn_agent(task: dict, llm: vl.LLM) -> float:
-    """Two chained chat calls; reward 1 when the second reply contains the task's letter."""
-    return await say_it_twice(task, llm)
-
-
-async def say_it_twice(
-    task: dict, llm: vl.LLM, between: Callable[[], Awaitable[object]] | None = None
-) -> float:
-    """:func:`two_turn_agent`'s work, awaiting ``between()`` between the calls."""
-    client = AsyncOpenAI(base_url=llm.endpoint, api_key=llm.api_key, max_retries=0)
-    messages = [{"role": "user", "content": f"Say {task['letter']}."}]
-    first = await client.chat.completions.create(
-        model=llm.model, messages=messages, **llm.sampling_parameters
-    )
-    if between is not None:
-        await between()
-    messages += [
-        {"role": "assistant", "content": first.choices[0].message.content or ""},
-        {"role": "user", "content": "Again."},
-    ]
-    second = await client.chat.completions.create(
-        model=llm.model, messages=messages, **llm.sampling_parameters
-    )
-    return float(task["letter"] in (second.choices[0].message.content or ""))
 
 
 def make_algorithm(**overrides) -> vl.LocalRL:
@@ -62,9 +34,6 @@ def make_algorithm(**overrides) -> vl.LocalRL:
     )
     options.update(overrides)
     return vl.LocalRL(build_tiny_model(tok, seed=0), **options)
-
-
-ROWS = [{"letter": c} for c in "abcd"]
 
 
 async def stored_async(path: Path):
@@ -221,28 +190,6 @@ def test_local_rl_needs_a_tokenizer_with_a_model_object(tmp_path: Path):
         trainer.fit(two_turn_agent, ROWS)
 
 
-@vl.rollout
-async def reply_then_fail(task: dict, llm: vl.LLM) -> float:
-    """Calls the model, then fails on its reply, as an agent parsing it badly would."""
-    client = AsyncOpenAI(base_url=llm.endpoint, api_key=llm.api_key, max_retries=0)
-    messages = [{"role": "user", "content": f"Say {task['letter']}."}]
-    reply = await client.chat.completions.create(
-        model=llm.model, messages=messages, **llm.sampling_parameters
-    )
-    raise ValueError(f"cannot parse {reply.choices[0].message.content!r}")
-
-
-@vl.rollout
-async def same_reward(task: dict, llm: vl.LLM) -> float:
-    """Calls the model and rewards every reply alike: no group has any advantage."""
-    client = AsyncOpenAI(base_url=llm.endpoint, api_key=llm.api_key, max_retries=0)
-    messages = [{"role": "user", "content": f"Say {task['letter']}."}]
-    await client.chat.completions.create(
-        model=llm.model, messages=messages, **llm.sampling_parameters
-    )
-    return 1.0
-
-
 def published_weights(path: Path) -> list[int | None]:
     """The weights version of every resources version the run published, in order."""
 
@@ -316,25 +263,6 @@ def test_validation_runs_each_held_out_task_val_n_times(tmp_path: Path):
     assert [m["val/rollouts"] for m in logged] == [6, 6]
     with pytest.raises(ValueError, match="val_n"):
         make_algorithm(val_n=0)
-
-
-@vl.rollout
-async def assistant_and_user(task: dict, resources: vl.Resources) -> float:
-    """The assistant on the trained model (``main_llm``), a user role on ``user_llm``."""
-    from voltrl.adapters.openai_client import async_openai
-
-    llm, user_llm = resources["main_llm"], resources["user_llm"]
-    user = async_openai(user_llm, agent_name="user")
-    question = await user.chat.completions.create(
-        model=user_llm.model, messages=[{"role": "user", "content": "Ask me something."}]
-    )
-    assistant = async_openai(llm, agent_name="assistant")
-    reply = await assistant.chat.completions.create(
-        model=llm.model,
-        messages=[{"role": "user", "content": question.choices[0].message.content or ""}],
-        **llm.sampling_parameters,
-    )
-    return float(task["letter"] in (reply.choices[0].message.content or ""))
 
 
 async def test_an_untrained_roles_llm_from_the_trainer_reaches_every_localrl_version(

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 import torch
-from test_local_rl import say_it_twice
+from rl_agents import STEP, thinks_between_calls
 
 import voltrl as vl
 from voltrl._http.serving import serve_in_thread
@@ -218,47 +218,6 @@ def test_rollouts_staler_than_the_bound_are_dropped_whole_and_counted_and_rows_k
 
 
 # ---- end to end -------------------------------------------------------------------------------
-
-STEP = 4
-"""Rollouts a step (2 tasks x 2); the runner holds one step's at a time (``max_concurrency``)."""
-
-
-def take_a_number(notes: Path) -> int:
-    """The order of this rollout's first call among all the run's: 0, 1, 2... (a note each,
-    created exclusively, so two rollouts never take the same number)."""
-    number = 0
-    while True:
-        try:
-            (notes / f"call-{number}").touch(exist_ok=False)
-            return number
-        except FileExistsError:
-            number += 1
-
-
-async def until_exists(path: Path) -> None:
-    while not path.exists():
-        await asyncio.sleep(0.02)
-
-
-@vl.rollout
-async def thinks_between_calls(task: dict, llm: vl.LLM) -> float:
-    """Two chained calls around a weight update, in an order the test fixes with notes in
-    ``task["notes"]``, not with the scheduler's luck. The runner holds one step's rollouts at a
-    time, and no rollout of step 1 goes on before all four have called, so the first four first
-    calls are step 1's, the next four step 2's, and so on. A
-    rollout of step ``s > 1`` makes its first call while update ``s - 1`` is held (it waits for
-    them: :func:`held_update`), then waits for the weights of that update to be published
-    before its second call: it spans the update."""
-    notes = Path(task["notes"])
-
-    async def wait_for_the_update() -> None:
-        step = take_a_number(notes) // STEP + 1
-        if step == 1:  # none of step 1 ends (freeing a slot) before all four have a number
-            await until_exists(notes / f"call-{STEP - 1}")
-        else:
-            await until_exists(notes / f"weights-{step - 1}")
-
-    return await say_it_twice(task, llm, between=wait_for_the_update)
 
 
 async def read_store(path: Path) -> tuple[list[Rollout], dict[str, list[LLMCall]], dict]:

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 import torch
 from peft import PeftModel
-from test_local_rl import ROWS, make_algorithm, two_turn_agent
+from rl_agents import ROWS, two_turn_agent
+from test_local_rl import make_algorithm
 from transformers import AutoModelForCausalLM
 
 import voltrl as vl

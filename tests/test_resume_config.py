@@ -8,7 +8,8 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from test_local_rl import ROWS, make_algorithm, two_turn_agent
+from rl_agents import ROWS, two_turn_agent
+from test_local_rl import make_algorithm
 
 import voltrl as vl
 from voltrl.algorithms.local.update import PolicyUpdateConfig

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_local_rl import ROWS, make_algorithm, two_turn_agent
+from rl_agents import ROWS, two_turn_agent
+from test_local_rl import make_algorithm
 from test_policy_update import tiny_model, varied_batch
 
 import voltrl as vl
@@ -115,7 +116,7 @@ def test_local_rl_applies_records_and_reports_its_threads(tmp_path: Path, capsys
 
 def test_threads_come_from_the_yaml_config(tmp_path: Path):
     config = {
-        "agent": f"{Path(__file__).parent / 'test_local_rl.py'}:two_turn_agent",
+        "agent": f"{Path(__file__).parent / 'rl_agents.py'}:two_turn_agent",
         "data": {"train": str(tmp_path / "train.jsonl")},
         "algorithm": {"name": "local_rl", "model": "unused", "threads": 1},
     }
