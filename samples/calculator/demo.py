@@ -1,8 +1,9 @@
 """`make demo`: train the calculator agent with LocalRL on this CPU and show it improve.
 
 1. Build a tiny Qwen2 model and tokenizer in code, and warm it up on synthetic transcripts so
-   it knows the chat and tool-call format: half use the calculator, half answer directly; a
-   short last phase on mostly direct answers leaves it preferring mental arithmetic (cached
+   it knows the chat and tool-call format: first transcripts that all call the calculator (it
+   learns to copy the question into the call and the tool's result into the answer), then a
+   short phase of mostly direct answers that leaves it preferring mental arithmetic (cached
    under ``runs/.cache``).
 2. Write the tasks and a ``voltrl train`` YAML config into the run directory.
 3. Train with LocalRL through the real store (SQLite in ``runs/<name>/``), gateway, runner
@@ -30,8 +31,12 @@ from data import make_tasks, warmup_conversations  # noqa: E402
 from sample_cli import HelpFormatter  # noqa: E402
 
 MODEL = {"hidden": 128, "layers": 2, "heads": 4, "kv_heads": 2}
-WARMUP = {"steps": 1500, "batch_size": 32, "lr": 2e-3, "transcripts": 4000, "p_tool": 0.5}
-SETTLE = {"steps": 300, "lr": 1e-3, "transcripts": 2000, "p_tool": 0.15}
+# The first phase's transcripts all call the tool: with half of them answering directly, 1,500
+# steps left a model that copied the tool's result into its answer 77% of the time (seed 0; RL
+# then stalled near 60%, the tool-using answers' accuracy). All calling it, 1,000 steps copy it
+# 90% (seed 1) to 97% (seed 0) of the time; 700 were enough for seed 0, not for seed 1.
+WARMUP = {"steps": 1000, "batch_size": 32, "lr": 2e-3, "transcripts": 4000, "p_tool": 1.0}
+SETTLE = {"steps": 200, "lr": 1e-3, "transcripts": 2000, "p_tool": 0.15}
 
 
 def warm_model(seed: int, cache: Path) -> Path:
