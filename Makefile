@@ -54,7 +54,7 @@ $(VENV)/.demo-deps: pyproject.toml | $(PY)
 	$(PIP) $(INSTALL) -e ".[demo]"
 	touch $@
 
-## make demo: train the calculator agent with LocalRL on this CPU (one seed, ~6 minutes)
+## make demo: train the calculator agent with LocalRL on this CPU (one seed, ~5.5 minutes)
 demo: $(VENV)/.demo-deps
 	$(RUN) $(PY) samples/calculator/demo.py --seeds 0
 

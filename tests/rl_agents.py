@@ -114,9 +114,9 @@ async def thinks_between_calls(task: dict, llm: vl.LLM) -> float:
     """Two chained calls around a weight update, in an order the test fixes with notes in
     ``task["notes"]``, not with the scheduler's luck. The runner holds one step's rollouts at a
     time, and no rollout of step 1 goes on before all four have called, so the first four first
-    calls are step 1's, the next four step 2's, and so on. A
-    rollout of step ``s > 1`` makes its first call while update ``s - 1`` is held (it waits for
-    them: :func:`held_update`), then waits for the weights of that update to be published
+    calls are step 1's, the next four step 2's, and so on. A rollout of step ``s > 1`` makes its
+    first call while update ``s - 1`` is held (it waits for them: ``held_update`` in
+    tests/test_local_rl_async.py), then waits for the weights of that update to be published
     before its second call: it spans the update."""
     notes = Path(task["notes"])
 
