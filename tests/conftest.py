@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
@@ -70,6 +71,27 @@ def _stop_postgres() -> Iterator[None]:
     from pg import stop_cluster
 
     stop_cluster()
+
+
+@pytest.fixture(autouse=True)
+def _forget_modules_of_temporary_directories(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[None]:
+    """A test that runs ``voltrl train DIR/agents.py:...`` in this process leaves the file in
+    ``sys.modules`` (as ``agents``) and DIR on ``sys.path``; a later test here that imports a
+    package of that name (the OpenAI Agents SDK is ``agents``) got the file. After each test,
+    modules loaded from the temporary directories and those directories on the path go."""
+    modules = dict(sys.modules)
+    yield
+    base = str(tmp_path_factory.getbasetemp())
+    sys.path[:] = [p for p in sys.path if not p.startswith(base)]
+    for name, module in list(sys.modules.items()):
+        loaded_here = modules.get(name) is not module
+        if loaded_here and (getattr(module, "__file__", None) or "").startswith(base):
+            if name in modules:
+                sys.modules[name] = modules[name]
+            else:
+                del sys.modules[name]
 
 
 @pytest.fixture(params=STORE_KINDS)
