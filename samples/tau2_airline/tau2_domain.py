@@ -22,6 +22,7 @@ import ast
 import copy
 import functools
 import importlib.util
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,8 +81,19 @@ def _source_constant(module: str, name: str, keyword: str | None = None) -> Any:
     raise LookupError(f"{name} not found in {module}")
 
 
-@functools.cache
+_CONSTANTS_LOCK = threading.Lock()
+
+
 def _constants() -> dict[str, Any]:
+    """tau2's constants, read once: episodes set up in threads ask for them at the same time,
+    and CPython 3.11's ``ast.parse`` in two threads at once can fail with "SystemError: AST
+    constructor recursion depth mismatch" (its AST constructor's recursion count is shared)."""
+    with _CONSTANTS_LOCK:
+        return _read_constants()
+
+
+@functools.cache
+def _read_constants() -> dict[str, Any]:
     require()
     from tau2 import config
     from tau2.user import base
