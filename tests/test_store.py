@@ -530,3 +530,39 @@ async def test_query_rollouts_filters_and_orders_oldest_first(store: Store) -> N
     many = [r.rollout_id for r in await store.enqueue(tasks(1000))]
     got = await store.query_rollouts(rollout_ids=many[::-1], limit=999)
     assert ids(got) == many[:999]
+
+
+# ---- a cancellation is never lost ---------------------------------------------------------
+async def test_a_waiter_cancelled_as_a_change_wakes_it_is_cancelled() -> None:
+    """Python 3.11's ``asyncio.wait_for`` returned the result of a future done by the time a
+    cancellation reached it: a Ctrl-C that landed right after a store change was lost, and
+    LocalRL went on training."""
+    from voltrl.store.lifecycle import Notifier
+
+    changes = Notifier()
+    waiter = asyncio.create_task(changes.wait(WAKE_LIMIT_S))
+    await asyncio.sleep(0)  # it waits now
+    changes.notify()
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+
+
+async def test_a_write_cancelled_before_its_group_commits_is_kept_and_still_cancelled(
+    tmp_path,
+) -> None:
+    """With grouped commits (``voltrl serve``) a cancelled write waits for its group's commit,
+    then ends cancelled: its change is kept and the cancellation is not swallowed."""
+    from voltrl.store.sql import SQLStore
+
+    store = SQLStore(tmp_path / "store.sqlite")
+    store.group_commits()
+    try:
+        write = asyncio.create_task(store.enqueue(tasks(1), mode="train"))
+        await asyncio.sleep(0)  # written, waiting for the commit of its group
+        write.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await write
+        assert [r.status for r in await store.query_rollouts()] == ["queued"]
+    finally:
+        await store.close()

@@ -86,7 +86,9 @@ class Drain:
                             headers=[(b"retry-after", retry_after)],
                         )
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._resumed.wait(), left)
+                        # not asyncio.wait_for: it can lose a cancellation (see Notifier.wait)
+                        async with asyncio.timeout(left):
+                            await self._resumed.wait()
                     if self.closed:
                         raise _closed()
             finally:

@@ -180,7 +180,9 @@ class Gateway:
         gateway does, so a run stopped early (its rollouts cancelled) does not wait on their
         calls or leave the server to cancel them. Returns once no call is in flight."""
         try:
-            await asyncio.wait_for(self._drain.close(), grace_s)
+            # not asyncio.wait_for: it can lose a cancellation (see Notifier.wait)
+            async with asyncio.timeout(grace_s):
+                await self._drain.close()
         except TimeoutError:
             self._drain.abort()
             await self._drain.close()

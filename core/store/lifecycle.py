@@ -138,7 +138,10 @@ class Notifier:
                 return True
             self._waiters.append((loop, fut))
         try:
-            await asyncio.wait_for(fut, timeout_s)
+            # not asyncio.wait_for: on Python 3.11 it returns the result of a future done by
+            # the time a cancellation reaches it, and the cancellation (a Ctrl-C) is lost
+            async with asyncio.timeout(timeout_s):
+                await fut
             return True
         except TimeoutError:
             return False

@@ -372,7 +372,9 @@ class LocalRL(Algorithm):
         being retried."""
         if self._gateway is not None:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._gateway.close(), timeout=10.0)
+                # not asyncio.wait_for: it can lose a cancellation (see Notifier.wait)
+                async with asyncio.timeout(10.0):
+                    await self._gateway.close()
         for stop in reversed(self._stops):
             await stop()
         self._stops.clear()

@@ -239,10 +239,12 @@ class Database:
     @staticmethod
     async def group_committed(group: asyncio.Future[None]) -> None:
         """Wait for ``group``'s commit. A call that is cancelled meanwhile still waits for it
-        (its changes are in the group): then it ends as if the cancellation came after it."""
+        (its changes are in the group), then raises the cancellation: it is not lost (a
+        Ctrl-C that lands during a write still stops the run)."""
         try:
             await asyncio.shield(group)
         except asyncio.CancelledError:
             if not group.done():
                 await group
             group.result()
+            raise
