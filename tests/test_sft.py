@@ -143,6 +143,28 @@ def test_the_retokenizer_renders_a_call_as_the_engine_would_prompt_and_answer_it
             assert text == f"{message['content']}<|im_end|>"
 
 
+def test_a_written_conversation_trains_exactly_the_assistants_turns():
+    """``tokenize_conversation``: the mask is 1 on each assistant turn's tokens through its
+    end-of-turn token and 0 on the system, user and tool turns and on what the template adds."""
+    from voltrl.algorithms.local.sft import tokenize_conversation
+
+    tok = build_tiny_tokenizer()
+    call = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": "{}"}}
+    messages = [
+        {"role": "user", "content": "Add 2 3"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "5"},
+        {"role": "assistant", "content": "It is 5."},
+    ]
+    ids, mask = tokenize_conversation(tok, {"messages": messages, "tools": TOOLS})
+    text = render_chat(tok, messages, TOOLS, add_generation_prompt=False)
+    assert ids == tok.encode(text, add_special_tokens=False)
+    trained = tok.decode([t for t, m in zip(ids, mask, strict=True) if m])
+    assert trained == (
+        '<tool_call>\n{"name": "add", "arguments": {}}\n</tool_call><|im_end|>It is 5.<|im_end|>'
+    )
+
+
 async def _calls(run_dir: Path) -> list[Any]:
     store = SQLStore(run_dir / "store.sqlite")
     try:

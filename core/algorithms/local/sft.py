@@ -81,8 +81,9 @@ def tokenize_conversation(
         if message["role"] != "assistant":
             continue
         start = len(ids(messages[:i], True))
-        end = len(ids(messages[: i + 1], False))
-        if full[:end] != ids(messages[: i + 1], False):
+        through = full if i == len(messages) - 1 else ids(messages[: i + 1], False)
+        end = len(through)
+        if full[:end] != through:
             raise ValueError("the chat template does not render conversations incrementally")
         for k in range(start, min(end, len(full))):
             mask[k] = 1
