@@ -372,8 +372,7 @@ class LocalRL(Algorithm):
         being retried."""
         if self._gateway is not None:
             with contextlib.suppress(TimeoutError):
-                # not asyncio.wait_for: it can lose a cancellation (see Notifier.wait)
-                async with asyncio.timeout(10.0):
+                async with asyncio.timeout(10.0):  # not wait_for: see Notifier.wait
                     await self._gateway.close()
         for stop in reversed(self._stops):
             await stop()
