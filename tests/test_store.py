@@ -541,7 +541,8 @@ async def test_a_waiter_cancelled_as_a_change_wakes_it_is_cancelled() -> None:
 
     changes = Notifier()
     waiter = asyncio.create_task(changes.wait(WAKE_LIMIT_S))
-    await asyncio.sleep(0)  # it waits now
+    while not changes._waiters:  # a state, polled: the waiter has registered
+        await asyncio.sleep(0)
     changes.notify()
     waiter.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -559,7 +560,8 @@ async def test_a_write_cancelled_before_its_group_commits_is_kept_and_still_canc
     store.group_commits()
     try:
         write = asyncio.create_task(store.enqueue(tasks(1), mode="train"))
-        await asyncio.sleep(0)  # written, waiting for the commit of its group
+        while store._db.group is None:  # a state, polled: written, its group not committed
+            await asyncio.sleep(0)
         write.cancel()
         with pytest.raises(asyncio.CancelledError):
             await write
