@@ -139,6 +139,14 @@ REFUSED_SPAN = "gateway.refused"
 """The name of the span the gateway records for a call the backend refused with a 4xx (the
 trajectory builder reads it)."""
 
+ABANDONED_SPAN = "gateway.abandoned"
+"""The name of the span the gateway records for a call it cut off before the backend finished
+it (its ``voltrl.cut_reason``: the client disconnected, a pause's deadline, the run ending)."""
+
+ABANDONED = "abandoned"
+"""The ``finish_reason`` recorded for a choice that never finished (a stream cut off or broken
+off): what was sampled is kept for the record and never trained on."""
+
 
 class Span(Model):
     """An OpenTelemetry-shaped span, tagged with the rollout and attempt it belongs to."""

@@ -11,9 +11,9 @@ Everything is deterministic, so tests can compute what should have been recorded
 :func:`prompt_ids`, :func:`reply_text`, :func:`reply_ids` and :func:`reply_logprobs`.
 
 In-process: ``async with FakeBackend() as fb: fb.url`` (``fb.fail_next(429, 500)``,
-``fb.requests``, ``fb.hold``). As a process: ``python tests/fake_openai_backend.py`` (a port
-the OS picks, or ``--port P``) prints ``serving URL`` once it listens
-(:func:`helpers.FakeBackendProcess` reads it).
+``fb.requests``, ``fb.hold``, ``fb.hung_up``). As a process: ``python
+tests/fake_openai_backend.py`` (a port the OS picks, or ``--port P``) prints ``serving URL``
+once it listens (:func:`helpers.FakeBackendProcess` reads it).
 """
 
 from __future__ import annotations
@@ -109,6 +109,8 @@ class FakeBackend:
         #: A streamed reply sends its first event, then waits for this before the rest.
         self.hold_stream: asyncio.Event | None = None
         self.arrived = asyncio.Event()
+        #: Set when a client closes its connection while its request is being answered.
+        self.hung_up = asyncio.Event()
         self.record_requests = True
         self.script: Script | None = None
         #: How prompts and scripted replies become token ids (default: one id per
@@ -389,6 +391,7 @@ class _Conn(asyncio.Protocol):
         self.queue: asyncio.Queue[tuple[str, str, bytes, bool, str]] = asyncio.Queue()
         self.keep_alive = True
         self.task: asyncio.Task[None] | None = None
+        self.answering = False  # a request is being answered
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -397,6 +400,8 @@ class _Conn(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server._conns.discard(self)
+        if self.answering:
+            self.server.hung_up.set()
         if self.task is not None:
             self.task.cancel()
 
@@ -427,7 +432,9 @@ class _Conn(asyncio.Protocol):
     async def _serve(self) -> None:
         while True:
             method, path, body, self.keep_alive, auth = await self.queue.get()
+            self.answering = True
             await self.server.answer(method, path, body, self, auth)
+            self.answering = False
             if not self.keep_alive and self.transport is not None:
                 self.transport.close()
                 return

@@ -584,21 +584,6 @@ async def test_mounted_under_a_starlette_app(env: Env) -> None:
     assert len(await env.store.get_llm_calls(rid)) == 1
 
 
-async def test_client_leaving_a_stream_early_still_gets_the_call_recorded(env: Env) -> None:
-    rid, aid = await new_rollout(env.store)
-    stream = await env.client(rid, aid).chat.completions.create(
-        model="m", messages=MESSAGES, stream=True
-    )
-    async for _ in stream:
-        break
-    await stream.close()
-    while not await env.store.get_llm_calls(rid):  # bounded by the test timeout
-        await asyncio.sleep(0.01)
-    (call,) = await env.store.get_llm_calls(rid)
-    assert call.response_token_ids == reply_ids(0)
-    assert call.finish_reason == "stop"
-
-
 async def test_responses_api_gets_an_error_that_says_to_use_chat_completions(env: Env) -> None:
     rid, aid = await new_rollout(env.store)
     with pytest.raises(openai.NotFoundError) as raised:
@@ -606,25 +591,6 @@ async def test_responses_api_gets_an_error_that_says_to_use_chat_completions(env
     message = str(raised.value)
     assert "voltrl.adapters.openai_agents.model(llm)" in message
     assert 'set_default_openai_api("chat_completions")' in message
-
-
-async def test_client_leaving_while_the_backend_thinks_still_gets_the_call_recorded(
-    env: Env,
-) -> None:
-    rid, aid = await new_rollout(env.store)
-    env.backend.hold = asyncio.Event()
-    request = asyncio.create_task(
-        env.client(rid, aid).chat.completions.create(model="m", messages=MESSAGES)
-    )
-    await env.backend.arrived.wait()
-    request.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await request
-    env.backend.hold.set()
-    while not await env.store.get_llm_calls(rid):  # bounded by the test timeout
-        await asyncio.sleep(0.01)
-    (call,) = await env.store.get_llm_calls(rid)
-    assert call.response_token_ids == reply_ids(0)
 
 
 async def test_a_closed_gateway_refuses_new_and_waiting_calls_at_once(env: Env) -> None:

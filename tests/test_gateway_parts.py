@@ -92,11 +92,11 @@ async def test_an_attempt_is_checked_once_and_a_missing_one_defaults_to_the_runn
 # ---- drain ---------------------------------------------------------------------------------
 async def test_pause_waits_for_the_call_in_flight_and_holds_the_next_until_resume() -> None:
     drain = Drain(wait_s=30, retry_after_s=5)
-    await drain.admit()
+    flight = await drain.admit()
     pausing = asyncio.ensure_future(drain.pause())
     await asyncio.sleep(0.01)
     assert drain.paused and not pausing.done()  # the call in flight has not left yet
-    drain.leave()
+    drain.leave(flight)
     await pausing
     held = asyncio.ensure_future(drain.admit())
     await asyncio.sleep(0.01)
@@ -104,6 +104,32 @@ async def test_pause_waits_for_the_call_in_flight_and_holds_the_next_until_resum
     drain.resume()
     await held
     assert drain.waiting == 0 and drain.inflight == 1
+
+
+async def test_a_pause_past_its_deadline_cuts_off_the_calls_that_have_not_responded() -> None:
+    drain = Drain(wait_s=30, retry_after_s=5, pause_deadline_s=0.05)
+    slow, done = asyncio.Event(), asyncio.Event()
+
+    async def call(respond: bool) -> str | None:
+        flight = await drain.admit()
+        try:
+            flight.responded = respond  # the answer went out; only the record is left
+            await (done if respond else slow).wait()
+        except asyncio.CancelledError:
+            return flight.cut_reason
+        finally:
+            drain.leave(flight)
+        return None
+
+    calls = [asyncio.ensure_future(call(respond)) for respond in (False, True)]
+    while drain.inflight < 2:
+        await asyncio.sleep(0)
+    pausing = asyncio.ensure_future(drain.pause())
+    assert await calls[0] == "pause_deadline"
+    assert not pausing.done()  # the call that responded is waited for
+    done.set()
+    await pausing
+    assert await calls[1] is None and drain.cut_off == {"pause_deadline": 1}
 
 
 async def test_a_paused_drain_answers_429_after_its_wait_and_a_closed_one_503() -> None:

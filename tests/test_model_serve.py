@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import pytest
 import torch
-from helpers import recorded_calls, voltrl
+from helpers import recorded_calls, serve_gateway, voltrl
 from openai import OpenAI
 
 import voltrl as vl
@@ -33,6 +33,8 @@ from voltrl.algorithms.local.engine import Engine
 from voltrl.algorithms.local.openai_api import serve_engine_in_thread
 from voltrl.algorithms.local.tiny import build_tiny
 from voltrl.cli import build_from_config, main
+from voltrl.gateway import Gateway
+from voltrl.store.memory import InMemoryStore
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "samples" / "quickstart"
@@ -306,6 +308,47 @@ def test_a_client_hanging_up_frees_its_batch_slot(
     short = {**body, "max_tokens": 4, "stream": False}
     resp = httpx.post(f"{server.url}{path}", json=short, timeout=30)  # the slot is free
     assert resp.status_code == 200 and resp.json()["usage"]["completion_tokens"] == 4
+
+
+def test_a_client_hanging_up_on_the_gateway_frees_the_engines_batch_slot(
+    one_slot: tuple[Engine, BackgroundServer],
+) -> None:
+    """The gateway in front of the engine, as in a run: the agent's client gives up, the
+    gateway closes its call to the engine, and the engine stops decoding it (else the next
+    weight update would wait for thousands of tokens nobody reads)."""
+    engine, server = one_slot
+    body = {"model": "tiny", "max_tokens": LONG, "ignore_eos": True}
+    body["messages"] = [{"role": "user", "content": "Count to a million."}]
+    raw = json.dumps(body).encode()
+
+    async def hang_up_on_the_gateway() -> dict[str, int]:
+        store = InMemoryStore()
+        await store.enqueue([vl.Task(input={})])
+        claim = await store.claim("worker")
+        assert claim is not None
+        path = f"/rollouts/{claim.rollout.rollout_id}/attempts/{claim.attempt.attempt_id}"
+        gateway = Gateway(store, [f"{server.url}/v1"])
+        async with serve_gateway(gateway) as base:
+            host, port = base.removeprefix("http://").split(":")
+            _, writer = await asyncio.open_connection(host, int(port))
+            head = f"POST {path}/v1/chat/completions HTTP/1.1\r\nHost: {host}\r\n"
+            head += f"Content-Type: application/json\r\nContent-Length: {len(raw)}\r\n\r\n"
+            writer.write(head.encode() + raw)
+            while engine.describe()["running"] != 1:  # bounded by the test timeout
+                await asyncio.sleep(0.01)
+            writer.close()
+            while engine.describe()["running"] != 0:
+                await asyncio.sleep(0.01)
+            while gateway.inflight:
+                await asyncio.sleep(0.01)
+        return gateway.cut_off
+
+    decoded = engine.stats["decode_tokens"]
+    with held_until_aborted(engine) as aborted:
+        cut_off = asyncio.run(hang_up_on_the_gateway())
+    assert aborted.is_set(), "the engine never saw the gateway hang up"
+    assert cut_off == {"client_disconnected": 1}
+    assert engine.stats["decode_tokens"] - decoded < LONG - 1  # the rest was never decoded
 
 
 def test_the_printed_dev_line_passes_the_token_the_way_it_was_given():

@@ -1,10 +1,12 @@
 """The drain: holding new calls back while in-flight ones finish (a weight update), or refusing
-them for good (a run ending).
+them for good (a run ending), and cutting off the calls that must not be waited for.
 
-:class:`Drain` counts the calls in flight; ``pause`` returns once there are none and new calls
-wait in :meth:`Drain.admit` until ``resume`` (or get 429 after a while); after ``close`` every
-new or waiting call gets 503 at once, and ``abort`` also cuts short the calls in flight (their
-tasks are cancelled). It runs on the serving event loop only.
+:class:`Drain` keeps a :class:`Flight` per call in flight. ``pause`` returns once there are none
+(cutting off what is left after its deadline) and new calls wait in :meth:`Drain.admit` until
+``resume`` (or get 429 after a while); after ``close`` every new or waiting call gets 503 at once,
+and ``abort`` also cuts off the calls in flight. A call is cut off by cancelling its task, once,
+with the reason kept on its flight (:data:`CUT_REASONS`); the gateway then answers it (or not:
+its client is gone) and records it as abandoned. It runs on the serving event loop only.
 """
 
 from __future__ import annotations
@@ -15,6 +17,32 @@ import time
 
 from voltrl.gateway.errors import GatewayHTTPError
 
+CLIENT_GONE = "client_disconnected"
+PAUSE_DEADLINE = "pause_deadline"
+RUN_ENDING = "run_ending"
+CUT_REASONS = (CLIENT_GONE, PAUSE_DEADLINE, RUN_ENDING)
+"""Why a call was cut off: its client disconnected, a pause outlasted its deadline (a weight
+update does not wait for it), or the gateway stopped while it ran."""
+
+
+class Flight:
+    """One admitted call: its task, whether its response has ended, and why it was cut off
+    (None: it was not)."""
+
+    def __init__(self, task: asyncio.Task[object] | None) -> None:
+        self.task = task
+        self.responded = False  # the last response bytes were sent: nothing left to cut
+        self.cut_reason: str | None = None
+
+    def cut(self, reason: str) -> bool:
+        """Cancel the call's task with ``reason``, unless it was cut already or has
+        responded; returns whether it was cut now."""
+        if self.cut_reason is not None or self.responded or self.task is None:
+            return False
+        self.cut_reason = reason
+        self.task.cancel()
+        return True
+
 
 class Drain:
     """Admission of calls to the gateway: paused, resumed, closed.
@@ -23,27 +51,44 @@ class Drain:
         wait_s: while paused, how long a new call waits for :meth:`resume` before it is
             answered 429 (0 answers at once).
         retry_after_s: the ``Retry-After`` sent with that 429.
+        pause_deadline_s: how long :meth:`pause` waits for the calls in flight before it cuts
+            off the rest (None: no deadline).
     """
 
-    def __init__(self, wait_s: float, retry_after_s: float) -> None:
+    def __init__(
+        self, wait_s: float, retry_after_s: float, pause_deadline_s: float | None = None
+    ) -> None:
         self.wait_s, self.retry_after_s = wait_s, retry_after_s
+        self.pause_deadline_s = pause_deadline_s
         self.paused = False
         self.closed = False
-        self.aborted = False
-        self.inflight = 0
-        self._tasks: set[asyncio.Task[object]] = set()
+        self.flights: set[Flight] = set()
         self.waiting = 0
+        self.cut_off: dict[str, int] = {}  # calls cut off so far, by reason
         self._resumed = asyncio.Event()
         self._resumed.set()
         self._idle = asyncio.Event()
         self._idle.set()
 
-    async def pause(self) -> None:
-        """Admit no new calls; return once every call in flight has finished."""
+    @property
+    def inflight(self) -> int:
+        """Calls admitted and not yet left."""
+        return len(self.flights)
+
+    async def pause(self, deadline_s: float | None = None) -> None:
+        """Admit no new calls; return once every call in flight has left. After ``deadline_s``
+        (default: ``pause_deadline_s``; None waits for ever) the calls still in flight are cut
+        off (:data:`PAUSE_DEADLINE`) and the pause returns once they have left."""
         self.paused = True
         self._resumed.clear()
-        while self.inflight:
-            await self._idle.wait()
+        deadline = self.pause_deadline_s if deadline_s is None else deadline_s
+        try:
+            # not asyncio.wait_for: it can lose a cancellation (see Notifier.wait)
+            async with asyncio.timeout(deadline):
+                await self._idle_wait()
+        except TimeoutError:
+            self.cut(PAUSE_DEADLINE)
+            await self._idle_wait()
 
     def resume(self) -> None:
         """Admit calls again; the ones waiting go ahead."""
@@ -54,21 +99,27 @@ class Drain:
         """Refuse every new and waiting call; return once every call in flight has finished."""
         self.closed = True
         self._resumed.set()  # wake the waiting calls: they are refused
-        while self.inflight:
-            await self._idle.wait()
+        await self._idle_wait()
 
     def abort(self) -> None:
-        """Refuse every new and waiting call, and cancel the tasks of the calls in flight
-        (they see :attr:`aborted` and answer 503 if they can); :meth:`close` then returns
-        once they have left."""
-        self.closed = self.aborted = True
+        """Refuse every new and waiting call, and cut off the calls in flight
+        (:data:`RUN_ENDING`); :meth:`close` then returns once they have left."""
+        self.closed = True
         self._resumed.set()
-        for task in list(self._tasks):
-            task.cancel()
+        self.cut(RUN_ENDING)
 
-    async def admit(self) -> None:
-        """Wait while paused (up to ``wait_s``), then count the call as in flight (the caller
-        calls :meth:`leave` when it is done); a closed drain answers 503 at once."""
+    def cut(self, reason: str, flight: Flight | None = None) -> int:
+        """Cut off ``flight``, or every call in flight, unless it has responded; returns how
+        many were cut (counted in :attr:`cut_off`)."""
+        n = sum(f.cut(reason) for f in ([flight] if flight else list(self.flights)))
+        if n:
+            self.cut_off[reason] = self.cut_off.get(reason, 0) + n
+        return n
+
+    async def admit(self) -> Flight:
+        """Wait while paused (up to ``wait_s``), then count the call as in flight and return
+        its :class:`Flight` (the caller passes it to :meth:`leave` when it is done); a closed
+        drain answers 503 at once."""
         if self.closed:
             raise _closed()
         if self.paused:
@@ -93,25 +144,30 @@ class Drain:
                         raise _closed()
             finally:
                 self.waiting -= 1
-        self.inflight += 1
+        flight = Flight(asyncio.current_task())
+        self.flights.add(flight)
         self._idle.clear()
-        if (task := asyncio.current_task()) is not None:
-            self._tasks.add(task)
+        return flight
 
-    def leave(self) -> None:
+    def leave(self, flight: Flight) -> None:
         """An admitted call has finished (and been recorded)."""
-        if (task := asyncio.current_task()) is not None:
-            self._tasks.discard(task)
-        self.inflight -= 1
-        if not self.inflight:
+        self.flights.discard(flight)
+        if not self.flights:
             self._idle.set()
 
+    async def _idle_wait(self) -> None:
+        while self.flights:
+            await self._idle.wait()
 
-def aborted() -> GatewayHTTPError:
-    """What a call in flight gets when the gateway stops without it (:meth:`Drain.abort`)."""
-    return GatewayHTTPError(
-        503, "the run is ending: this gateway stopped before the call finished", type="api_error"
-    )
+
+def cut_off_error(reason: str) -> GatewayHTTPError:
+    """What a call cut off in flight gets, if its client is still there to read it: a 503
+    the OpenAI clients retry (after a weight update, the retry runs on the new weights)."""
+    if reason == RUN_ENDING:
+        message = "the run is ending: this gateway stopped before the call finished"
+    else:
+        message = "the call was cut off: the model weights are being updated; retry it"
+    return GatewayHTTPError(503, message, type="api_error")
 
 
 def _closed() -> GatewayHTTPError:

@@ -43,7 +43,7 @@ from voltrl.gateway.attribution import (
     read_body,
     target_of,
 )
-from voltrl.gateway.drain import Drain, aborted
+from voltrl.gateway.drain import CLIENT_GONE, Drain, Flight, cut_off_error
 from voltrl.gateway.errors import GatewayHTTPError, refusal
 from voltrl.gateway.records import Call, Recorder
 from voltrl.gateway.relay import relay_response, relay_stream
@@ -76,6 +76,10 @@ class Gateway:
         pause_wait_s: while paused, how long a new call waits for :meth:`resume` before it is
             answered 429 (0 answers at once).
         pause_retry_after_s: the ``Retry-After`` sent with that 429.
+        pause_deadline_s: how long :meth:`pause` waits for the calls in flight; what is still
+            running then is cut off (answered 503, which OpenAI clients retry, and recorded
+            as abandoned) so that a weight update never waits on a runaway generation
+            (None: no deadline).
         request_token_ids: send vLLM's ``return_token_ids``; turn off for hosted APIs that
             reject unknown fields (calls are then recorded without token ids).
         backend_api_key: sent as the bearer token to backends; when None the client's
@@ -104,6 +108,7 @@ class Gateway:
         connect_timeout_s: float = 10.0,
         pause_wait_s: float = 300.0,
         pause_retry_after_s: float = 5.0,
+        pause_deadline_s: float | None = 30.0,
         request_token_ids: bool = True,
         backend_api_key: str | None = None,
         max_connections: int = 1024,
@@ -128,7 +133,7 @@ class Gateway:
             max_connections=max_connections,
         )
         self._attempts = AttemptCheck(store)
-        self._drain = Drain(pause_wait_s, pause_retry_after_s)
+        self._drain = Drain(pause_wait_s, pause_retry_after_s, pause_deadline_s)
         self._recorder = Recorder(store)
 
     # ---- public control ---------------------------------------------------------------
@@ -162,10 +167,18 @@ class Gateway:
         """Calls held back by a pause, waiting to go ahead."""
         return self._drain.waiting
 
-    async def pause(self) -> None:
+    @property
+    def cut_off(self) -> dict[str, int]:
+        """Calls cut off in flight so far, by reason (:data:`~voltrl.gateway.drain.CUT_REASONS`):
+        their client disconnected, a pause outlasted ``pause_deadline_s``, the gateway
+        stopped."""
+        return dict(self._drain.cut_off)
+
+    async def pause(self, deadline_s: float | None = None) -> None:
         """Stop admitting new calls and return once every call in flight has finished
-        (and been recorded). New calls wait up to ``pause_wait_s``, then get 429."""
-        await self._drain.pause()
+        (and been recorded), or after ``deadline_s`` (default ``pause_deadline_s``) has cut
+        off the rest. New calls wait up to ``pause_wait_s``, then get 429."""
+        await self._drain.pause(deadline_s)
 
     async def close(self) -> None:
         """Take no more calls (new ones, and those waiting while paused, get 503 at once)
@@ -195,8 +208,8 @@ class Gateway:
     async def paused(self) -> AsyncIterator[None]:
         """``async with gateway.paused():`` drains in-flight calls, holds new ones for the
         duration of the block (e.g. a weight update), then resumes."""
-        await self.pause()
         try:
+            await self.pause()
             yield
         finally:
             self.resume()
@@ -244,24 +257,33 @@ class Gateway:
         call = parse_call(kind, raw, rollout_id, attempt_id or "", agent_name)
         call.attempt_id = await self._attempts.resolve(rollout_id, attempt_id)
         # admit (or hold back while paused), then forward, relay and record
-        await self._drain.admit()
+        flight = await self._drain.admit()
+        watcher = asyncio.ensure_future(_cut_when_gone(receive, self._drain, flight))
+        began = time.time()
         started = False
 
         async def tracked(message: dict[str, Any]) -> None:
             nonlocal started
-            started = started or message["type"] == "http.response.start"
+            if message["type"] == "http.response.start":
+                started = True
+            elif not message.get("more_body", False):
+                flight.responded = True  # before the send: a disconnect now cuts nothing
             await send(message)
 
         try:
             await self._forward(call, headers, tracked)
         except asyncio.CancelledError:
             task = asyncio.current_task()
-            if not self._drain.aborted or (task is not None and task.uncancel() > 0):
-                raise  # not (only) cut short by stop_calls
+            reason = flight.cut_reason
+            if reason is None or (task is not None and task.uncancel() > 0):
+                raise  # not (only) cut off by the gateway
+            self._recorder.record_abandoned(call, reason, began)
+            if reason == CLIENT_GONE:
+                return  # nobody to answer
             if not started:
-                raise aborted() from None
+                raise cut_off_error(reason) from None
             with contextlib.suppress(Exception):  # a stream under way: an error event, the end
-                error = aborted().body()
+                error = cut_off_error(reason).body()
                 await send(
                     {
                         "type": "http.response.body",
@@ -271,7 +293,8 @@ class Gateway:
                 )
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
-            self._drain.leave()
+            watcher.cancel()
+            self._drain.leave(flight)
 
     async def _models(self, send: ASGISend) -> None:
         if self.model is not None:
@@ -311,5 +334,17 @@ class Gateway:
         try:
             split = self.reasoning_split
             await relay(call, resp, send, meta, self._recorder, reasoning_split=split)
+        except BaseException:
+            resp.close()  # the backend sees its client go and stops generating
+            raise
         finally:
             resp.release()
+
+
+async def _cut_when_gone(receive: ASGIReceive, drain: Drain, flight: Flight) -> None:
+    """Cut ``flight`` off when its client disconnects (the request body has been read, so
+    the next message is the disconnect): the backend's generation is closed with it, instead
+    of running on for nobody and holding up the next pause."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    drain.cut(CLIENT_GONE, flight)

@@ -20,7 +20,7 @@ from typing import Any
 
 from voltrl.gateway.errors import GatewayHTTPError
 from voltrl.store.base import Store
-from voltrl.types import REFUSED_SPAN, LLMCall, Span
+from voltrl.types import ABANDONED, ABANDONED_SPAN, REFUSED_SPAN, LLMCall, Span
 
 logger = logging.getLogger(__name__)
 
@@ -164,11 +164,12 @@ class StreamAccumulator:
                 slot["function"]["arguments"] += fn.get("arguments") or ""
 
     def calls(self, call: Call, meta: Meta) -> list[LLMCall]:
-        """One finished response per choice, recorded like a non-streamed one."""
+        """One response per choice, recorded like a non-streamed one; a choice the stream
+        never finished gets the finish reason :data:`~voltrl.types.ABANDONED`."""
         choices = []
         for index in sorted(self.choices):
             st = self.choices[index]
-            choice: dict[str, Any] = {"index": index, "finish_reason": st["finish"]}
+            choice: dict[str, Any] = {"index": index, "finish_reason": st["finish"] or ABANDONED}
             if st["stop_reason"] is not None:
                 choice["stop_reason"] = st["stop_reason"]
             if self.kind == "completions":
@@ -238,6 +239,22 @@ class Recorder:
                 "error.message": error.message[:1000],
                 "voltrl.agent_name": call.agent_name or "",
             },
+        )
+        self._track(self.store.add_spans([span])).add_done_callback(_log_write_failure)
+
+    def record_abandoned(self, call: Call, reason: str, started: float) -> None:
+        """Record a call cut off in flight (``reason``: one of
+        :data:`~voltrl.gateway.drain.CUT_REASONS`) as a ``gateway.abandoned`` span of its
+        attempt, which the trajectory builder counts (``abandoned/<reason>``); written in
+        the background."""
+        span = Span(
+            rollout_id=call.rollout_id,
+            attempt_id=call.attempt_id,
+            name=ABANDONED_SPAN,
+            start_time=started,
+            end_time=time.time(),
+            status="error",
+            attributes={"voltrl.cut_reason": reason, "voltrl.agent_name": call.agent_name or ""},
         )
         self._track(self.store.add_spans([span])).add_done_callback(_log_write_failure)
 

@@ -25,7 +25,16 @@ from voltrl.trajectory.rows import (
     rows_from_transitions,
     turns,
 )
-from voltrl.types import REFUSED_SPAN, LLMCall, Reward, Rollout, Span, Trajectory, Transition
+from voltrl.types import (
+    ABANDONED_SPAN,
+    REFUSED_SPAN,
+    LLMCall,
+    Reward,
+    Rollout,
+    Span,
+    Trajectory,
+    Transition,
+)
 
 if TYPE_CHECKING:
     from voltrl.store.base import Store
@@ -57,7 +66,9 @@ def build_trajectory(
     rewards are addressed to agents (``emit_reward(v, agents=...)``) trains the calls they
     address; the others are counted as ``dropped/no_agent_reward``. Calls the backend
     refused (``gateway.refused`` spans) are counted as ``refused/<error code>``, e.g.
-    ``refused/context_length_exceeded``.
+    ``refused/context_length_exceeded``; calls the gateway cut off (``gateway.abandoned``
+    spans) as ``abandoned/<reason>``, and the part of one that was recorded (finish reason
+    ``abandoned``) is never trained: ``dropped/abandoned_call``.
     """
     config = config or TrajectoryConfig()
     stats: Counter[str] = Counter()
@@ -82,6 +93,8 @@ def build_trajectory(
     for span in spans:  # calls the backend refused never became calls: count them here
         if span.name == REFUSED_SPAN:
             stats[f"refused/{span.attributes.get('error.type', 'unknown')}"] += 1
+        elif span.name == ABANDONED_SPAN:
+            stats[f"abandoned/{span.attributes.get('voltrl.cut_reason', 'unknown')}"] += 1
     final, reason = final_reward(rollout, rewards, config)
     if reason is None and transitions is None and not calls:
         reason = "no_calls"

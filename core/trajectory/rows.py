@@ -10,7 +10,7 @@ from typing import Any
 
 from voltrl.errors import MissingTokenIdsError
 from voltrl.trajectory.config import TrajectoryConfig
-from voltrl.types import LLMCall, Transition
+from voltrl.types import ABANDONED, LLMCall, Transition
 
 
 @dataclass
@@ -83,6 +83,9 @@ def turns(
             continue
         if finals[i] is None:
             stats["dropped/no_agent_reward"] += 1
+            continue
+        if call.finish_reason == ABANDONED:  # cut off mid-way: not what the policy would say
+            stats["dropped/abandoned_call"] += 1
             continue
         prompt, response, logprobs = call.prompt_token_ids, call.response_token_ids, None
         retokenized = prompt is None or response is None
