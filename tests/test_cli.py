@@ -44,6 +44,8 @@ def test_dev_runs_an_agent_file_against_an_endpoint_and_runs_lists_it(tmp_path, 
     calls = asyncio.run(recorded_calls(store_path))
     assert len(calls) == 8  # one per rollout, recorded by the gateway dev put in front
     assert all(c.has_token_ids and c.model == "fake-model" for c in calls)
+    assert {c.request["max_tokens"] for c in calls} == {1024}  # the default cap
+    assert "a call that sets no max_tokens gets at most 1024 tokens" in out.stdout
     runs = voltrl("runs", "--run-dir", str(tmp_path / "runs"), cwd=tmp_path)
     assert runs.returncode == 0, runs.stderr
     assert "smoke" in runs.stdout and "dev" in runs.stdout

@@ -81,7 +81,7 @@ class Served:
 
 @pytest.fixture(scope="module")
 def tiny_server() -> Iterator[Served]:
-    served = Served("tiny", "--port", "0", "--threads", "1")
+    served = Served("tiny", "--port", "0", "--threads", "1", "--max-tokens", "16")
     yield served
     served.stop()
 
@@ -99,6 +99,26 @@ def test_model_serve_tiny_answers_an_openai_client_with_token_ids(tiny_server: S
     data = resp.model_dump()
     assert len(data["choices"][0]["token_ids"]) == resp.usage.completion_tokens == 8
     assert data["prompt_token_ids"] and resp.model == "tiny"
+
+
+@pytest.mark.slow
+def test_model_serve_caps_a_reply_whose_request_sets_no_max_tokens_and_says_so(
+    tiny_server: Served,
+) -> None:
+    assert "sets no max_tokens gets at most 16 tokens (--max-tokens)" in "\n".join(
+        tiny_server.lines
+    )
+    client = OpenAI(base_url=tiny_server.endpoint, api_key="EMPTY", max_retries=0)
+    resp = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "Count to a million."}],
+        extra_body={"ignore_eos": True},
+    )
+    assert resp.usage.completion_tokens == 16
+    from voltrl.cli.main import build_parser
+
+    args = build_parser().parse_args(["model", "serve", "tiny"])
+    assert args.max_tokens == 1024
 
 
 @pytest.mark.slow

@@ -7,7 +7,9 @@ from typing import TYPE_CHECKING
 
 from voltrl.cli.agents import load_agent
 from voltrl.cli.endpoints import check_endpoint
+from voltrl.cli.model import DEFAULT_MAX_TOKENS
 from voltrl.cli.options import add_loggers_arg
+from voltrl.errors import VoltRLError
 
 if TYPE_CHECKING:
     from voltrl.cli.options import Subparsers
@@ -22,9 +24,16 @@ def register(sub: Subparsers) -> None:
     dev.add_argument("--model", required=True, help="model name to request")
     dev.add_argument("--api-key", default="EMPTY")
     sampling = dev.add_argument_group(
-        "sampling", "the LLM's sampling_parameters (agents pass them to their calls)"
+        "sampling",
+        "the LLM's sampling_parameters: agents may pass them to their calls, and the run's "
+        "gateway fills them into calls that leave them out",
     )
-    sampling.add_argument("--max-tokens", type=int, default=None)
+    sampling.add_argument(
+        "--max-tokens",
+        type=int,
+        default=DEFAULT_MAX_TOKENS,
+        help="caps each reply (default %(default)s; 0: no cap)",
+    )
     sampling.add_argument("--temperature", type=float, default=None)
     sampling.add_argument("--top-p", type=float, default=None)
     dev.add_argument("--n-runners", type=int, default=1)
@@ -58,8 +67,10 @@ def _command(args: argparse.Namespace) -> int:
     load_tasks(args.data)  # fail on bad data before starting anything
     if not args.skip_endpoint_check:
         check_endpoint(args.llm_endpoint, args.api_key, args.model)
+    if args.max_tokens < 0:
+        raise VoltRLError("--max-tokens must be at least 0 (0: no cap)")
     sampling = {
-        "max_tokens": args.max_tokens,
+        "max_tokens": args.max_tokens or None,
         "temperature": args.temperature,
         "top_p": args.top_p,
     }
@@ -81,5 +92,7 @@ def _command(args: argparse.Namespace) -> int:
         inline=args.inline,
         loggers=args.loggers,
     )
+    cap = f"at most {args.max_tokens} tokens" if args.max_tokens else "no cap"
+    print(f"voltrl dev: a call that sets no max_tokens gets {cap} (--max-tokens)", flush=True)
     result = trainer.dev(agent, args.data)
     return 0 if result.stats.failed == 0 else 1

@@ -17,6 +17,8 @@ if TYPE_CHECKING:
 
 MODEL_PORT = 8000
 """Port of ``voltrl model serve`` unless ``--port`` says otherwise."""
+DEFAULT_MAX_TOKENS = 1024
+"""The reply cap of ``voltrl model serve`` and ``voltrl dev`` for calls that set none."""
 
 
 def register(sub: Subparsers) -> None:
@@ -58,6 +60,13 @@ def register(sub: Subparsers) -> None:
         default="auto",
         help="the weights' precision (auto: bfloat16 on a CUDA GPU that supports it, else "
         "float32; logprobs are float32 either way)",
+    )
+    model_serve.add_argument(
+        "--max-tokens",
+        type=int,
+        default=DEFAULT_MAX_TOKENS,
+        help="caps a chat reply whose request sets no max_tokens (default %(default)s; 0: up "
+        "to the context, which a small model may fill for minutes on a CPU)",
     )
     add_token_args(model_serve)
     model_serve.set_defaults(func=_serve_command)
@@ -118,6 +127,8 @@ def _serve_command(args: argparse.Namespace) -> int:
     require_token_off_loopback(args.host, token)
     if args.max_batch_size < 1:
         raise VoltRLError("--max-batch-size must be at least 1")
+    if args.max_tokens < 0:
+        raise VoltRLError("--max-tokens must be at least 0 (0: no cap)")
     try:
         from voltrl.algorithms.local.engine import Engine
         from voltrl.algorithms.local.models import load_model
@@ -146,7 +157,12 @@ def _serve_command(args: argparse.Namespace) -> int:
     engine = Engine(model, tokenizer, max_batch_size=args.max_batch_size, threads=threads)
     try:
         key = _token_hint(args) if token else None
-        run(_serve_model(engine, args.host, args.port, name, token, key, tiny=args.model == TINY))
+        cap = args.max_tokens or None
+        run(
+            _serve_model(
+                engine, args.host, args.port, name, token, key, cap, tiny=args.model == TINY
+            )
+        )
     finally:
         engine.close()
     return 0
@@ -168,16 +184,20 @@ async def _serve_model(
     name: str,
     token: str | None,
     key_hint: str | None,
+    max_tokens: int | None,
     *,
     tiny: bool,
 ) -> None:
     """Serve ``engine`` as ``name``, print how to use it (``key_hint``: how the printed
-    command passes the token), and stop on SIGTERM or SIGINT."""
+    command passes the token; ``max_tokens``: the cap of a chat reply whose request sets
+    none), and stop on SIGTERM or SIGINT."""
     from voltrl._http.serving import cannot_listen, reachable_url, wait_for_signal
     from voltrl.algorithms.local.openai_api import serve_engine
 
     try:
-        url, stop = await serve_engine(engine, host, port, model_name=name, token=token)
+        url, stop = await serve_engine(
+            engine, host, port, model_name=name, token=token, default_max_tokens=max_tokens
+        )
     except OSError as exc:
         raise cannot_listen(host, port, exc) from None
     except RuntimeError as exc:
@@ -186,6 +206,8 @@ async def _serve_model(
     auth, key = ("bearer token", f" --api-key {key_hint}") if token else ("none", "")
     try:
         print(f"voltrl model serve: model {name} at {endpoint} (OpenAI-compatible; auth: {auth})")
+        cap = f"at most {max_tokens} tokens" if max_tokens else "up to the context"
+        print(f"a chat reply whose request sets no max_tokens gets {cap} (--max-tokens)")
         if tiny:
             print("the tiny model has random weights: rewards stay ~0 (it proves the plumbing)")
         print(

@@ -159,6 +159,7 @@ class AttemptCheck:
     def __init__(self, store: Store) -> None:
         self.store = store
         self._known: dict[tuple[str, str], None] = {}
+        self._modes: dict[str, str] = {}
 
     async def resolve(self, rollout_id: str, attempt_id: str | None) -> str:
         """The call's attempt id; an unknown rollout or attempt (or no running attempt to
@@ -190,6 +191,17 @@ class AttemptCheck:
             self._known.clear()
         self._known[(rollout_id, attempt_id)] = None
         return attempt_id
+
+    async def mode(self, rollout_id: str) -> str:
+        """The rollout's mode (``train``, ``val``, ``dev``...), asked of the store once per
+        rollout (the call's attempt was resolved already)."""
+        mode = self._modes.get(rollout_id)
+        if mode is None:
+            mode = (await self.store.get_rollout(rollout_id)).mode
+            if len(self._modes) >= _KNOWN_LIMIT:
+                self._modes.clear()
+            self._modes[rollout_id] = mode
+        return mode
 
 
 def _route_path(scope: dict[str, Any]) -> str:

@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
 
 from voltrl.gateway._asgi import (
@@ -47,7 +47,7 @@ from voltrl.gateway.drain import CLIENT_GONE, Drain, Flight, cut_off_error
 from voltrl.gateway.errors import GatewayHTTPError, refusal
 from voltrl.gateway.records import Call, Recorder
 from voltrl.gateway.relay import relay_response, relay_stream
-from voltrl.gateway.upstream import Upstream, backend_body
+from voltrl.gateway.upstream import Upstream, backend_body, fill_sampling
 from voltrl.retry import RETRY_STATUSES, Backoff
 from voltrl.store.base import Store
 
@@ -85,6 +85,10 @@ class Gateway:
         backend_api_key: sent as the bearer token to backends; when None the client's
             ``Authorization`` header is forwarded.
         max_connections: pooled connections to all backends together.
+        sampling_for: called with a call's rollout mode (``train``, ``val``, ``dev``...); the
+            sampling fields it returns (``max_tokens``, ``temperature``...) fill those the
+            request leaves out, so a run's sampling reaches agents that never pass it (a
+            request's own value wins; the record shows what was sent).
         reasoning_split: hand agents the ``<think>...</think>`` a model wrote into a chat
             response's content as ``reasoning_content`` (the rest stays ``content``),
             streamed or not; the recorded call keeps the response as sampled
@@ -113,6 +117,7 @@ class Gateway:
         backend_api_key: str | None = None,
         max_connections: int = 1024,
         reasoning_split: bool = False,
+        sampling_for: Callable[[str], Mapping[str, Any] | None] | None = None,
     ) -> None:
         if not backends:
             raise ValueError("Gateway needs at least one backend URL")
@@ -124,6 +129,7 @@ class Gateway:
         self.max_body_bytes = max_body_bytes
         self.request_token_ids = request_token_ids
         self.reasoning_split = reasoning_split
+        self.sampling_for = sampling_for
         self._upstream = Upstream(
             backends,
             Backoff(retries, backoff_s, max_backoff_s),
@@ -256,6 +262,9 @@ class Gateway:
         raw = await read_body(headers, receive, self.max_body_bytes)
         call = parse_call(kind, raw, rollout_id, attempt_id or "", agent_name)
         call.attempt_id = await self._attempts.resolve(rollout_id, attempt_id)
+        if self.sampling_for is not None:
+            defaults = self.sampling_for(await self._attempts.mode(rollout_id))
+            fill_sampling(call.body, defaults or {})
         # admit (or hold back while paused), then forward, relay and record
         flight = await self._drain.admit()
         watcher = asyncio.ensure_future(_cut_when_gone(receive, self._drain, flight))

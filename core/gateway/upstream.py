@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import zlib
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -149,6 +149,16 @@ class Upstream:
                 auto_decompress=True,
             )
         return self._session
+
+
+def fill_sampling(body: dict[str, Any], defaults: Mapping[str, Any]) -> None:
+    """Fill the sampling fields ``body`` leaves out from ``defaults`` (in place); a
+    ``max_completion_tokens`` in the body counts as its ``max_tokens``."""
+    for key, value in defaults.items():
+        if key == "max_tokens" and body.get("max_completion_tokens") is not None:
+            continue
+        if body.get(key) is None:
+            body[key] = value
 
 
 def backend_body(

@@ -68,6 +68,7 @@ class TrainContext:
         retry: GatewayRetry | None = None,
         host: str | None = None,
         reasoning_split: bool = False,
+        sampling_for: Callable[[str], Mapping[str, Any] | None] | None = None,
     ) -> ServedGateway:
         """Serve a gateway recording this run's calls in front of ``backends`` (OpenAI base
         URLs), the one way algorithms and the trainer serve one: it binds ``host`` (default:
@@ -76,7 +77,8 @@ class TrainContext:
         trainer's retry settings; ``reasoning_split`` moves the thinking a model writes into
         its content to ``reasoning_content`` (:mod:`voltrl.gateway.reasoning`); ``model_for_agent``
         names the model each call is forwarded with, by its agent name (LoRA adapters per
-        role). Publish an
+        role); ``sampling_for`` gives, by rollout mode, the sampling that fills what a request
+        leaves out (the run's ``max_tokens``, say, for agents that pass none). Publish an
         ``LLM(endpoint=served.url, gateway=True)``: runners give it the token as its API
         key."""
         from voltrl.gateway.hosting import start_gateway
@@ -92,6 +94,7 @@ class TrainContext:
             backend_api_key=backend_api_key,
             request_token_ids=request_token_ids,
             reasoning_split=reasoning_split,
+            sampling_for=sampling_for,
             resources_version=lambda: self.resources_version,
         )
         self.cleanup.push_async_callback(served.stop)

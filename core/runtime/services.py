@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import json
 import os
 import secrets
 from collections.abc import Callable, Mapping
@@ -94,9 +95,10 @@ class Services:
     ) -> dict[str, Resource]:
         """The resources with each LLM endpoint served through a recording gateway of the
         run (agents get the run's token as their key); the LLM's own key goes, in memory
-        only, to its backend."""
+        only, to its backend, and its ``sampling_parameters`` fill what an agent's requests
+        leave out."""
         items = dict(resources.items if isinstance(resources, Resources) else resources)
-        urls: dict[tuple[str, str, bool], str] = {}
+        urls: dict[tuple[str, str, bool, str], str] = {}
         for name, item in items.items():
             if isinstance(item, LLM) and item.gateway and item.reasoning_split:
                 raise VoltRLError(
@@ -108,7 +110,9 @@ class Services:
             if not isinstance(item, LLM) or item.gateway:
                 continue
             key = ApiKeys().fill(name, item).api_key  # the key given, or from api_key_env
-            backend = (item.endpoint, key, item.reasoning_split)
+            sampling = dict(item.sampling_parameters)
+            fill = json.dumps(sampling, sort_keys=True)  # one gateway per sampling to fill
+            backend = (item.endpoint, key, item.reasoning_split, fill)
             if backend not in urls:
                 served = await ctx.serve_gateway(
                     [item.endpoint],
@@ -116,6 +120,7 @@ class Services:
                     request_token_ids=self._trainer.request_token_ids
                     and self._trainer.algorithm.needs_token_ids,
                     reasoning_split=item.reasoning_split,
+                    sampling_for=lambda _mode, sampling=sampling: sampling,
                 )
                 urls[backend] = served.url
             items[name] = item.model_copy(update={"endpoint": urls[backend], "gateway": True})

@@ -349,6 +349,7 @@ class LocalRL(Algorithm):
             model_for_agent=None if adapters is None else adapters.adapter_for,
             retry=self.gateway_retry,
             reasoning_split=self.reasoning_split,
+            sampling_for=lambda mode: self.val_sampling if mode == "val" else self.sampling,
         )
         self._gateway = served_gateway.gateway
         self._versions.current = self._start_step

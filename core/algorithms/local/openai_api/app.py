@@ -42,9 +42,15 @@ async def _disconnected(request: Request) -> None:
 
 
 def create_app(
-    engine: Engine, *, model_name: str = "voltrl-local", logprobs_mode: LogprobsMode = "raw"
+    engine: Engine,
+    *,
+    model_name: str = "voltrl-local",
+    logprobs_mode: LogprobsMode = "raw",
+    default_max_tokens: int | None = None,
 ) -> FastAPI:
     """The OpenAI-compatible FastAPI app serving ``engine`` (started here) as ``model_name``.
+    ``default_max_tokens`` caps a chat reply whose request sets no ``max_tokens`` (None: up
+    to the context; a completion's default stays OpenAI's 16).
 
     Mount it or run it with :func:`serve_engine` / :func:`serve_engine_in_thread`; closing the
     engine stays the caller's job.
@@ -74,9 +80,16 @@ def create_app(
         except EngineError as e:
             return JSONResponse(error_body(str(e), "api_error", 503), 503)
 
+    async def chat_with_default(body: dict[str, Any]) -> Any:
+        if body.get("max_tokens") is None and body.get("max_completion_tokens") is None:
+            body["max_tokens"] = default_max_tokens
+        return await server.chat(body)
+
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Any:
-        return await handle(request, server.chat)
+        return await handle(
+            request, server.chat if default_max_tokens is None else chat_with_default
+        )
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
@@ -103,14 +116,21 @@ async def serve_engine(
     logprobs_mode: LogprobsMode = "raw",
     log_level: str = "warning",
     token: str | None = None,
+    default_max_tokens: int | None = None,
 ) -> tuple[str, Callable[[], Awaitable[None]]]:
     """Serve ``engine`` on the running event loop (``port=0``: a free port).
 
     With a ``token`` every route but ``/health`` requires ``Authorization: Bearer <token>``
     (clients pass it as their API key). Returns the server's base URL (the OpenAI base URL is
     that plus ``/v1``) and an async ``stop``; see :func:`voltrl._http.serving.serve`.
+    ``default_max_tokens``: see :func:`create_app`.
     """
-    app: ASGIApp = create_app(engine, model_name=model_name, logprobs_mode=logprobs_mode)
+    app: ASGIApp = create_app(
+        engine,
+        model_name=model_name,
+        logprobs_mode=logprobs_mode,
+        default_max_tokens=default_max_tokens,
+    )
     if token:
         from voltrl._http.auth import BearerAuth
 
