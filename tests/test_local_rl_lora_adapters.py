@@ -24,7 +24,7 @@ from transformers import AutoModelForCausalLM
 
 import voltrl as vl
 from voltrl.algorithms.local.engine import Engine, SamplingParams
-from voltrl.algorithms.local.lora_adapters import LoraAdapters, adapter_of
+from voltrl.algorithms.local.lora_adapters import LoraAdapters, adapter_of, trainer_parts
 from voltrl.algorithms.local.openai_api import serve_engine
 from voltrl.algorithms.local.tiny import build_tiny_model, build_tiny_tokenizer
 from voltrl.algorithms.local.update import PolicyTrainer, PolicyUpdateConfig
@@ -286,7 +286,7 @@ def test_each_adapter_takes_its_own_rows_and_normalises_advantages_over_them():
         ]
     )
     algo = make_algorithm(update=LORA, lora_adapters=ROUTES)
-    parts, untrained = algo._parts(batch)
+    parts, untrained = trainer_parts(algo.adapters, batch)
     assert untrained == [2, 6, 10, 14] and list(parts) == ["writer", "checker"]
     assert parts["writer"].agent_names == ["write", "rewrite"] * 4
     assert batch_advantages(parts["checker"], LORA).abs().sum() == 0

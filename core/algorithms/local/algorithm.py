@@ -19,11 +19,11 @@ trains, so they run while it updates (:mod:`.schedule`): no row trains on weight
 With ``PolicyUpdateConfig(use_lora=True)`` only LoRA adapters train; the engine serves a plain
 copy of the model with the adapters merged in (at start and after every update).
 
-Checkpoints (:mod:`.checkpoints`) are saved every ``checkpoint_every`` steps, after the last
-step, and when the run stops early (Ctrl-C, SIGTERM, an exception), unless the weights are
-then half-updated (see :meth:`LocalRL.train`); ``resume=True`` continues a run from its latest
-one. The final model goes to ``<run dir>/final``; the tokenizer to ``<run dir>/tokenizer`` at
-setup, so the dashboard can decode the token ids of a run still training.
+Checkpoints (:mod:`.checkpoints`): every ``checkpoint_every`` steps, after the last, and on an
+early stop (Ctrl-C, SIGTERM, an exception) unless the weights are half-updated (see
+:meth:`LocalRL.train`); ``resume=True`` continues from the latest. The final model goes to
+``<run dir>/final``; the tokenizer to ``<run dir>/tokenizer`` at setup (the dashboard decodes
+the ids of a run still training with it).
 
 **A LoRA adapter per agent role** (``lora_adapters=``, :mod:`.lora_adapters`): one base
 model, one adapter per name, served at once; each step trains each adapter on its own rows
@@ -48,7 +48,7 @@ from voltrl.algorithms.local.checkpoints import (
     save_final,
 )
 from voltrl.algorithms.local.engine_choice import checked_engine
-from voltrl.algorithms.local.lora_adapters import LoraAdapters
+from voltrl.algorithms.local.lora_adapters import LoraAdapters, trainer_parts
 from voltrl.algorithms.local.precision import checked_dtype
 from voltrl.algorithms.local.reports import (
     adapters_summary,
@@ -497,13 +497,6 @@ class LocalRL(Algorithm):
         stepped and others not. The weights then belong to no step."""
         return self._torn_update or any(p.mid_update for p in self._policies.values())
 
-    def _parts(self, batch: TrainingBatch) -> tuple[dict[str | None, TrainingBatch], list[int]]:
-        """The batch per trainer: whole, or each adapter's rows; and the rows no adapter
-        trains (served by the base model)."""
-        if self.adapters is None:
-            return ({None: batch} if len(batch) else {}), []
-        return self.adapters.split(batch)
-
     def _warn_untrained(self, batch: TrainingBatch, untrained: list[int], step: int) -> None:
         """Say once which agents' rows matched no adapter (a typo in a pattern, say)."""
         if not untrained or self._warned_untrained or self.adapters is None:
@@ -543,7 +536,7 @@ class LocalRL(Algorithm):
         weights = self._versions.current  # what this step's update starts from
         trajectories, staleness = self._versions.drop_stale(trajectories, self.max_staleness)
         batch = collate(trajectories, self.trajectory)
-        parts, untrained = self._parts(batch)
+        parts, untrained = trainer_parts(self.adapters, batch)
         stats = summarize(rollouts)
         trained: dict[str | None, dict[str, Any]] = {}
         if parts and stats.succeeded:  # rows of failed rollouts alone teach nothing

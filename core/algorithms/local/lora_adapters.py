@@ -122,6 +122,16 @@ class LoraAdapters:
         return {name: p.pattern for name, p in self.patterns.items()}
 
 
+def trainer_parts(
+    adapters: LoraAdapters | None, batch: TrainingBatch
+) -> tuple[dict[str | None, TrainingBatch], list[int]]:
+    """The batch per trainer: whole (under ``None``) without adapters, else each adapter's
+    rows (:meth:`LoraAdapters.split`); and the rows no adapter trains."""
+    if adapters is None:
+        return ({None: batch} if len(batch) else {}), []
+    return adapters.split(batch)
+
+
 def adapter_of(parameter_name: str) -> str | None:
     """The LoRA adapter a peft parameter belongs to (``...q_proj.lora_A.writer.weight`` ->
     ``writer``), or None for a base weight."""
