@@ -14,6 +14,7 @@ from urllib.parse import quote
 
 from pydantic import Field, PrivateAttr
 
+from voltrl._redact import shown
 from voltrl.errors import UnknownResourceError, VoltRLError
 from voltrl.types import Model, now
 
@@ -51,6 +52,12 @@ class LLM(Model):
     """The version of the weights the endpoint serves (LocalRL: the updates loaded into its
     engine; None for a model VoltRL does not train): a call's resources version says which
     weights sampled it, and so how stale it is when a later version trains on it."""
+
+    def __repr_args__(self) -> Any:
+        """The fields as ``repr`` shows them: a URL's password, secret query parameters and
+        secret-named headers (in ``sampling_parameters``' ``extra_headers``) as ``***``."""
+        for name, value in super().__repr_args__():
+            yield name, shown(value)
 
     def scoped(self, rollout_id: str, attempt_id: str, agent_name: str | None = None) -> LLM:
         """This LLM with an endpoint that records calls against one rollout attempt."""

@@ -160,7 +160,13 @@ class FakeBackend:
 
     # ---- answers ----------------------------------------------------------------------
     async def answer(
-        self, method: str, path: str, body: bytes, conn: _Conn, authorization: str = ""
+        self,
+        method: str,
+        path: str,
+        body: bytes,
+        conn: _Conn,
+        authorization: str = "",
+        headers: dict[str, str] | None = None,
     ) -> None:
         path = path.split("?", 1)[0]
         if path in ("/health", "/v1/models"):
@@ -172,7 +178,9 @@ class FakeBackend:
             return
         req = json.loads(body)
         if self.record_requests:
-            self.requests.append({"path": path, "body": req, "authorization": authorization})
+            self.requests.append(
+                {"path": path, "body": req, "authorization": authorization, "headers": headers}
+            )
         self.arrived.set()
         if self.hold is not None:
             await self.hold.wait()
@@ -388,7 +396,7 @@ class _Conn(asyncio.Protocol):
         self.server = server
         self.buf = b""
         self.transport: asyncio.Transport | None = None
-        self.queue: asyncio.Queue[tuple[str, str, bytes, bool, str]] = asyncio.Queue()
+        self.queue: asyncio.Queue[tuple[str, str, bytes, bool, dict[str, str]]] = asyncio.Queue()
         self.keep_alive = True
         self.task: asyncio.Task[None] | None = None
         self.answering = False  # a request is being answered
@@ -413,27 +421,24 @@ class _Conn(asyncio.Protocol):
                 return
             lines = self.buf[:end].decode("latin-1").split("\r\n")
             method, path, _ = lines[0].split(" ", 2)
-            length, keep, auth = 0, True, ""
+            headers = {}
             for ln in lines[1:]:
                 k, _, v = ln.partition(":")
-                k = k.strip().lower()
-                if k == "content-length":
-                    length = int(v)
-                elif k == "authorization":
-                    auth = v.strip()
-                elif k == "connection" and v.strip().lower() == "close":
-                    keep = False
+                headers[k.strip().lower()] = v.strip()
+            length = int(headers.get("content-length", 0))
+            keep = headers.get("connection", "").lower() != "close"
             if len(self.buf) < end + 4 + length:
                 return
             body = self.buf[end + 4 : end + 4 + length]
             self.buf = self.buf[end + 4 + length :]
-            self.queue.put_nowait((method, path, body, keep, auth))
+            self.queue.put_nowait((method, path, body, keep, headers))
 
     async def _serve(self) -> None:
         while True:
-            method, path, body, self.keep_alive, auth = await self.queue.get()
+            method, path, body, self.keep_alive, headers = await self.queue.get()
             self.answering = True
-            await self.server.answer(method, path, body, self, auth)
+            auth = headers.get("authorization", "")
+            await self.server.answer(method, path, body, self, auth, headers)
             self.answering = False
             if not self.keep_alive and self.transport is not None:
                 self.transport.close()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -144,3 +145,124 @@ def test_a_database_password_reaches_no_sink(
 
     console = capfd.readouterr()
     assert SECRET not in console.out + console.err
+
+
+# ---- a secret under any name a provider uses ----------------------------------------------
+HEADER_SECRETS = {
+    "api-key": "s3cret-azure-api-key",  # Azure OpenAI's header
+    "X-Api-Key": "s3cret-X-Api-Key",
+    "apikey": "s3cret-apikey",
+    "api_key": "s3cret-api_key",
+    "X-Auth-Token": "s3cret-auth-token",
+    "Client-Secret": "s3cret-client-secret",
+    "Authorization": "Bearer s3cret-authorization",
+    "Proxy-Authorization": "Basic s3cret-proxy-authorization",
+    "Cookie": "session=s3cret-cookie",
+}
+URL_SECRETS = {"password": "s3cret-url-password", "api-key": "s3cret-query-api-key"}
+EVERY_SECRET = [
+    re.search(r"s3cret-[\w-]+", value)[0]  # type: ignore[index]
+    for value in [*HEADER_SECRETS.values(), *URL_SECRETS.values()]
+]
+
+
+def test_secret_names_in_any_case_and_separator_are_recognised() -> None:
+    from voltrl._redact import is_secret_key
+
+    names = [*HEADER_SECRETS, "x-api-key", "aws_secret_access_key", "Set-Cookie", "client_secret"]
+    for name in names:
+        assert is_secret_key(name), name
+    for name in ["api_key_env", "max_tokens", "stop_token_ids", "tokenizer", "keep_checkpoints"]:
+        assert not is_secret_key(name), name
+    url = "https://bob:pw@h.example/v1?api-version=1&api-key=k1&token=k2#top"
+    assert redact(url) == "https://bob:***@h.example/v1?api-version=1&api-key=***&token=***#top"
+    assert without_secrets(url) == "https://bob@h.example/v1?api-version=1#top"
+    assert without_secrets("https://h/v1?apikey=k") == "https://h/v1"
+
+
+@vl.rollout
+async def passes_its_sampling(task: dict, llm: vl.LLM) -> float:
+    """One call with ``llm.sampling_parameters`` (its extra headers too)."""
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=llm.endpoint, api_key=llm.api_key, max_retries=0)
+    await client.chat.completions.create(
+        model=llm.model, messages=[{"role": "user", "content": "hi"}], **llm.sampling_parameters
+    )
+    return 1.0
+
+
+@pytest.mark.slow
+def test_a_secret_under_any_header_or_query_name_reaches_no_sink_and_the_backend_gets_it(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """An LLM with a key in every kind of header and a password and key in its URL: its
+    gateway sends the headers to the backend, and no file, store record, tracker config,
+    page, ``voltrl show``/``runs`` output, console line or ``repr`` holds one of them."""
+    from fake_openai_backend import FakeBackend
+
+    runs = tmp_path / "runs"
+    ConfigRecorder.configs.clear()
+    sampling = {"temperature": 0.5, "extra_headers": {**HEADER_SECRETS, "x-team": "blue"}}
+    url_llm = vl.LLM(
+        endpoint=f"http://bob:{URL_SECRETS['password']}@127.0.0.1:9/v1"
+        f"?api-version=1&api-key={URL_SECRETS['api-key']}",
+        model="never-called",
+    )
+
+    async def fit() -> tuple[vl.RunResult, list[dict[str, Any]]]:
+        async with FakeBackend() as fb:
+            llm = vl.LLM(endpoint=fb.url, model="m", sampling_parameters=sampling)
+            trainer = vl.Trainer(
+                resources={"main_llm": llm, "user_llm": url_llm},
+                run_dir=runs,
+                name="keys",
+                inline=True,
+                progress=True,
+                loggers=["tensorboard", ConfigRecorder()],
+            )
+            result = await trainer.fit_async(passes_its_sampling, [{"q": 1}, {"q": 2}])
+            return result, fb.requests
+
+    result, requests = asyncio.run(fit())
+    assert result.rewards == [1.0, 1.0]
+    for request in requests:  # the gateway sent the LLM's headers, secret or not
+        sent = request["headers"]
+        assert {k: sent.get(k.lower()) for k in HEADER_SECRETS} == HEADER_SECRETS
+        assert sent["x-team"] == "blue"
+        assert request["body"]["temperature"] == 0.5 and "extra_headers" not in request["body"]
+
+    def leaks(text: str) -> list[str]:
+        return [s for s in EVERY_SECRET if s in text]
+
+    for secret in EVERY_SECRET:
+        assert files_containing(tmp_path, secret) == [], secret
+    assert leaks(json.dumps(ConfigRecorder.configs, default=str)) == []
+    assert (
+        leaks(
+            repr(url_llm)
+            + repr(vl.LLM(endpoint="http://h/v1", model="m", sampling_parameters=sampling))
+        )
+        == []
+    )
+
+    async def pages() -> str:
+        catalog = Catalog([str(runs)])
+        transport = httpx.ASGITransport(app=dashboard_app(catalog))
+        try:
+            async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
+                bodies = [(await c.get("/")).text]
+                for entry in await catalog.runs():
+                    bodies.append((await c.get(f"/runs/{entry.run.run_id}")).text)
+                return "\n".join(bodies)
+        finally:
+            await catalog.close()
+
+    html = asyncio.run(pages())
+    assert "keys" in html and leaks(html) == []
+    for args in (["show", "keys", "--full"], ["runs", "--wide"]):
+        out = voltrl(*args, "--run-dir", str(runs), cwd=tmp_path)
+        assert out.returncode == 0, out.stderr
+        assert leaks(out.stdout + out.stderr) == []
+    console = capfd.readouterr()
+    assert leaks(console.out + console.err) == []

@@ -84,6 +84,8 @@ class Gateway:
             reject unknown fields (calls are then recorded without token ids).
         backend_api_key: sent as the bearer token to backends; when None the client's
             ``Authorization`` header is forwarded.
+        backend_headers: sent to backends with every request (a provider's key header, such
+            as Azure OpenAI's ``api-key``; the client's own headers are not forwarded).
         max_connections: pooled connections to all backends together.
         sampling_for: called with a call's rollout mode (``train``, ``val``, ``dev``...); the
             sampling fields it returns (``max_tokens``, ``temperature``...) fill those the
@@ -115,6 +117,7 @@ class Gateway:
         pause_deadline_s: float | None = 30.0,
         request_token_ids: bool = True,
         backend_api_key: str | None = None,
+        backend_headers: Mapping[str, str] | None = None,
         max_connections: int = 1024,
         reasoning_split: bool = False,
         sampling_for: Callable[[str], Mapping[str, Any] | None] | None = None,
@@ -137,6 +140,7 @@ class Gateway:
             connect_timeout_s=connect_timeout_s,
             api_key=backend_api_key,
             max_connections=max_connections,
+            extra_headers=backend_headers,
         )
         self._attempts = AttemptCheck(store)
         self._drain = Drain(pause_wait_s, pause_retry_after_s, pause_deadline_s)

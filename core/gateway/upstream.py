@@ -37,6 +37,8 @@ class Upstream:
         api_key: sent as the bearer token to backends; when None the client's
             ``Authorization`` header is forwarded.
         max_connections: pooled connections to all backends together.
+        extra_headers: sent to backends with every request (a provider's own key header,
+            such as Azure OpenAI's ``api-key``).
     """
 
     def __init__(
@@ -48,8 +50,10 @@ class Upstream:
         connect_timeout_s: float,
         api_key: str | None,
         max_connections: int,
+        extra_headers: Mapping[str, str] | None = None,
     ) -> None:
         self.backends = [b.rstrip("/") for b in backends]
+        self.extra_headers = {k.lower(): v for k, v in (extra_headers or {}).items()}
         self.backoff = backoff
         self.timeout_s, self.connect_timeout_s = timeout_s, connect_timeout_s
         self.api_key = api_key
@@ -81,13 +85,14 @@ class Upstream:
         return best
 
     def headers(self, client_headers: dict[str, str]) -> dict[str, str]:
-        """The headers of a request to a backend: JSON, and the backend key or the client's."""
+        """The headers of a request to a backend: JSON, the backend key or the client's, and
+        the extra headers (which win, as the OpenAI client's ``extra_headers`` do)."""
         out = {"content-type": "application/json"}
         if self.api_key is not None:
             out["authorization"] = f"Bearer {self.api_key}"
         elif "authorization" in client_headers:
             out["authorization"] = client_headers["authorization"]
-        return out
+        return {**out, **self.extra_headers}
 
     async def send(
         self, rollout_id: str | None, path: str, payload: bytes | None, headers: dict[str, str]
@@ -151,10 +156,20 @@ class Upstream:
         return self._session
 
 
+_CLIENT_OPTIONS = ("extra_headers", "extra_query", "timeout")
+"""OpenAI client options that may sit in ``sampling_parameters`` and are no request field."""
+
+
 def fill_sampling(body: dict[str, Any], defaults: Mapping[str, Any]) -> None:
-    """Fill the sampling fields ``body`` leaves out from ``defaults`` (in place); a
-    ``max_completion_tokens`` in the body counts as its ``max_tokens``."""
+    """Fill the sampling fields ``body`` leaves out from ``defaults`` (in place), as the OpenAI
+    client would send them: ``extra_body``'s fields as fields, its other options
+    (``extra_headers``...) not at all; a ``max_completion_tokens`` counts as ``max_tokens``."""
     for key, value in defaults.items():
+        if key == "extra_body" and isinstance(value, Mapping):
+            fill_sampling(body, value)
+            continue
+        if key in _CLIENT_OPTIONS:
+            continue
         if key == "max_tokens" and body.get("max_completion_tokens") is not None:
             continue
         if body.get(key) is None:

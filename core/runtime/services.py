@@ -19,8 +19,9 @@ import os
 import secrets
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from voltrl._redact import is_secret_key
 from voltrl.agent import LitAgent
 from voltrl.errors import VoltRLError
 from voltrl.observability.metrics import MetricsLog
@@ -94,9 +95,10 @@ class Services:
         self, ctx: TrainContext, resources: Resources | Mapping[str, Resource]
     ) -> dict[str, Resource]:
         """The resources with each LLM endpoint served through a recording gateway of the
-        run (agents get the run's token as their key); the LLM's own key goes, in memory
-        only, to its backend, and its ``sampling_parameters`` fill what an agent's requests
-        leave out."""
+        run (agents get the run's token as their key); the LLM's own key and the
+        ``extra_headers`` of its ``sampling_parameters`` (Azure's ``api-key``) go, in memory
+        only, to its backend (the published LLM keeps no secret-named header), and its
+        sampling fills what an agent's requests leave out."""
         items = dict(resources.items if isinstance(resources, Resources) else resources)
         urls: dict[tuple[str, str, bool, str], str] = {}
         for name, item in items.items():
@@ -110,20 +112,22 @@ class Services:
             if not isinstance(item, LLM) or item.gateway:
                 continue
             key = ApiKeys().fill(name, item).api_key  # the key given, or from api_key_env
-            sampling = dict(item.sampling_parameters)
-            fill = json.dumps(sampling, sort_keys=True)  # one gateway per sampling to fill
-            backend = (item.endpoint, key, item.reasoning_split, fill)
+            sampling, secret_headers = _without_secret_headers(item.sampling_parameters)
+            fill = json.dumps([sampling, secret_headers], sort_keys=True, default=repr)
+            backend = (item.endpoint, key, item.reasoning_split, fill)  # a gateway per backend
             if backend not in urls:
                 served = await ctx.serve_gateway(
                     [item.endpoint],
                     backend_api_key=key,
+                    backend_headers=secret_headers,
                     request_token_ids=self._trainer.request_token_ids
                     and self._trainer.algorithm.needs_token_ids,
                     reasoning_split=item.reasoning_split,
                     sampling_for=lambda _mode, sampling=sampling: sampling,
                 )
                 urls[backend] = served.url
-            items[name] = item.model_copy(update={"endpoint": urls[backend], "gateway": True})
+            update = {"endpoint": urls[backend], "gateway": True, "sampling_parameters": sampling}
+            items[name] = item.model_copy(update=update)
         return items
 
     async def _start_workers(
@@ -234,3 +238,18 @@ def _write_secret(path: Path, secret: str) -> None:
     with os.fdopen(fd, "w") as f:
         f.write(secret + "\n")
     os.chmod(path, 0o600)
+
+
+def _without_secret_headers(sampling: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """``sampling`` without the secret-named headers of its ``extra_headers`` (an ``api-key``,
+    an ``Authorization``), and every one of those headers: a gateway sends them to its backend
+    itself (it forwards no client header), so the resources the store keeps never hold a
+    secret one."""
+    headers = sampling.get("extra_headers")
+    if not isinstance(headers, Mapping):
+        return dict(sampling), {}
+    rest = {k: v for k, v in headers.items() if not is_secret_key(str(k))}
+    public = {k: v for k, v in sampling.items() if k != "extra_headers"}
+    return ({**public, "extra_headers": rest} if rest else public), {
+        str(k): str(v) for k, v in headers.items()
+    }
