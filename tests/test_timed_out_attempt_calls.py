@@ -1,5 +1,6 @@
-"""A rollout that times out while its LLM call is in flight at the gateway: the call is still
-recorded for that attempt once the backend answers.
+"""A rollout that times out while its LLM call is in flight at the gateway: the agent's client
+goes with it, so the gateway cuts the call off at the backend (which would otherwise generate
+on for nobody and hold up the next weight update) and records it, abandoned, for that attempt.
 
 The runner's rollout deadline is made to fire once the call is at the backend, not after
 0.5 s of wall time: a loaded machine could otherwise time the rollout out before its call
@@ -14,13 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_openai_backend import FakeBackend, reply_ids
+from fake_openai_backend import FakeBackend
 from helpers import fake_trainer
 from openai import AsyncOpenAI
 
 import voltrl as vl
 import voltrl.runtime.runner as runner_module
 from voltrl.store.memory import InMemoryStore
+from voltrl.types import ABANDONED_SPAN
 
 
 @vl.rollout
@@ -67,7 +69,7 @@ def deadlines(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Deadlines]:
     yield fake
 
 
-async def test_call_in_flight_when_the_rollout_times_out_is_recorded_for_that_attempt(
+async def test_call_in_flight_when_the_rollout_times_out_is_cut_off_and_recorded_abandoned(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], deadlines: _Deadlines
 ) -> None:
     store = InMemoryStore()
@@ -82,17 +84,15 @@ async def test_call_in_flight_when_the_rollout_times_out_is_recorded_for_that_at
         assert deadlines.created.is_set()
         assert deadlines.delays == [0.5]  # the runner applies the rollout's timeout
         deadlines.fire()
-        while not (rollouts := await store.query_rollouts()) or not rollouts[0].finished:
-            await asyncio.sleep(0.01)  # bounded by the test timeout
-        backend.hold.set()
+        await backend.hung_up.wait()  # the gateway closed the call (bounded by the timeout)
         result = await run
-    assert backend.arrived.is_set()
     (rollout,) = result.rollouts
     (attempt,) = await store.get_attempts(rollout.rollout_id)
     assert attempt.status == "timeout"
-    (call,) = await store.get_llm_calls(rollout.rollout_id)
-    assert call.attempt_id == attempt.attempt_id
-    assert call.response_token_ids == reply_ids(0)
+    assert await store.get_llm_calls(rollout.rollout_id) == []  # nothing came back to record
+    (span,) = [s for s in await store.get_spans(rollout.rollout_id) if s.name == ABANDONED_SPAN]
+    assert span.attempt_id == attempt.attempt_id
+    assert span.attributes["voltrl.cut_reason"] == "client_disconnected"
     out = capsys.readouterr().out
     assert "rollout error: rollout timed out after 0.5 s" in out
     assert "voltrl dev --timeout SECONDS" in out

@@ -41,6 +41,7 @@ RESUMABLE_SETTINGS = (
     "steps",
     "val_every",
     "checkpoint_every",
+    "keep_checkpoints",
     "resume",
     "device",
     "dtype",

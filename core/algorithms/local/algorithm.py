@@ -43,8 +43,8 @@ from typing import TYPE_CHECKING, Any
 from voltrl.algorithms.base import Algorithm
 from voltrl.algorithms.local.checkpoints import (
     checkpoint_dir,
-    checkpoint_steps,
     resume_step,
+    save_checkpoints,
     save_final,
 )
 from voltrl.algorithms.local.engine_choice import checked_engine
@@ -106,6 +106,8 @@ class LocalRL(Algorithm):
         checkpoint_every: save a checkpoint every this many steps (0: none on the way). One
             is also saved after the last step and when the run stops early (Ctrl-C, SIGTERM, an
             exception), so this bounds what a killed process (``kill -9``, the machine) loses.
+        keep_checkpoints: the latest checkpoints kept (older ones are removed after each
+            save; None keeps all): a long run's disk stays bounded.
         resume: continue from the latest checkpoint in the run directory, if there is one.
         device: where to train and serve (default: CUDA if available, else CPU).
         dtype: the weights' precision: ``"auto"`` (bfloat16 on a CUDA device that supports
@@ -157,6 +159,7 @@ class LocalRL(Algorithm):
         trajectory: TrajectoryConfig | dict[str, Any] | None = None,
         served_name: str = "voltrl-local",
         checkpoint_every: int = 10,
+        keep_checkpoints: int | None = 3,
         resume: bool = False,
         device: str | None = None,
         dtype: str = "auto",
@@ -186,6 +189,8 @@ class LocalRL(Algorithm):
                 "steps >= 0, tasks_per_step >= 1, group_size >= 1, val_n >= 1 and "
                 "max_staleness >= 0 are required"
             )
+        if keep_checkpoints is not None and keep_checkpoints < 1:
+            raise ValueError("keep_checkpoints must be at least 1 (None keeps them all)")
         self.model = model
         self.tokenizer = tokenizer
         self.steps = steps
@@ -206,7 +211,7 @@ class LocalRL(Algorithm):
             trajectory = TrajectoryConfig.model_validate(trajectory)
         self.trajectory = trajectory or TrajectoryConfig()
         self.served_name = served_name
-        self.checkpoint_every = checkpoint_every
+        self.checkpoint_every, self.keep_checkpoints = checkpoint_every, keep_checkpoints
         self.resume = resume
         self.device = device
         self.dtype = checked_dtype(dtype, training=True)
@@ -257,6 +262,7 @@ class LocalRL(Algorithm):
             "trajectory": self.trajectory.model_dump(exclude={"retokenizer"}),
             "served_name": self.served_name,
             "checkpoint_every": self.checkpoint_every,
+            "keep_checkpoints": self.keep_checkpoints,
             "resume": self.resume,
             "device": self.device,
             "dtype": self.dtype,
@@ -474,22 +480,19 @@ class LocalRL(Algorithm):
 
     def _checkpoint(self, run_dir: Path, *, stopped: bool = False) -> Path | None:
         """Save a checkpoint of the steps done, once no update is running (with adapters,
-        one per adapter, under ``checkpoints/<adapter>/``); returns where. One already saved
-        is kept. ``None``, and nothing saved, when the weights belong to no step (an update
-        failed after it had begun to change them: :attr:`PolicyTrainer.mid_update`), or, for
-        a ``stopped`` run, when neither an update nor a warm-up changed the model as loaded
-        (a resumed run loads it again)."""
+        one per adapter, under ``checkpoints/<adapter>/``), keeping the latest
+        ``keep_checkpoints``; returns where. One already saved is kept. ``None``, and nothing
+        saved, when the weights belong to no step (an update failed after it had begun to
+        change them: :attr:`PolicyTrainer.mid_update`), or, for a ``stopped`` run, when
+        neither an update nor a warm-up changed the model as loaded (a resumed run loads it
+        again)."""
         with self._policy_lock:
             if self._weights_torn():
                 return None
             if stopped and self._steps_done == 0 and self.warm_start is None:
                 return None
-            for key, policy in self._policies.items():
-                root = checkpoint_dir(run_dir, key)
-                path = checkpoint_dir(run_dir, key, self._steps_done)
-                if self._steps_done not in checkpoint_steps(root):
-                    policy.save_checkpoint(root, self._steps_done)
-        return path if self.adapters is None else path.parent.parent
+            keep = self.keep_checkpoints
+            return save_checkpoints(run_dir, self._policies, self._steps_done, keep)
 
     def _weights_torn(self) -> bool:
         """Whether an update failed after it had begun to change the weights: some optimizer

@@ -12,10 +12,17 @@ temporary name and renames it, so a folder with a ``state.pt`` is complete. With
 checkpoint holds the adapters and the optimizer; ``final/`` holds the merged model
 (``AutoModelForCausalLM.from_pretrained`` loads it) and the adapter alone, which
 ``PeftModel.from_pretrained(base_model, ...)`` loads onto the model training started from.
+
+:func:`save_checkpoints` saves a step's checkpoints and keeps only the latest
+``keep_checkpoints`` (a full fine-tune's checkpoint is about 14 bytes a parameter: 7 GB for
+0.5B); a disk that fills during a save fails the run with the last complete checkpoint named.
 """
 
 from __future__ import annotations
 
+import errno
+import os
+import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -57,6 +64,75 @@ def checkpoint_dir(run_dir: Path, adapter: str | None, step: int | None = None) 
     root = run_dir / CHECKPOINTS_DIR
     root = root if adapter is None else root / adapter
     return root if step is None else checkpoint_path(root, step)
+
+
+def durable_save(obj: Any, path: Path) -> None:
+    """``torch.save`` to ``path``, flushed to the disk (fsync) before it returns."""
+    import torch
+
+    with open(path, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def fsync_dir(path: Path) -> None:
+    """Flush a folder's entries (a rename into it, say) to the disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_checkpoints(
+    run_dir: Path, policies: Mapping[str | None, PolicyTrainer], step: int, keep: int | None
+) -> Path:
+    """Save each trainer's checkpoint of ``step`` (one already saved stays), then remove all
+    but the latest ``keep`` (None: keep all; :func:`prune_checkpoints`). Returns
+    ``checkpoints/step_N`` (with adapters: ``checkpoints``). A save that fails on the disk
+    (full, say) raises :class:`VoltRLError` naming the last complete checkpoint, which the
+    failed save left intact."""
+    for key, policy in policies.items():
+        root = checkpoint_dir(run_dir, key)
+        if step in checkpoint_steps(root):
+            continue
+        try:
+            policy.save_checkpoint(root, step)
+        except OSError as exc:
+            names = [k for k in policies if k is not None] or None
+            last = resume_step(checkpoint_dir(run_dir, None), names)
+            kept = "none" if last is None else str(checkpoint_dir(run_dir, None, last))
+            full = " (the disk is full)" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+            raise VoltRLError(
+                f"cannot save the checkpoint of step {step} in {root}{full}: {exc}; the last "
+                f"complete checkpoint is {kept}: free some space (or lower keep_checkpoints), "
+                "then resume=True continues from it"
+            ) from exc
+    names = [k for k in policies if k is not None] or None
+    prune_checkpoints(run_dir, names, keep)
+    return checkpoint_dir(run_dir, None, step if names is None else None)
+
+
+def prune_checkpoints(run_dir: Path, adapters: Sequence[str] | None, keep: int | None) -> None:
+    """Remove the checkpoints older than the ``keep`` latest complete ones (with adapters, the
+    latest steps every adapter has), and what interrupted saves left (``.tmp-*``)."""
+    roots = (
+        [checkpoint_dir(run_dir, a) for a in adapters] if adapters else [run_dir / CHECKPOINTS_DIR]
+    )
+    for root in roots:
+        for tmp in root.glob(f".tmp-{CHECKPOINT_PREFIX}*"):
+            shutil.rmtree(tmp, ignore_errors=True)
+    if keep is None:
+        return
+    common = set.intersection(*(checkpoint_steps(root) for root in roots))
+    kept = sorted(common)[-keep:]
+    if not kept:
+        return
+    for root in roots:
+        for old in checkpoint_steps(root):
+            if old < kept[0]:
+                shutil.rmtree(checkpoint_path(root, old), ignore_errors=True)
 
 
 def resume_step(root: Path, adapters: Sequence[str] | None) -> int | None:

@@ -61,7 +61,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from voltrl.algorithms.local.checkpoints import checkpoint_path, latest_checkpoint
+from voltrl.algorithms.local.checkpoints import (
+    checkpoint_path,
+    durable_save,
+    fsync_dir,
+    latest_checkpoint,
+)
 from voltrl.algorithms.local.lora_adapters import adapter_of
 from voltrl.algorithms.local.loss import (
     agg_loss,
@@ -495,7 +500,9 @@ class PolicyTrainer:
         :mod:`~voltrl.algorithms.local.precision`) and ``state.pt`` (step, the updates this
         trainer did, the torch/CUDA/Python RNG states, the mini-batch shuffle generator, the
         config). Written to a temporary folder and renamed, so a crash never leaves a half
-        checkpoint that :func:`latest_checkpoint` would pick."""
+        checkpoint that :func:`latest_checkpoint` would pick; each file and the folders are
+        fsynced before and after the rename, so a checkpoint named complete survives a power
+        cut. A failed save (a full disk) removes what it wrote and raises."""
         step = self.global_step if step is None else step
         root = Path(directory)
         root.mkdir(parents=True, exist_ok=True)
@@ -503,10 +510,6 @@ class PolicyTrainer:
         tmp = root / f".tmp-{final.name}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        torch.save(self._trainable_state(), tmp / "model.pt")
-        torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
-        if self.masters.masters:
-            torch.save(self.masters.state_dict(), tmp / "masters.pt")
         state = {
             "step": step,
             "updates": self.global_step,
@@ -516,9 +519,19 @@ class PolicyTrainer:
             "generator": self.generator.get_state(),
             "config": self.config.model_dump(mode="json"),
         }
-        torch.save(state, tmp / "state.pt")
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)
+        parts = {"model.pt": self._trainable_state(), "optimizer.pt": self.optimizer.state_dict()}
+        if self.masters.masters:
+            parts["masters.pt"] = self.masters.state_dict()
+        try:
+            for name, obj in [*parts.items(), ("state.pt", state)]:  # state.pt last: complete
+                durable_save(obj, tmp / name)
+            fsync_dir(tmp)
+            shutil.rmtree(final, ignore_errors=True)
+            tmp.rename(final)
+            fsync_dir(root)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)  # a full disk gets its space back
+            raise
         return final
 
     def load_checkpoint(self, path: str | Path) -> int:
