@@ -35,6 +35,7 @@ from voltrl.algorithms.local.engine.sequences import (
     Seq,
     deliver,
     failure,
+    wait_for_update,
 )
 from voltrl.algorithms.local.lora_adapters import adapter_key, adapter_of
 from voltrl.algorithms.local.prefix_cache import cache_keyword, shares_prefix_cache
@@ -195,7 +196,7 @@ class Engine(EngineFront):
                 raise EngineError("the engine is closed")
             self._updates.append((state, strict, adapter, done, box))
             self._cv.notify_all()
-        done.wait()
+        wait_for_update(done, self._thread)
         if box and isinstance(box[0], BaseException):
             raise box[0]
         return self.weights_version
@@ -230,6 +231,7 @@ class Engine(EngineFront):
     def _run(self) -> None:
         use_threads(self.threads)
         new: list[Request] = []
+        updates: list[Any] = []
         try:
             while True:
                 with self._cv:
@@ -271,9 +273,10 @@ class Engine(EngineFront):
                 self._closing = True
                 pending = [*new, *self._waiting]
                 self._waiting.clear()
-                for *_, done, box in self._updates:
-                    box.append(error)
-                    done.set()
+                for *_, done, box in [*updates, *self._updates]:  # taken ones too: none waits
+                    if not done.is_set():
+                        box.append(error)
+                        done.set()
             for req in self._requests_of(pending):
                 req.emit(error)
             self._batch.reset()

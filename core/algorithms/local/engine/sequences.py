@@ -9,6 +9,8 @@ conditions; :meth:`Seq.take_delta` is what the request's loop gets next.
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -25,6 +27,28 @@ from voltrl.algorithms.local.engine.sampling import (
 
 class EngineError(RuntimeError):
     """The engine failed a request: closed, or the model raised while serving it."""
+
+
+UPDATE_TIMEOUT_S = 600.0
+"""How long a weight update may wait for the engine thread to load it (a bound: the gateway
+stays paused meanwhile)."""
+
+
+def wait_for_update(
+    done: threading.Event, thread: threading.Thread, timeout_s: float = UPDATE_TIMEOUT_S
+) -> None:
+    """Wait until the engine thread has loaded (or failed) a weight update it was handed:
+    :class:`EngineError` when the thread ended without saying, or after ``timeout_s``, so a
+    weight swap never waits for ever."""
+    deadline = time.monotonic() + timeout_s
+    while not done.wait(min(0.5, max(0.0, deadline - time.monotonic()))):
+        if not thread.is_alive() and not done.is_set():
+            raise EngineError("the engine stopped before it loaded the new weights")
+        if time.monotonic() >= deadline:
+            raise EngineError(
+                f"the engine did not load the new weights within {timeout_s:.0f} s (its thread "
+                "is stuck); the run stops rather than serve unknown weights"
+            )
 
 
 def failure(e: Exception) -> EngineError:

@@ -39,7 +39,14 @@ from torch import nn
 
 from voltrl.algorithms.local.engine.front import EngineFront
 from voltrl.algorithms.local.engine.sampling import Choice, SamplingParams
-from voltrl.algorithms.local.engine.sequences import EngineError, Request, deliver, failure
+from voltrl.algorithms.local.engine.sequences import (
+    UPDATE_TIMEOUT_S,
+    EngineError,
+    Request,
+    deliver,
+    failure,
+    wait_for_update,
+)
 
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.35
 """vLLM's share of the GPU's memory when the trainer shares the card (weights, CUDA graphs
@@ -69,6 +76,8 @@ class VLLMEngine(EngineFront):
             updated with vLLM's (what :attr:`model` returns: LocalRL saves ``final/`` from
             it). Optional.
         remove_on_close: delete ``model_dir`` when the engine closes (a copy made for it).
+        update_timeout_s: how long :meth:`update_weights` waits for vLLM to load new
+            weights before it raises :class:`EngineError` (the gateway is paused meanwhile).
     """
 
     def __init__(
@@ -84,6 +93,7 @@ class VLLMEngine(EngineFront):
         engine_args: Mapping[str, Any] | None = None,
         model: nn.Module | None = None,
         remove_on_close: bool = False,
+        update_timeout_s: float = UPDATE_TIMEOUT_S,
     ) -> None:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # not its start-up's INFO pages
@@ -115,6 +125,7 @@ class VLLMEngine(EngineFront):
             args["kv_cache_memory_bytes"] = DEFAULT_CPU_KV_CACHE_BYTES
         args.update(engine_args or {})
         self.tokenizer = tokenizer
+        self.update_timeout_s = update_timeout_s
         self.model = model.to("cpu").eval() if model is not None else None
         self.adapters = frozenset()
         self.processed_logprobs = False  # vLLM gives one kind: LocalRL's raw ones
@@ -249,7 +260,7 @@ class VLLMEngine(EngineFront):
                 raise self._closed()
             self._updates.append((state, done, box))
             self._cv.notify_all()
-        done.wait()
+        wait_for_update(done, self._thread, self.update_timeout_s)
         if box:
             raise box[0]
         if self.model is not None:  # what final/ is saved from: vLLM's weights, once loaded
@@ -282,6 +293,7 @@ class VLLMEngine(EngineFront):
             started.append(self._vllm)
             self._cv.notify_all()
         new: list[tuple[Request, Any]] = []
+        updates: list[tuple[Mapping[str, torch.Tensor], threading.Event, list]] = []
         try:
             while True:
                 with self._cv:
@@ -299,14 +311,12 @@ class VLLMEngine(EngineFront):
                     updates, self._updates = self._updates, []
                     aborts, self._aborts = self._aborts, []
                 self._drop(aborts)  # before new weights: their rows must not stay cached
-                for i, (state, done, box) in enumerate(updates):
+                for state, done, box in updates:
                     try:
                         self._load(state)
                     except BaseException as exc:  # vLLM's model is unusable: close
                         box.append(EngineError(f"vLLM failed to load the new weights: {exc!r}"))
                         done.set()
-                        with self._cv:  # failed with the rest below
-                            self._updates[:0] = updates[i + 1 :]
                         raise
                     done.set()
                 while new:
@@ -318,6 +328,8 @@ class VLLMEngine(EngineFront):
         except BaseException as exc:  # vLLM failed: fail every request, refuse new ones
             with self._cv:
                 self._closing, self._failure = True, failure(exc)
+                # the updates taken with this turn's aborts: failed with the rest, not lost
+                self._updates[:0] = [u for u in updates if not u[1].is_set()]
             self._fail_all(self._failure, new)
             return
         self._fail_all(self._closed(), [])
