@@ -6,6 +6,8 @@ with ``ENOSPC`` where the test says."""
 from __future__ import annotations
 
 import errno
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -66,3 +68,35 @@ def test_a_full_disk_during_a_save_fails_the_run_with_the_last_checkpoint_named_
     steps = [m["step"] for m in result.metrics if "update/loss" in m]
     assert steps == [3, 4]
     assert kept(tmp_path / "run") == ["step_00000003", "step_00000004"]
+
+
+@pytest.mark.slow
+def test_a_run_another_process_trains_is_refused_until_that_process_is_gone(
+    tmp_path: Path,
+) -> None:
+    """A second process resuming a run that is still training would write the same
+    checkpoints: refused, naming the holder; once the holder is killed (``kill -9``: the
+    operating system drops its lock), the resume goes ahead."""
+    (tmp_path / "busy").mkdir()
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, pathlib; from voltrl.runtime.run_dir import locked_run_dir\n"
+            "with locked_run_dir(pathlib.Path(sys.argv[1])):\n"
+            "    print('locked', flush=True); sys.stdin.read()",
+            str(tmp_path / "busy"),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
+        with pytest.raises(VoltRLError, match=f"in use by another process \\(pid {holder.pid}\\)"):
+            fit(tmp_path, "busy", steps=1, resume=True)
+    finally:
+        holder.kill()
+        holder.wait()
+    result = fit(tmp_path, "busy", steps=1, resume=True)
+    assert result.run.status == "finished"

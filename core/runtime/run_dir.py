@@ -9,20 +9,29 @@ experiment trackers get as its config), never a secret. It names the model as th
 given it (a local path made absolute); a model object, or an agent that cannot be built again
 from its name, leaves ``null`` or ``MODULE:AGENT`` there, with a line saying what to fill in,
 and ``voltrl train`` refuses the file, naming the field, until it is filled in.
+
+One process at a time trains in a run directory: :func:`locked_run_dir` holds an exclusive
+lock on ``runs/<name>/.lock`` for the whole run (the operating system drops it when the
+process dies, ``kill -9`` included), so a second process resuming the same run is refused
+instead of writing the same checkpoints.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
+import os
 import secrets
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from voltrl._redact import without_secrets
 from voltrl.agent import FunctionAgent, LitAgent
+from voltrl.errors import VoltRLError
 from voltrl.observability.trackers import LOGGERS
 from voltrl.resources import LLM, Resources
 from voltrl.runtime.dataset import Dataset
@@ -39,6 +48,35 @@ script wrote there first, do not)."""
 
 TRAIN_YAML_ALGORITHMS = ("local_rl", "sft", "apo", "baseline")
 """The algorithms ``voltrl train`` builds, so the only ones a ``train.yaml`` can run again."""
+
+
+LOCK_FILE = ".lock"
+"""``runs/<name>/.lock``: held by the process running the run (its pid inside)."""
+
+
+@contextlib.contextmanager
+def locked_run_dir(run_dir: Path) -> Iterator[None]:
+    """Hold the run directory's lock for the block; :class:`VoltRLError` at once, naming the
+    holder's pid, when another process holds it."""
+    import fcntl
+
+    path = run_dir / LOCK_FILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            raise VoltRLError(
+                f"run {run_dir.name!r} is in use by another process (pid {holder}): two "
+                f"processes in {run_dir} would write the same checkpoints; stop that one, or "
+                "give this run another name"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # closing it releases the lock
 
 
 def free_run_name(run_dir: str | Path, name: str) -> str:

@@ -43,6 +43,7 @@ from voltrl.runtime.interrupt import interruptible
 from voltrl.runtime.run_dir import (
     agent_spec,
     algorithm_config,
+    locked_run_dir,
     run_name,
     tracked_config,
     write_train_yaml,
@@ -354,6 +355,21 @@ class Trainer:
         name = run_name(self.run_dir, self.name, kind, resume)
         run_dir = self.run_dir / name
         run_dir.mkdir(parents=True, exist_ok=True)
+        with locked_run_dir(run_dir):
+            async with self._opened_run(kind, agent, run_dir, resume, keeps_setup) as ctx:
+                yield ctx
+
+    @contextlib.asynccontextmanager
+    async def _opened_run(
+        self,
+        kind: str,
+        agent: LitAgent,
+        run_dir: Path,
+        resume: bool,
+        keeps_setup: ResumeCheck | None,
+    ) -> AsyncIterator[TrainContext]:
+        """:meth:`_session`'s work once its directory is locked."""
+        name = run_dir.name
         store, owned = await self._open_store(run_dir)
         try:
             run = await self._open_run(store, run_dir, kind, resume, keeps_setup)
