@@ -5,17 +5,22 @@ with ``ENOSPC`` where the test says."""
 
 from __future__ import annotations
 
+import asyncio
 import errno
+import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from rl_agents import ROWS, two_turn_agent
 from test_local_rl import make_algorithm
 
 import voltrl as vl
+import voltrl.algorithms.local.rows as rows_module
 import voltrl.algorithms.local.update as update_module
 from voltrl.errors import VoltRLError
 
@@ -100,3 +105,56 @@ def test_a_run_another_process_trains_is_refused_until_that_process_is_gone(
         holder.wait()
     result = fit(tmp_path, "busy", steps=1, resume=True)
     assert result.run.status == "finished"
+
+
+@pytest.mark.slow
+async def test_a_run_stopped_during_an_update_ends_it_at_once_and_keeps_the_previous_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C (here: the run's task cancelled) while step 2's update runs a long forward and
+    backward pass: the update ends when that pass does, before its optimizer step, not after
+    the 7 passes left; the run keeps step 1's checkpoint and metrics line, nothing of step 2,
+    and resumes from step 1."""
+    passes: list[int] = []  # the update (its step) of each micro-batch's pass
+    in_second = threading.Event()
+    logprobs = rows_module.TokenRows.logprobs
+
+    def long_pass(self: Any, model: Any, *args: Any, **kwargs: Any) -> Any:
+        policy = trainers[0]
+        passes.append(policy.global_step + 1)
+        if policy.global_step == 1 and torch.is_grad_enabled():
+            in_second.set()
+            policy.stop.wait(60)  # a pass that lasts until the run is stopped
+        return logprobs(self, model, *args, **kwargs)
+
+    trainers: list[Any] = []
+    init = update_module.PolicyTrainer.__init__
+
+    def kept_trainer(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        trainers.append(self)
+
+    monkeypatch.setattr(update_module.PolicyTrainer, "__init__", kept_trainer)
+    monkeypatch.setattr(rows_module.TokenRows, "logprobs", long_pass)
+    # 8 rows, 8 passes an update (an entropy term runs rows of equal rewards too)
+    update = {"lr": 1e-3, "micro_batch_size": 1, "entropy_coef": 0.01}
+    algo = make_algorithm(val_every=0, checkpoint_every=1, steps=3, update=update)
+    trainer = vl.Trainer(algo, n_runners=1, inline=True, run_dir=tmp_path, name="r", progress=False)
+    run = asyncio.create_task(trainer.fit_async(two_turn_agent, ROWS))
+    while not in_second.is_set():  # bounded by the test timeout
+        await asyncio.sleep(0.01)
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    training = [p for p in passes if p == 2]
+    assert len(training) == 1  # the pass under way ended the update: 7 were left
+    assert kept(tmp_path / "r") == ["step_00000001"]
+    lines = (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in lines if "update/loss" in x] == [1]
+    monkeypatch.undo()
+    resumed = make_algorithm(val_every=0, checkpoint_every=1, steps=2, resume=True, update=update)
+    again = vl.Trainer(
+        resumed, n_runners=1, inline=True, run_dir=tmp_path, name="r", progress=False
+    )
+    result = await again.fit_async(two_turn_agent, ROWS)
+    assert [m["step"] for m in result.metrics if "update/loss" in m] == [2]

@@ -392,16 +392,14 @@ class LocalRL(Algorithm):
         """Run ``steps`` policy updates, validating every ``val_every`` steps; checkpoint every
         ``checkpoint_every`` steps and after the last.
 
-        A run that stops early still keeps what it learned. Cancelled (Ctrl-C, SIGTERM) or
-        failed outside the optimizer's parameter step (the rollouts, a dead worker pool, the
-        store, building the batch, the forward/backward, serving the new weights), the weights
-        are those of the last completed update: they are checkpointed with its step and
-        ``resume=True`` continues from there. Failed inside an update that had begun to change
-        them (an optimizer step raised, or a later mini-batch or adapter after one ran), they
-        are neither that step's nor the next, and saving them under either step would resume
-        from weights that no step produced: they are not saved, and the last checkpoint stays
-        the latest. Nothing goes to ``final/`` (a resumed run writes it when it completes).
-        The rollouts of steps queued ahead (``max_staleness``) are then cancelled or left
+        A run that stops early keeps what it learned: the weights of the last completed update
+        are checkpointed with its step (whose line is in ``metrics.jsonl``) and ``resume=True``
+        continues from there. Ctrl-C or SIGTERM during an update ends it at its next
+        micro-batch (:attr:`PolicyTrainer.stop`), so the run exits within one forward and
+        backward pass with the previous step's weights. An update that fails or stops after it
+        began changing the weights (an optimizer step ran, or raised) leaves weights no step
+        produced: they are not saved, and the last checkpoint stays the latest. Nothing goes to
+        ``final/``. The rollouts of steps queued ahead (``max_staleness``) are cancelled or left
         untrained: a resumed run queues those steps again, so no rollout trains twice.
         """
         assert self._policies and self._engine is not None
@@ -439,6 +437,8 @@ class LocalRL(Algorithm):
                 updates = {name: self._policies[name].global_step for name in names}
                 print(adapters_summary(names, self.history, updates), flush=True)
         except BaseException as exc:  # Ctrl-C, SIGTERM or a failure: keep what was learned
+            for policy in self._policies.values():
+                policy.stop.set()  # an update under way ends at its next micro-batch
             await self._checkpoint_stopped(ctx, exc)
             raise
         finally:
@@ -544,7 +544,6 @@ class LocalRL(Algorithm):
         trained: dict[str | None, dict[str, Any]] = {}
         if parts and stats.succeeded:  # rows of failed rollouts alone teach nothing
             trained = await asyncio.to_thread(self._update, parts, step)
-            await self._serve_new_weights(ctx, list(trained))
         t2 = time.perf_counter()
         metrics = {
             f"update/{k}" if key is None else f"update/{key}/{k}": v
@@ -566,7 +565,9 @@ class LocalRL(Algorithm):
             update_s=t2 - t1,
             resources_version=queued.version,
             weights_version=weights,
-        )
+        )  # logged before the swap: a run stopped during it has the line of the step it saves
+        if trained:
+            await self._serve_new_weights(ctx, list(trained))
         if ctx.progress:
             shown = staleness if self.max_staleness else None
             print(step_line(step, self.steps, stats, trained, t1 - t0, t2 - t1, shown), flush=True)

@@ -50,6 +50,7 @@ import copy
 import math
 import random
 import shutil
+import threading
 import time
 import warnings
 from collections.abc import Iterator
@@ -153,6 +154,11 @@ def _with_lora(model: Any, cfg: PolicyUpdateConfig, adapter: str | None) -> Any:
     return model
 
 
+class UpdateStopped(Exception):
+    """An update ended early by :attr:`PolicyTrainer.stop`; unless an optimizer step had run
+    (:attr:`PolicyTrainer.mid_update`), the weights are those before it."""
+
+
 class PolicyTrainer:
     """Owns the policy, its optimizer and the optional frozen reference policy.
 
@@ -207,6 +213,9 @@ class PolicyTrainer:
         step ran (or raised) and the update did not finish, so the weights are neither the last
         completed update's nor the next one's, and no checkpoint should hold them."""
         self.threads = torch.get_num_threads() if threads is None else decide_threads(threads)
+        self.stop = threading.Event()
+        """Set from another thread to end the update under way at its next micro-batch,
+        before its optimizer step when it can (:class:`UpdateStopped`; a run being stopped)."""
 
     # ---- the update ---------------------------------------------------------------------------
 
@@ -240,6 +249,7 @@ class PolicyTrainer:
             for rows in self._mini_batches(len(batch)):
                 for k, v in self._accumulate(data, rows).items():
                     sums[k] = sums.get(k, 0.0) + v
+                self._check_stop()
                 norm = self._optimizer_step()
                 if math.isfinite(norm):
                     grad_norms.append(norm)
@@ -366,6 +376,7 @@ class PolicyTrainer:
         self.model.eval()
         with torch.inference_mode(), ctx:
             for idx, first, width in self._micro_batches(model, data, rows):
+                self._check_stop()
                 logprobs, _, _ = data.rows.logprobs(model, idx, first, width, with_entropy=False)
                 out[idx, :width] = logprobs
         self.model.train(was_training)
@@ -392,6 +403,7 @@ class PolicyTrainer:
         sums = {"tokens": float(mask.sum()), "tokens_forward": 0.0, "padding": 0.0}
         sums["adv_tokens"] = float(mask[data.advantages[rows] != 0].sum())
         for idx, first, width in self._micro_batches(self.model, data, run):
+            self._check_stop()
             m = data.rows.response_mask[idx, :width]
             prox = None if data.prox_logprobs is None else data.prox_logprobs[idx, :width]
             logprobs, entropy, fed = data.rows.logprobs(
@@ -434,6 +446,11 @@ class PolicyTrainer:
             for k, v in parts.items():
                 sums[k] = sums.get(k, 0.0) + v
         return sums
+
+    def _check_stop(self) -> None:
+        if self.stop.is_set():
+            self.optimizer.zero_grad(set_to_none=True)
+            raise UpdateStopped("the update was stopped (the run is ending)")
 
     def _optimizer_step(self) -> float:
         """Clip the gradient norm and step; returns the norm before clipping. A non-finite
