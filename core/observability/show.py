@@ -98,7 +98,7 @@ async def find_run(
     specs = [store] if store else [str(p) for p in sorted(Path(run_dir).glob("*/store.sqlite"))]
     seen: list[tuple[str, Run]] = []
     for spec in specs:
-        opened = parse_store(spec, token=token, existing=True).open()
+        opened = parse_store(spec, token=token, existing=True).open(retries=2)
         try:
             seen += [(spec, r) for r in await opened.list_runs()]
         finally:
@@ -118,7 +118,7 @@ async def find_run(
             f"(started {_when(chosen.created_at)}); the others: {others}"
         )
     where = parse_store(spec, token=token, existing=True)
-    return Found(where.open(), chosen, where.describe(), where.sqlite_file, note, asked)
+    return Found(where.open(retries=2), chosen, where.describe(), where.sqlite_file, note, asked)
 
 
 async def load_run(found: Found, run_dir: str | Path = "runs") -> RunView:

@@ -53,10 +53,11 @@ class StoreSpec:
             return str(Path(self.target).resolve())
         return redact(self.target)
 
-    def open(self, *, threaded: bool = False) -> Store:
+    def open(self, *, threaded: bool = False, retries: int | None = None) -> Store:
         """Open the store. ``threaded``: a SQLite store with its own connection, used on a
         thread, so a reader's queries never hold up the event loop, nor a trainer writing the
-        same file from another store object."""
+        same file from another store object. ``retries``: a store server's, when not the
+        default that rides out a restart (a page a person waits on fails sooner)."""
         if self.kind == "memory":
             from voltrl.store.memory import InMemoryStore
 
@@ -64,7 +65,9 @@ class StoreSpec:
         if self.kind == "http":
             from voltrl.store.http import HTTPStore
 
-            return HTTPStore(self.target, token=self.token)
+            if retries is None:
+                return HTTPStore(self.target, token=self.token)
+            return HTTPStore(self.target, token=self.token, retries=retries)
         from voltrl.store.sql import SQLStore
 
         return SQLStore(self.target, threaded=threaded)

@@ -104,7 +104,7 @@ class Catalog:
             raise VoltRLError(f"{e}{hint}; or a directory of run directories") from None
         if where.kind == "sqlite":
             return _Source(spec, locations=[str(where.sqlite_file)])
-        self._kept[spec] = store = where.open()
+        self._kept[spec] = store = where.open(retries=2)
         self._owned.append(store)
         return _Source(spec, locations=[spec])
 
@@ -112,7 +112,7 @@ class Catalog:
     def _open(location: str) -> Store:
         """A run's SQLite store with its own connection, read on a thread: a page's queries
         never hold up the event loop, nor a trainer serving the same file."""
-        return parse_store(location, existing=True).open(threaded=True)
+        return parse_store(location, existing=True).open(threaded=True, retries=2)
 
     def _scan(self) -> None:
         for source in self._sources:

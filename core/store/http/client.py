@@ -14,7 +14,9 @@ loop); bodies are serialised and parsed by pydantic's JSON code directly.
 
 Retries (:mod:`voltrl.retry`, as the gateway's): every call is retried, with exponential backoff
 and jitter, on transport errors (connection refused or reset, timeouts) and on 408, 429 and
-500/502/503/504 answers, waiting at least a ``Retry-After`` (up to ``max_backoff_s``). Reads
+500/502/503/504 answers, waiting at least a ``Retry-After`` (up to ``max_backoff_s``). The
+defaults (12 retries, pauses up to 8 s) ride out a store server restart of at least 30 s, as
+a long run needs; one-off checks pass ``retries=0`` to fail at once. Reads
 are safe to repeat. Every write carries an ``X-Request-Id`` that stays the same across the
 retries of one call, and the server runs each request id once and answers repeats with the
 first answer (even while the first is still running, as a long-poll ``claim`` may be), so a
@@ -255,9 +257,9 @@ class HTTPStore(Store):
         token: str | None = None,
         *,
         timeout_s: float = 30.0,
-        retries: int = 4,
+        retries: int = 12,
         backoff_s: float = 0.1,
-        max_backoff_s: float = 2.0,
+        max_backoff_s: float = 8.0,
         long_poll_s: float = 25.0,
         max_connections: int = 512,
         keepalive_s: float = 4.0,
