@@ -147,3 +147,47 @@ async def test_local_rl_trains_a_bf16_model_end_to_end(
         next((tmp_path / "bf16" / "checkpoints").glob("step_*")) / "masters.pt", weights_only=True
     )
     assert saved and {t.dtype for t in saved.values()} == {torch.float32}
+
+
+@vl.rollout
+async def replies(task: dict[str, Any], llm: vl.LLM) -> float:
+    """One short reply; its reward differs within a group."""
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=llm.endpoint, api_key=llm.api_key)
+    reply = await client.chat.completions.create(
+        model=llm.model, messages=[{"role": "user", "content": task["q"]}], max_tokens=4
+    )
+    return len(reply.choices[0].message.content or "") / 10
+
+
+async def test_a_float32_run_resumed_in_bf16_takes_its_masters_from_the_float32_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """``dtype`` may change on resume: the bfloat16 model's float32 master weights are the
+    float32 values the checkpoint holds, not the bfloat16 model's rounded copies of them."""
+    rows = [{"q": "say a"}, {"q": "say b"}]
+
+    def fit(dtype: str, steps: int) -> Any:
+        algo = vl.LocalRL(
+            "tiny", dtype=dtype, steps=steps, tasks_per_step=2, group_size=2, resume=True
+        )
+        trainer = vl.Trainer(algo, run_dir=tmp_path, name="r", inline=True, progress=False)
+        return algo, trainer.fit_async(replies, rows)
+
+    _, run = fit("float32", 1)
+    await run
+    saved = torch.load(
+        tmp_path / "r" / "checkpoints" / "step_00000001" / "model.pt", weights_only=True
+    )
+    resumed, run = fit("bfloat16", 1)  # nothing left to train: it loads the checkpoint
+    await run
+    policy = resumed._policies[None]
+    names = [n for n, p in policy.model.named_parameters() if p.requires_grad]
+    assert policy.masters.masters  # the bfloat16 model trains through float32 masters
+    rounded = 0
+    for i, master in policy.masters.masters.items():
+        exact = saved[names[i]]
+        assert torch.equal(master.detach(), exact), names[i]
+        rounded += not torch.equal(exact.to(torch.bfloat16).float(), exact)
+    assert rounded  # the rounded copies would have differed

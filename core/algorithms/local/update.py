@@ -53,7 +53,7 @@ import shutil
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -551,6 +551,19 @@ class PolicyTrainer:
             raise
         return final
 
+    def _masters_from(self, weights: Mapping[str, Tensor]) -> None:
+        """The float32 masters of a run resumed in half precision from a checkpoint that saved
+        none (it trained in float32): the values ``model.pt`` holds, not the model's copies of
+        them rounded to its dtype."""
+        self.masters.params_to_masters()
+        if self.config.use_lora or not self.masters.masters:
+            return  # LoRA adapters are float32 already
+        names = [n for n, p in self.model.named_parameters() if p.requires_grad]
+        for i, master in self.masters.masters.items():
+            saved = weights.get(names[i])
+            if saved is not None and saved.dtype == torch.float32:
+                master.data.copy_(saved)
+
     def load_checkpoint(self, path: str | Path) -> int:
         """Restore weights, optimizer, step and RNG states from a checkpoint folder, or from
         the latest one under ``path``. Returns the step restored (the run's, which
@@ -574,8 +587,8 @@ class PolicyTrainer:
         if (folder / "masters.pt").exists():  # float32 weights, a run's since it began in half
             masters = torch.load(folder / "masters.pt", map_location=self.device, weights_only=True)
             self.masters.load_state_dict(masters)
-        else:  # a float32 run's weights, now in half precision: its masters are them, rounded
-            self.masters.params_to_masters()
+        else:  # a float32 run's weights, now in half precision: model.pt holds them exactly
+            self._masters_from(weights)
         self.optimizer.load_state_dict(
             torch.load(folder / "optimizer.pt", map_location=self.device, weights_only=True)
         )
