@@ -442,3 +442,27 @@ def test_idle_stores_are_closed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
             time.sleep(0.05)
         assert open_fds() <= fds and threading.active_count() <= threads
         assert c.get(f"/runs/{run_ids[0]}").status_code == 200  # opened again when needed
+
+
+def test_the_counts_of_finished_runs_kept_in_memory_are_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A dashboard left open over a store that gains runs for months keeps the counts of the
+    latest few finished runs shown, not one entry per run for ever."""
+    import voltrl.observability.dashboard.app as dashboard_module
+    from voltrl.store.memory import InMemoryStore
+    from voltrl.types import Run
+
+    monkeypatch.setattr(dashboard_module, "FINISHED_COUNTS_KEPT", 2)
+    store = InMemoryStore()
+
+    async def finished_runs() -> None:
+        for i in range(5):
+            run = Run(name=f"r{i}", kind="dev", algorithm="baseline", status="finished")
+            await store.add_run(run)
+
+    asyncio.run(finished_runs())
+    app = dashboard_app(Catalog([store]))
+    with serve_in_thread(app) as server, httpx.Client(base_url=server.url) as c:
+        assert c.get("/").status_code == 200  # every run's counts, for its row
+        assert len(app.state.finished_counts) == 2

@@ -32,6 +32,7 @@ import hmac
 import json
 import math
 import time
+from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,9 @@ from voltrl.store.browse import RolloutPage, RolloutQuery, duration
 HERE = Path(__file__).resolve().parent
 REFRESH_S = 3
 """How often a live page's tables poll, unless the dashboard is told otherwise."""
+FINISHED_COUNTS_KEPT = 256
+"""Finished runs whose rollout counts the dashboard keeps in memory (the least recently shown
+go first): a dashboard left open for months over a busy store stays bounded."""
 STORE_CURVES = tuple(f"store/{mode}_reward_by_version" for mode in ("train", "val", "dev"))
 """The reward curves drawn from the store where no metrics.jsonl is known."""
 
@@ -88,7 +92,9 @@ def dashboard_app(
     templates.env.globals["url_for"] = _url_path
     templates.env.globals["session_s"] = session_s
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
-    counts_of_finished: dict[str, list[Any]] = {}  # a finished run's counts never change
+    # a finished run's counts never change: the latest FINISHED_COUNTS_KEPT stay in memory
+    counts_of_finished: OrderedDict[str, list[Any]] = OrderedDict()
+    app.state.finished_counts = counts_of_finished
 
     def signed_in(request: Request) -> bool:
         """Whether the request may see the dashboard: no token, or a session or the token."""
@@ -117,10 +123,13 @@ def dashboard_app(
     async def counts(entry: data.RunEntry) -> list[Any]:
         run_id = entry.run.run_id
         if run_id in counts_of_finished:
+            counts_of_finished.move_to_end(run_id)
             return counts_of_finished[run_id]
         found = await entry.store.rollout_counts(run_id)
         if entry.run.status != "running":
             counts_of_finished[run_id] = found
+            if len(counts_of_finished) > FINISHED_COUNTS_KEPT:
+                counts_of_finished.popitem(last=False)  # the least recently shown
         return found
 
     if sessions is not None:
