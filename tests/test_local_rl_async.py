@@ -81,6 +81,62 @@ def test_decoupled_loss_clips_against_the_proximal_policy_and_weighs_by_the_capp
     assert float(stats["behaviour_capped"]) == pytest.approx(1 / 3)
 
 
+def test_decoupled_loss_can_mask_tokens_over_the_cap_as_areal_does():
+    """``behaviour_weight_mode="mask"``: a token whose weight is over the cap gets weight 0
+    (no gradient), where ``clamp`` gives it the cap."""
+    logp = torch.tensor([[-1.0, -1.0, -2.0]], requires_grad=True)
+    old = torch.tensor([[-1.5, -0.2, -2.0]])
+    prox = torch.tensor([[-1.2, -1.0, -0.5]])  # the third token's weight, exp(1.5), is over 2
+    adv, mask = torch.tensor([1.0]), torch.ones(1, 3, dtype=torch.long)
+    options = {"agg": "seq-mean-token-sum", "prox_logprobs": prox, "behaviour_weight_cap": 2.0}
+    loss, stats = policy_loss(logp, old, adv, mask, behaviour_weight_mode="mask", **options)
+    (grad,) = torch.autograd.grad(loss, logp)
+    ratio = torch.exp(logp.detach() - prox)
+    weight = torch.exp(prox - old)
+    weight[0, 2] = 0.0
+    assert torch.allclose(loss, (weight * torch.maximum(-ratio, -ratio.clamp(0.8, 1.2))).sum())
+    assert grad[0, 2] == 0 and grad[0, 1] != 0  # (the first token is clipped)
+    assert float(stats["behaviour_capped"]) == pytest.approx(1 / 3)
+    with pytest.raises(ValueError, match="clamp or mask"):
+        policy_loss(logp, old, adv, mask, behaviour_weight_mode="drop", **options)  # type: ignore[arg-type]
+
+
+def test_the_loss_statistics_keep_one_meaning_and_name_the_proximal_ones_apart():
+    """``approx_kl``, ``ratio_mean`` and ``clip_frac`` are against the sampling policy with or
+    without a proximal one; the proximal policy's are ``prox_*``."""
+    logp = torch.tensor([[-1.0, -1.0, -2.0]])
+    old = torch.tensor([[-1.5, -0.2, -2.0]])
+    prox = torch.tensor([[-1.2, -1.0, -0.5]])
+    adv, mask = torch.tensor([1.0]), torch.ones(1, 3, dtype=torch.long)
+    _, plain = policy_loss(logp, old, adv, mask)
+    _, decoupled = policy_loss(logp, old, adv, mask, prox_logprobs=prox)
+    for name in ("approx_kl", "ratio_mean", "clip_frac"):
+        assert torch.equal(plain[name], decoupled[name]), name
+    assert float(decoupled["approx_kl"]) == pytest.approx(float((old - logp).mean()))
+    assert float(decoupled["prox_approx_kl"]) == pytest.approx(float((prox - logp).mean()))
+    assert float(decoupled["prox_ratio_mean"]) == pytest.approx(
+        float(torch.exp(logp - prox).mean())
+    )
+    assert "prox_clip_frac" in decoupled and "prox_approx_kl" not in plain
+
+
+def test_rows_of_unknown_age_train_as_in_the_synchronous_update():
+    """A row whose sampler is not recorded (an explicit transition) gets no proximal pass: the
+    decoupled update of such rows is the synchronous one, bit for bit (docs/async.md)."""
+    tok = build_tiny_tokenizer()
+    batch = sampled_batch(build_tiny_model(tok, seed=0), tok)
+    assert not batch.staleness or all(age is None for age in batch.staleness)
+    weights, metrics = {}, {}
+    for mode in ("rollout", "decoupled"):
+        trainer = PolicyTrainer(
+            build_tiny_model(tok, seed=0), PolicyUpdateConfig(lr=1e-2, old_logprobs=mode)
+        )
+        metrics[mode] = trainer.step(batch)
+        weights[mode] = trainer.model.state_dict()
+    assert metrics["decoupled"]["proximal_rows"] == 0
+    assert all(torch.equal(w, weights["decoupled"][k]) for k, w in weights["rollout"].items())
+
+
 def sampled_batch(model: Any, tokenizer: Any) -> Any:
     """Two groups of two rows whose old logprobs are ``model``'s own (as if it sampled them)."""
     trajectories = []
@@ -121,11 +177,12 @@ def test_a_decoupled_update_of_rows_the_weights_sampled_is_the_synchronous_updat
 
 
 def test_a_decoupled_update_on_fresh_samples_has_the_synchronous_gradient():
-    """Rows of unknown age are scored by the current weights for the proximal policy: on
+    """Rows marked stale are scored by the current weights for the proximal policy: on
     samples those weights produced, that equals the behaviour logprobs to float rounding, so
     both objectives give one gradient."""
     tok = build_tiny_tokenizer()
     batch = sampled_batch(build_tiny_model(tok, seed=0), tok)
+    batch.staleness = [1] * len(batch)
     grads, sums = {}, {}
     for mode in ("rollout", "decoupled"):
         trainer = PolicyTrainer(
@@ -294,6 +351,7 @@ def test_rollouts_queued_ahead_span_updates_and_every_call_was_sampled_by_its_ve
     assert [m["weights_version"] for m in steps] == [0, 1, 2]  # the weights each step trained
     # only rows sampled by older weights were scored for the proximal policy
     assert steps[0]["update/proximal_rows"] == 0 and steps[1]["update/proximal_rows"] > 0
+    assert {"update/prox_approx_kl", "update/approx_kl"} <= steps[1].keys()  # both meanings
 
     rollouts, calls, weights = asyncio.run(read_store(tmp_path / "async" / "store.sqlite"))
     train = [r for r in rollouts if r.mode == "train"]

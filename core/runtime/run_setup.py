@@ -56,6 +56,7 @@ RESUMABLE_SETTINGS = (
 ADDED_SETTINGS: dict[str, Any] = {
     "max_staleness": 0,
     "update.behaviour_weight_cap": 5.0,
+    "update.behaviour_weight_mode": "clamp",
     "trajectory.group_by_agent": None,
 }
 """Settings added to LocalRL after runs were first recorded (dotted paths in the algorithm's

@@ -249,6 +249,7 @@ def policy_loss(
     max_log_ratio: float | None = None,
     prox_logprobs: Tensor | None = None,
     behaviour_weight_cap: float | None = None,
+    behaviour_weight_mode: Literal["clamp", "mask"] = "clamp",
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO-clip loss against the sampling logprobs, aggregated by :func:`agg_loss`.
 
@@ -278,22 +279,28 @@ def policy_loss(
     **Decoupled PPO** (AReaL's objective for stale samples: asynchronous LocalRL). With
     ``prox_logprobs`` (``prox[i,t]``: the current weights' logprobs before the update, the
     proximal policy), the clip is taken against the proximal policy and the behaviour policy
-    that sampled the token enters as an importance weight, capped at ``behaviour_weight_cap``::
+    that sampled the token enters as an importance weight, bounded by ``behaviour_weight_cap``::
 
         ratio_t = exp(logp_t - prox_t)
-        w_t     = min( exp(prox_t - old_t), cap )      (1 where old_t is unknown)
+        w_t     = exp(prox_t - old_t)                  (1 where old_t is unknown)
+        w_t     = min(w_t, cap)   or, with behaviour_weight_mode="mask", 0 where w_t > cap
         L_t     = w_t * max( -A * ratio_t,  -A * clip(ratio_t, 1 - e_lo, 1 + e_hi) )
 
-    A token sampled by the weights being updated has ``prox_t = old_t``, so ``w_t = 1`` and
-    the loss is the PPO-clip loss above, exactly (the update passes ``old`` as ``prox`` for
-    such rows): the decoupled objective only differs on stale tokens. A ``prox_t`` of 0 is
-    unknown, like ``old_t``: ``logp_t`` detached stands in. Its statistics add
-    ``behaviour_weight`` (mean ``w_t``) and ``behaviour_capped`` (the fraction of tokens whose
-    weight hit the cap).
+    ``clamp`` keeps a capped token's gradient at the cap; ``mask`` drops it (AReaL's choice:
+    a token its sampler found far likelier than the current weights do teaches nothing). A
+    token sampled by the weights being updated has ``prox_t = old_t``, so ``w_t = 1`` and the
+    loss is the PPO-clip loss above, exactly (the update passes ``old`` as ``prox`` for such
+    rows): the decoupled objective only differs on stale tokens. A ``prox_t`` of 0 is
+    unknown, like ``old_t``: ``logp_t`` detached stands in.
 
-    Statistics (token means over the mask, detached): ``clip_frac`` (tokens where the
-    clipped term is the larger, i.e. the gradient is cut off), ``approx_kl`` (``old - logp``,
-    the k1 estimate of KL(old || pi) on known tokens), ``ratio_mean``, ``known_frac``.
+    Statistics (token means over the mask, detached), each with one meaning whatever the
+    objective: ``clip_frac`` (tokens whose ratio against the sampling policy is beyond the
+    clip on the side that cuts the gradient), ``approx_kl`` (``old - logp``, the k1 estimate
+    of KL(sampler || pi) on known tokens), ``ratio_mean`` (``exp(logp - old)``),
+    ``known_frac``. With ``prox_logprobs`` also the same three against the proximal policy,
+    where the clip acts (``prox_clip_frac``, ``prox_approx_kl``, ``prox_ratio_mean``), and
+    ``behaviour_weight`` (mean ``w_t``) and ``behaviour_capped`` (the fraction of tokens whose
+    weight was over the cap).
     """
     e_lo = clip_eps
     e_hi = clip_eps if clip_eps_high is None else clip_eps_high
@@ -304,6 +311,11 @@ def policy_loss(
         known = (old_logprobs != 0) if old_known is None else old_known.bool()
         old = torch.where(known, old_logprobs.to(logprobs.dtype), logprobs.detach())
     adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
+    if behaviour_weight_mode not in ("clamp", "mask"):
+        raise ValueError(
+            f"behaviour_weight_mode must be clamp or mask, not {behaviour_weight_mode!r}"
+        )
+    behaviour = old
     weight = None
     if prox_logprobs is not None:  # decoupled: clip against the proximal policy
         prox = prox_logprobs.to(logprobs.dtype)
@@ -311,14 +323,20 @@ def policy_loss(
         weight = torch.where(known, torch.exp(prox - old), torch.ones_like(old))
         if behaviour_weight_cap is not None:
             capped = weight > behaviour_weight_cap
-            weight = weight.clamp(max=behaviour_weight_cap)
+            if behaviour_weight_mode == "mask":
+                weight = torch.where(capped, torch.zeros_like(weight), weight)
+            else:
+                weight = weight.clamp(max=behaviour_weight_cap)
         old = prox
-    log_ratio = logprobs - old
-    if max_log_ratio is not None:
-        log_ratio = log_ratio.clamp(min=-max_log_ratio, max=max_log_ratio)
-    ratio = torch.exp(log_ratio)
-    unclipped = -adv * ratio
-    clipped = -adv * torch.clamp(ratio, 1.0 - e_lo, 1.0 + e_hi)
+
+    def clipped_terms(log_ratio: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        if max_log_ratio is not None:
+            log_ratio = log_ratio.clamp(min=-max_log_ratio, max=max_log_ratio)
+        ratio = torch.exp(log_ratio)
+        unclipped = -adv * ratio
+        return log_ratio, ratio, unclipped, -adv * torch.clamp(ratio, 1.0 - e_lo, 1.0 + e_hi)
+
+    log_ratio, ratio, unclipped, clipped = clipped_terms(logprobs - old)
     per_token = torch.maximum(unclipped, clipped)
     if dual_clip is not None:
         if dual_clip <= 1.0:
@@ -329,13 +347,17 @@ def policy_loss(
     loss = agg_loss(per_token, response_mask, agg, normaliser)
     with torch.no_grad():
         m = response_mask.bool()
+        b_log, b_ratio, b_unclipped, b_clipped = clipped_terms(logprobs.detach() - behaviour)
         stats = {
-            "clip_frac": masked_mean((clipped > unclipped).float(), m),
-            "approx_kl": masked_mean(-log_ratio, m & known),
-            "ratio_mean": masked_mean(ratio, m),
+            "clip_frac": masked_mean((b_clipped > b_unclipped).float(), m),
+            "approx_kl": masked_mean(-b_log, m & known),
+            "ratio_mean": masked_mean(b_ratio, m),
             "known_frac": masked_mean(known.float(), m),
         }
         if weight is not None:
+            stats["prox_clip_frac"] = masked_mean((clipped > unclipped).float(), m)
+            stats["prox_approx_kl"] = masked_mean(-log_ratio, m)
+            stats["prox_ratio_mean"] = masked_mean(ratio, m)
             stats["behaviour_weight"] = masked_mean(weight, m)
             if behaviour_weight_cap is not None:
                 stats["behaviour_capped"] = masked_mean(capped.float(), m)

@@ -233,7 +233,11 @@ class PolicyTrainer:
         ``tokens_forward`` (tokens fed to the model for training, padding included, a shared
         prompt prefix once per micro-batch),
         ``padding_frac``, ``tokens_per_s`` (trained tokens per second), ``seconds``,
-        ``lr`` and ``step`` (updates done so far, this one included).
+        ``lr`` and ``step`` (updates done so far, this one included). ``clip_frac``,
+        ``approx_kl`` and ``ratio_mean`` are against the sampling policy whatever
+        ``old_logprobs`` is; with ``decoupled`` the same against the proximal policy (where
+        its clip acts) are ``prox_clip_frac``, ``prox_approx_kl`` and ``prox_ratio_mean``,
+        beside ``behaviour_weight``, ``behaviour_capped`` and ``proximal_rows``.
         """
         if not len(batch):
             raise ValueError("the batch has no rows")
@@ -284,7 +288,9 @@ class PolicyTrainer:
         }
         if data.ref_logprobs is not None:
             metrics["kl"] = sums.get("kl", 0.0) / n_steps
-        if data.prox_logprobs is not None:
+        if data.prox_logprobs is not None:  # the clip's statistics against the proximal policy
+            for name in ("prox_clip_frac", "prox_approx_kl", "prox_ratio_mean"):
+                metrics[name] = sums.get(name, 0.0) / weighted
             metrics["behaviour_weight"] = sums.get("behaviour_weight", 0.0) / weighted
             if cfg.behaviour_weight_cap is not None:
                 metrics["behaviour_capped"] = sums.get("behaviour_capped", 0.0) / weighted
@@ -329,11 +335,13 @@ class PolicyTrainer:
 
     def _proximal(self, data: _Prepared, batch: TrainingBatch) -> tuple[Tensor, int]:
         """The decoupled objective's proximal logprobs: the current weights' for each row
-        that may be stale, and the sampling logprobs themselves for the rows the current
-        weights sampled (``batch.staleness`` 0: they are the same policy), which then train
-        exactly as with ``old_logprobs="rollout"``, with no forward pass."""
+        sampled by older weights, and the sampling logprobs themselves for the rows the current
+        weights sampled (``batch.staleness`` 0: they are the same policy) and the rows of
+        unknown age (an explicit transition), which then train exactly as with
+        ``old_logprobs="rollout"``, with no forward pass."""
         ages = batch.staleness or [None] * len(batch)
-        stale = [i for i in data.rows.trained if ages[i] != 0]
+        # rows of unknown age (an explicit transition) train as in the synchronous update
+        stale = [i for i in data.rows.trained if ages[i] is not None and ages[i] > 0]
         if not stale:
             return data.old_logprobs, 0
         recomputed = self._logprobs_no_grad(data, stale, reference=False)
@@ -422,6 +430,7 @@ class PolicyTrainer:
                 normaliser=norm,
                 prox_logprobs=prox,
                 behaviour_weight_cap=cfg.behaviour_weight_cap,
+                behaviour_weight_mode=cfg.behaviour_weight_mode,
             )
             loss = pg
             parts = {"pg_loss": pg.item()}

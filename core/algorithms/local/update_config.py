@@ -43,6 +43,9 @@ class PolicyUpdateConfig(Model):
     k > 0)`` uses unless this is set: :func:`~voltrl.algorithms.local.loss.policy_loss`)."""
     behaviour_weight_cap: float | None = Field(5.0, gt=0)
     """With ``decoupled``: the cap on a token's importance weight against its sampler."""
+    behaviour_weight_mode: Literal["clamp", "mask"] = "clamp"
+    """With ``decoupled``: a weight over the cap is the cap (``clamp``), or 0 (``mask``,
+    AReaL's: the token is left out of the update)."""
     # advantages
     norm_adv_by_std: bool = True
     adv_eps: float = Field(1e-6, ge=0)
