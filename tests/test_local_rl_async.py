@@ -120,23 +120,6 @@ def test_the_loss_statistics_keep_one_meaning_and_name_the_proximal_ones_apart()
     assert "prox_clip_frac" in decoupled and "prox_approx_kl" not in plain
 
 
-def test_rows_of_unknown_age_train_as_in_the_synchronous_update():
-    """A row whose sampler is not recorded (an explicit transition) gets no proximal pass: the
-    decoupled update of such rows is the synchronous one, bit for bit (docs/async.md)."""
-    tok = build_tiny_tokenizer()
-    batch = sampled_batch(build_tiny_model(tok, seed=0), tok)
-    assert not batch.staleness or all(age is None for age in batch.staleness)
-    weights, metrics = {}, {}
-    for mode in ("rollout", "decoupled"):
-        trainer = PolicyTrainer(
-            build_tiny_model(tok, seed=0), PolicyUpdateConfig(lr=1e-2, old_logprobs=mode)
-        )
-        metrics[mode] = trainer.step(batch)
-        weights[mode] = trainer.model.state_dict()
-    assert metrics["decoupled"]["proximal_rows"] == 0
-    assert all(torch.equal(w, weights["decoupled"][k]) for k, w in weights["rollout"].items())
-
-
 def sampled_batch(model: Any, tokenizer: Any) -> Any:
     """Two groups of two rows whose old logprobs are ``model``'s own (as if it sampled them)."""
     trajectories = []
@@ -158,12 +141,17 @@ def sampled_batch(model: Any, tokenizer: Any) -> Any:
     return collate(trajectories, TrajectoryConfig(pad_token_id=tokenizer.pad_token_id))
 
 
-def test_a_decoupled_update_of_rows_the_weights_sampled_is_the_synchronous_update_exactly():
-    """Rows whose staleness is 0 use their sampling logprobs as the proximal policy (no
-    forward pass): the update is the synchronous one, bit for bit, optimizer step included."""
+@pytest.mark.parametrize("age", [0, None], ids=["sampled by these weights", "unknown age"])
+def test_a_decoupled_update_of_rows_that_are_not_stale_is_the_synchronous_update_exactly(
+    age: int | None,
+) -> None:
+    """Rows whose staleness is 0, and rows of unknown age (an explicit transition: they train
+    as they always did, docs/async.md), use their sampling logprobs as the proximal policy
+    (no forward pass): the update is the synchronous one, bit for bit, optimizer step
+    included."""
     tok = build_tiny_tokenizer()
     batch = sampled_batch(build_tiny_model(tok, seed=0), tok)
-    batch.staleness = [0] * len(batch)
+    batch.staleness = [age] * len(batch)
     weights, metrics = {}, {}
     for mode in ("rollout", "decoupled"):
         trainer = PolicyTrainer(

@@ -70,6 +70,20 @@ def with_password(url: str) -> str:
     return f"{head}:{SECRET}@{rest}"
 
 
+async def dashboard_pages(sources: list[str]) -> str:
+    """The dashboard's runs page and every run's page over ``sources``, as one text."""
+    catalog = Catalog(sources)
+    transport = httpx.ASGITransport(app=dashboard_app(catalog))
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
+            bodies = [(await c.get("/")).text]
+            for entry in await catalog.runs():
+                bodies.append((await c.get(f"/runs/{entry.run.run_id}")).text)
+            return "\n".join(bodies)
+    finally:
+        await catalog.close()
+
+
 def files_containing(root: Path, secret: str) -> list[Path]:
     return [p for p in root.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
 
@@ -119,20 +133,7 @@ def test_a_database_password_reaches_no_sink(
     assert "teacher" in asyncio.run(stored_configs())
     assert SECRET not in asyncio.run(stored_configs())
 
-    async def pages() -> str:
-        catalog = Catalog([database, str(runs)])
-        app = dashboard_app(catalog)
-        transport = httpx.ASGITransport(app=app)
-        try:
-            async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
-                bodies = [(await c.get("/")).text]
-                for entry in await catalog.runs():
-                    bodies.append((await c.get(f"/runs/{entry.run.run_id}")).text)
-                return "\n".join(bodies)
-        finally:
-            await catalog.close()
-
-    html = asyncio.run(pages())
+    html = asyncio.run(dashboard_pages([database, str(runs)]))
     assert "sft" in html and "teacher" in html
     assert SECRET not in html
 
@@ -246,19 +247,7 @@ def test_a_secret_under_any_header_or_query_name_reaches_no_sink_and_the_backend
         == []
     )
 
-    async def pages() -> str:
-        catalog = Catalog([str(runs)])
-        transport = httpx.ASGITransport(app=dashboard_app(catalog))
-        try:
-            async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as c:
-                bodies = [(await c.get("/")).text]
-                for entry in await catalog.runs():
-                    bodies.append((await c.get(f"/runs/{entry.run.run_id}")).text)
-                return "\n".join(bodies)
-        finally:
-            await catalog.close()
-
-    html = asyncio.run(pages())
+    html = asyncio.run(dashboard_pages([str(runs)]))
     assert "keys" in html and leaks(html) == []
     for args in (["show", "keys", "--full"], ["runs", "--wide"]):
         out = voltrl(*args, "--run-dir", str(runs), cwd=tmp_path)

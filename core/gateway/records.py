@@ -226,35 +226,36 @@ class Recorder:
         """Record a call the backend refused (a prompt over the context, a bad parameter) as
         a ``gateway.refused`` span of its attempt, which the trajectory builder counts
         (``refused/<code>``); written in the background, like late call records."""
-        span = Span(
-            rollout_id=call.rollout_id,
-            attempt_id=call.attempt_id,
-            name=REFUSED_SPAN,
-            start_time=started,
-            end_time=time.time(),
-            status="error",
-            attributes={
+        self._record_span(
+            call,
+            REFUSED_SPAN,
+            started,
+            {
                 "http.response.status_code": error.status,
                 "error.type": error.code or error.type,
                 "error.message": error.message[:1000],
-                "voltrl.agent_name": call.agent_name or "",
             },
         )
-        self._track(self.store.add_spans([span])).add_done_callback(_log_write_failure)
 
     def record_abandoned(self, call: Call, reason: str, started: float) -> None:
         """Record a call cut off in flight (``reason``: one of
         :data:`~voltrl.gateway.drain.CUT_REASONS`) as a ``gateway.abandoned`` span of its
         attempt, which the trajectory builder counts (``abandoned/<reason>``); written in
         the background."""
+        self._record_span(call, ABANDONED_SPAN, started, {"voltrl.cut_reason": reason})
+
+    def _record_span(
+        self, call: Call, name: str, started: float, attributes: dict[str, Any]
+    ) -> None:
+        """An error span of the call's attempt, from ``started`` to now, with its agent."""
         span = Span(
             rollout_id=call.rollout_id,
             attempt_id=call.attempt_id,
-            name=ABANDONED_SPAN,
+            name=name,
             start_time=started,
             end_time=time.time(),
             status="error",
-            attributes={"voltrl.cut_reason": reason, "voltrl.agent_name": call.agent_name or ""},
+            attributes={**attributes, "voltrl.agent_name": call.agent_name or ""},
         )
         self._track(self.store.add_spans([span])).add_done_callback(_log_write_failure)
 
