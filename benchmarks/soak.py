@@ -85,7 +85,7 @@ def trainer_main(args: argparse.Namespace) -> int:
     """One trainer process: the run (resumed when it exists) with the soak's instruments."""
     import voltrl as vl
     import voltrl.algorithms.local.algorithm as local_algorithm
-    import voltrl.algorithms.local.update as update_module
+    import voltrl.algorithms.local.checkpoints as checkpoints_module
     from voltrl.observability.trackers import Logger
 
     class SlowTracker(Logger):
@@ -101,14 +101,14 @@ def trainer_main(args: argparse.Namespace) -> int:
 
     soak = Path(args.dir)
     if args.full_disk_at is not None:  # the disk fills while this checkpoint is written
-        write, doomed = update_module.durable_save, f".tmp-step_{args.full_disk_at:08d}"
+        write, doomed = checkpoints_module.durable_save, f".tmp-step_{args.full_disk_at:08d}"
 
         def full_disk(obj: Any, path: Path) -> None:
             if path.parent.name == doomed and path.name == "optimizer.pt":
                 raise OSError(errno.ENOSPC, "No space left on device", str(path))
             write(obj, path)
 
-        update_module.durable_save = full_disk
+        checkpoints_module.durable_save = full_disk
     update, serve = local_algorithm.LocalRL._update, local_algorithm.LocalRL._serve_new_weights
 
     def recorded_update(self: Any, parts: Any, step: int) -> Any:

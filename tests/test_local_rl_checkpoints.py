@@ -20,6 +20,7 @@ from rl_agents import ROWS, two_turn_agent
 from test_local_rl import make_algorithm
 
 import voltrl as vl
+import voltrl.algorithms.local.checkpoints as checkpoints_module
 import voltrl.algorithms.local.rows as rows_module
 import voltrl.algorithms.local.update as update_module
 from voltrl.errors import VoltRLError
@@ -49,7 +50,7 @@ def test_only_the_latest_keep_checkpoints_stay_on_disk(tmp_path: Path) -> None:
 def test_a_full_disk_during_a_save_fails_the_run_with_the_last_checkpoint_named_and_intact(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    write = update_module.durable_save
+    write = checkpoints_module.durable_save
 
     def full_from_step_3(obj: Any, path: Path) -> None:
         if path.parent.name == ".tmp-step_00000003" and path.name == "optimizer.pt":
@@ -57,7 +58,7 @@ def test_a_full_disk_during_a_save_fails_the_run_with_the_last_checkpoint_named_
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
         write(obj, path)
 
-    monkeypatch.setattr(update_module, "durable_save", full_from_step_3)
+    monkeypatch.setattr(checkpoints_module, "durable_save", full_from_step_3)
     last = tmp_path / "run" / "checkpoints" / "step_00000002"
     with pytest.raises(VoltRLError) as failed:
         fit(tmp_path, "run", steps=4, keep_checkpoints=2)

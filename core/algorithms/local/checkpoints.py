@@ -7,8 +7,9 @@
     <run dir>/final/                                  from_pretrained loads it (LoRA merged)
     <run dir>/final/adapter/  or  final/adapters/<adapter>/     the LoRA adapters, for peft
 
-:meth:`~voltrl.algorithms.local.update.PolicyTrainer.save_checkpoint` writes a folder under a
-temporary name and renames it, so a folder with a ``state.pt`` is complete. With LoRA a
+:func:`save_trainer` (``PolicyTrainer.save_checkpoint``) writes a trainer's folder under a
+temporary name, fsyncs it and renames it, so a folder with a ``state.pt`` is complete;
+:func:`load_trainer` (``PolicyTrainer.load_checkpoint``) restores one. With LoRA a
 checkpoint holds the adapters and the optimizer; ``final/`` holds the merged model
 (``AutoModelForCausalLM.from_pretrained`` loads it) and the adapter alone, which
 ``PeftModel.from_pretrained(base_model, ...)`` loads onto the model training started from.
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import errno
 import os
+import random
 import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -38,7 +40,7 @@ CHECKPOINTS_DIR = "checkpoints"
 
 
 def checkpoint_path(directory: str | Path, step: int) -> Path:
-    """Where :meth:`~voltrl.algorithms.local.update.PolicyTrainer.save_checkpoint` puts the
+    """Where :func:`save_trainer` puts the
     checkpoint of ``step``."""
     return Path(directory) / f"{CHECKPOINT_PREFIX}{step:08d}"
 
@@ -83,6 +85,100 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def save_trainer(trainer: PolicyTrainer, root: Path, step: int) -> Path:
+    """Save ``trainer`` to ``root/step_{step:08d}/``: ``model.pt`` (the adapter weights with
+    LoRA, else the full model), ``optimizer.pt``, ``masters.pt`` (the float32 copies of
+    half-precision weights, when there are any: :mod:`~voltrl.algorithms.local.precision`) and
+    ``state.pt`` (step, the updates this trainer did, the torch/CUDA/Python RNG states, the
+    mini-batch shuffle generator, the config). Written to a temporary folder and renamed, so a
+    crash never leaves a half checkpoint that :func:`latest_checkpoint` would pick; each file
+    and the folders are fsynced before and after the rename, so a checkpoint named complete
+    survives a power cut. A failed save (a full disk) removes what it wrote and raises."""
+    import torch
+
+    root.mkdir(parents=True, exist_ok=True)
+    final = checkpoint_path(root, step)
+    tmp = root / f".tmp-{final.name}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    state = {
+        "step": step,
+        "updates": trainer.global_step,
+        "torch_rng": torch.get_rng_state(),
+        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "python_rng": random.getstate(),
+        "generator": trainer.generator.get_state(),
+        "config": trainer.config.model_dump(mode="json"),
+    }
+    weights = (
+        trainer.adapter_state_dict() if trainer.config.use_lora else trainer.model.state_dict()
+    )
+    parts = {"model.pt": weights, "optimizer.pt": trainer.optimizer.state_dict()}
+    if trainer.masters.masters:
+        parts["masters.pt"] = trainer.masters.state_dict()
+    try:
+        for name, obj in [*parts.items(), ("state.pt", state)]:  # state.pt last: complete
+            durable_save(obj, tmp / name)
+        fsync_dir(tmp)
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        fsync_dir(root)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # a full disk gets its space back
+        raise
+    return final
+
+
+def load_trainer(trainer: PolicyTrainer, path: Path) -> int:
+    """Restore ``trainer``'s weights, optimizer, step and RNG states from a checkpoint folder,
+    or from the latest one under ``path``. Returns the step restored (the run's, which
+    ``global_step`` may not equal: it counts this trainer's own updates). The model must be
+    built as for the run that saved it (with LoRA, the same base model: only adapters are
+    saved). A float32 run's checkpoint resumed in half precision gives the float32 masters
+    the values ``model.pt`` holds, not the model's rounded copies. Raises
+    ``FileNotFoundError`` when there is no checkpoint."""
+    import torch
+
+    folder = path
+    if not (folder / "state.pt").exists():
+        found = latest_checkpoint(folder)
+        if found is None:
+            raise FileNotFoundError(f"no checkpoint in {folder}")
+        folder = found
+    device = trainer.device
+    weights = torch.load(folder / "model.pt", map_location=device, weights_only=True)
+    if trainer.config.use_lora:
+        from peft import set_peft_model_state_dict
+
+        set_peft_model_state_dict(trainer.model, weights, adapter_name=trainer.adapter or "default")
+    else:
+        trainer.model.load_state_dict(weights)
+    if (folder / "masters.pt").exists():  # float32 weights, a run's since it began in half
+        masters = torch.load(folder / "masters.pt", map_location=device, weights_only=True)
+        trainer.masters.load_state_dict(masters)
+    else:  # a float32 run's weights, now in half precision: model.pt holds them exactly
+        trainer.masters.params_to_masters()
+        if not trainer.config.use_lora:  # (LoRA adapters are float32 already)
+            names = [n for n, p in trainer.model.named_parameters() if p.requires_grad]
+            trainer.masters.take_float32(
+                {i: weights.get(names[i]) for i in trainer.masters.masters}
+            )
+    trainer.optimizer.load_state_dict(
+        torch.load(folder / "optimizer.pt", map_location=device, weights_only=True)
+    )
+    state = torch.load(folder / "state.pt", map_location="cpu", weights_only=True)
+    torch.set_rng_state(state["torch_rng"])
+    if state["cuda_rng"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda_rng"])
+    version, internal, gauss = state["python_rng"]
+    random.setstate((version, tuple(internal), gauss))
+    trainer.generator.set_state(state["generator"])
+    # a trainer of one LoRA adapter may have done fewer updates than the run has steps
+    trainer.global_step = int(state.get("updates", state["step"]))
+    trainer.mid_update = False
+    return int(state["step"])
 
 
 def save_checkpoints(

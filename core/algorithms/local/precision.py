@@ -17,7 +17,7 @@ float32 anyway (its ``autocast_adapter_dtype``), so the copies there are small o
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -104,6 +104,15 @@ class MasterWeights:
         from a checkpoint that saved no masters)."""
         for i, master in self.masters.items():
             master.data.copy_(self.params[i].data)
+
+    def take_float32(self, tensors: Mapping[int, torch.Tensor | None]) -> None:
+        """Set the masters, by position among ``params``, to those of ``tensors`` that are
+        float32 (a float32 checkpoint's exact values); the others are left as they are."""
+        import torch
+
+        for i, tensor in tensors.items():
+            if tensor is not None and tensor.dtype == torch.float32:
+                self.masters[i].data.copy_(tensor)
 
     def state_dict(self) -> dict[int, torch.Tensor]:
         """The master copies, by position among ``params`` (what a checkpoint saves)."""

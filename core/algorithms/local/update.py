@@ -48,12 +48,10 @@ from __future__ import annotations
 
 import copy
 import math
-import random
-import shutil
 import threading
 import time
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,12 +60,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from voltrl.algorithms.local.checkpoints import (
-    checkpoint_path,
-    durable_save,
-    fsync_dir,
-    latest_checkpoint,
-)
+from voltrl.algorithms.local.checkpoints import load_trainer, save_trainer
 from voltrl.algorithms.local.lora_adapters import adapter_of
 from voltrl.algorithms.local.loss import (
     agg_loss,
@@ -514,101 +507,14 @@ class PolicyTrainer:
             raise ValueError("adapter_state_dict needs use_lora=True")
         return get_peft_model_state_dict(self.model, adapter_name=self.adapter or "default")
 
-    def _trainable_state(self) -> dict[str, Tensor]:
-        if self.config.use_lora:
-            return self.adapter_state_dict()
-        return self.model.state_dict()
-
     def save_checkpoint(self, directory: str | Path, step: int | None = None) -> Path:
-        """Save to ``directory/step_{step:08d}/`` (``step`` defaults to the updates done):
-        ``model.pt`` (the adapter weights with LoRA, else the full model), ``optimizer.pt``,
-        ``masters.pt`` (the float32 copies of half-precision weights, when there are any:
-        :mod:`~voltrl.algorithms.local.precision`) and ``state.pt`` (step, the updates this
-        trainer did, the torch/CUDA/Python RNG states, the mini-batch shuffle generator, the
-        config). Written to a temporary folder and renamed, so a crash never leaves a half
-        checkpoint that :func:`latest_checkpoint` would pick; each file and the folders are
-        fsynced before and after the rename, so a checkpoint named complete survives a power
-        cut. A failed save (a full disk) removes what it wrote and raises."""
-        step = self.global_step if step is None else step
-        root = Path(directory)
-        root.mkdir(parents=True, exist_ok=True)
-        final = checkpoint_path(root, step)
-        tmp = root / f".tmp-{final.name}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        state = {
-            "step": step,
-            "updates": self.global_step,
-            "torch_rng": torch.get_rng_state(),
-            "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-            "python_rng": random.getstate(),
-            "generator": self.generator.get_state(),
-            "config": self.config.model_dump(mode="json"),
-        }
-        parts = {"model.pt": self._trainable_state(), "optimizer.pt": self.optimizer.state_dict()}
-        if self.masters.masters:
-            parts["masters.pt"] = self.masters.state_dict()
-        try:
-            for name, obj in [*parts.items(), ("state.pt", state)]:  # state.pt last: complete
-                durable_save(obj, tmp / name)
-            fsync_dir(tmp)
-            shutil.rmtree(final, ignore_errors=True)
-            tmp.rename(final)
-            fsync_dir(root)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)  # a full disk gets its space back
-            raise
-        return final
-
-    def _masters_from(self, weights: Mapping[str, Tensor]) -> None:
-        """The float32 masters of a run resumed in half precision from a checkpoint that saved
-        none (it trained in float32): the values ``model.pt`` holds, not the model's copies of
-        them rounded to its dtype."""
-        self.masters.params_to_masters()
-        if self.config.use_lora or not self.masters.masters:
-            return  # LoRA adapters are float32 already
-        names = [n for n, p in self.model.named_parameters() if p.requires_grad]
-        for i, master in self.masters.masters.items():
-            saved = weights.get(names[i])
-            if saved is not None and saved.dtype == torch.float32:
-                master.data.copy_(saved)
+        """Save to ``directory/step_{step:08d}/`` (``step`` defaults to the updates done), whole
+        or not at all, fsynced: :func:`~voltrl.algorithms.local.checkpoints.save_trainer`."""
+        return save_trainer(self, Path(directory), self.global_step if step is None else step)
 
     def load_checkpoint(self, path: str | Path) -> int:
         """Restore weights, optimizer, step and RNG states from a checkpoint folder, or from
-        the latest one under ``path``. Returns the step restored (the run's, which
-        ``global_step`` may not equal: it counts this trainer's own updates). The model must be
-        built as for the run that saved it (with LoRA, the same base model: only adapters are
-        saved).
-        Raises ``FileNotFoundError`` when there is no checkpoint."""
-        folder = Path(path)
-        if not (folder / "state.pt").exists():
-            found = latest_checkpoint(folder)
-            if found is None:
-                raise FileNotFoundError(f"no checkpoint in {folder}")
-            folder = found
-        weights = torch.load(folder / "model.pt", map_location=self.device, weights_only=True)
-        if self.config.use_lora:
-            from peft import set_peft_model_state_dict
-
-            set_peft_model_state_dict(self.model, weights, adapter_name=self.adapter or "default")
-        else:
-            self.model.load_state_dict(weights)
-        if (folder / "masters.pt").exists():  # float32 weights, a run's since it began in half
-            masters = torch.load(folder / "masters.pt", map_location=self.device, weights_only=True)
-            self.masters.load_state_dict(masters)
-        else:  # a float32 run's weights, now in half precision: model.pt holds them exactly
-            self._masters_from(weights)
-        self.optimizer.load_state_dict(
-            torch.load(folder / "optimizer.pt", map_location=self.device, weights_only=True)
-        )
-        state = torch.load(folder / "state.pt", map_location="cpu", weights_only=True)
-        torch.set_rng_state(state["torch_rng"])
-        if state["cuda_rng"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["cuda_rng"])
-        version, internal, gauss = state["python_rng"]
-        random.setstate((version, tuple(internal), gauss))
-        self.generator.set_state(state["generator"])
-        # a trainer of one LoRA adapter may have done fewer updates than the run has steps
-        self.global_step = int(state.get("updates", state["step"]))
-        self.mid_update = False
-        return int(state["step"])
+        the latest one under ``path``; returns the run's step it holds. Raises
+        ``FileNotFoundError`` when there is none
+        (:func:`~voltrl.algorithms.local.checkpoints.load_trainer`)."""
+        return load_trainer(self, Path(path))
