@@ -28,9 +28,12 @@ MASK = "***"
 # scheme and the last '@' before the host (a password may itself hold '@' or ':').
 _URL_PASSWORD = re.compile(r"(?P<head>\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s/:@]*:)(?P<pw>[^\s/]*)@")
 _SECRET_KEY = re.compile(
-    r"(?i)(^|[_\-.\s])((api|access|secret|private)[_\-.]?key|token|password|passwd|secret"
-    r"|authorization|cookie|credentials?)$"
+    r"(?i)(^|[_\-.\s])((api|access|secret|private|subscription)[_\-.]?key|token|password"
+    r"|passwd|passphrase|secret|authorization|cookie|credentials?)$"
 )
+_SECRET_PARAMS = ("key", "sig", "signature")
+"""Query parameters that hold a secret besides the secret-named ones (Google's ``?key=``,
+Azure's SAS ``sig``)."""
 _URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s\"'<>]+")
 
 
@@ -53,7 +56,8 @@ def _secret_params(url: str, replacement: str | None) -> str:
     kept = []
     for part in query.split("&"):
         name, equals, value = part.partition("=")
-        if equals and value and is_secret_key(unquote(name)):
+        secret = is_secret_key(unquote(name)) or unquote(name).lower() in _SECRET_PARAMS
+        if equals and value and secret:
             if replacement is None:
                 continue
             part = f"{name}={replacement}"

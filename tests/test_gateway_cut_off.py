@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import openai
@@ -116,3 +117,45 @@ async def test_a_pause_cuts_off_calls_still_running_at_its_deadline_with_a_retry
         env.backend.hold, env.backend.hold_stream = None, None
         again = await client.chat.completions.create(model="m", messages=MESSAGES)
         assert again.choices[0].message.content == reply_text(0)
+
+
+async def test_a_call_whose_answer_is_being_recorded_is_not_cut_off_by_a_pause() -> None:
+    """Once the backend's answer is complete the call is committed: a pause deadline that
+    passes while its record is written (a slow store) cuts nothing, so the client gets its
+    answer and the call is recorded once, as complete, not retried and recorded twice."""
+    writing, written = asyncio.Event(), asyncio.Event()
+
+    async with gateway_env(pause_deadline_s=0.05) as env:
+        add_llm_calls = env.store.add_llm_calls
+
+        async def slow_write(calls: Any) -> Any:
+            writing.set()
+            await written.wait()
+            return await add_llm_calls(calls)
+
+        env.store.add_llm_calls = slow_write  # type: ignore[method-assign]
+        rid, aid = await new_rollout(env.store)
+        request = asyncio.create_task(
+            env.client(rid, aid).chat.completions.create(model="m", messages=MESSAGES)
+        )
+        await asyncio.wait_for(writing.wait(), 30)
+        await asyncio.wait_for(env.gateway.pause(), 30)  # past its deadline, nothing to cut
+        assert env.gateway.cut_off == {}
+        written.set()
+        reply = await asyncio.wait_for(request, 30)
+        env.gateway.resume()
+        assert reply.choices[0].message.content == reply_text(0)
+        (call,) = await env.store.get_llm_calls(rid)
+        assert call.finish_reason != ABANDONED
+        assert [s for s in await env.store.get_spans(rid) if s.name == ABANDONED_SPAN] == []
+
+
+def test_a_finished_stream_without_finish_reasons_is_not_called_abandoned() -> None:
+    from voltrl.gateway.records import Call, StreamAccumulator
+
+    call = Call("chat", "r", "a", None, {"model": "m"}, False, False, False)
+    acc = StreamAccumulator("chat")
+    acc.add({"id": "x", "choices": [{"index": 0, "delta": {"content": "hi"}, "token_ids": [1]}]})
+    meta = ("http://b/v1", None, 0.0)
+    assert [c.finish_reason for c in acc.calls(call, meta)] == [None]  # whole, reason unknown
+    assert [c.finish_reason for c in acc.calls(call, meta, cut=True)] == [ABANDONED]

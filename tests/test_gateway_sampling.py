@@ -108,3 +108,19 @@ def test_local_rl_fills_its_sampling_into_calls_of_an_agent_that_passes_none(
             assert 1 <= len(call.response_token_ids or []) <= cap
             seen.add(rollout.mode)
     assert seen == {"train", "val"}
+
+
+def test_filling_keeps_the_requests_cap_under_either_name_and_never_its_streaming() -> None:
+    from voltrl.gateway.upstream import fill_sampling
+
+    defaults = {
+        "max_completion_tokens": 9,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "extra_headers": {"api-key": "k"},
+        "extra_body": {"top_k": 5},
+        "temperature": 0.5,
+    }
+    body = {"model": "m", "max_tokens": 3}
+    fill_sampling(body, defaults)
+    assert body == {"model": "m", "max_tokens": 3, "top_k": 5, "temperature": 0.5}

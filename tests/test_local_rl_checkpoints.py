@@ -159,3 +159,30 @@ async def test_a_run_stopped_during_an_update_ends_it_at_once_and_keeps_the_prev
     )
     result = await again.fit_async(two_turn_agent, ROWS)
     assert [m["step"] for m in result.metrics if "update/loss" in m] == [2]
+
+
+def test_a_stop_after_an_optimizer_step_lets_the_update_finish_so_its_weights_are_a_steps() -> None:
+    """With two mini-batches, a stop that arrives once the first has stepped does not end the
+    update half-way (weights of no step, nothing to checkpoint): it finishes."""
+    from test_local_rl_async import sampled_batch
+
+    from voltrl.algorithms.local.tiny import build_tiny_model, build_tiny_tokenizer
+
+    tok = build_tiny_tokenizer()
+    batch = sampled_batch(build_tiny_model(tok, seed=0), tok)
+    config = update_module.PolicyUpdateConfig(lr=1e-3, mini_batches=2, entropy_coef=0.01)
+    trainer = update_module.PolicyTrainer(build_tiny_model(tok, seed=0), config)
+    step = trainer._optimizer_step
+
+    def stopped_after() -> float:
+        norm = step()
+        trainer.stop.set()  # the run is stopped right after the first optimizer step
+        return norm
+
+    trainer._optimizer_step = stopped_after  # type: ignore[method-assign]
+    metrics = trainer.step(batch)
+    assert metrics["optimizer_steps"] == 2 and trainer.global_step == 1
+    assert not trainer.mid_update  # the weights are the update's, whole
+    with pytest.raises(update_module.UpdateStopped):
+        trainer.step(batch)  # the next update stops before it steps
+    assert not trainer.mid_update and trainer.global_step == 1

@@ -171,6 +171,7 @@ def test_secret_names_in_any_case_and_separator_are_recognised() -> None:
     from voltrl._redact import is_secret_key
 
     names = [*HEADER_SECRETS, "x-api-key", "aws_secret_access_key", "Set-Cookie", "client_secret"]
+    names += ["Ocp-Apim-Subscription-Key", "passphrase"]
     for name in names:
         assert is_secret_key(name), name
     for name in ["api_key_env", "max_tokens", "stop_token_ids", "tokenizer", "keep_checkpoints"]:
@@ -179,6 +180,7 @@ def test_secret_names_in_any_case_and_separator_are_recognised() -> None:
     assert redact(url) == "https://bob:***@h.example/v1?api-version=1&api-key=***&token=***#top"
     assert without_secrets(url) == "https://bob@h.example/v1?api-version=1#top"
     assert without_secrets("https://h/v1?apikey=k") == "https://h/v1"
+    assert redact("https://h/v1?key=AIza1&sig=s2&v=1") == "https://h/v1?key=***&sig=***&v=1"
 
 
 @vl.rollout

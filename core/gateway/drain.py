@@ -31,8 +31,13 @@ class Flight:
 
     def __init__(self, task: asyncio.Task[object] | None) -> None:
         self.task = task
-        self.responded = False  # the last response bytes were sent: nothing left to cut
+        self.responded = False  # the answer is being recorded and sent: nothing left to cut
         self.cut_reason: str | None = None
+
+    def commit(self) -> None:
+        """The call's answer is complete and about to be recorded: from now on it is not cut
+        off (a cut would record it as abandoned after all, and its client would ask again)."""
+        self.responded = True
 
     def cut(self, reason: str) -> bool:
         """Cancel the call's task with ``reason``, unless it was cut already or has
@@ -88,7 +93,10 @@ class Drain:
                 await self._idle_wait()
         except TimeoutError:
             self.cut(PAUSE_DEADLINE)
-            await self._idle_wait()
+            # what is left has its answer and is only sending it: bounded, not waited for
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(deadline):
+                    await self._idle_wait()
 
     def resume(self) -> None:
         """Admit calls again; the ones waiting go ahead."""

@@ -284,7 +284,7 @@ class Gateway:
             await send(message)
 
         try:
-            await self._forward(call, headers, tracked)
+            await self._forward(call, headers, tracked, flight.commit)
         except asyncio.CancelledError:
             task = asyncio.current_task()
             reason = flight.cut_reason
@@ -295,16 +295,14 @@ class Gateway:
                 return  # nobody to answer
             if not started:
                 raise cut_off_error(reason) from None
-            with contextlib.suppress(Exception):  # a stream under way: an error event, the end
-                error = cut_off_error(reason).body()
-                await send(
-                    {
-                        "type": "http.response.body",
-                        "body": b"data: " + error + b"\n\n",
-                        "more_body": True,
-                    }
-                )
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            # a stream under way: an error event, the end (bounded: a client that stopped
+            # reading must not hold up a pause)
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(_LAST_WORDS_S):
+                    error = cut_off_error(reason).body()
+                    body = b"data: " + error + b"\n\n"
+                    await send({"type": "http.response.body", "body": body, "more_body": True})
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             watcher.cancel()
             self._drain.leave(flight)
@@ -320,9 +318,16 @@ class Gateway:
         await send_bytes(send, 200, body)
 
     # ---- the proxied call -------------------------------------------------------------
-    async def _forward(self, call: Call, client_headers: dict[str, str], send: ASGISend) -> None:
-        """Send the call to a replica, then relay its answer, recording it on the way; a call
-        the backend refused is recorded as a refusal span."""
+    async def _forward(
+        self,
+        call: Call,
+        client_headers: dict[str, str],
+        send: ASGISend,
+        commit: Callable[[], None],
+    ) -> None:
+        """Send the call to a replica, then relay its answer, recording it on the way
+        (``commit`` once the answer is complete); a call the backend refused is recorded as a
+        refusal span."""
         version = self.resources_version() if self.resources_version is not None else None
         started = time.time()
         body = backend_body(
@@ -346,7 +351,9 @@ class Gateway:
         relay = relay_stream if call.body.get("stream") else relay_response
         try:
             split = self.reasoning_split
-            await relay(call, resp, send, meta, self._recorder, reasoning_split=split)
+            await relay(
+                call, resp, send, meta, self._recorder, reasoning_split=split, commit=commit
+            )
         except BaseException:
             resp.close()  # the backend sees its client go and stops generating
             raise
@@ -354,10 +361,17 @@ class Gateway:
             resp.release()
 
 
+_LAST_WORDS_S = 2.0
+"""How long a cut-off stream's error event may take to go out."""
+
+
 async def _cut_when_gone(receive: ASGIReceive, drain: Drain, flight: Flight) -> None:
     """Cut ``flight`` off when its client disconnects (the request body has been read, so
     the next message is the disconnect): the backend's generation is closed with it, instead
     of running on for nobody and holding up the next pause."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
+    try:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+    except Exception:  # a server whose receive fails: nothing to watch
+        return
     drain.cut(CLIENT_GONE, flight)

@@ -163,13 +163,15 @@ class StreamAccumulator:
                 slot["function"]["name"] += fn.get("name") or ""
                 slot["function"]["arguments"] += fn.get("arguments") or ""
 
-    def calls(self, call: Call, meta: Meta) -> list[LLMCall]:
-        """One response per choice, recorded like a non-streamed one; a choice the stream
-        never finished gets the finish reason :data:`~voltrl.types.ABANDONED`."""
+    def calls(self, call: Call, meta: Meta, *, cut: bool = False) -> list[LLMCall]:
+        """One response per choice, recorded like a non-streamed one; of a stream ``cut``
+        short, a choice that had not finished gets the finish reason
+        :data:`~voltrl.types.ABANDONED`."""
         choices = []
         for index in sorted(self.choices):
             st = self.choices[index]
-            choice: dict[str, Any] = {"index": index, "finish_reason": st["finish"] or ABANDONED}
+            finish = st["finish"] or (ABANDONED if cut else None)
+            choice: dict[str, Any] = {"index": index, "finish_reason": finish}
             if st["stop_reason"] is not None:
                 choice["stop_reason"] = st["stop_reason"]
             if self.kind == "completions":

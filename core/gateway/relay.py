@@ -11,6 +11,7 @@ chat model's ``<think>...</think>`` reaches the client as ``reasoning_content``
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import aiohttp
 
@@ -42,9 +43,11 @@ async def relay_response(
     recorder: Recorder,
     *,
     reasoning_split: bool,
+    commit: Callable[[], None] = lambda: None,
 ) -> None:
     """Relay a non-streamed answer: record one call per choice, then send the JSON (502 when
-    the backend's answer is not JSON)."""
+    the backend's answer is not JSON). ``commit`` is called once the answer is complete,
+    before it is recorded."""
     raw = await resp.read()
     try:
         data = json.loads(raw)
@@ -56,6 +59,7 @@ async def relay_response(
     strip_extras(call, data)
     if reasoning_split and call.kind == "chat":
         split_messages(data)
+    commit()
     await recorder.record(calls)
     await send_bytes(send, 200, json.dumps(data, separators=(",", ":")).encode())
 
@@ -68,10 +72,13 @@ async def relay_stream(
     recorder: Recorder,
     *,
     reasoning_split: bool,
+    commit: Callable[[], None] = lambda: None,
 ) -> None:
     """Relay a stream (SSE) event by event while accumulating the response; record it before
-    ``[DONE]``. A backend that breaks off mid-stream ends it with an error event; what was
-    sampled until then is recorded anyway, as it is when the client goes away."""
+    ``[DONE]`` (``commit`` is called once the backend's stream has ended, before that). A
+    backend that breaks off mid-stream ends it with an error event; what was sampled until
+    then is recorded anyway, as it is when the client goes away (its unfinished choices
+    marked abandoned)."""
     await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
     acc = StreamAccumulator(call.kind)
     split: dict[int, ReasoningSplitter] | None = (
@@ -97,6 +104,7 @@ async def relay_stream(
             out = b"data: " + json.dumps(last, separators=(",", ":")).encode() + b"\n\n"
             await send({"type": "http.response.body", "body": out, "more_body": True})
         recorded = True
+        commit()
         await recorder.record(acc.calls(call, meta))
     except (aiohttp.ClientError, TimeoutError) as e:
         err = GatewayHTTPError(502, f"backend stream broke off: {e!r}", type="api_error")
@@ -108,7 +116,7 @@ async def relay_stream(
     finally:
         if not recorded and acc.chunks:
             # Client went away or the backend broke off: keep what was sampled anyway.
-            recorder.record_later(acc.calls(call, meta))
+            recorder.record_later(acc.calls(call, meta, cut=True))
     await send({"type": "http.response.body", "body": _DONE, "more_body": False})
 
 

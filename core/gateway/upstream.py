@@ -156,22 +156,25 @@ class Upstream:
         return self._session
 
 
-_CLIENT_OPTIONS = ("extra_headers", "extra_query", "timeout")
-"""OpenAI client options that may sit in ``sampling_parameters`` and are no request field."""
+_NOT_FILLED = ("extra_headers", "extra_query", "timeout", "stream", "stream_options")
+"""OpenAI client options that may sit in ``sampling_parameters`` and are no request field,
+and the request's own choice of streaming."""
+_SAME_CAP = {"max_tokens": "max_completion_tokens", "max_completion_tokens": "max_tokens"}
 
 
 def fill_sampling(body: dict[str, Any], defaults: Mapping[str, Any]) -> None:
     """Fill the sampling fields ``body`` leaves out from ``defaults`` (in place), as the OpenAI
     client would send them: ``extra_body``'s fields as fields, its other options
-    (``extra_headers``...) not at all; a ``max_completion_tokens`` counts as ``max_tokens``."""
+    (``extra_headers``...) and streaming not at all; ``max_completion_tokens`` and
+    ``max_tokens`` count as one."""
     for key, value in defaults.items():
         if key == "extra_body" and isinstance(value, Mapping):
             fill_sampling(body, value)
             continue
-        if key in _CLIENT_OPTIONS:
+        if key in _NOT_FILLED:
             continue
-        if key == "max_tokens" and body.get("max_completion_tokens") is not None:
-            continue
+        if key in _SAME_CAP and body.get(_SAME_CAP[key]) is not None:
+            continue  # the request set its cap under the other name
         if body.get(key) is None:
             body[key] = value
 

@@ -395,10 +395,11 @@ class LocalRL(Algorithm):
         A run that stops early keeps what it learned: the weights of the last completed update
         are checkpointed with its step (whose line is in ``metrics.jsonl``) and ``resume=True``
         continues from there. Ctrl-C or SIGTERM during an update ends it at its next
-        micro-batch (:attr:`PolicyTrainer.stop`), so the run exits within one forward and
-        backward pass with the previous step's weights. An update that fails or stops after it
-        began changing the weights (an optimizer step ran, or raised) leaves weights no step
-        produced: they are not saved, and the last checkpoint stays the latest. Nothing goes to
+        micro-batch if no optimizer step has run (:attr:`PolicyTrainer.stop`: the run exits
+        within one forward and backward pass with the previous step's weights), else lets it
+        finish. An update that fails after it began changing the weights (an optimizer step
+        ran, or raised) leaves weights no step produced: they are not saved, and the last
+        checkpoint stays the latest. Nothing goes to
         ``final/``. The rollouts of steps queued ahead (``max_staleness``) are cancelled or left
         untrained: a resumed run queues those steps again, so no rollout trains twice.
         """
@@ -471,6 +472,7 @@ class LocalRL(Algorithm):
             metrics: dict[str | None, dict[str, Any]] = {}
             try:
                 for key, part in parts.items():
+                    self._policies[key].stoppable = not metrics  # none stepped yet
                     metrics[key] = self._policies[key].step(part)
             except BaseException:
                 self._torn_update = bool(metrics)  # the adapters done are a step ahead

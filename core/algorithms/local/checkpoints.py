@@ -197,8 +197,16 @@ def save_checkpoints(
             policy.save_checkpoint(root, step)
         except OSError as exc:
             names = [k for k in policies if k is not None] or None
-            last = resume_step(checkpoint_dir(run_dir, None), names)
-            kept = "none" if last is None else str(checkpoint_dir(run_dir, None, last))
+            try:
+                last = resume_step(checkpoint_dir(run_dir, None), names)
+            except VoltRLError:  # the adapters share no step
+                last = None
+            if last is None:
+                kept = "none"
+            elif names is None:
+                kept = str(checkpoint_dir(run_dir, None, last))
+            else:
+                kept = f"step {last} of every adapter in {checkpoint_dir(run_dir, None)}"
             full = " (the disk is full)" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else ""
             raise VoltRLError(
                 f"cannot save the checkpoint of step {step} in {root}{full}: {exc}; the last "

@@ -207,8 +207,12 @@ class PolicyTrainer:
         completed update's nor the next one's, and no checkpoint should hold them."""
         self.threads = torch.get_num_threads() if threads is None else decide_threads(threads)
         self.stop = threading.Event()
-        """Set from another thread to end the update under way at its next micro-batch,
-        before its optimizer step when it can (:class:`UpdateStopped`; a run being stopped)."""
+        """Set from another thread to end the update under way at its next micro-batch if no
+        optimizer step of it has run yet (:class:`UpdateStopped`; a run being stopped);
+        after one, the update finishes, so that the weights stay those of a step."""
+        self.stoppable = True
+        """Whether :attr:`stop` applies to the next update (LocalRL: not to an adapter's once
+        another adapter of the same step has stepped)."""
 
     # ---- the update ---------------------------------------------------------------------------
 
@@ -450,7 +454,8 @@ class PolicyTrainer:
         return sums
 
     def _check_stop(self) -> None:
-        if self.stop.is_set():
+        # once an optimizer step has run, the update finishes: stopped, its weights would tear
+        if self.stop.is_set() and self.stoppable and not self.mid_update:
             self.optimizer.zero_grad(set_to_none=True)
             raise UpdateStopped("the update was stopped (the run is ending)")
 
