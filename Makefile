@@ -32,7 +32,7 @@ VERL_VERSION := 0.9.1
 AS_VENV := .venv-agentscope
 AS_PY   := $(AS_VENV)/bin/python
 
-.PHONY: test test-main test-quick stress test-envs system-deps test-verl test-vllm test-agentscope test-real demo demo-seeds demo-real learn dist lint format clean postgres chromium bench-peer-store bench-dashboard bench-lora-adapters bench-lora-learning
+.PHONY: test test-main test-quick stress test-envs system-deps test-verl test-vllm test-agentscope test-real docs docs-serve demo demo-seeds demo-real learn dist lint format clean postgres chromium bench-peer-store bench-dashboard bench-lora-adapters bench-lora-learning
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -71,6 +71,20 @@ REAL_MODEL := smollm2-135m-instruct
 demo-real: $(VENV)/.demo-deps
 	$(RUN) $(PY) -m voltrl.cli model fetch $(REAL_MODEL)
 	$(RUN) $(PY) benchmarks/learning.py calculator --model $(REAL_MODEL) --seeds $(SEEDS)
+
+## make docs: build the documentation site (docs/, mkdocs.yml) into site/ with MkDocs Material,
+## strict: a broken link or anchor fails (the main suite builds it the same way)
+docs: $(VENV)/.docs-deps
+	$(RUN) $(PY) -m mkdocs build --strict --site-dir site
+	@echo "open site/index.html, or run make docs-serve for http://127.0.0.1:8000"
+
+## make docs-serve: the site on http://127.0.0.1:8000, rebuilt as docs/ changes
+docs-serve: $(VENV)/.docs-deps
+	$(RUN) $(PY) -m mkdocs serve --strict
+
+$(VENV)/.docs-deps: pyproject.toml | $(PY)
+	$(PIP) $(INSTALL) "mkdocs>=1.6,<2" "mkdocs-material>=9.5,<10"
+	touch $@
 
 ## make learn: the framework samples' CPU learning recipes (scripted teacher -> vl.SFT ->
 ## LocalRL), one table and a reward-curve PNG per sample in runs/learning/

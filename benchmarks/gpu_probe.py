@@ -100,8 +100,8 @@ def peak_gib(device: str) -> float | None:
 # ---- 1. decode -------------------------------------------------------------------------------
 async def engine_rate(model: Any, concurrency: int, prompt: int, tokens: int) -> float:
     """Generated tokens/s of our engine with ``concurrency`` requests at once."""
-    from voltrl.algorithms.local.engine import Engine, SamplingParams
-    from voltrl.algorithms.local.tiny import build_tiny_tokenizer
+    from voltrl.serving.engine import Engine, SamplingParams
+    from voltrl.models.tiny import build_tiny_tokenizer
 
     params = SamplingParams(max_tokens=tokens, temperature=1.0, ignore_eos=True)
     rng = random.Random(0)

@@ -40,8 +40,8 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from voltrl.algorithms.local.threads import decide_threads, use_threads
-from voltrl.algorithms.local.tiny import build_tiny_model, build_tiny_tokenizer
+from voltrl.models.threads import decide_threads, use_threads
+from voltrl.models.tiny import build_tiny_model, build_tiny_tokenizer
 from voltrl.algorithms.local.update import PolicyTrainer, PolicyUpdateConfig
 from voltrl.trajectory import TrainingBatch, collate
 from voltrl.types import Trajectory, Transition
@@ -134,7 +134,7 @@ def decode(base: Any, args: argparse.Namespace) -> list[str]:
 
 def swaps(base: Any, args: argparse.Namespace) -> list[str]:
     """How long the engine takes to load one adapter's new weights, against a full model's."""
-    from voltrl.algorithms.local.engine import Engine
+    from voltrl.serving.engine import Engine
 
     tok = build_tiny_tokenizer()
     model, trainers = with_adapters(base, 2)

@@ -36,8 +36,8 @@ import torch
 
 import voltrl as vl
 from voltrl.algorithms.local import micro_batches
-from voltrl.algorithms.local.prefix_cache import MIN_SHARED_PREFIX
-from voltrl.algorithms.local.tiny import build_tiny_model, build_tiny_tokenizer
+from voltrl.models.kv_cache import MIN_SHARED_PREFIX
+from voltrl.models.tiny import build_tiny_model, build_tiny_tokenizer
 from voltrl.trajectory import TrainingBatch, TrajectoryConfig, build_trajectory, collate
 from voltrl.types import LLMCall, Rollout, Task
 

@@ -29,9 +29,9 @@ import torch
 
 DEFAULT_TORCH_THREADS = torch.get_num_threads()  # read before anything sets it
 
-from voltrl.algorithms.local.sft import supervised_warmup  # noqa: E402
-from voltrl.algorithms.local.threads import decide_threads, usable_cpus  # noqa: E402
-from voltrl.algorithms.local.tiny import build_tiny_model, build_tiny_tokenizer  # noqa: E402
+from voltrl.algorithms.local.supervised import supervised_warmup  # noqa: E402
+from voltrl.models.threads import decide_threads, usable_cpus  # noqa: E402
+from voltrl.models.tiny import build_tiny_model, build_tiny_tokenizer  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "samples" / "calculator"))
 from data import make_tasks, warmup_conversations  # noqa: E402

@@ -13,6 +13,7 @@ recorded with the exact sampled token ids and rewards, and an algorithm improves
     vl.Trainer(resources={"main_llm": vl.LLM(endpoint=..., model=...)}).dev(agent, rows)
 """
 
+from voltrl import _moved
 from voltrl.agent import LitAgent, rollout
 from voltrl.algorithms.apo import APO
 from voltrl.algorithms.base import Algorithm
@@ -61,6 +62,8 @@ from voltrl.types import (
 )
 
 __version__ = "0.1.0"
+
+_moved.install()  # the old paths of moved modules, for one release
 
 __all__ = [
     "APO",

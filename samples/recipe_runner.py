@@ -146,7 +146,7 @@ def student(recipe: Recipe, seed: int, cache: Path = Path("runs") / ".cache") ->
     """LocalRL's (or SFT's) ``model`` keyword: the model ``recipe.model`` names, or a tiny
     model with random weights (``recipe.model``'s size, ``seed``'s weights), saved once under
     ``cache`` and named by its path, so the run's ``train.yaml`` loads it again."""
-    from voltrl.algorithms.local.tiny import build_tiny_model, build_tiny_tokenizer
+    from voltrl.models.tiny import build_tiny_model, build_tiny_tokenizer
 
     if isinstance(recipe.model, str):
         return {"model": recipe.model}

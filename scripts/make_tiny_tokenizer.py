@@ -4,9 +4,9 @@ Trains a byte-level BPE (vocabulary ``VOCAB_SIZE``) on a small built-in corpus o
 calculator-agent text plus printable ASCII, adds ChatML special tokens and Hermes tool-call
 tokens, attaches a ChatML chat template with Hermes tool calls (Qwen2.5-style turns; tools
 are listed compactly as ``name(param, ...)`` to keep sequences short for CPU training), and
-saves it with ``save_pretrained`` into ``core/algorithms/local/assets/tiny-tokenizer``. BPE
+saves it with ``save_pretrained`` into ``core/models/assets/tiny-tokenizer``. BPE
 training can differ across ``tokenizers`` versions, so the output is committed and loaded by
-:func:`voltrl.algorithms.local.tiny.build_tiny_tokenizer`; rerun this only on purpose::
+:func:`voltrl.models.tiny.build_tiny_tokenizer`; rerun this only on purpose::
 
     .venv/bin/python scripts/make_tiny_tokenizer.py
 """
@@ -23,7 +23,7 @@ from pathlib import Path
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-OUT = Path(__file__).resolve().parents[1] / "core/algorithms/local/assets/tiny-tokenizer"
+OUT = Path(__file__).resolve().parents[1] / "core/models/assets/tiny-tokenizer"
 VOCAB_SIZE = 768
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 TOOL_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]

@@ -16,7 +16,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from voltrl.algorithms.local.tiny import build_tiny_tokenizer
+from voltrl.models.tiny import build_tiny_tokenizer
 from voltrl.store.sql import SQLStore
 from voltrl.types import AttemptResult, LLMCall, Reward, Run, Span, Task
 

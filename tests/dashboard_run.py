@@ -14,7 +14,7 @@ from pathlib import Path
 from openai import AsyncOpenAI
 
 import voltrl as vl
-from voltrl.algorithms.local.tiny import build_tiny_model, build_tiny_tokenizer
+from voltrl.models.tiny import build_tiny_model, build_tiny_tokenizer
 from voltrl.algorithms.local.update import PolicyUpdateConfig
 from voltrl.trajectory import TrajectoryConfig
 

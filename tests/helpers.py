@@ -196,7 +196,7 @@ def chatml_ids(fb: FakeBackend) -> None:
     """Make ``fb``'s token ids those LocalRL's engine would record: prompts rendered with the
     tiny model's chat template (Qwen2.5-style ChatML, Hermes tool calls), replies encoded as
     the model would write them (``<tool_call>{...}</tool_call>``, then ``<|im_end|>``)."""
-    from voltrl.algorithms.local.tiny import build_tiny_tokenizer
+    from voltrl.models.tiny import build_tiny_tokenizer
 
     tok = build_tiny_tokenizer()
 

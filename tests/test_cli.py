@@ -175,7 +175,7 @@ def test_runs_on_an_empty_directory_says_there_are_none(tmp_path):
 def test_train_runs_local_rl_from_a_yaml_config(tmp_path, capsys, monkeypatch):
     import yaml
 
-    from voltrl.algorithms.local.tiny import build_tiny_model, build_tiny_tokenizer
+    from voltrl.models.tiny import build_tiny_model, build_tiny_tokenizer
 
     tok = build_tiny_tokenizer()
     build_tiny_model(tok, seed=0).save_pretrained(tmp_path / "model")

@@ -319,7 +319,7 @@ def test_the_event_filter_pages_and_says_when_it_stopped_looking() -> None:
 def test_a_token_that_is_a_line_break_a_tab_or_a_return_is_shown_not_invisible() -> None:
     """A token that decodes to a line break alone took no room in the token view: its span
     could not be seen nor hovered for its logprob."""
-    from voltrl.algorithms.local.tiny import build_tiny_tokenizer
+    from voltrl.models.tiny import build_tiny_tokenizer
     from voltrl.observability.dashboard.data import tokens
 
     tokenizer = build_tiny_tokenizer()

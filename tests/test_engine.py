@@ -16,11 +16,11 @@ import torch
 from openai import AsyncOpenAI, BadRequestError, OpenAI
 
 from voltrl._http.serving import BackgroundServer
-from voltrl.algorithms.local.engine import Engine, SamplingParams
-from voltrl.algorithms.local.engine.prefixes import PrefixCache, shared_length
-from voltrl.algorithms.local.openai_api import serve_engine_in_thread
-from voltrl.algorithms.local.tiny import build_tiny_model, build_tiny_tokenizer
-from voltrl.algorithms.local.toolcalls import parse_tool_calls
+from voltrl.serving.engine import Engine, SamplingParams
+from voltrl.serving.engine.prefix_cache import PrefixCache, shared_length
+from voltrl.serving.openai_api import serve_engine_in_thread
+from voltrl.models.tiny import build_tiny_model, build_tiny_tokenizer
+from voltrl.models.toolcalls import parse_tool_calls
 
 CALC = {
     "type": "function",

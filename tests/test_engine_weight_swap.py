@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from voltrl.algorithms.local.engine.sampling import SamplingParams
-from voltrl.algorithms.local.engine.sequences import EngineError
+from voltrl.serving.engine.sampling import SamplingParams
+from voltrl.serving.engine.sequences import EngineError
 
 
 class FakeVLLM:
@@ -74,7 +74,7 @@ def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeVLLM]:
 async def test_an_update_taken_with_an_abort_vllm_fails_on_fails_instead_of_hanging(
     fake_vllm: FakeVLLM, tmp_path: Any
 ) -> None:
-    from voltrl.algorithms.local.engine.vllm import VLLMEngine
+    from voltrl.serving.engine.vllm import VLLMEngine
 
     engine = VLLMEngine(tmp_path, tokenizer=None, update_timeout_s=60)
     try:

@@ -21,7 +21,7 @@ from helpers import fake_trainer, free_port
 
 import voltrl as vl
 from voltrl.algorithms.base import Algorithm
-from voltrl.algorithms.local.tiny import build_tiny_model, build_tiny_tokenizer
+from voltrl.models.tiny import build_tiny_model, build_tiny_tokenizer
 from voltrl.algorithms.local.update import PolicyUpdateConfig
 from voltrl.gateway import start_gateway
 from voltrl.retry import GatewayRetry

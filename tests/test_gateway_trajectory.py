@@ -14,9 +14,9 @@ from openai import AsyncOpenAI
 
 import voltrl as vl
 from voltrl._http.serving import serve
-from voltrl.algorithms.local.engine import Engine
-from voltrl.algorithms.local.openai_api import serve_engine
-from voltrl.algorithms.local.tiny import build_tiny_model, build_tiny_tokenizer
+from voltrl.serving.engine import Engine
+from voltrl.serving.openai_api import serve_engine
+from voltrl.models.tiny import build_tiny_model, build_tiny_tokenizer
 from voltrl.gateway import Gateway
 from voltrl.runtime.runner import RunnerConfig, run_worker
 from voltrl.store.memory import InMemoryStore

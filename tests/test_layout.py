@@ -1,26 +1,37 @@
-"""The package map holds: imports go down the layers, no private name crosses a package, no
-module grows past ~600 lines without saying why, and ``voltrl.__all__`` is the public API.
+"""The package map holds: imports go down the layers, no private name crosses a package, the
+old paths of moved modules are used by no one, and ``voltrl.__all__`` is the public API. The
+largest modules are listed in the test output (``-rP``), a nudge to cut them by job.
 
 The layers, top to bottom (``../shared/STYLE.md``; a module may import its own package and any
 lower layer; imports under ``if TYPE_CHECKING:`` are type-only and free):
 
-    cli                  everything
-    algorithms           everything below (the runtime through TrainContext, type-only)
-    runtime              algorithms.base and Baseline, everything below
-    observability        trajectory, store and below (the dashboard: algorithms.local, lazily)
-    gateway, trajectory  store and below (not each other)
-    store                the vocabulary and the agent side
-    vocabulary           types, errors, resources, retry, tracing, agent, otel, _redact,
-                         _console, _http
+    cli                      everything
+    algorithms               everything below (the runtime through TrainContext, type-only)
+    runtime                  algorithms.base and Baseline, everything below
+    observability            trajectory, store and below (the dashboard: LocalRL's advantage
+                             function, lazily, to show each row's advantage as the update
+                             computed it)
+    gateway, trajectory,     store, models and below (not each other; serving: models)
+    serving
+    store, models            the vocabulary and the agent side
+    vocabulary               types, errors, resources, retry, tracing, agent, otel, _redact,
+                             _console, _http, _moved
 """
 
 from __future__ import annotations
 
 import ast
+import importlib
+import importlib.util
 import inspect
+import re
+import sys
 from pathlib import Path
 
+import pytest
+
 import voltrl as vl
+from voltrl._moved import MOVED
 
 CORE = Path(__file__).resolve().parents[1] / "core"
 ADAPTERS = Path(__file__).resolve().parents[1] / "adapters"
@@ -28,22 +39,26 @@ ADAPTERS = Path(__file__).resolve().parents[1] / "adapters"
 RANK = {
     "vocabulary": 0,
     "store": 1,
+    "models": 1,
     "gateway": 2,
     "trajectory": 2,
+    "serving": 2,
     "observability": 3,
     "runtime": 4,
     "algorithms": 5,
     "cli": 6,
 }
 # What a layer may import from a higher one: (importer prefix, imported prefix, only lazily).
+# The runtime runs an Algorithm (Baseline when given none); the dashboard shows a LocalRL row's
+# advantage with the update's own function, so the page and the update cannot disagree.
 ALLOWED_UP = [
     ("voltrl.runtime", "voltrl.algorithms.base", False),
     ("voltrl.runtime", "voltrl.algorithms.baseline", False),
-    ("voltrl.observability.dashboard", "voltrl.algorithms.local", True),
+    ("voltrl.observability.dashboard", "voltrl.algorithms.local.update", True),
 ]
-# The public API gathers every layer; the old tracker path re-exports the new one.
-EXEMPT = {"voltrl", "voltrl.loggers"}
-MAX_LINES = 600
+# The public API gathers every layer.
+EXEMPT = {"voltrl"}
+LARGEST_SHOWN = 12
 
 
 def module_name(path: Path) -> str:
@@ -126,14 +141,69 @@ def test_no_private_name_is_imported_across_packages() -> None:
     assert wrong == []
 
 
-def test_no_module_is_over_600_lines_unless_its_docstring_says_why() -> None:
-    long = []
-    for path in sources(CORE) + sources(ADAPTERS):
-        lines = path.read_text().splitlines()
-        doc = ast.get_docstring(ast.parse("\n".join(lines))) or ""
-        if len(lines) > MAX_LINES and "one file is clearer" not in doc:
-            long.append(f"{path}: {len(lines)} lines")
-    assert long == []
+def test_the_largest_modules_are_listed() -> None:
+    """Not a cap: the largest modules, printed (``pytest -rP``), for whoever cuts the next one
+    by job. A module that passes 1,000 lines without its docstring saying why fails."""
+    sizes = sorted(
+        ((len(p.read_text().splitlines()), p) for p in sources(CORE) + sources(ADAPTERS)),
+        key=lambda s: s[0],
+        reverse=True,
+    )
+    print("largest modules:")
+    for lines, path in sizes[:LARGEST_SHOWN]:
+        print(f"  {lines:5d}  {path.relative_to(CORE.parent)}")
+    unexplained = [
+        f"{path}: {lines} lines"
+        for lines, path in sizes
+        if lines > 1000
+        and "one file is clearer" not in (ast.get_docstring(ast.parse(path.read_text())) or "")
+    ]
+    assert unexplained == []
+
+
+def imported_closure(module: str) -> set[str]:
+    """The voltrl modules ``module`` imports, directly or through others (type-only imports
+    aside; a package's ``__init__`` counts where it is imported, ``voltrl``'s own aside)."""
+    paths = {module_name(p): p for p in sources(CORE)}
+    seen, todo = set(), [module]
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in paths:
+            continue
+        seen.add(name)
+        for _, target, names, _ in voltrl_imports(ast.parse(paths[name].read_text())):
+            todo += [target, *(f"{target}.{n}" for n in names)]
+    return seen - {"voltrl"}
+
+
+def test_serving_and_fetching_a_model_import_no_algorithm() -> None:
+    assert [m for m in imported_closure("voltrl.cli.model") if layer(m) == "algorithms"] == []
+
+
+def test_no_module_imports_an_old_path() -> None:
+    wrong = [
+        f"{path.relative_to(CORE.parent)}:{line}: {target}"
+        for path in sources(CORE) + sources(ADAPTERS)
+        for line, target, _, _ in voltrl_imports(ast.parse(path.read_text()))
+        if target in MOVED
+    ]
+    assert wrong == []
+
+
+def test_old_paths_import_the_moved_modules_with_a_warning() -> None:
+    for old, targets in MOVED.items():
+        if any(importlib.util.find_spec(t.rsplit(".", 1)[0]) is None for t in targets):
+            continue
+        sys.modules.pop(old, None)
+        with pytest.warns(DeprecationWarning, match=re.escape(old) + " moved to"):
+            module = importlib.import_module(old)
+        new = importlib.import_module(targets[0])
+        public = [
+            n for n in dir(new) if not n.startswith("_") and not inspect.ismodule(getattr(new, n))
+        ]
+        assert public, new
+        assert all(getattr(module, n) is getattr(new, n) for n in public), old
+        sys.modules.pop(old, None)
 
 
 def test_voltrl_all_is_exactly_the_public_names() -> None:

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from voltrl.algorithms.local.chat import chat_retokenizer
-from voltrl.algorithms.local.tiny import build_tiny_tokenizer
+from voltrl.algorithms.local.conversations import chat_retokenizer
+from voltrl.models.tiny import build_tiny_tokenizer
 from voltrl.store.sql import SQLStore
 from voltrl.trajectory import TrajectoryConfig, trajectories_from_store
 

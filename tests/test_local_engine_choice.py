@@ -41,7 +41,7 @@ def test_vllm_without_vllm_installed_says_how_to_install_it() -> None:
 
 
 def test_a_gpu_run_on_the_built_in_engine_is_pointed_at_vllm() -> None:
-    from voltrl.algorithms.local.engine_choice import engine_hint
+    from voltrl.serving.choice import engine_hint
 
     assert "engine='vllm'" in (engine_hint("local", "cuda:0") or "")
     assert engine_hint("local", "cpu") is None

@@ -12,7 +12,7 @@ import pytest
 from rl_agents import ROWS, assistant_and_user, reply_then_fail, same_reward, two_turn_agent
 
 import voltrl as vl
-from voltrl.algorithms.local.tiny import build_tiny_model, build_tiny_tokenizer
+from voltrl.models.tiny import build_tiny_model, build_tiny_tokenizer
 from voltrl.algorithms.local.update import PolicyTrainer, PolicyUpdateConfig
 from voltrl.store.sql import SQLStore
 from voltrl.trajectory import TrajectoryConfig

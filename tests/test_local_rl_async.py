@@ -19,7 +19,7 @@ import voltrl as vl
 from voltrl._http.serving import serve_in_thread
 from voltrl.algorithms.local.loss import policy_loss
 from voltrl.algorithms.local.schedule import WeightVersions, drop_stale, row_staleness
-from voltrl.algorithms.local.tiny import build_tiny_model, build_tiny_tokenizer
+from voltrl.models.tiny import build_tiny_model, build_tiny_tokenizer
 from voltrl.algorithms.local.update import PolicyTrainer, PolicyUpdateConfig
 from voltrl.observability.dashboard import Catalog, dashboard_app
 from voltrl.store.sql import SQLStore

@@ -21,7 +21,7 @@ from test_local_rl import make_algorithm
 
 import voltrl as vl
 import voltrl.algorithms.local.checkpoints as checkpoints_module
-import voltrl.algorithms.local.rows as rows_module
+import voltrl.algorithms.local.token_rows as rows_module
 import voltrl.algorithms.local.update as update_module
 from voltrl.errors import VoltRLError
 
@@ -166,7 +166,7 @@ def test_a_stop_after_an_optimizer_step_lets_the_update_finish_so_its_weights_ar
     update half-way (weights of no step, nothing to checkpoint): it finishes."""
     from test_local_rl_async import sampled_batch
 
-    from voltrl.algorithms.local.tiny import build_tiny_model, build_tiny_tokenizer
+    from voltrl.models.tiny import build_tiny_model, build_tiny_tokenizer
 
     tok = build_tiny_tokenizer()
     batch = sampled_batch(build_tiny_model(tok, seed=0), tok)

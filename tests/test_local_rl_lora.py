@@ -15,7 +15,7 @@ from test_local_rl import make_algorithm
 from transformers import AutoModelForCausalLM
 
 import voltrl as vl
-from voltrl.algorithms.local.tiny import build_tiny_model, build_tiny_tokenizer
+from voltrl.models.tiny import build_tiny_model, build_tiny_tokenizer
 from voltrl.algorithms.local.update import PolicyUpdateConfig
 from voltrl.store.sql import SQLStore
 from voltrl.trajectory import TrajectoryConfig

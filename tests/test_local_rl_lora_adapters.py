@@ -23,10 +23,10 @@ from test_policy_update import agent_batch
 from transformers import AutoModelForCausalLM
 
 import voltrl as vl
-from voltrl.algorithms.local.engine import Engine, SamplingParams
-from voltrl.algorithms.local.lora_adapters import LoraAdapters, adapter_of, trainer_parts
-from voltrl.algorithms.local.openai_api import serve_engine
-from voltrl.algorithms.local.tiny import build_tiny_model, build_tiny_tokenizer
+from voltrl.serving.engine import Engine, SamplingParams
+from voltrl.models.lora import LoraAdapters, adapter_of, trainer_parts
+from voltrl.serving.openai_api import serve_engine
+from voltrl.models.tiny import build_tiny_model, build_tiny_tokenizer
 from voltrl.algorithms.local.update import PolicyTrainer, PolicyUpdateConfig
 from voltrl.gateway import start_gateway
 from voltrl.store.memory import InMemoryStore

@@ -15,8 +15,8 @@ import pytest
 from helpers import free_port
 
 import voltrl as vl
-from voltrl.algorithms.local.models import load_model, load_tokenizer
-from voltrl.algorithms.local.tiny import build_tiny, build_tiny_tokenizer
+from voltrl.models.loading import load_model, load_tokenizer
+from voltrl.models.tiny import build_tiny, build_tiny_tokenizer
 
 SCRIPT = """\
 import sys
@@ -72,7 +72,7 @@ def test_a_hub_name_with_the_hub_unreachable_fails_at_once_in_one_line(tmp_path)
 def test_a_hub_name_in_offline_mode_says_so(tmp_path):
     script = (
         "import voltrl as vl\n"
-        "from voltrl.algorithms.local.models import load_model\n"
+        "from voltrl.models.loading import load_model\n"
         "try:\n"
         "    load_model('Qwen/Qwen2.5-0.5B-Instruct')\n"
         "except vl.VoltRLError as exc:\n"
@@ -96,7 +96,7 @@ def test_a_hub_name_in_the_cache_loads_while_the_hub_cannot_be_reached(tmp_path)
     (snapshot.parents[1] / "refs").mkdir()
     (snapshot.parents[1] / "refs" / "main").write_text("abc123")
     script = (
-        "from voltrl.algorithms.local.models import load_model\n"
+        "from voltrl.models.loading import load_model\n"
         "model, tokenizer = load_model('someone/tiny-chat', device='cpu')\n"
         "print('loaded', model.config.hidden_size, len(tokenizer))\n"
     )

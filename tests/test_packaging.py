@@ -30,7 +30,7 @@ def test_wheel_builds_without_warnings_and_ships_the_tiny_tokenizer(tmp_path: Pa
     assert out.returncode == 0, log
     assert "warning" not in log.lower(), log
     (wheel,) = (tmp_path / "wheel").glob("*.whl")
-    assets = "voltrl/algorithms/local/assets/tiny-tokenizer/"
+    assets = "voltrl/models/assets/tiny-tokenizer/"
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {assets + "tokenizer.json", assets + "tokenizer_config.json"} <= names
     # the dashboard works offline: its pages and scripts ship with it

@@ -22,7 +22,7 @@ from voltrl.algorithms.local.loss import (
     token_logprobs,
     weight_advantages,
 )
-from voltrl.algorithms.local.prefix_cache import split_common_prefix
+from voltrl.algorithms.local.shared_prefix import split_common_prefix
 from voltrl.algorithms.local.update import (
     PolicyTrainer,
     PolicyUpdateConfig,

@@ -13,9 +13,10 @@ import torch
 from test_policy_update import set_sampling_logprobs, tiny_model, varied_batch
 
 import voltrl as vl
-from voltrl.algorithms.local.engine import Engine, SamplingParams
-from voltrl.algorithms.local.models import load_model
-from voltrl.algorithms.local.precision import MasterWeights, resolve_dtype
+from voltrl.serving.engine import Engine, SamplingParams
+from voltrl.models.loading import load_model
+from voltrl.algorithms.local.master_weights import MasterWeights
+from voltrl.models.precision import resolve_dtype
 from voltrl.algorithms.local.update import PolicyTrainer, PolicyUpdateConfig
 from voltrl.trajectory import collate
 from voltrl.types import Trajectory, Transition

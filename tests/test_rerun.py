@@ -106,7 +106,7 @@ def test_a_run_given_a_model_object_writes_a_yaml_that_says_so_and_voltrl_train_
 ):
     """The issue's case: a sample passed the model as an object; its ``train.yaml`` said
     ``model: null``, and running it crashed with a traceback after making a failed run."""
-    from voltrl.algorithms.local.tiny import build_tiny
+    from voltrl.models.tiny import build_tiny
 
     model, tokenizer = build_tiny(hidden=16, layers=1)
     algorithm = vl.LocalRL(model, tokenizer=tokenizer, steps=1)

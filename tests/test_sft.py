@@ -22,9 +22,10 @@ from helpers import voltrl_here
 from openai import AsyncOpenAI
 
 import voltrl as vl
-from voltrl.algorithms.local.chat import chat_retokenizer, render_chat
-from voltrl.algorithms.local.prefix_cache import split_common_prefix
-from voltrl.algorithms.local.tiny import build_tiny_model, build_tiny_tokenizer
+from voltrl.algorithms.local.conversations import chat_retokenizer
+from voltrl.models.chat import render_chat
+from voltrl.algorithms.local.shared_prefix import split_common_prefix
+from voltrl.models.tiny import build_tiny_model, build_tiny_tokenizer
 from voltrl.errors import VoltRLError
 from voltrl.store.sql import SQLStore
 
@@ -146,7 +147,7 @@ def test_the_retokenizer_renders_a_call_as_the_engine_would_prompt_and_answer_it
 def test_a_written_conversation_trains_exactly_the_assistants_turns():
     """``tokenize_conversation``: the mask is 1 on each assistant turn's tokens through its
     end-of-turn token and 0 on the system, user and tool turns and on what the template adds."""
-    from voltrl.algorithms.local.sft import tokenize_conversation
+    from voltrl.algorithms.local.conversations import tokenize_conversation
 
     tok = build_tiny_tokenizer()
     call = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": "{}"}}

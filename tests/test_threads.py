@@ -17,11 +17,11 @@ from test_local_rl import make_algorithm
 from test_policy_update import tiny_model, varied_batch
 
 import voltrl as vl
-from voltrl.algorithms.local.engine import Engine, SamplingParams
-from voltrl.algorithms.local.engine import core as engine_module
-from voltrl.algorithms.local.sft import supervised_warmup
-from voltrl.algorithms.local.threads import decide_threads, usable_cpus, use_threads
-from voltrl.algorithms.local.tiny import build_tiny_model, build_tiny_tokenizer
+from voltrl.serving.engine import Engine, SamplingParams
+from voltrl.serving.engine import core as engine_module
+from voltrl.algorithms.local.supervised import supervised_warmup
+from voltrl.models.threads import decide_threads, usable_cpus, use_threads
+from voltrl.models.tiny import build_tiny_model, build_tiny_tokenizer
 from voltrl.algorithms.local.update import PolicyTrainer
 from voltrl.cli import build_from_config
 from voltrl.store.sql import SQLStore
@@ -126,7 +126,7 @@ def test_threads_come_from_the_yaml_config(tmp_path: Path):
 
 
 def test_a_container_cpu_quota_bounds_the_usable_cpus(tmp_path):
-    from voltrl.algorithms.local.threads import cgroup_cpu_quota
+    from voltrl.models.threads import cgroup_cpu_quota
 
     cpu_max = tmp_path / "cpu.max"
     for text, expected in [("200000 100000\n", 2), ("50000 100000\n", 1), ("max 100000\n", None)]:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import voltrl as vl
-from voltrl.algorithms.local.tiny import build_tiny_model, build_tiny_tokenizer
+from voltrl.models.tiny import build_tiny_model, build_tiny_tokenizer
 from voltrl.algorithms.local.update import PolicyUpdateConfig
 
 

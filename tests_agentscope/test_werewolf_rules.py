@@ -25,7 +25,7 @@ from werewolf_script import (
     system_prompt,
 )
 
-from voltrl.algorithms.local.tiny import build_tiny_tokenizer
+from voltrl.models.tiny import build_tiny_tokenizer
 
 
 def row(rule_set: str, max_rounds: int = 1, **extra) -> dict:

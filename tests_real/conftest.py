@@ -17,7 +17,7 @@ MODEL = "smollm2-135m-instruct"
 @pytest.fixture(scope="session")
 def model_dir() -> Path:
     """The fetched model's directory; an error (not a skip) when it was not fetched."""
-    from voltrl.algorithms.local.packaged import cached_model
+    from voltrl.models.packaged import cached_model
 
     directory = cached_model(MODEL)
     if directory is None:

@@ -12,10 +12,10 @@ import pytest
 import torch
 from openai import OpenAI
 
-from voltrl.algorithms.local.engine import Engine
-from voltrl.algorithms.local.models import load_model
-from voltrl.algorithms.local.openai_api import serve_engine_in_thread
-from voltrl.algorithms.local.toolcalls import parse_tool_calls
+from voltrl.serving.engine import Engine
+from voltrl.models.loading import load_model
+from voltrl.serving.openai_api import serve_engine_in_thread
+from voltrl.models.toolcalls import parse_tool_calls
 
 MODEL = "smollm2-135m-instruct"
 CALCULATOR = {

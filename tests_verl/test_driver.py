@@ -61,7 +61,7 @@ class DriverProbe(Algorithm):
         from omegaconf import open_dict
         from verl.experimental.reward_loop import RewardLoopManager
 
-        from voltrl.algorithms.local.tiny import build_tiny_tokenizer
+        from voltrl.models.tiny import build_tiny_tokenizer
         from voltrl.algorithms.verl.driver import LoopBridge, VoltAgentLoopManager, VoltPPOTrainer
         from voltrl.observability.metrics import summarize
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from openai import AsyncOpenAI
 
 import voltrl as vl
-from voltrl.algorithms.local.tiny import build_tiny_model, build_tiny_tokenizer
+from voltrl.models.tiny import build_tiny_model, build_tiny_tokenizer
 
 
 @vl.rollout

@@ -22,7 +22,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from voltrl.algorithms.local.tiny import build_tiny_model, build_tiny_tokenizer
+from voltrl.models.tiny import build_tiny_model, build_tiny_tokenizer
 from voltrl.store.sql import SQLStore
 
 ROOT = Path(__file__).resolve().parents[1]

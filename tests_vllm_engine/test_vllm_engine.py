@@ -3,7 +3,7 @@ with voltrl imported from this tree. One engine on a tiny Qwen2 model serves eve
 starts in about 25 s on a CPU), in this order: the last test closes it. (vLLM's in-process
 engine keeps process-wide state, which closing one engine tears down: one per process.)
 
-Each test checks what the built-in engine promises (``core/algorithms/local/engine``) against
+Each test checks what the built-in engine promises (``core/serving/engine``) against
 what vLLM does: logprobs equal transformers' for the same weights, ``n`` choices, top
 logprobs, stop strings, aborts, refused parameters, and new weights loaded while a request
 is in flight.
@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from voltrl.algorithms.local.engine import EngineError, SamplingParams
-from voltrl.algorithms.local.engine.vllm import VLLMEngine, vllm_engine_for
-from voltrl.algorithms.local.tiny import build_tiny_model, build_tiny_tokenizer
+from voltrl.serving.engine import EngineError, SamplingParams
+from voltrl.serving.engine.vllm import VLLMEngine, vllm_engine_for
+from voltrl.models.tiny import build_tiny_model, build_tiny_tokenizer
 
 pytestmark = pytest.mark.timeout(600)
 ARGS = {"enforce_eager": True, "max_model_len": 512}

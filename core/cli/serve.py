@@ -238,7 +238,7 @@ def _gateway_options(args: argparse.Namespace) -> dict[str, Any]:
         "reasoning_split": args.reasoning_split,
     }
     if args.lora_adapter:
-        from voltrl.algorithms.local.lora_adapters import LoraAdapters
+        from voltrl.models.lora import LoraAdapters
 
         pairs = [a.partition("=") for a in args.lora_adapter]
         if any(not sep for _, sep, _ in pairs):

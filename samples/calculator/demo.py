@@ -65,7 +65,7 @@ def copy_rate(model: Any, tokenizer: Any, conversations: list[dict[str, Any]]) -
     chooses to call) and of the answer's digits, averaged; one forward pass."""
     import torch
 
-    from voltrl.algorithms.local.sft import tokenize_conversation
+    from voltrl.algorithms.local.conversations import tokenize_conversation
 
     rows = [tokenize_conversation(tokenizer, c) for c in conversations]
     width = max(len(ids) for ids, _ in rows)
@@ -90,9 +90,9 @@ def warm_model(seed: int, cache: Path) -> Path:
     """A tiny model that knows the format, trained once per seed and cached."""
     import torch
 
-    from voltrl.algorithms.local.sft import supervised_warmup
-    from voltrl.algorithms.local.threads import usable_cpus
-    from voltrl.algorithms.local.tiny import build_tiny_model, build_tiny_tokenizer
+    from voltrl.algorithms.local.supervised import supervised_warmup
+    from voltrl.models.threads import usable_cpus
+    from voltrl.models.tiny import build_tiny_model, build_tiny_tokenizer
 
     conversations = transcripts(WARMUP["transcripts"], 10_000 + seed, WARMUP["p_tool"])
     checks = transcripts(256, 30_000 + seed, 1.0)

@@ -33,7 +33,7 @@ def token_counter(tokenizer: str | None) -> TokenCount:
     :data:`CHARS_PER_TOKEN` characters a token. Loaded once per process."""
     if tokenizer is None:
         return lambda text: -(-len(text) // CHARS_PER_TOKEN)
-    from voltrl.algorithms.local.models import load_tokenizer
+    from voltrl.models.loading import load_tokenizer
 
     loaded = load_tokenizer(tokenizer)
     return lambda text: len(loaded(text, add_special_tokens=False).input_ids)

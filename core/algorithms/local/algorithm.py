@@ -47,9 +47,6 @@ from voltrl.algorithms.local.checkpoints import (
     save_checkpoints,
     save_final,
 )
-from voltrl.algorithms.local.engine_choice import checked_engine
-from voltrl.algorithms.local.lora_adapters import LoraAdapters, trainer_parts
-from voltrl.algorithms.local.precision import checked_dtype
 from voltrl.algorithms.local.reports import (
     adapters_summary,
     draw_reward_curve,
@@ -60,19 +57,22 @@ from voltrl.algorithms.local.reports import (
 )
 from voltrl.algorithms.local.schedule import QueuedStep, WeightVersions, step_tasks
 from voltrl.errors import VoltRLError
+from voltrl.models.lora import LoraAdapters, trainer_parts
+from voltrl.models.precision import checked_dtype
 from voltrl.observability.metrics import summarize
 from voltrl.resources import LLM
+from voltrl.serving.choice import checked_engine
 from voltrl.trajectory import TrainingBatch, TrajectoryConfig, collate, trajectories_from_store
 from voltrl.types import Rollout, Task
 
 if TYPE_CHECKING:
-    from voltrl.algorithms.local.engine import Engine
-    from voltrl.algorithms.local.engine.vllm import VLLMEngine
     from voltrl.algorithms.local.sft import SFT
     from voltrl.algorithms.local.update import PolicyTrainer, PolicyUpdateConfig
     from voltrl.gateway import Gateway
     from voltrl.retry import GatewayRetry
     from voltrl.runtime import TrainContext
+    from voltrl.serving.engine import Engine
+    from voltrl.serving.engine.vllm import VLLMEngine
 
 
 LOCAL_EXTRA = ("torch", "transformers", "tokenizers", "peft")
@@ -175,8 +175,8 @@ class LocalRL(Algorithm):
         max_staleness: int = 0,
     ) -> None:
         try:
-            from voltrl.algorithms.local.threads import decide_threads
             from voltrl.algorithms.local.update_config import implied_update
+            from voltrl.models.threads import decide_threads
         except ModuleNotFoundError as exc:
             if exc.name not in LOCAL_EXTRA:
                 raise
@@ -247,7 +247,7 @@ class LocalRL(Algorithm):
         """The settings recorded with the run: every argument but ``tokenizer``, as
         ``voltrl train``'s ``algorithm:`` section takes them (a local model directory as its
         absolute path; a model object by its class name, which no config can load)."""
-        from voltrl.algorithms.local.models import model_name
+        from voltrl.models.loading import model_name
 
         return {
             "model": model_name(self.model),
@@ -280,7 +280,7 @@ class LocalRL(Algorithm):
 
     # ---- setup: model, engine, gateway, resources ---------------------------------------
     def _load(self) -> tuple[Any, Any]:
-        from voltrl.algorithms.local.models import load_model
+        from voltrl.models.loading import load_model
 
         return load_model(
             self.model, self.tokenizer, device=self.device, seed=self.seed, dtype=self.dtype
@@ -288,11 +288,11 @@ class LocalRL(Algorithm):
 
     async def setup(self, ctx: TrainContext) -> None:
         """Load the model, start the engine and a gateway in front of it, publish the LLM."""
-        from voltrl.algorithms.local.engine import start_engine
         from voltrl.algorithms.local.memory import check_memory
-        from voltrl.algorithms.local.openai_api import serve_engine
-        from voltrl.algorithms.local.threads import use_threads
         from voltrl.algorithms.local.update import PolicyTrainer
+        from voltrl.models.threads import use_threads
+        from voltrl.serving.engine import start_engine
+        from voltrl.serving.openai_api import serve_engine
 
         use_threads(self.threads, report=ctx.progress)
         model, tokenizer = await asyncio.to_thread(self._load)

@@ -90,7 +90,7 @@ def fsync_dir(path: Path) -> None:
 def save_trainer(trainer: PolicyTrainer, root: Path, step: int) -> Path:
     """Save ``trainer`` to ``root/step_{step:08d}/``: ``model.pt`` (the adapter weights with
     LoRA, else the full model), ``optimizer.pt``, ``masters.pt`` (the float32 copies of
-    half-precision weights, when there are any: :mod:`~voltrl.algorithms.local.precision`) and
+    half-precision weights, when there are any: :mod:`~voltrl.models.precision`) and
     ``state.pt`` (step, the updates this trainer did, the torch/CUDA/Python RNG states, the
     mini-batch shuffle generator, the config). Written to a temporary folder and renamed, so a
     crash never leaves a half checkpoint that :func:`latest_checkpoint` would pick; each file
@@ -285,7 +285,7 @@ def save_final(
     which ``PeftModel.from_pretrained(base_model, ...)`` loads. With ``adapters`` (a trainer
     each in ``policies``): the base model to ``directory`` and each adapter to
     ``directory/adapters/<name>``."""
-    from voltrl.algorithms.local.models import quiet_transformers
+    from voltrl.models.loading import quiet_transformers
 
     with quiet_transformers():
         if tokenizer is not None:

@@ -26,7 +26,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from voltrl.algorithms.local.prefix_cache import prefill, shares_prefix_cache
+from voltrl.models.kv_cache import prefill, shares_prefix_cache
 
 LossAgg = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
 KLKind = Literal["low_var_kl", "kl", "mse"]

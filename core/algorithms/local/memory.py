@@ -5,7 +5,7 @@ refused then, in one message, rather than minutes later by an out-of-memory erro
 The parts: the policy's weights; the engine's copy of them (it serves while the policy
 trains); a frozen reference copy (``kl_coef > 0`` without LoRA); the gradients of the
 trained weights, their float32 master copies when the weights are in half precision
-(:mod:`~voltrl.algorithms.local.precision`) and AdamW's two float32 moments; the engine's
+(:mod:`~voltrl.models.precision`) and AdamW's two float32 moments; the engine's
 KV cache with ``max_batch_size`` sequences of ``context_tokens`` (at most the model's
 context). With an SFT warm start before LoRA, the warm-up's full fine-tuning is the peak when
 it is larger. Not counted: the update's activations, which grow with ``micro_batch_size`` and
@@ -166,7 +166,7 @@ def with_vllm(
     (``kv_cache_memory_bytes``) replace the KV cache, beside that copy."""
     import torch
 
-    from voltrl.algorithms.local.engine.vllm import (
+    from voltrl.serving.engine.vllm import (
         DEFAULT_CPU_KV_CACHE_BYTES,
         DEFAULT_GPU_MEMORY_UTILIZATION,
     )

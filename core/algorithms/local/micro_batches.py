@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
-from voltrl.algorithms.local.prefix_cache import MIN_SHARED_PREFIX
+from voltrl.models.kv_cache import MIN_SHARED_PREFIX
 
 PASS_COST = 64
 """What one more forward pass costs, in tokens fed: the fixed cost of a pass (kernel

@@ -1,6 +1,6 @@
-"""Supervised fine-tuning: on recorded rollouts (:class:`SFT`), or on written conversations.
+"""SFT: supervised fine-tuning on recorded rollouts, as a run or as LocalRL's warm start.
 
-**SFT: warm-start from recorded rollouts** (distillation, rejection-sampling fine-tuning).
+Distillation and rejection-sampling fine-tuning.
 Run the agent against a teacher endpoint with ``dev``: the gateway records every call with
 the prompt the framework rendered. ``SFT(source=RUN_DIR, min_reward=1.0)`` then trains the
 student on the assistant turns of the rollouts it selects, through the same trajectory
@@ -12,25 +12,19 @@ builder and :class:`~voltrl.trajectory.TrainingBatch` as RL::
 so only generated tokens train (tool results and the next user turn inside a merged row have
 mask 0), exactly the teacher's response tokens, or, for a teacher that returned no token ids
 (a hosted API), their re-tokenisation with the student's chat template when ``retokenize``
-is set (:func:`~voltrl.algorithms.local.chat.chat_retokenizer`; such rows carry
+is set (:func:`~voltrl.algorithms.local.conversations.chat_retokenizer`; such rows carry
 ``metadata["retokenized"]``). Alone, ``SFT`` trains and saves the model to
 ``<run dir>/final``; as ``LocalRL(..., warm_start=SFT(...))`` it trains LocalRL's model before
 the engine serves it, so the first validation measures the student after warm-up.
 
-**Written conversations.** ``tokenize_conversation`` renders a conversation with the chat
-template and marks the assistant's tokens; ``supervised_warmup`` makes them rows and trains on
-them (the calculator demo teaches a tiny model the format this way).
-
-Both train in one loop, :func:`fit_rows`: ``steps`` AdamW steps of ``batch_size`` rows of a
-:class:`~voltrl.trajectory.TrainingBatch`, fed in micro-batches by
-:class:`~voltrl.algorithms.local.rows.TokenRows` as the policy update feeds its rows.
+It trains in the supervised loop, :func:`~voltrl.algorithms.local.supervised.fit_rows`, which
+also trains on written conversations (:func:`~voltrl.algorithms.local.supervised.supervised_warmup`;
+this module re-exports both, and ``tokenize_conversation``, under their old path for one release).
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
-import random
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -38,209 +32,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from voltrl.algorithms.base import Algorithm
-from voltrl.algorithms.local.precision import checked_dtype
-from voltrl.algorithms.local.threads import use_threads
+from voltrl.algorithms.local.conversations import tokenize_conversation
+from voltrl.algorithms.local.supervised import fit_rows, supervised_warmup
 from voltrl.errors import VoltRLError
+from voltrl.models.precision import checked_dtype
+from voltrl.models.threads import use_threads
 from voltrl.store import open_store
 from voltrl.trajectory import TrainingBatch, TrajectoryConfig, collate, trajectories_from_store
-from voltrl.types import Rollout, Task, Trajectory, Transition
+from voltrl.types import Rollout, Task
+
+__all__ = ["SFT", "fit_rows", "supervised_warmup", "tokenize_conversation"]
 
 if TYPE_CHECKING:
     import torch
 
     from voltrl.runtime import TrainContext
     from voltrl.store.base import Store
-
-Conversation = dict[str, Any]
-"""``{"messages": [...], "tools": [...] (optional)}`` in OpenAI chat format."""
-
-
-def tokenize_conversation(
-    tokenizer: Any, conversation: Conversation
-) -> tuple[list[int], list[int]]:
-    """Token ids of the rendered conversation and a mask that is 1 on assistant tokens.
-
-    Each assistant turn is the difference between the rendering up to it (with the generation
-    prompt) and the rendering including it, up to and including its end-of-turn token: exactly
-    what the model would have generated.
-    """
-    from voltrl.algorithms.local.chat import end_of_turn_id
-
-    messages, tools = conversation["messages"], conversation.get("tools")
-
-    def ids(msgs: list[dict[str, Any]], gen: bool) -> list[int]:
-        out = tokenizer.apply_chat_template(
-            msgs, tools=tools, tokenize=True, add_generation_prompt=gen, return_dict=False
-        )
-        return list(out["input_ids"] if isinstance(out, dict) else out)
-
-    full = ids(messages, False)
-    end_of_turn = end_of_turn_id(tokenizer)
-    mask = [0] * len(full)
-    for i, message in enumerate(messages):
-        if message["role"] != "assistant":
-            continue
-        start = len(ids(messages[:i], True))
-        through = full if i == len(messages) - 1 else ids(messages[: i + 1], False)
-        end = len(through)
-        if full[:end] != through:
-            raise ValueError("the chat template does not render conversations incrementally")
-        for k in range(start, min(end, len(full))):
-            mask[k] = 1
-            if full[k] == end_of_turn:  # what the template adds after it is not generated
-                break
-    return full, mask
-
-
-def conversation_batch(tokenizer: Any, conversations: Sequence[Conversation]) -> TrainingBatch:
-    """The conversations as training rows, one each: the prompt is what comes before the first
-    assistant token, the response the rest, with :func:`tokenize_conversation`'s mask (the
-    turns between assistant turns are context, as in a trajectory-mode row)."""
-    trajectories = []
-    for i, conversation in enumerate(conversations):
-        ids, mask = tokenize_conversation(tokenizer, conversation)
-        start = mask.index(1) if 1 in mask else len(ids)
-        row = Transition(
-            prompt_token_ids=ids[:start],
-            response_token_ids=ids[start:],
-            response_mask=mask[start:],
-            reward=0.0,
-        )
-        trajectories.append(Trajectory(rollout_id=str(i), task_id=str(i), transitions=[row]))
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    return collate(trajectories, TrajectoryConfig(pad_token_id=pad))
-
-
-def supervised_warmup(
-    model: torch.nn.Module,
-    tokenizer: Any,
-    conversations: Sequence[Conversation],
-    *,
-    steps: int,
-    batch_size: int = 16,
-    lr: float = 3e-3,
-    warmup_steps: int = 20,
-    seed: int = 0,
-    threads: int | None = None,
-    log: Callable[[int, float], None] | None = None,
-) -> list[float]:
-    """Train ``model`` on the assistant turns of ``conversations``; returns the loss per step
-    (``log(step, loss)`` is called after each).
-
-    The conversations become rows (:func:`conversation_batch`) and train in SFT's loop,
-    :func:`fit_rows`: AdamW with linear warm-up and cosine decay, ``batch_size`` rows per
-    step in a fresh shuffled order each epoch (fewer conversations than ``batch_size``
-    repeat within a step). torch runs ``threads`` intra-op threads (default:
-    :func:`~.threads.decide_threads`'s, half the usable CPUs), set for the calling thread.
-    """
-    each = None if log is None else lambda step, values: log(step, values["loss"])
-    return fit_rows(
-        model,
-        conversation_batch(tokenizer, conversations),
-        steps=steps,
-        batch_size=batch_size,
-        micro_batch_size=batch_size,
-        lr=lr,
-        warmup_steps=warmup_steps,
-        seed=seed,
-        threads=threads,
-        log=each,
-    )
-
-
-# ---- the loop -----------------------------------------------------------------------------------
-
-
-def cosine_schedule(steps: int, warmup_steps: int) -> Callable[[int], float]:
-    """The learning-rate factor of a step: linear warm-up, then cosine decay to 0.1."""
-
-    def factor(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / warmup_steps
-        progress = (step - warmup_steps) / max(1, steps - warmup_steps)
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
-
-    return factor
-
-
-def fit_rows(
-    model: torch.nn.Module,
-    batch: TrainingBatch,
-    *,
-    steps: int,
-    batch_size: int,
-    micro_batch_size: int,
-    lr: float,
-    warmup_steps: int,
-    seed: int = 0,
-    threads: int | None = None,
-    log: Callable[[int, dict[str, float]], None] | None = None,
-    stop: threading.Event | None = None,
-) -> list[float]:
-    """Train ``model`` on ``batch``'s masked response tokens; the loss per step.
-
-    ``steps`` AdamW steps (weight decay 0.01, gradients clipped at 1, learning rate ``lr``
-    with :func:`cosine_schedule`) of ``batch_size`` rows, the rows with a trained token in a
-    fresh shuffled order each epoch. A step's loss is the mean NLL of its trained tokens::
-
-        loss = - sum_t m_t * log pi(y_t | y_<t) / sum_t m_t
-
-    however its rows are split into micro-batches of at most ``micro_batch_size``
-    (:meth:`~voltrl.algorithms.local.rows.TokenRows.micro_batches`: rows sharing a prompt
-    prefix together, that prefix fed once). ``log(step, {"loss", "tokens", "lr"})`` after each
-    step; the loop ends early, between steps, once ``stop`` is set. torch runs ``threads``
-    intra-op threads in the calling thread. Leaves no gradient and the model in eval mode.
-    """
-    import torch
-
-    from voltrl.algorithms.local.precision import MasterWeights
-    from voltrl.algorithms.local.rows import TokenRows
-
-    use_threads(threads)
-    data = TokenRows.of(batch, next(model.parameters()).device)
-    mask = data.response_mask
-    row_tokens = mask.sum(1).tolist()
-    rows = data.trained
-    if not rows:
-        raise ValueError("nothing to train on: no row has a trained token")
-    rng = random.Random(seed)
-    params = [p for p in model.parameters() if p.requires_grad]
-    masters = MasterWeights(params)  # float32 copies of half-precision weights, if any
-    optimizer = torch.optim.AdamW(masters.optimized, lr=lr, weight_decay=0.01)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, cosine_schedule(steps, warmup_steps))
-    order: list[int] = []
-    model.train()
-    losses: list[float] = []
-    for step in range(steps):
-        if stop is not None and stop.is_set():  # the run was cancelled: stop between steps
-            break
-        chosen = []
-        while len(chosen) < batch_size:
-            if not order:
-                order = rng.sample(rows, len(rows))
-            chosen.append(order.pop())
-        tokens = float(sum(row_tokens[i] for i in chosen))
-        total = 0.0
-        optimizer.zero_grad(set_to_none=True)
-        for idx, first, width in data.micro_batches(model, chosen, max_rows=micro_batch_size):
-            logp, _, _ = data.logprobs(model, idx, first, width, with_entropy=False)
-            loss = -(logp * mask[idx, :width]).sum() / tokens
-            loss.backward()
-            total += loss.item()
-        torch.nn.utils.clip_grad_norm_(masters.optimized, 1.0)
-        optimizer.step()
-        masters.masters_to_params()
-        scheduler.step()
-        losses.append(total)
-        if log is not None:
-            log(step, {"loss": total, "tokens": tokens, "lr": scheduler.get_last_lr()[0]})
-    masters.close()  # LocalRL's optimizer trains these weights next
-    model.zero_grad(set_to_none=True)  # nothing of SFT's reaches a later optimizer
-    model.eval()
-    return losses
-
-
-# ---- SFT on recorded rollouts -------------------------------------------------------------------
 
 
 class SFT(Algorithm):
@@ -394,7 +201,7 @@ class SFT(Algorithm):
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         update: dict[str, Any] = {"pad_token_id": pad}
         if self.retokenize:
-            from voltrl.algorithms.local.chat import chat_retokenizer
+            from voltrl.algorithms.local.conversations import chat_retokenizer
 
             update["missing_token_ids"] = "retokenize"
             update["retokenizer"] = chat_retokenizer(tokenizer)
@@ -523,7 +330,7 @@ class SFT(Algorithm):
         a full checkpoint holds the warmed weights; LoRA checkpoints (``keep_base``) hold the
         adapters only, so the warmed model is kept in ``<run dir>/warm_start`` and loaded
         again. ``threads``: LocalRL's, used unless this SFT was given its own."""
-        from voltrl.algorithms.local.models import quiet_transformers
+        from voltrl.models.loading import quiet_transformers
 
         warmed = ctx.run_dir / "warm_start"
         if not resumed:
@@ -548,7 +355,7 @@ class SFT(Algorithm):
     # ---- alone: load, train, save -------------------------------------------------------------
     async def setup(self, ctx: TrainContext) -> None:
         """Load the model (``model`` is required when SFT runs alone)."""
-        from voltrl.algorithms.local.models import load_model
+        from voltrl.models.loading import load_model
 
         if self.model is None:
             raise VoltRLError("SFT alone needs model=...; under LocalRL(warm_start=...) it trains")
@@ -565,7 +372,7 @@ class SFT(Algorithm):
     async def train(self, ctx: TrainContext, train: list[Task], val: list[Task] | None) -> None:
         """Train on the selected rollouts and save the model to ``<run dir>/final``
         (``from_pretrained`` loads it). The datasets are not used: no rollout runs."""
-        from voltrl.algorithms.local.models import quiet_transformers
+        from voltrl.models.loading import quiet_transformers
 
         await self.run(ctx, self._model, self.tokenizer)
         final = ctx.run_dir / "final"

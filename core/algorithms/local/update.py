@@ -27,13 +27,13 @@ What :meth:`PolicyTrainer.step` does, top to bottom (the maths lives in
    drops the padding columns none of its rows needs (left of its longest prompt, right of
    its last trained token), the prompt tokens all its rows start with (an agent's system
    prompt and tools) are fed once for all of them
-   (:func:`~voltrl.algorithms.local.prefix_cache.split_common_prefix`), and only response columns
+   (:func:`~voltrl.algorithms.local.shared_prefix.split_common_prefix`), and only response columns
    holding a trained token go through the LM head. Each micro-batch's loss is divided by the
    *mini-batch's* normaliser (:func:`~voltrl.algorithms.local.loss.agg_normaliser`), so the
    accumulated gradient is the mini-batch's gradient whatever the micro-batch size.
    Rows whose loss is identically 0 (advantage 0 with no KL or entropy term: a GRPO group
    whose rollouts all got the same reward) still count in the normaliser but are not run.
-   (:class:`~voltrl.algorithms.local.rows.TokenRows` feeds the micro-batches, as for SFT.)
+   (:class:`~voltrl.algorithms.local.token_rows.TokenRows` feeds the micro-batches, as for SFT.)
 5. **Step.** Gradient-norm clipping (a non-finite norm skips the step), then AdamW.
 
 The settings are :class:`~voltrl.algorithms.local.update_config.PolicyUpdateConfig`; where
@@ -61,7 +61,6 @@ import torch
 from torch import Tensor
 
 from voltrl.algorithms.local.checkpoints import load_trainer, save_trainer
-from voltrl.algorithms.local.lora_adapters import adapter_of
 from voltrl.algorithms.local.loss import (
     agg_loss,
     agg_normaliser,
@@ -72,10 +71,11 @@ from voltrl.algorithms.local.loss import (
     rollout_weights,
     weight_advantages,
 )
-from voltrl.algorithms.local.precision import MasterWeights
-from voltrl.algorithms.local.rows import TokenRows
-from voltrl.algorithms.local.threads import decide_threads, use_threads
+from voltrl.algorithms.local.master_weights import MasterWeights
+from voltrl.algorithms.local.token_rows import TokenRows
 from voltrl.algorithms.local.update_config import PolicyUpdateConfig
+from voltrl.models.lora import adapter_of
+from voltrl.models.threads import decide_threads, use_threads
 from voltrl.trajectory import TrainingBatch
 
 __all__ = ["PolicyTrainer", "PolicyUpdateConfig", "batch_advantages"]
@@ -362,7 +362,7 @@ class PolicyTrainer:
         self, model: Any, data: _Prepared, rows: list[int]
     ) -> Iterator[tuple[Tensor, int, int]]:
         """``rows`` cut into micro-batches as the config bounds them
-        (:meth:`~voltrl.algorithms.local.rows.TokenRows.micro_batches`)."""
+        (:meth:`~voltrl.algorithms.local.token_rows.TokenRows.micro_batches`)."""
         return data.rows.micro_batches(
             model,
             rows,

@@ -269,7 +269,7 @@ def _parts(run: Run, batch: Any) -> dict[str | None, list[int]]:
     mapping = run.config.get("lora_adapters")
     if not mapping:
         return {None: list(range(len(batch)))}
-    from voltrl.algorithms.local.lora_adapters import LoraAdapters
+    from voltrl.models.lora import LoraAdapters
 
     served = str(run.config.get("served_name") or "")
     parts = LoraAdapters.parse(mapping, served_name=served).rows_by_adapter(batch)

@@ -37,18 +37,18 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from voltrl.algorithms.local.engine.core import Engine
-from voltrl.algorithms.local.engine.sampling import (
+from voltrl.serving.engine.core import Engine
+from voltrl.serving.engine.sampling import (
     MAX_TOP_LOGPROBS,
     Choice,
     FinishReason,
     RequestOutput,
     SamplingParams,
 )
-from voltrl.algorithms.local.engine.sequences import EngineError
+from voltrl.serving.engine.sequences import EngineError
 
 if TYPE_CHECKING:
-    from voltrl.algorithms.local.engine.vllm import VLLMEngine
+    from voltrl.serving.engine.vllm import VLLMEngine
 
 __all__ = [
     "MAX_TOP_LOGPROBS",
@@ -78,12 +78,12 @@ def start_engine(
     (serving ``lora_adapters`` by name when asked); ``"vllm"``, a
     :class:`~.vllm.VLLMEngine` on ``model``'s device, started from a copy saved in
     ``directory``. ``report``: print :func:`~..engine_choice.engine_hint` where it has one."""
-    from voltrl.algorithms.local.engine_choice import engine_hint
+    from voltrl.serving.choice import engine_hint
 
     if report and (hint := engine_hint(kind, str(next(model.parameters()).device))):
         print(hint, flush=True)
     if kind == "vllm":
-        from voltrl.algorithms.local.engine.vllm import vllm_engine_for
+        from voltrl.serving.engine.vllm import vllm_engine_for
 
         device = str(next(model.parameters()).device)
         return vllm_engine_for(

@@ -12,7 +12,7 @@ from typing import Any
 from voltrl.errors import VoltRLError
 
 ENGINES = ("local", "vllm")
-"""``"local"``: :class:`~.core.Engine` (any device); ``"vllm"``: :class:`~.vllm.VLLMEngine`."""
+"""``"local"``: :class:`~.engine.core.Engine` (any device); ``"vllm"``: :class:`~.engine.vllm.VLLMEngine`."""
 
 
 def checked_engine(engine: str, engine_args: Mapping[str, Any] | None, lora_adapters: bool) -> str:

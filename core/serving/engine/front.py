@@ -20,8 +20,8 @@ from typing import Any, Self
 import torch
 from torch import nn
 
-from voltrl.algorithms.local.engine.sampling import Choice, RequestOutput, SamplingParams, is_int
-from voltrl.algorithms.local.engine.sequences import Request
+from voltrl.serving.engine.sampling import Choice, RequestOutput, SamplingParams, is_int
+from voltrl.serving.engine.sequences import Request
 
 
 class EngineFront:

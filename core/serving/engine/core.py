@@ -21,15 +21,18 @@ import torch
 from torch import nn
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
-from voltrl.algorithms.local.engine.batch import Batch
-from voltrl.algorithms.local.engine.front import EngineFront
-from voltrl.algorithms.local.engine.prefixes import KV, PrefixCache, shared_length
-from voltrl.algorithms.local.engine.sampling import (
+from voltrl.models.kv_cache import cache_keyword, shares_prefix_cache
+from voltrl.models.lora import adapter_key, adapter_of
+from voltrl.models.threads import decide_threads, use_threads
+from voltrl.serving.engine.batch import Batch
+from voltrl.serving.engine.front import EngineFront
+from voltrl.serving.engine.prefix_cache import KV, PrefixCache, shared_length
+from voltrl.serving.engine.sampling import (
     Choice,
     SamplingParams,
     sample,
 )
-from voltrl.algorithms.local.engine.sequences import (
+from voltrl.serving.engine.sequences import (
     EngineError,
     Request,
     Seq,
@@ -37,9 +40,6 @@ from voltrl.algorithms.local.engine.sequences import (
     failure,
     wait_for_update,
 )
-from voltrl.algorithms.local.lora_adapters import adapter_key, adapter_of
-from voltrl.algorithms.local.prefix_cache import cache_keyword, shares_prefix_cache
-from voltrl.algorithms.local.threads import decide_threads, use_threads
 
 
 class Engine(EngineFront):

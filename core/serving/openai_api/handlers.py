@@ -19,19 +19,19 @@ from typing import Any, Literal
 from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from voltrl.algorithms.local.engine import Choice, Engine, EngineError, SamplingParams
-from voltrl.algorithms.local.openai_api.logprobs import (
+from voltrl.models.toolcalls import ToolStream, parse_tool_calls
+from voltrl.serving.engine import Choice, Engine, EngineError, SamplingParams
+from voltrl.serving.openai_api.logprobs import (
     TokenText,
     chat_logprobs,
     completion_logprobs,
 )
-from voltrl.algorithms.local.openai_api.params import (
+from voltrl.serving.openai_api.params import (
     BadRequest,
     chat_prompt,
     completion_prompts,
     sampling_params,
 )
-from voltrl.algorithms.local.toolcalls import ToolStream, parse_tool_calls
 
 LogprobsMode = Literal["raw", "processed"]
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from voltrl.algorithms.local.chat import ChatError, render_chat
-from voltrl.algorithms.local.engine import MAX_TOP_LOGPROBS, SamplingParams
+from voltrl.models.chat import ChatError, render_chat
+from voltrl.serving.engine import MAX_TOP_LOGPROBS, SamplingParams
 
 
 class BadRequest(Exception):

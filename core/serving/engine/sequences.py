@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from voltrl.algorithms.local.engine.sampling import (
+from voltrl.serving.engine.sampling import (
     Choice,
     FinishReason,
     SamplingParams,

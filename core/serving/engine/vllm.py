@@ -37,9 +37,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from voltrl.algorithms.local.engine.front import EngineFront
-from voltrl.algorithms.local.engine.sampling import Choice, SamplingParams
-from voltrl.algorithms.local.engine.sequences import (
+from voltrl.serving.engine.front import EngineFront
+from voltrl.serving.engine.sampling import Choice, SamplingParams
+from voltrl.serving.engine.sequences import (
     UPDATE_TIMEOUT_S,
     EngineError,
     Request,

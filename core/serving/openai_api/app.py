@@ -17,9 +17,9 @@ from fastapi.responses import JSONResponse, Response
 from starlette.types import ASGIApp
 
 from voltrl._http.serving import BackgroundServer, serve, serve_in_thread
-from voltrl.algorithms.local.engine import Engine, EngineError
-from voltrl.algorithms.local.openai_api.handlers import Handlers, LogprobsMode, error_body
-from voltrl.algorithms.local.openai_api.params import BadRequest
+from voltrl.serving.engine import Engine, EngineError
+from voltrl.serving.openai_api.handlers import Handlers, LogprobsMode, error_body
+from voltrl.serving.openai_api.params import BadRequest
 
 
 async def _unless_disconnected(request: Request, work: Awaitable[Any]) -> Any:

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-from voltrl.algorithms.local.engine.sequences import EngineError, Seq
+from voltrl.serving.engine.sequences import EngineError, Seq
 
 
 class Batch:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from voltrl.algorithms.local.prefix_cache import MIN_SHARED_PREFIX
+from voltrl.models.kv_cache import MIN_SHARED_PREFIX
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]
 """Each layer's ``(keys, values)`` of one row: ``(1, kv heads, tokens, head dim)``."""

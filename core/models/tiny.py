@@ -5,7 +5,7 @@ The tokenizer is a committed fixture (``assets/tiny-tokenizer``, made by
 Hermes tool-call tokens and a Qwen2.5-style chat template that renders ``tools``. The model is a
 randomly initialised ``Qwen2ForCausalLM`` sized for it, deterministic for a given seed.
 
-The name :data:`TINY` picks these (:func:`voltrl.algorithms.local.models.load_model`).
+The name :data:`TINY` picks these (:func:`voltrl.models.loading.load_model`).
 """
 
 from __future__ import annotations

@@ -24,11 +24,11 @@ The parts: :mod:`.app` (the routes and serving), :mod:`.handlers` (each route's 
 :mod:`.params` (a request body's sampling parameters and prompt), :mod:`.logprobs`.
 """
 
-from voltrl.algorithms.local.openai_api.app import (
+from voltrl.serving.openai_api.app import (
     create_app,
     serve_engine,
     serve_engine_in_thread,
 )
-from voltrl.algorithms.local.openai_api.handlers import LogprobsMode
+from voltrl.serving.openai_api.handlers import LogprobsMode
 
 __all__ = ["LogprobsMode", "create_app", "serve_engine", "serve_engine_in_thread"]

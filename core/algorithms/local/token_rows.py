@@ -5,7 +5,7 @@ rows that feed few tokens together
 (:func:`~voltrl.algorithms.local.micro_batches.plan_micro_batches`), and
 :meth:`TokenRows.logprobs` feeds one group from the column its longest prompt starts at to its
 last trained token, the prompt tokens all its rows start with once
-(:func:`~voltrl.algorithms.local.prefix_cache.split_common_prefix`), and returns the logprobs
+(:func:`~voltrl.algorithms.local.shared_prefix.split_common_prefix`), and returns the logprobs
 of the trained tokens (:func:`~voltrl.algorithms.local.loss.token_logprobs`).
 """
 
@@ -20,7 +20,8 @@ from torch import Tensor
 
 from voltrl.algorithms.local import micro_batches
 from voltrl.algorithms.local.loss import token_logprobs
-from voltrl.algorithms.local.prefix_cache import shares_prefix_cache, split_common_prefix
+from voltrl.algorithms.local.shared_prefix import split_common_prefix
+from voltrl.models.kv_cache import shares_prefix_cache
 from voltrl.trajectory import TrainingBatch
 
 

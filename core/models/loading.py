@@ -13,10 +13,10 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from voltrl.algorithms.local.packaged import PACKAGED_MODELS, fetch_model
-from voltrl.algorithms.local.precision import resolve_dtype
-from voltrl.algorithms.local.tiny import TINY, build_tiny, build_tiny_tokenizer
 from voltrl.errors import VoltRLError
+from voltrl.models.packaged import PACKAGED_MODELS, fetch_model
+from voltrl.models.precision import resolve_dtype
+from voltrl.models.tiny import TINY, build_tiny, build_tiny_tokenizer
 
 
 @contextlib.contextmanager
@@ -45,7 +45,7 @@ def load_model(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The model and tokenizer that a ``model`` argument names, on ``device`` (default: CUDA
     if available, else CPU), in ``dtype`` (``"auto"``: bfloat16 on CUDA, float32 elsewhere;
-    :func:`~voltrl.algorithms.local.precision.resolve_dtype`). The one place that decides it,
+    :func:`~voltrl.models.precision.resolve_dtype`). The one place that decides it,
     for LocalRL, SFT and ``voltrl model serve``:
 
     - :data:`TINY`: the built-in tiny model (``seed`` picks its weights) and tokenizer;
