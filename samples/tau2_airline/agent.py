@@ -2,13 +2,9 @@
 airline's 14 tools and policy, talking to a simulated customer by tau2's rules; only the
 assistant learns.
 
-One rollout is one conversation of a task (a row from :func:`task_rows`) in one of two
-domains (``row["domain"]``):
-
-- ``"tau2"``: tau2's own airline domain from tau2's package (:mod:`tau2_domain`): its tasks,
-  its tools on its environment, its prompts and its evaluator;
-- a directory: a domain in tau2's data layout (our generated one) with **our** tools
-  (:mod:`airline_tools`, stricter than tau2's) and our evaluator (:mod:`scoring`). Not tau2.
+One rollout is one conversation of a task (a row from :func:`task_rows`) of tau2's own airline
+domain, from tau2's package (:mod:`tau2_domain`): its tasks, its tools on its environment, its
+prompts, its rules and its evaluator.
 
 The conversation follows tau2's orchestrator, one message at a time:
 
@@ -24,7 +20,7 @@ The conversation follows tau2's orchestrator, one message at a time:
    Limits are checked after every step not bound for the tools, and win over a stop token
    in the same step, as in tau2.
 
-The reward is the domain's evaluator's; the ending and the score are an ``episode`` event.
+The reward is tau2's evaluator's; the ending and the score are an ``episode`` event.
 Both roles' calls are recorded with their agent names (``assistant``, ``user``);
 ``AGENT_FILTER`` keeps the user's out of the training data.
 """
@@ -34,15 +30,12 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import tau2_domain
 from agent_framework import Agent, Content, FunctionTool, Message
-from airline_db import DomainDataError, cached_domain
-from airline_tools import AirlineTools, db_copy
 from customers import USER_AGENT_NAME, LLMUser, ScriptedUser, UserSimulator
-from scoring import evaluate
+from tau2_domain import Tau2Tools
 
 import voltrl as vl
 from voltrl.adapters.agent_framework import chat_client, instrument
@@ -51,34 +44,26 @@ from voltrl.gateway import is_context_overflow
 ASSISTANT_AGENT_NAME = "assistant"
 #: The trajectory builder's agent filter: train on the assistant's calls only.
 AGENT_FILTER = ASSISTANT_AGENT_NAME
-TAU2 = "tau2"
 
 
 @dataclass(frozen=True)
 class Rules:
     """How a conversation may go: tau2's limits (``tau2.config``'s defaults), its first
-    message and its user's stop tokens."""
+    message and its user's stop tokens (:func:`tau2_domain.rules`)."""
 
-    max_steps: int = 200
-    max_errors: int = 10
-    greeting: str = "Hi! How can I help you today?"
-    user_stop_tokens: tuple[str, ...] = ("###STOP###", "###TRANSFER###", "###OUT-OF-SCOPE###")
+    max_steps: int
+    max_errors: int
+    greeting: str
+    user_stop_tokens: tuple[str, ...]
+
+    @classmethod
+    def tau2(cls) -> Rules:
+        """tau2's rules, read from tau2's package."""
+        return cls(**tau2_domain.rules())
 
     def user_stopped(self, text: str) -> bool:
         """Whether the customer's message ends the conversation."""
         return any(t in text for t in self.user_stop_tokens)
-
-
-class Toolbox(Protocol):
-    """The assistant's tools in a domain."""
-
-    def schemas(self) -> list[dict[str, Any]]:
-        """The tools' OpenAI function schemas."""
-        ...
-
-    def call(self, call_id: str, name: str, arguments: dict[str, Any]) -> tuple[str, bool]:
-        """Run one call: its result text and whether it is an error."""
-        ...
 
 
 @dataclass
@@ -93,11 +78,6 @@ class Episode:
     errors: int = 0
 
     @property
-    def assistant_texts(self) -> list[str]:
-        """The assistant's messages' text (the greeting included)."""
-        return [m["content"] for m in self.messages if m["role"] == "assistant" and m["content"]]
-
-    @property
     def tool_calls(self) -> list[tuple[str, dict[str, Any]]]:
         """The tool calls that reached the tools, in order, as ``(name, arguments)``."""
         return [
@@ -109,26 +89,18 @@ class Episode:
         ]
 
 
-def task_rows(domain: str | Path, ids: list[str], user: str = "user_llm") -> list[dict[str, Any]]:
-    """Dataset rows for ``Trainer.fit``/``dev``: the task id, its domain (``"tau2"``, or a
-    data directory in tau2's layout, read once per worker process), and who plays the
-    customer (an LLM resource's name, or ``"scripted"``)."""
-    where = TAU2 if str(domain) == TAU2 else str(Path(domain).resolve())
-    return [{"task_id": str(i), "domain": where, "user": user} for i in ids]
+def task_rows(ids: list[str], user: str = "user_llm") -> list[dict[str, Any]]:
+    """Dataset rows for ``Trainer.fit``/``dev``: the id of one of tau2's airline tasks, and
+    who plays the customer (an LLM resource's name, or ``"scripted"``)."""
+    return [{"task_id": str(i), "user": user} for i in ids]
 
 
-def task_ids(domain: str | Path, split: str) -> list[str]:
-    """The ids of ``split`` in ``domain``: tau2's ``base`` (all 50 tasks), ``train`` (30) or
-    ``test`` (20); a data directory's ``train``, ``test`` or ``base`` (all)."""
-    if str(domain) == TAU2:
-        try:
-            return list(tau2_domain.tasks(split))
-        except ValueError as e:
-            raise DomainDataError(str(e)) from None
-    return cached_domain(str(Path(domain).resolve())).task_ids(split)
+def task_ids(split: str) -> list[str]:
+    """The ids of tau2's ``split``: ``base`` (all 50 tasks), ``train`` (30) or ``test`` (20)."""
+    return list(tau2_domain.tasks(split))
 
 
-def declarations(toolbox: Toolbox) -> list[FunctionTool]:
+def declarations(toolbox: Tau2Tools) -> list[FunctionTool]:
     """The tools as Agent Framework declarations: the model sees them, the episode runs them."""
     return [
         FunctionTool(
@@ -141,7 +113,7 @@ def declarations(toolbox: Toolbox) -> list[FunctionTool]:
 
 
 def run_tool(
-    toolbox: Toolbox, call: Content, call_id: str
+    toolbox: Tau2Tools, call: Content, call_id: str
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Run one of the model's function calls: its record in the assistant's message and the
     tool message with the result. Arguments that are not a JSON object never reach the tools
@@ -167,7 +139,7 @@ def run_tool(
 
 
 async def converse(
-    assistant: Agent, user: UserSimulator, toolbox: Toolbox, rules: Rules
+    assistant: Agent, user: UserSimulator, toolbox: Tau2Tools, rules: Rules
 ) -> Episode:
     """Run the conversation to its end (see the module docstring)."""
     ep = Episode(messages=[{"role": "assistant", "content": rules.greeting}])
@@ -225,50 +197,32 @@ async def converse(
 
 @dataclass
 class Setup:
-    """One episode's task in its domain: the assistant's instructions and tools, the
-    customer's system prompt and scenario, the rules, and how to score the episode."""
+    """One episode's task: tau2's ``Task``, the assistant's instructions and tools (on a fresh
+    tau2 environment), the customer's system prompt, and the rules."""
 
     task: Any
-    toolbox: Toolbox
+    toolbox: Tau2Tools
     instructions: str
     user_prompt: str
     rules: Rules
-    domain: str
 
     def score(self, ep: Episode) -> dict[str, Any]:
-        """The domain evaluator's verdict on ``ep``: ``reward``, ``termination`` and parts."""
-        if self.domain == TAU2:
-            return tau2_domain.evaluate(self.task, ep.messages, ep.termination)
-        db = cached_domain(self.domain).db
-        texts = ep.assistant_texts
-        return evaluate(self.task, db, ep.tool_calls, texts, ep.termination).as_dict()
+        """tau2's verdict on ``ep``: ``reward``, ``termination`` and its parts."""
+        return tau2_domain.evaluate(self.task, ep.messages, ep.termination)
 
 
 def setup(row: dict[str, Any]) -> Setup:
-    """The task of ``row`` in its domain, on a fresh copy of the domain's database."""
-    if row["domain"] == TAU2:
-        task = tau2_domain.task(row["task_id"])
-        if task.initial_state is not None:  # none of tau2's 50 airline tasks has one
-            raise ValueError(f"tau2 task {task.id} starts from an initial_state: not supported")
-        tools = tau2_domain.Tau2Tools()
-        return Setup(
-            task=task,
-            toolbox=tools,
-            instructions=tau2_domain.assistant_prompt(tools.policy),
-            user_prompt=tau2_domain.user_prompt(task.user_scenario),
-            rules=Rules(**tau2_domain.rules()),
-            domain=TAU2,
-        )
-    domain = cached_domain(row["domain"])
-    task = domain.tasks[row["task_id"]]
-    prompt = f"{domain.guidelines.strip()}\n\n<scenario>\n{task.user_scenario.text()}\n</scenario>"
+    """tau2's task ``row["task_id"]`` on a fresh tau2 environment."""
+    task = tau2_domain.task(row["task_id"])
+    if task.initial_state is not None:  # none of tau2's 50 airline tasks has one
+        raise ValueError(f"tau2 task {task.id} starts from an initial_state: not supported")
+    tools = Tau2Tools()
     return Setup(
         task=task,
-        toolbox=AirlineTools(db_copy(domain.db)),
-        instructions=domain.policy,
-        user_prompt=prompt,
-        rules=Rules(),
-        domain=row["domain"],
+        toolbox=tools,
+        instructions=tau2_domain.assistant_prompt(tools.policy),
+        user_prompt=tau2_domain.user_prompt(task.user_scenario),
+        rules=Rules.tau2(),
     )
 
 
@@ -284,7 +238,7 @@ def make_user(row: dict[str, Any], resources: vl.Resources, s: Setup) -> UserSim
 
 @vl.rollout
 async def airline_episode(row: dict, resources: vl.Resources) -> float:
-    """One conversation of task ``row["task_id"]``; the reward is the domain's (0 or 1)."""
+    """One conversation of tau2's task ``row["task_id"]``; the reward is tau2's (0 or 1)."""
     instrument()
     s = await asyncio.to_thread(setup, row)  # tau2 reads its database (~0.5 s of CPU)
     client = chat_client(
@@ -308,7 +262,6 @@ async def airline_episode(row: dict, resources: vl.Resources) -> float:
     vl.emit_event(
         "episode",
         task_id=row["task_id"],
-        domain="tau2" if s.domain == TAU2 else "generated",
         steps=ep.steps,
         tool_calls=len(ep.tool_calls),
         tool_errors=ep.errors,

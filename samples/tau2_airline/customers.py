@@ -32,7 +32,7 @@ class UserSimulator(Protocol):
 
 class LLMUser:
     """A customer played by an LLM (an Agent Framework agent on ``llm``, agent name
-    ``user``) under the domain's user-simulator system ``prompt`` (the simulation
+    ``user``) under tau2's user-simulator system ``prompt`` (the simulation
     guidelines and the task's scenario)."""
 
     def __init__(self, llm: vl.LLM, prompt: str) -> None:
@@ -70,8 +70,8 @@ CONFIRMATION_CUES = ("confirm", "proceed", "shall i", "would you like me", "yes 
 
 
 class ScriptedUser:
-    """A deterministic customer following the scenario's known facts and stop rules (the
-    scenario of a generated task or of a tau2 task: they have the same fields):
+    """A deterministic customer following the known facts of a tau2 task's ``user_scenario``
+    (its instructions: tau2's structured ones, or free text) and these stop rules:
 
     1. answers the greeting with the reason for the call and everything it knows;
     2. answers a request for confirmation with yes (at most ``max_confirmations`` times);

