@@ -94,8 +94,14 @@ class InstallLine:
 
 
 def parse(where: str, command: str) -> InstallLine | None:
-    """``command``'s install of voltrl, or None when it installs no voltrl."""
-    words = shlex.split(command, comments=True)
+    """``command``'s install of voltrl, or None when it installs no voltrl. Only the text from
+    the first ``pip install`` on is read: what comes before it (a prompt, an error message
+    quoting the line, ``python -m``) is no part of the install."""
+    text = command[command.index("pip install") :] if "pip install" in command else command
+    try:
+        words = shlex.split(text, comments=True)
+    except ValueError as exc:
+        raise ValueError(f"{where}: `{command}` cannot be read as a shell line: {exc}") from None
     if "pip" not in words or "install" not in words[words.index("pip") :]:
         return None
     args = words[words.index("install", words.index("pip")) + 1 :]
