@@ -277,7 +277,7 @@ $(VENV)/.build-$(BUILD_VERSION): | $(PY)
 	touch $@
 
 ## make dist: the wheel and source archive in dist/; install the wheel with the extras you want,
-## e.g. pip install "dist/voltrl-<version>-py3-none-any.whl[local]" (README: Install)
+## e.g. pip install "dist/voltrl-<version>-py3-none-any.whl[local]" (docs/install.md)
 dist: $(VENV)/.build-$(BUILD_VERSION)
 	rm -f dist/voltrl-*.whl dist/voltrl-*.tar.gz
 	$(PY) -m build --quiet --outdir dist .

@@ -100,7 +100,8 @@ def run_one(seed: int, staleness: int, args: argparse.Namespace, model: Path) ->
     val.write_text("".join(val.read_text().splitlines(keepends=True)[: args.val_tasks]))
     if args.latency in AGENTS:
         config["agent"] = f"{Path(__file__).resolve()}:{AGENTS[args.latency]}"
-    config["algorithm"].update(max_staleness=staleness, val_every=args.steps)
+    config["algorithm"]["schedule"]["max_staleness"] = staleness
+    config["algorithm"].setdefault("validation", {})["every"] = args.steps
     config["trainer"].update(progress=False, max_concurrency=64 * (max(STALENESS) + 1))
     trainer, agent, train, val_data = build_from_config(config)
     started = time.time()

@@ -30,9 +30,9 @@ from typing import Any
 
 import torch
 
-from voltrl.serving.engine import Engine, SamplingParams
 from voltrl.models.loading import load_model
 from voltrl.models.tiny import build_tiny_model, build_tiny_tokenizer
+from voltrl.serving.engine import Engine, SamplingParams
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "samples" / "calculator"))
 from agent import CALCULATOR, SYSTEM  # the calculator sample's prompt

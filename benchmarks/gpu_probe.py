@@ -100,8 +100,8 @@ def peak_gib(device: str) -> float | None:
 # ---- 1. decode -------------------------------------------------------------------------------
 async def engine_rate(model: Any, concurrency: int, prompt: int, tokens: int) -> float:
     """Generated tokens/s of our engine with ``concurrency`` requests at once."""
-    from voltrl.serving.engine import Engine, SamplingParams
     from voltrl.models.tiny import build_tiny_tokenizer
+    from voltrl.serving.engine import Engine, SamplingParams
 
     params = SamplingParams(max_tokens=tokens, temperature=1.0, ignore_eos=True)
     rng = random.Random(0)
@@ -255,9 +255,7 @@ def demo_steps(steps: int, tasks_per_step: int, group_size: int) -> None:
 
     algo = vl.LocalRL(
         "tiny",
-        steps=steps,
-        tasks_per_step=tasks_per_step,
-        group_size=group_size,
+        schedule={"steps": steps, "tasks_per_step": tasks_per_step, "group_size": group_size},
         sampling={"temperature": 1.0, "max_tokens": 48},
         trajectory={"mode": "trajectory"},
     )

@@ -40,9 +40,9 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
+from voltrl.algorithms.local.update import PolicyTrainer, PolicyUpdateConfig
 from voltrl.models.threads import decide_threads, use_threads
 from voltrl.models.tiny import build_tiny_model, build_tiny_tokenizer
-from voltrl.algorithms.local.update import PolicyTrainer, PolicyUpdateConfig
 from voltrl.trajectory import TrainingBatch, collate
 from voltrl.types import Trajectory, Transition
 

@@ -82,7 +82,7 @@ def run_arm(
     rl = dict(recipe.rl)
     rl["trajectory"] = {k: v for k, v in rl["trajectory"].items() if k != "agent_filter"}
     if rl_steps:
-        rl["steps"] = rl_steps
+        rl["schedule"] = {**rl["schedule"], "steps": rl_steps}
     options = ARMS[arm]
     lr = rl["update"]["lr"] * (10 if options["update"].get("use_lora") else 1)
     rl["update"] = {**rl["update"], **options["update"], "lr": lr}
@@ -90,7 +90,7 @@ def run_arm(
         str(warmed),
         tokenizer=AutoTokenizer.from_pretrained(warmed),
         seed=seed,
-        threads=threads,
+        compute={"threads": threads},
         lora_adapters=options.get("lora_adapters"),
         **rl,
     )
@@ -140,7 +140,7 @@ def evaluate(recipe: Any, seed: int, out: Path, repeats: int, threads: int | Non
     from transformers import AutoModelForCausalLM
 
     _, _, val = recipe.tasks(seed)
-    sampling = recipe.rl["val_sampling"]
+    sampling = recipe.rl["validation"]["sampling"]
     warm = out / f"sql_agent-adapters-warm-seed{seed}-{recipe.sft['steps']}" / "final"
     models: dict[str, Any] = {"after warm-up": (str(warm), None)}
     for arm in ARMS:
@@ -161,13 +161,12 @@ def evaluate(recipe: Any, seed: int, out: Path, repeats: int, threads: int | Non
         algorithm = vl.LocalRL(
             model,
             tokenizer=AutoTokenizer.from_pretrained(warm),
-            steps=0,
-            val_every=1,
+            schedule={"steps": 0},
+            validation={"every": 1, "sampling": sampling},
+            compute={"threads": threads},
             sampling=sampling,
-            val_sampling=sampling,
             lora_adapters=roles,
             seed=seed,
-            threads=threads,
         )
         name = f"sql_agent-eval-{label.replace(' ', '-')}-seed{seed}"
         trainer = vl.Trainer(

@@ -133,14 +133,10 @@ def trainer_main(args: argparse.Namespace) -> int:
     ]
     algo = vl.LocalRL(
         "tiny",
-        steps=args.steps,
-        tasks_per_step=2,
-        group_size=2,
+        schedule={"steps": args.steps, "tasks_per_step": 2, "group_size": 2},
+        compute={"threads": 1},
+        checkpoints={"every": CHECKPOINT_EVERY, "keep": KEEP_CHECKPOINTS, "resume": True},
         sampling={"max_tokens": 8},
-        checkpoint_every=CHECKPOINT_EVERY,
-        keep_checkpoints=KEEP_CHECKPOINTS,
-        resume=True,
-        threads=1,
         update={"lr": 1e-4, "micro_batch_size": 4},
     )
     trainer = vl.Trainer(

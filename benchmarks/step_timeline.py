@@ -131,9 +131,7 @@ def fresh_run(out: Path, steps: int) -> Path:
 
     algo = vl.LocalRL(
         "tiny",
-        steps=steps,
-        tasks_per_step=8,
-        group_size=8,
+        schedule={"steps": steps, "tasks_per_step": 8, "group_size": 8},
         sampling={"temperature": 1.0, "max_tokens": 48},
         trajectory={"mode": "trajectory"},
     )

@@ -214,15 +214,16 @@ def local_rl(args: argparse.Namespace) -> vl.LocalRL:
     sampling = {"temperature": 1.0, "max_tokens": args.max_tokens}
     return vl.LocalRL(
         args.model or "tiny",
-        steps=args.steps,
-        tasks_per_step=args.tasks_per_step,
-        group_size=args.group_size,
+        schedule={
+            "steps": args.steps,
+            "tasks_per_step": args.tasks_per_step,
+            "group_size": args.group_size,
+        },
+        validation={"sampling": {**sampling, "temperature": 0.0}, "every": args.steps},
+        checkpoints={"resume": args.resume},
         sampling=sampling,
-        val_sampling={**sampling, "temperature": 0.0},
-        val_every=args.steps,
         trajectory=TrajectoryConfig(mode="trajectory"),
         seed=args.seed,
-        resume=args.resume,
     )
 
 

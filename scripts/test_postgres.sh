@@ -1,5 +1,5 @@
 #!/bin/sh
-# The PostgreSQL binaries the store tests need: `make test`'s `postgres` step (README, Tests).
+# The PostgreSQL binaries the store tests need: `make test`'s `postgres` step (docs/testing.md).
 #
 # tests/pg.py starts a throw-away server of its own (initdb into a temporary directory, a free
 # loopback port), so the tests need only the server binaries initdb and pg_ctl, never a

@@ -14,8 +14,8 @@ from pathlib import Path
 from openai import AsyncOpenAI
 
 import voltrl as vl
-from voltrl.models.tiny import build_tiny_model, build_tiny_tokenizer
 from voltrl.algorithms.local.update import PolicyUpdateConfig
+from voltrl.models.tiny import build_tiny_model, build_tiny_tokenizer
 from voltrl.trajectory import TrajectoryConfig
 
 RUN_NAME = "dash"
@@ -72,12 +72,9 @@ def make_run(run_dir: Path, *, steps: int = 2, name: str = RUN_NAME) -> vl.Local
     algorithm = vl.LocalRL(
         build_tiny_model(tok, seed=0),
         tokenizer=tok,
-        steps=steps,
-        tasks_per_step=2,
-        group_size=3,
-        val_every=steps,
+        schedule={"steps": steps, "tasks_per_step": 2, "group_size": 3},
+        validation={"every": steps, "sampling": {"max_tokens": 6}},
         sampling={"temperature": 1.0, "max_tokens": 6},
-        val_sampling={"max_tokens": 6},
         update=PolicyUpdateConfig(lr=1e-3, micro_batch_size=8),
         trajectory=TrajectoryConfig(mode="trajectory"),
     )

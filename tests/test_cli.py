@@ -188,9 +188,7 @@ def test_train_runs_local_rl_from_a_yaml_config(tmp_path, capsys, monkeypatch):
         "algorithm": {
             "name": "local_rl",
             "model": str(tmp_path / "model"),
-            "steps": 1,
-            "tasks_per_step": 2,
-            "group_size": 2,
+            "schedule": {"steps": 1, "tasks_per_step": 2, "group_size": 2},
             "sampling": {"max_tokens": 4},
             "update": {"lr": 1e-3},
         },

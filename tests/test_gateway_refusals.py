@@ -92,9 +92,9 @@ async def test_the_trajectory_builder_counts_refusals_and_rollouts_left_with_no_
 
 async def test_the_local_engine_behind_the_gateway_refuses_an_overlong_prompt() -> None:
     """LocalRL's engine (a tiny model with a 64-token context) and the gateway end to end."""
+    from voltrl.models.tiny import build_tiny_model, build_tiny_tokenizer
     from voltrl.serving.engine import Engine
     from voltrl.serving.openai_api import serve_engine
-    from voltrl.models.tiny import build_tiny_model, build_tiny_tokenizer
 
     tok = build_tiny_tokenizer()
     engine = Engine(build_tiny_model(tok, max_positions=64), tok)

@@ -95,7 +95,7 @@ def test_local_rl_fills_its_sampling_into_calls_of_an_agent_that_passes_none(
         val_every=1,
         checkpoint_every=0,
         sampling={"max_tokens": 3},
-        val_sampling={"max_tokens": 2},
+        validation={"every": 1, "sampling": {"max_tokens": 2}},
     )
     trainer = vl.Trainer(algo, n_runners=1, inline=True, run_dir=tmp_path, name="s", progress=False)
     trainer.fit(passes_no_sampling, [{"q": c} for c in "ab"], val_dataset=[{"q": "c"}])

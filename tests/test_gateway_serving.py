@@ -21,9 +21,9 @@ from helpers import fake_trainer, free_port
 
 import voltrl as vl
 from voltrl.algorithms.base import Algorithm
-from voltrl.models.tiny import build_tiny_model, build_tiny_tokenizer
 from voltrl.algorithms.local.update import PolicyUpdateConfig
 from voltrl.gateway import start_gateway
+from voltrl.models.tiny import build_tiny_model, build_tiny_tokenizer
 from voltrl.retry import GatewayRetry
 from voltrl.store.memory import InMemoryStore
 
@@ -45,9 +45,7 @@ def test_local_rl_gateway_follows_the_trainer_host_and_token_for_remote_runners(
     algo = vl.LocalRL(
         build_tiny_model(tok, seed=0),
         tokenizer=tok,
-        steps=1,
-        tasks_per_step=2,
-        group_size=2,
+        schedule={"steps": 1, "tasks_per_step": 2, "group_size": 2},
         sampling={"temperature": 1.0, "max_tokens": 4},
         update=PolicyUpdateConfig(lr=1e-3, micro_batch_size=4),
     )
@@ -189,7 +187,11 @@ def test_retry_settings_from_the_command_line_and_yaml(tmp_path) -> None:
         {
             "agent": f"{AGENTS}:calls_once",
             "data": {"train": str(tmp_path / "train.jsonl")},
-            "algorithm": {"name": "local_rl", "model": "m", "gateway_retry": {"retries": 7}},
+            "algorithm": {
+                "name": "local_rl",
+                "model": "m",
+                "serving": {"gateway_retry": {"retries": 7}},
+            },
             "trainer": {"gateway_retry": {"retries": 5, "max_backoff_s": 1}},
         }
     )

@@ -14,11 +14,11 @@ from openai import AsyncOpenAI
 
 import voltrl as vl
 from voltrl._http.serving import serve
+from voltrl.gateway import Gateway
+from voltrl.models.tiny import build_tiny_model, build_tiny_tokenizer
+from voltrl.runtime.runner import RunnerConfig, run_worker
 from voltrl.serving.engine import Engine
 from voltrl.serving.openai_api import serve_engine
-from voltrl.models.tiny import build_tiny_model, build_tiny_tokenizer
-from voltrl.gateway import Gateway
-from voltrl.runtime.runner import RunnerConfig, run_worker
 from voltrl.store.memory import InMemoryStore
 from voltrl.trajectory import TrajectoryConfig, collate, trajectories_from_store
 

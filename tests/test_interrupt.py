@@ -172,12 +172,14 @@ def stop_local_rl_training_then_resume(
         "algorithm": {
             "name": "local_rl",
             "model": "tiny",
-            "steps": 1000,
-            "tasks_per_step": 2,
-            "group_size": 2,
+            "schedule": {
+                "steps": 1000,
+                "tasks_per_step": 2,
+                "group_size": 2,
+                "max_staleness": max_staleness,
+            },
             "sampling": {"temperature": 1.0, "max_tokens": 4},
             "update": {"lr": 1e-3, "micro_batch_size": 4, "entropy_coef": 0.01},
-            "max_staleness": max_staleness,
         },
         # every rollout of the steps queued ahead in flight at once: 4 a step, 1 + k steps
         "trainer": {
@@ -206,7 +208,8 @@ def stop_local_rl_training_then_resume(
     assert done >= 2
     assert (run_dir / "reward_curve.png").exists() and (run_dir / "train.yaml").exists()
 
-    config["algorithm"].update(steps=done + 1, resume=True)
+    config["algorithm"]["schedule"]["steps"] = done + 1
+    config["algorithm"]["checkpoints"] = {"resume": True}
     path.write_text(yaml.safe_dump(config))
     resumed = voltrl_here("train", str(path), cwd=tmp_path, **here)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr

@@ -62,7 +62,10 @@ def shrunk(sample: str) -> Any:
         tasks=few,
         sft={**recipe.sft, "steps": 2, "min_reward": None},  # a 6-task teacher may solve none
         rl=recipe.rl
-        | {"steps": 1, "tasks_per_step": 2, "group_size": 2, "val_every": 1, "val_n": 1},
+        | {
+            "schedule": {"steps": 1, "tasks_per_step": 2, "group_size": 2},
+            "validation": {**recipe.rl["validation"], "every": 1, "n": 1},
+        },
         teacher_seeds=(0,),
         concurrency=4,
     )

@@ -12,16 +12,19 @@ import voltrl as vl
 
 def test_the_built_in_engine_is_the_default_and_is_recorded() -> None:
     config = vl.LocalRL("tiny").config()
-    assert config["engine"] == "local" and config["engine_args"] is None
+    assert config["serving"]["engine"] == "local" and config["serving"]["engine_args"] is None
 
 
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"engine": "vlm"}, "engine must be one of 'local', 'vllm', not 'vlm'"),
-        ({"engine_args": {"enforce_eager": True}}, "engine_args are vLLM's EngineArgs"),
+        ({"serving": {"engine": "vlm"}}, "engine must be one of 'local', 'vllm', not 'vlm'"),
         (
-            {"engine": "vllm", "lora_adapters": {"solver": "solver"}},
+            {"serving": {"engine_args": {"enforce_eager": True}}},
+            "engine_args are vLLM's EngineArgs",
+        ),
+        (
+            {"serving": {"engine": "vllm"}, "lora_adapters": {"solver": "solver"}},
             "engine='vllm' serves no named LoRA adapters",
         ),
     ],
@@ -37,7 +40,7 @@ def test_a_bad_engine_choice_is_refused_when_local_rl_is_built(options, message)
 )
 def test_vllm_without_vllm_installed_says_how_to_install_it() -> None:
     with pytest.raises(vl.VoltRLError, match=r"engine='vllm' needs vLLM installed .*pip install"):
-        vl.LocalRL("tiny", engine="vllm")
+        vl.LocalRL("tiny", serving={"engine": "vllm"})
 
 
 def test_a_gpu_run_on_the_built_in_engine_is_pointed_at_vllm() -> None:

@@ -7,32 +7,39 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from rl_agents import ROWS, assistant_and_user, reply_then_fail, same_reward, two_turn_agent
 
 import voltrl as vl
-from voltrl.models.tiny import build_tiny_model, build_tiny_tokenizer
+from voltrl.algorithms.local.config import FLAT
 from voltrl.algorithms.local.update import PolicyTrainer, PolicyUpdateConfig
+from voltrl.models.tiny import build_tiny_model, build_tiny_tokenizer
 from voltrl.store.sql import SQLStore
 from voltrl.trajectory import TrajectoryConfig
 
 
-def make_algorithm(**overrides) -> vl.LocalRL:
+def make_algorithm(**overrides: Any) -> vl.LocalRL:
+    """A LocalRL on a fresh tiny model: 2 steps of 2 tasks x 2, validating at the end. An
+    override names a keyword of LocalRL, or a field of a group as its 1.6 keyword (``steps=``,
+    ``checkpoint_every=``: :data:`~voltrl.algorithms.local.config.FLAT`), set in that group."""
     tok = build_tiny_tokenizer()
-    options = dict(
+    options: dict[str, Any] = dict(
         tokenizer=tok,
-        steps=2,
-        tasks_per_step=2,
-        group_size=2,
-        val_every=2,
+        schedule={"steps": 2, "tasks_per_step": 2, "group_size": 2},
+        validation={"every": 2, "sampling": {"max_tokens": 6}},
+        checkpoints={"every": 1},
         sampling={"temperature": 1.0, "max_tokens": 6},
-        val_sampling={"max_tokens": 6},
         update=PolicyUpdateConfig(lr=1e-3, micro_batch_size=4),
-        checkpoint_every=1,
         trajectory=TrajectoryConfig(mode="trajectory"),
     )
-    options.update(overrides)
+    for key, value in overrides.items():
+        if key in FLAT:
+            group, field = FLAT[key]
+            options[group] = {**options.get(group, {}), field: value}
+        else:
+            options[key] = value
     return vl.LocalRL(build_tiny_model(tok, seed=0), **options)
 
 
@@ -184,7 +191,7 @@ def test_weights_an_optimizer_step_failed_in_are_not_checkpointed(
 
 
 def test_local_rl_needs_a_tokenizer_with_a_model_object(tmp_path: Path):
-    algo = vl.LocalRL(build_tiny_model(build_tiny_tokenizer(), seed=0), steps=1)
+    algo = vl.LocalRL(build_tiny_model(build_tiny_tokenizer(), seed=0), schedule={"steps": 1})
     trainer = vl.Trainer(algo, n_runners=1, inline=True, run_dir=tmp_path, progress=False)
     with pytest.raises(ValueError, match="tokenizer"):
         trainer.fit(two_turn_agent, ROWS)
@@ -245,7 +252,7 @@ def test_validation_sampling_inherits_the_training_sampling_unless_overridden():
         build_tiny_model(tok),
         tokenizer=tok,
         sampling={"max_tokens": 6},
-        val_sampling={"max_tokens": 9},
+        validation={"sampling": {"max_tokens": 9}},
     )
     assert algo.val_sampling == {"temperature": 0.0, "max_tokens": 9}
 
@@ -261,7 +268,9 @@ def test_validation_runs_each_held_out_task_val_n_times(tmp_path: Path):
     assert letters == sorted("ab" * 6)
     logged = [m for m in algo.history if "val/rollouts" in m]
     assert [m["val/rollouts"] for m in logged] == [6, 6]
-    with pytest.raises(ValueError, match="val_n"):
+    with pytest.raises(
+        ValueError, match=r"validation\.n: Input should be greater than or equal to 1"
+    ):
         make_algorithm(val_n=0)
 
 

@@ -19,8 +19,8 @@ import voltrl as vl
 from voltrl._http.serving import serve_in_thread
 from voltrl.algorithms.local.loss import policy_loss
 from voltrl.algorithms.local.schedule import WeightVersions, drop_stale, row_staleness
-from voltrl.models.tiny import build_tiny_model, build_tiny_tokenizer
 from voltrl.algorithms.local.update import PolicyTrainer, PolicyUpdateConfig
+from voltrl.models.tiny import build_tiny_model, build_tiny_tokenizer
 from voltrl.observability.dashboard import Catalog, dashboard_app
 from voltrl.store.sql import SQLStore
 from voltrl.trajectory import TrajectoryConfig, build_trajectory, collate
@@ -189,11 +189,18 @@ def test_max_staleness_picks_the_decoupled_objective_unless_the_update_names_one
     tok = build_tiny_tokenizer()
     model = build_tiny_model(tok)
     assert vl.LocalRL(model, tokenizer=tok).update.old_logprobs == "rollout"
-    assert vl.LocalRL(model, tokenizer=tok, max_staleness=1).update.old_logprobs == "decoupled"
-    named = vl.LocalRL(model, tokenizer=tok, max_staleness=2, update={"old_logprobs": "rollout"})
+    assert (
+        vl.LocalRL(model, tokenizer=tok, schedule={"max_staleness": 1}).update.old_logprobs
+        == "decoupled"
+    )
+    named = vl.LocalRL(
+        model, tokenizer=tok, schedule={"max_staleness": 2}, update={"old_logprobs": "rollout"}
+    )
     assert named.update.old_logprobs == "rollout"
-    with pytest.raises(ValueError, match="max_staleness >= 0"):
-        vl.LocalRL(model, tokenizer=tok, max_staleness=-1)
+    with pytest.raises(
+        ValueError, match=r"schedule\.max_staleness: Input should be greater than or equal to 0"
+    ):
+        vl.LocalRL(model, tokenizer=tok, schedule={"max_staleness": -1})
 
 
 # ---- versions and staleness -------------------------------------------------------------------
@@ -321,14 +328,11 @@ def test_rollouts_queued_ahead_span_updates_and_every_call_was_sampled_by_its_ve
     algo = vl.LocalRL(
         build_tiny_model(tok, seed=0),
         tokenizer=tok,
-        steps=3,
-        tasks_per_step=2,
-        group_size=2,
+        schedule={"steps": 3, "tasks_per_step": 2, "group_size": 2, "max_staleness": 1},
+        checkpoints={"every": 1},
         sampling={"temperature": 1.0, "max_tokens": 6},
         update={"lr": 1e-2, "micro_batch_size": 4},
         trajectory={"mode": "trajectory"},
-        checkpoint_every=1,
-        max_staleness=1,
     )
     trainer = vl.Trainer(algo, n_runners=1, max_concurrency=4, run_dir=tmp_path, name="async")
     result = trainer.fit(thinks_between_calls, [{"letter": c, "notes": str(notes)} for c in "abcd"])

@@ -42,7 +42,7 @@ def test_only_the_latest_keep_checkpoints_stay_on_disk(tmp_path: Path) -> None:
     assert kept(tmp_path / "three") == ["step_00000003", "step_00000004"]
     fit(tmp_path, "all", steps=2, keep_checkpoints=None)  # None keeps them all
     assert kept(tmp_path / "all") == ["step_00000001", "step_00000002"]
-    with pytest.raises(ValueError, match="keep_checkpoints"):
+    with pytest.raises(ValueError, match="keep"):
         make_algorithm(keep_checkpoints=0)
 
 

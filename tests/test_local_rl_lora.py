@@ -15,8 +15,8 @@ from test_local_rl import make_algorithm
 from transformers import AutoModelForCausalLM
 
 import voltrl as vl
-from voltrl.models.tiny import build_tiny_model, build_tiny_tokenizer
 from voltrl.algorithms.local.update import PolicyUpdateConfig
+from voltrl.models.tiny import build_tiny_model, build_tiny_tokenizer
 from voltrl.store.sql import SQLStore
 from voltrl.trajectory import TrajectoryConfig
 from voltrl.types import LLMCall
@@ -119,7 +119,8 @@ def test_a_lora_run_from_a_model_directory_prints_no_transformers_bars_or_peft_w
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         algo = vl.LocalRL(
-            str(tmp_path / "start"), steps=1, tasks_per_step=2, group_size=2, update=LORA,
+            str(tmp_path / "start"),
+            schedule={"steps": 1, "tasks_per_step": 2, "group_size": 2}, update=LORA,
             sampling={"temperature": 1.0, "max_tokens": 6},
             trajectory=TrajectoryConfig(mode="trajectory"),
         )  # fmt: skip

@@ -23,12 +23,12 @@ from test_policy_update import agent_batch
 from transformers import AutoModelForCausalLM
 
 import voltrl as vl
-from voltrl.serving.engine import Engine, SamplingParams
-from voltrl.models.lora import LoraAdapters, adapter_of, trainer_parts
-from voltrl.serving.openai_api import serve_engine
-from voltrl.models.tiny import build_tiny_model, build_tiny_tokenizer
 from voltrl.algorithms.local.update import PolicyTrainer, PolicyUpdateConfig
 from voltrl.gateway import start_gateway
+from voltrl.models.lora import LoraAdapters, adapter_of, trainer_parts
+from voltrl.models.tiny import build_tiny_model, build_tiny_tokenizer
+from voltrl.serving.engine import Engine, SamplingParams
+from voltrl.serving.openai_api import serve_engine
 from voltrl.store.memory import InMemoryStore
 from voltrl.store.sql import SQLStore
 from voltrl.types import LLMCall, Task

@@ -29,11 +29,11 @@ from openai import OpenAI
 
 import voltrl as vl
 from voltrl._http.serving import BackgroundServer
-from voltrl.serving.engine import Engine
-from voltrl.serving.openai_api import serve_engine_in_thread
-from voltrl.models.tiny import build_tiny
 from voltrl.cli import build_from_config, main
 from voltrl.gateway import Gateway
+from voltrl.models.tiny import build_tiny
+from voltrl.serving.engine import Engine
+from voltrl.serving.openai_api import serve_engine_in_thread
 from voltrl.store.memory import InMemoryStore
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -213,7 +213,7 @@ def test_model_serve_without_torch_names_the_local_extra(tmp_path: Path) -> None
 
 
 def test_local_rl_tiny_loads_the_built_in_model_and_tokenizer() -> None:
-    algorithm = vl.LocalRL("tiny", device="cpu")
+    algorithm = vl.LocalRL("tiny", compute={"device": "cpu"})
     model, tokenizer = algorithm._load()
     reference, reference_tokenizer = build_tiny()
     assert tokenizer.get_vocab() == reference_tokenizer.get_vocab()
@@ -229,7 +229,7 @@ def test_build_from_config_with_model_tiny_builds_local_rl_on_the_tiny_model(
     config = {
         "agent": f"{SAMPLE / 'agent.py'}:agent",
         "data": {"train": str(SAMPLE / "tasks.jsonl")},
-        "algorithm": {"name": "local_rl", "model": "tiny", "steps": 1},
+        "algorithm": {"name": "local_rl", "model": "tiny", "schedule": {"steps": 1}},
         "trainer": {"run_dir": str(tmp_path)},
     }
     trainer, _agent, train, _val = build_from_config(config)

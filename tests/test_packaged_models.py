@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 import torch
 
+from voltrl.errors import VoltRLError
 from voltrl.models import packaged
 from voltrl.models.packaged import MANIFEST, cached_model, convert_gguf, fetch_model
 from voltrl.models.tiny import TINY_TOKENIZER_DIR
-from voltrl.errors import VoltRLError
 
 HIDDEN, FFN, LAYERS, HEADS, KV_HEADS = 64, 128, 2, 4, 2
 

@@ -13,11 +13,11 @@ import torch
 from test_policy_update import set_sampling_logprobs, tiny_model, varied_batch
 
 import voltrl as vl
-from voltrl.serving.engine import Engine, SamplingParams
-from voltrl.models.loading import load_model
 from voltrl.algorithms.local.master_weights import MasterWeights
-from voltrl.models.precision import resolve_dtype
 from voltrl.algorithms.local.update import PolicyTrainer, PolicyUpdateConfig
+from voltrl.models.loading import load_model
+from voltrl.models.precision import resolve_dtype
+from voltrl.serving.engine import Engine, SamplingParams
 from voltrl.trajectory import collate
 from voltrl.types import Trajectory, Transition
 
@@ -35,9 +35,9 @@ def test_auto_is_float32_on_a_cpu_and_other_names_are_refused() -> None:
     with pytest.raises(ValueError, match="dtype must be one of auto, float32, bfloat16"):
         resolve_dtype("fp8", "cpu")
     with pytest.raises(ValueError, match="dtype must be one of"):
-        vl.LocalRL("tiny", dtype="half")
+        vl.LocalRL("tiny", compute={"dtype": "half"})
     with pytest.raises(ValueError, match="'float16' cannot train here"):
-        vl.LocalRL("tiny", dtype="float16")
+        vl.LocalRL("tiny", compute={"dtype": "float16"})
     model, _ = load_model("tiny", dtype="bfloat16", device="cpu")
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
 
@@ -137,12 +137,16 @@ async def test_local_rl_trains_a_bf16_model_end_to_end(
         )
         return len(reply.choices[0].message.content or "") / 10  # differs within a group
 
-    algo = vl.LocalRL("tiny", dtype="bfloat16", steps=1, tasks_per_step=2, group_size=2)
+    algo = vl.LocalRL(
+        "tiny",
+        schedule={"steps": 1, "tasks_per_step": 2, "group_size": 2},
+        compute={"dtype": "bfloat16"},
+    )
     result = await vl.Trainer(
         algo, run_dir=tmp_path, name="bf16", inline=True, progress=True
     ).fit_async(replies, [{"q": "say a"}, {"q": "say b"}])
     assert "memory estimate: " in capsys.readouterr().out  # printed before training
-    assert result.run.config["dtype"] == "bfloat16"
+    assert result.run.config["compute"]["dtype"] == "bfloat16"
     assert [m["step"] for m in result.metrics if "update/loss" in m] == [1]
     saved = torch.load(
         next((tmp_path / "bf16" / "checkpoints").glob("step_*")) / "masters.pt", weights_only=True
@@ -171,7 +175,10 @@ async def test_a_float32_run_resumed_in_bf16_takes_its_masters_from_the_float32_
 
     def fit(dtype: str, steps: int) -> Any:
         algo = vl.LocalRL(
-            "tiny", dtype=dtype, steps=steps, tasks_per_step=2, group_size=2, resume=True
+            "tiny",
+            schedule={"steps": steps, "tasks_per_step": 2, "group_size": 2},
+            compute={"dtype": dtype},
+            checkpoints={"resume": True},
         )
         trainer = vl.Trainer(algo, run_dir=tmp_path, name="r", inline=True, progress=False)
         return algo, trainer.fit_async(replies, rows)

@@ -109,10 +109,10 @@ async def test_on_the_local_engine_token_ids_stay_those_sampled() -> None:
     the whole text."""
     import torch
 
-    from voltrl.serving.engine import Engine
-    from voltrl.serving.openai_api import serve_engine
     from voltrl.algorithms.local.supervised import supervised_warmup
     from voltrl.models.tiny import build_tiny_model, build_tiny_tokenizer
+    from voltrl.serving.engine import Engine
+    from voltrl.serving.openai_api import serve_engine
 
     tok = build_tiny_tokenizer()
     model = build_tiny_model(tok, seed=0, max_positions=128)

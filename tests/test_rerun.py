@@ -37,7 +37,7 @@ def a_config(tmp_path: Path, **algorithm: Any) -> dict[str, Any]:
     return {
         "agent": f"{AGENTS}:calls_once",
         "data": {"train": str(data)},
-        "algorithm": {"name": "local_rl", "model": "tiny", "steps": 1, **algorithm},
+        "algorithm": {"name": "local_rl", "model": "tiny", "schedule": {"steps": 1}, **algorithm},
         "trainer": {"run_dir": str(tmp_path / "runs"), "name": "again"},
     }
 
@@ -58,7 +58,11 @@ def written_yaml(tmp_path: Path, algorithm: vl.LocalRL, agent: Any) -> tuple[str
     [
         ({"algorithm": {"model": None}}, "algorithm.model: none given"),
         ({"algorithm": {"model": "/no/such/model"}}, "algorithm.model: the directory /no/such"),
-        ({"algorithm": {"stepz": 3}}, "algorithm.stepz: unknown field (did you mean 'steps'?)"),
+        (
+            {"algorithm": {"shedule": 3}},
+            "algorithm.shedule: unknown field (did you mean 'schedule'?)",
+        ),
+        ({"algorithm": {"schedule": {"stepz": 3}}}, "algorithm.schedule.stepz: Extra inputs"),
         ({"algorithm": {"update": {"lr": "fast"}}}, "algorithm.update.lr: Input should be"),
         ({"algorithm": {"trajectory": {"mode": "x"}}}, "algorithm.trajectory.mode: Input"),
         (
@@ -109,7 +113,7 @@ def test_a_run_given_a_model_object_writes_a_yaml_that_says_so_and_voltrl_train_
     from voltrl.models.tiny import build_tiny
 
     model, tokenizer = build_tiny(hidden=16, layers=1)
-    algorithm = vl.LocalRL(model, tokenizer=tokenizer, steps=1)
+    algorithm = vl.LocalRL(model, tokenizer=tokenizer, schedule={"steps": 1})
     text, config = written_yaml(tmp_path, algorithm, NeedsAServer("http://127.0.0.1:1"))
     assert text.startswith("# Runs this training again once the fields named below are set")
     assert "set algorithm.model to its path or hub name" in text
@@ -130,12 +134,12 @@ def test_a_train_yaml_names_a_local_model_by_its_absolute_path_and_runs_as_a_new
 
     (tmp_path / "models" / "mine").mkdir(parents=True)
     monkeypatch.chdir(tmp_path)
-    algorithm = vl.LocalRL("models/mine", steps=1, resume=True)
+    algorithm = vl.LocalRL("models/mine", schedule={"steps": 1}, checkpoints={"resume": True})
     text, config = written_yaml(tmp_path, algorithm, calls_once)
     assert text.startswith("# Runs this training again: voltrl train ")
-    assert "algorithm.resume: true continues this run" in text
+    assert "algorithm.checkpoints.resume: true continues this run" in text
     assert config["algorithm"]["model"] == str(tmp_path / "models" / "mine")
-    assert config["algorithm"]["resume"] is False  # the file starts the training again
+    assert config["algorithm"]["checkpoints"]["resume"] is False  # it starts the training again
     assert config["agent"] == f"{AGENTS}:calls_once"
     # "tiny" and hub names stay names
     _, config = written_yaml(tmp_path / "b", vl.LocalRL("tiny"), calls_once)

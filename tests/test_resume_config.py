@@ -5,6 +5,8 @@ more steps (and what does not alter the data or the model) may change."""
 from __future__ import annotations
 
 import asyncio
+import json
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,7 @@ from rl_agents import ROWS, two_turn_agent
 from test_local_rl import make_algorithm
 
 import voltrl as vl
+from voltrl.algorithms.local.config import FLAT, RESUMABLE, upgraded
 from voltrl.algorithms.local.update import PolicyUpdateConfig
 from voltrl.errors import VoltRLError
 from voltrl.runtime.dataset import load_tasks
@@ -66,7 +69,7 @@ def test_a_resume_that_changes_the_data_or_the_model_is_refused_and_more_steps_a
     result = a_trainer(make_algorithm(steps=2, resume=True), tmp_path).fit(two_turn_agent, ROWS)
     assert [m["step"] for m in result.metrics if "update/loss" in m] == [2]
     [(name, status, config)] = run_records(run_dir / "store.sqlite")
-    assert (name, status, config["steps"]) == ("r", "finished", 2)  # the record has the steps
+    assert (name, status, config["schedule"]["steps"]) == ("r", "finished", 2)  # the steps
 
 
 def setup_of(rows: list[dict], val: list[dict] | None = None, **trainer: object) -> dict:
@@ -80,15 +83,22 @@ def test_the_set_up_compared_names_each_difference_and_lets_what_is_safe_change(
     rows = [{"q": i, "user": "scripted"} for i in range(3)]
     llm = vl.LLM(endpoint="http://127.0.0.1:1/v1", model="customer-a")
     write_setup(tmp_path, setup_of(rows, rows[:1], resources={"user_llm": llm}))
-    config = {"model": "tiny", "steps": 2, "val_every": 2, "threads": 1, "update": {"lr": 1e-4}}
+    config = {
+        "model": "tiny",
+        "schedule": {"steps": 2},
+        "validation": {"every": 2},
+        "compute": {"threads": 1},
+        "update": {"lr": 1e-4},
+    }
     tasks = {"train": load_tasks(rows), "val": load_tasks(rows[:1])}
 
     def check(new_config: dict, setup: dict, tasks: dict = tasks) -> None:
-        check_resume("r", tmp_path, config, new_config, setup, tasks)
+        check_resume("r", tmp_path, config, new_config, setup, tasks, RESUMABLE)
 
     moved = llm.model_copy(update={"endpoint": "http://127.0.0.1:2/v1"})
     same = setup_of(rows, rows[:1], resources={"user_llm": moved})
-    check({**config, "steps": 5, "val_every": 5, "threads": 2}, same)  # allowed changes
+    allowed = {"schedule": {"steps": 5}, "validation": {"every": 5}, "compute": {"threads": 2}}
+    check({**config, **allowed}, same)
     other_llm = llm.model_copy(update={"model": "customer-b"})
     with pytest.raises(VoltRLError) as refused:
         check({**config, "model": "gpt2"}, setup_of(rows, None, resources={"user_llm": other_llm}))
@@ -117,11 +127,93 @@ def test_a_setting_added_since_the_run_was_recorded_counts_as_what_the_run_ran_w
     different set-up, refused as any other."""
     setup = setup_of([{"q": 1}])
     tasks = {"train": [], "val": None}
-    then = {"seed": 0, "update": {"lr": 1e-4}}
-    now = {"seed": 0, "max_staleness": 0, "update": {"lr": 1e-4, "behaviour_weight_cap": 5.0}}
+    then = upgraded({"seed": 0, "update": {"lr": 1e-4}})
+    now = {
+        "seed": 0,
+        "schedule": {"max_staleness": 0},
+        "update": {"lr": 1e-4, "behaviour_weight_cap": 5.0, "behaviour_weight_mode": "clamp"},
+        "trajectory": {"group_by_agent": None},
+    }
     check_resume("r", tmp_path, then, now, setup, tasks)
-    with pytest.raises(VoltRLError, match=r"algorithm\.max_staleness is 1 \(the run's: 0\)"):
-        check_resume("r", tmp_path, then, {**now, "max_staleness": 1}, setup, tasks)
+    faster = {**now, "schedule": {"max_staleness": 1}}
+    with pytest.raises(
+        VoltRLError, match=r"algorithm\.schedule\.max_staleness is 1 \(the run's: 0"
+    ):
+        check_resume("r", tmp_path, then, faster, setup, tasks)
+
+
+def test_a_run_recorded_with_the_flat_settings_of_voltrl_1_6_resumes(tmp_path: Path):
+    """A run recorded before the settings were grouped (``steps``, ``val_every``... at the
+    top of its config) resumes with today's grouped LocalRL: its record is read in today's
+    shape, the same set-up passes and more steps are allowed, a changed one is refused."""
+    a_trainer(make_algorithm(steps=1), tmp_path).fit(two_turn_agent, ROWS)
+    store_path = tmp_path / "r" / "store.sqlite"
+
+    def flatten() -> dict:  # the record as VoltRL 1.6 wrote it, in the store's own table
+        with sqlite3.connect(store_path) as db:
+            [(run_id, data)] = db.execute("SELECT run_id, data FROM runs").fetchall()
+            run = json.loads(data)
+            config = run["config"]
+            for key, (group, field) in FLAT.items():
+                if field in config.get(group, {}):
+                    config[key] = config[group].pop(field)
+            for group in ("schedule", "validation", "serving", "compute", "checkpoints"):
+                assert not config.pop(group), group
+            db.execute("UPDATE runs SET data = ? WHERE run_id = ?", (json.dumps(run), run_id))
+        return config
+
+    flat = flatten()
+    assert flat["steps"] == 1 and "schedule" not in flat
+    with pytest.raises(VoltRLError, match=r"algorithm\.update\.lr is 0\.01 \(the run's: 0\.001\)"):
+        changed = make_algorithm(steps=2, resume=True, update=PolicyUpdateConfig(lr=1e-2))
+        a_trainer(changed, tmp_path).fit(two_turn_agent, ROWS)
+    result = a_trainer(make_algorithm(steps=2, resume=True), tmp_path).fit(two_turn_agent, ROWS)
+    assert [m["step"] for m in result.metrics if "update/loss" in m] == [2]
+
+
+def test_the_flat_keywords_of_voltrl_1_6_go_into_their_groups_with_a_warning() -> None:
+    with pytest.warns(DeprecationWarning, match=r"steps= is schedule=\{'steps': \.\.\.\}"):
+        old = vl.LocalRL("tiny", steps=3, val_every=2, engine="local", checkpoint_every=0)
+    new = vl.LocalRL(
+        "tiny",
+        schedule={"steps": 3},
+        validation={"every": 2},
+        serving={"engine": "local"},
+        checkpoints={"every": 0},
+    )
+    assert old.config() == new.config()
+    same = r"steps= and schedule\.steps are the same setting"
+    with pytest.raises(ValueError, match=same), pytest.warns(DeprecationWarning):
+        vl.LocalRL("tiny", steps=3, schedule={"steps": 4})
+    with pytest.raises(TypeError, match="unexpected keyword argument 'stepz'"):
+        vl.LocalRL("tiny", stepz=3)
+    with pytest.raises(ValueError, match="stepz"):
+        vl.LocalRL("tiny", schedule={"stepz": 3})
+
+
+def test_a_train_yaml_in_either_shape_builds_the_same_local_rl(tmp_path: Path) -> None:
+    from voltrl.cli import build_from_config
+
+    (tmp_path / "train.jsonl").write_text('{"letter": "a"}\n')
+
+    def built(algorithm: dict) -> dict:
+        config = {
+            "agent": f"{Path(__file__).with_name('rl_agents.py')}:two_turn_agent",
+            "data": {"train": str(tmp_path / "train.jsonl")},
+            "algorithm": {"name": "local_rl", "model": "tiny", **algorithm},
+        }
+        return build_from_config(config)[0].algorithm.config()
+
+    grouped = built({"schedule": {"steps": 3, "group_size": 2}, "checkpoints": {"keep": 1}})
+    with pytest.warns(DeprecationWarning):
+        flat = built({"steps": 3, "group_size": 2, "keep_checkpoints": 1})
+    assert flat == grouped and grouped["schedule"]["group_size"] == 2
+    with pytest.raises(VoltRLError, match=r"algorithm\.schedule\.group_size: Input should be"):
+        built({"schedule": {"group_size": 0}})
+    with pytest.raises(
+        VoltRLError, match=r"algorithm\.shedule: unknown field \(did you mean 'schedule'\?\)"
+    ):
+        built({"shedule": {"steps": 3}})
 
 
 def test_the_set_up_keeps_no_secret_and_a_damaged_one_is_named(tmp_path: Path):

@@ -94,9 +94,7 @@ def test_a_local_rl_run_leaves_its_curve_and_the_config_that_runs_it_again(tmp_p
     name = "a-rather-long-run-name-that-does-not-fit-in-a-narrow-column-of-eighty"
     algo = vl.LocalRL(
         "tiny",
-        steps=2,
-        tasks_per_step=2,
-        group_size=2,
+        schedule={"steps": 2, "tasks_per_step": 2, "group_size": 2},
         sampling={"temperature": 1.0, "max_tokens": 4},
         update=PolicyUpdateConfig(lr=1e-3, micro_batch_size=4, entropy_coef=0.01),
     )

@@ -23,10 +23,10 @@ from openai import AsyncOpenAI
 
 import voltrl as vl
 from voltrl.algorithms.local.conversations import chat_retokenizer
-from voltrl.models.chat import render_chat
 from voltrl.algorithms.local.shared_prefix import split_common_prefix
-from voltrl.models.tiny import build_tiny_model, build_tiny_tokenizer
 from voltrl.errors import VoltRLError
+from voltrl.models.chat import render_chat
+from voltrl.models.tiny import build_tiny_model, build_tiny_tokenizer
 from voltrl.store.sql import SQLStore
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -361,10 +361,8 @@ def test_local_rl_warm_started_by_sft_validates_the_student_after_warm_up(tmp_pa
     algorithm = vl.LocalRL(
         "tiny",
         warm_start=sft,
-        steps=1,
-        tasks_per_step=2,
-        group_size=2,
-        val_every=1,
+        schedule={"steps": 1, "tasks_per_step": 2, "group_size": 2},
+        validation={"every": 1},
         sampling={"max_tokens": 8},
     )
     result = vl.Trainer(algorithm, run_dir=tmp_path / "runs", name="rl", progress=False).fit(
@@ -400,8 +398,9 @@ def test_voltrl_train_runs_sft_alone_and_as_local_rls_warm_start_from_yaml(
     warm = {"source": str(run_dir), "retokenize": True, "steps": 2, "batch_size": 2}
     for name, algorithm in [
         ("alone", {"name": "sft", "model": str(tiny_model_dir(tmp_path)), **warm}),
-        ("warm", {"name": "local_rl", "model": "tiny", "steps": 1, "tasks_per_step": 1,
-                  "group_size": 2, "sampling": {"max_tokens": 4}, "warm_start": warm}),
+        ("warm", {"name": "local_rl", "model": "tiny",
+                  "schedule": {"steps": 1, "tasks_per_step": 1, "group_size": 2},
+                  "sampling": {"max_tokens": 4}, "warm_start": warm}),
     ]:  # fmt: skip
         config = {
             "agent": agent,
@@ -441,13 +440,10 @@ def test_a_resumed_lora_run_puts_its_adapters_back_on_the_warm_started_base(tmp_
         algorithm = vl.LocalRL(
             "tiny",
             warm_start=sft,
-            steps=steps,
-            tasks_per_step=1,
-            group_size=2,
+            schedule={"steps": steps, "tasks_per_step": 1, "group_size": 2},
+            checkpoints={"every": 1, "resume": resume},
             sampling={"max_tokens": 4},
             update={"use_lora": True, "lora_r": 4},
-            checkpoint_every=1,
-            resume=resume,
         )
         vl.Trainer(algorithm, run_dir=tmp_path / "runs", name="lora", progress=False).fit(
             adding_agent, TASKS[:2]

@@ -17,13 +17,13 @@ from test_local_rl import make_algorithm
 from test_policy_update import tiny_model, varied_batch
 
 import voltrl as vl
-from voltrl.serving.engine import Engine, SamplingParams
-from voltrl.serving.engine import core as engine_module
 from voltrl.algorithms.local.supervised import supervised_warmup
-from voltrl.models.threads import decide_threads, usable_cpus, use_threads
-from voltrl.models.tiny import build_tiny_model, build_tiny_tokenizer
 from voltrl.algorithms.local.update import PolicyTrainer
 from voltrl.cli import build_from_config
+from voltrl.models.threads import decide_threads, usable_cpus, use_threads
+from voltrl.models.tiny import build_tiny_model, build_tiny_tokenizer
+from voltrl.serving.engine import Engine, SamplingParams
+from voltrl.serving.engine import core as engine_module
 from voltrl.store.sql import SQLStore
 
 
@@ -96,8 +96,8 @@ def test_engine_thread_applies_its_threads(monkeypatch):
 
 def test_local_rl_applies_records_and_reports_its_threads(tmp_path: Path, capsys):
     algo = make_algorithm(steps=0, threads=1)
-    assert algo.config()["threads"] == 1
-    assert make_algorithm().config()["threads"] == decide_threads()
+    assert algo.config()["compute"]["threads"] == 1
+    assert make_algorithm().config()["compute"]["threads"] == decide_threads()
     vl.Trainer(algo, n_runners=1, inline=True, run_dir=tmp_path, name="t").fit(two_turn_agent, ROWS)
     assert capsys.readouterr().out.count("torch: 1 intra-op thread(s)") == 1
     assert torch.get_num_threads() == 1
@@ -111,14 +111,14 @@ def test_local_rl_applies_records_and_reports_its_threads(tmp_path: Path, capsys
         finally:
             await store.close()
 
-    assert [r.config["threads"] for r in asyncio.run(runs())] == [1]
+    assert [r.config["compute"]["threads"] for r in asyncio.run(runs())] == [1]
 
 
 def test_threads_come_from_the_yaml_config(tmp_path: Path):
     config = {
         "agent": f"{Path(__file__).parent / 'rl_agents.py'}:two_turn_agent",
         "data": {"train": str(tmp_path / "train.jsonl")},
-        "algorithm": {"name": "local_rl", "model": "unused", "threads": 1},
+        "algorithm": {"name": "local_rl", "model": "unused", "compute": {"threads": 1}},
     }
     (tmp_path / "train.jsonl").write_text('{"x": 1}\n')  # voltrl train checks it exists
     trainer, *_ = build_from_config(config)

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 import voltrl as vl
-from voltrl.models.tiny import build_tiny_model, build_tiny_tokenizer
 from voltrl.algorithms.local.update import PolicyUpdateConfig
+from voltrl.models.tiny import build_tiny_model, build_tiny_tokenizer
 
 
 @vl.rollout
@@ -36,11 +36,9 @@ def test_a_rollout_rewarded_only_per_team_trains_each_teams_calls(
     algo = vl.LocalRL(
         build_tiny_model(tok, seed=0),
         tokenizer=tok,
-        steps=1,
-        tasks_per_step=2,
-        group_size=2,
-        val_every=0,
-        checkpoint_every=0,
+        schedule={"steps": 1, "tasks_per_step": 2, "group_size": 2},
+        validation={"every": 0},
+        checkpoints={"every": 0},
         sampling={"temperature": 1.0, "max_tokens": 4},
         update=PolicyUpdateConfig(lr=1e-3, micro_batch_size=8),
     )

@@ -12,10 +12,10 @@ import pytest
 import torch
 from openai import OpenAI
 
-from voltrl.serving.engine import Engine
 from voltrl.models.loading import load_model
-from voltrl.serving.openai_api import serve_engine_in_thread
 from voltrl.models.toolcalls import parse_tool_calls
+from voltrl.serving.engine import Engine
+from voltrl.serving.openai_api import serve_engine_in_thread
 
 MODEL = "smollm2-135m-instruct"
 CALCULATOR = {
@@ -145,7 +145,11 @@ def test_the_calculator_recipe_warms_up_trains_a_lora_adapter_and_saves_the_mode
         recipe,
         tasks=few,
         sft={**recipe.sft, "steps": 2, "batch_size": 4},
-        rl=recipe.rl | {"steps": 1, "tasks_per_step": 2, "group_size": 2, "val_every": 1},
+        rl=recipe.rl
+        | {
+            "schedule": {"steps": 1, "tasks_per_step": 2, "group_size": 2},
+            "validation": {"every": 1},
+        },
         concurrency=4,
     )
     row = run_recipe(recipe, 0, tmp_path)

@@ -61,8 +61,8 @@ class DriverProbe(Algorithm):
         from omegaconf import open_dict
         from verl.experimental.reward_loop import RewardLoopManager
 
-        from voltrl.models.tiny import build_tiny_tokenizer
         from voltrl.algorithms.verl.driver import LoopBridge, VoltAgentLoopManager, VoltPPOTrainer
+        from voltrl.models.tiny import build_tiny_tokenizer
         from voltrl.observability.metrics import summarize
 
         tokenizer = build_tiny_tokenizer()

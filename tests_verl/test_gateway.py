@@ -45,9 +45,9 @@ class GatewayProbe(Algorithm):
         self.seen: dict = {}
 
     async def train(self, ctx, train, val):
+        from voltrl.models.tiny import build_tiny_model, build_tiny_tokenizer
         from voltrl.serving.engine import Engine
         from voltrl.serving.openai_api import serve_engine
-        from voltrl.models.tiny import build_tiny_model, build_tiny_tokenizer
 
         tok = build_tiny_tokenizer()
         engines, stops, addresses = [], [], []

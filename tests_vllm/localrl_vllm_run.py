@@ -41,16 +41,12 @@ def main(parent: Path, mode: str) -> None:
     algo = vl.LocalRL(
         model,
         tokenizer=tok,
-        engine="vllm",
-        engine_args={"enforce_eager": True, "max_model_len": 512},
-        steps=1,
-        tasks_per_step=4,
-        group_size=8,
-        val_every=1,
+        schedule={"steps": 1, "tasks_per_step": 4, "group_size": 8},
+        validation={"every": 1, "sampling": {"max_tokens": 8}},
+        serving={"engine": "vllm", "engine_args": {"enforce_eager": True, "max_model_len": 512}},
+        checkpoints={"every": 0},
         sampling={"temperature": 1.0, "max_tokens": 8},
-        val_sampling={"max_tokens": 8},
         update={"lr": 0.05, "micro_batch_size": 8, "use_lora": lora, "lora_r": 8},
-        checkpoint_every=0,
     )
     rows = [{"letter": c} for c in "abcdefgh"]
     name = "vllm-lora" if lora else "vllm"

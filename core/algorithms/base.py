@@ -8,7 +8,7 @@ of rollouts and ``teardown`` with no training.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from voltrl.types import Task
 
@@ -44,6 +44,18 @@ class Algorithm:
     async def teardown(self, ctx: TrainContext) -> None:
         """Stop what :meth:`setup` started."""
 
+    resume_setting: str = "resume"
+    """Where :meth:`config` records :attr:`resume` (a dotted path): a run's ``train.yaml``
+    sets it false, so running the file again starts a new run."""
+    resumable_settings: tuple[str, ...] = ()
+    """The settings (dotted paths in :meth:`config`) a resumed run may change: those that alter
+    neither the data nor the model (more steps, where to compute)."""
+
     def config(self) -> dict[str, object]:
         """The settings to record with the run."""
         return {k: v for k, v in vars(self).items() if not k.startswith("_")}
+
+    def upgraded_config(self, recorded: dict[str, Any]) -> dict[str, Any]:
+        """A config this algorithm recorded, perhaps in an earlier VoltRL's shape, in today's
+        (what a resume compares with :meth:`config`)."""
+        return recorded

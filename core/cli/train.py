@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -92,6 +92,7 @@ def _algorithm(algo_cfg: dict[str, Any]) -> Any:
             f"algorithm.name: unknown algorithm {name!r}; use local_rl, sft, apo or baseline"
         )
     from voltrl.algorithms.local import SFT, LocalRL
+    from voltrl.algorithms.local.config import FLAT, GROUPS
     from voltrl.algorithms.local.update_config import PolicyUpdateConfig
     from voltrl.trajectory import TrajectoryConfig
 
@@ -99,8 +100,9 @@ def _algorithm(algo_cfg: dict[str, Any]) -> Any:
     if name == "sft":
         _check_sft("algorithm", algo_cfg)
         return _built(SFT, "algorithm", algo_cfg)
-    _check_fields("algorithm", algo_cfg, LocalRL)
-    for key, model in (("update", PolicyUpdateConfig), ("trajectory", TrajectoryConfig)):
+    _check_fields("algorithm", algo_cfg, LocalRL, also=FLAT)
+    groups = {**GROUPS, "update": PolicyUpdateConfig, "trajectory": TrajectoryConfig}
+    for key, model in groups.items():
         if algo_cfg.get(key) is not None:
             _validated(model, f"algorithm.{key}", algo_cfg[key])
     if (warm := algo_cfg.get("warm_start")) is not None:  # a recorded config has it as null
@@ -136,11 +138,15 @@ def _apo(algo_cfg: dict[str, Any]) -> Any:
         raise VoltRLError(f"algorithm: {exc}") from None
 
 
-def _check_fields(where: str, given: dict[str, Any], target: Callable[..., Any]) -> None:
+def _check_fields(
+    where: str, given: dict[str, Any], target: Callable[..., Any], also: Iterable[str] = ()
+) -> None:
     """A setting ``target`` does not take (from a config) is an error naming it, and the
-    nearest one it takes."""
+    nearest one it takes; ``also``: more names it takes through ``**kwargs``."""
     objects = ("self", "tokenizer", "algorithm")  # objects, which no config holds
-    known = [p for p in inspect.signature(target).parameters if p not in objects]
+    params = inspect.signature(target).parameters.values()
+    named = [p.name for p in params if p.kind is not p.VAR_KEYWORD and p.name not in objects]
+    known = [*named, *also]
     for key in given:
         if key not in known:
             near = difflib.get_close_matches(key, known, n=1)

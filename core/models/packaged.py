@@ -17,7 +17,6 @@ NAME`` in YAML and ``voltrl model serve NAME`` fetch on first use. Adding a pack
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -29,6 +28,8 @@ import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from filelock import FileLock, Timeout
 
 from voltrl.errors import VoltRLError
 
@@ -145,13 +146,16 @@ def fetch_model(
 @contextlib.contextmanager
 def _one_fetch_at_a_time(lock: Path, name: str, progress: Callable[[str], None]) -> Iterator[None]:
     """Hold ``lock``: a second process fetching ``name`` waits for the first, then finds it."""
-    with lock.open("a") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            progress(f"{name}: waiting for another process fetching it")
-            fcntl.flock(f, fcntl.LOCK_EX)
+    held = FileLock(lock)
+    try:
+        held.acquire(timeout=0)
+    except Timeout:
+        progress(f"{name}: waiting for another process fetching it")
+        held.acquire()
+    try:
         yield
+    finally:
+        held.release()
 
 
 def _fetch(

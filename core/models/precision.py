@@ -44,4 +44,3 @@ def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device) -> torch
         cuda = torch.device(device).type == "cuda"
         return torch.bfloat16 if cuda and torch.cuda.is_bf16_supported() else torch.float32
     return getattr(torch, checked_dtype(dtype))
-

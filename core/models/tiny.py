@@ -83,17 +83,6 @@ def build_tiny(
     return build_tiny_model(tokenizer, hidden=hidden, layers=layers, seed=seed), tokenizer
 
 
-def tiny_or_named(
-    model: str | None, *, seed: int = 0, hidden: int = 128, layers: int = 2
-) -> dict[str, object]:
-    """``LocalRL``'s ``model`` (and ``tokenizer``) keywords: ``model`` as ``from_pretrained``
-    takes it (a path or hub name), or when it is empty the tiny model and tokenizer."""
-    if model:
-        return {"model": model}
-    tiny, tokenizer = build_tiny(seed=seed, hidden=hidden, layers=layers)
-    return {"model": tiny, "tokenizer": tokenizer}
-
-
 TINY = "tiny"
 """The model name that picks the built-in tiny model and tokenizer: ``LocalRL("tiny")``,
 ``model: tiny`` in ``voltrl train``'s YAML, ``voltrl model serve tiny``. Its weights are

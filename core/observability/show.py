@@ -42,7 +42,18 @@ BARS = "▁▂▃▄▅▆▇█"
 ROLES = {"system": "magenta", "user": "green", "assistant": "cyan", "tool": "yellow"}
 GOOD = {"succeeded": "green", "finished": "green", "running": "blue", "queued": "blue"}
 REWARD_METRICS = ("train/reward_mean", "val/reward_mean", "dev/reward_mean")
-KEY_CONFIG = ("model", "steps", "tasks_per_step", "group_size", "n_repeats", "update.lr", "lr")
+KEY_CONFIG = (
+    "model",
+    "schedule.steps",
+    "schedule.tasks_per_step",
+    "schedule.group_size",
+    "steps",  # a run of VoltRL 1.6's LocalRL, or SFT's or APO's
+    "tasks_per_step",
+    "group_size",
+    "n_repeats",
+    "update.lr",
+    "lr",
+)
 MAX_SPANS = 80
 _CANDIDATE = {"kept": "green", "pending": "blue", "dropped": "", "rejected": "red", "failed": "red"}
 

@@ -51,32 +51,33 @@ TRAIN_YAML_ALGORITHMS = ("local_rl", "sft", "apo", "baseline")
 
 
 LOCK_FILE = ".lock"
-"""``runs/<name>/.lock``: held by the process running the run (its pid inside)."""
+"""``runs/<name>/.lock``: held by the process running the run (its pid in ``.lock.pid``)."""
 
 
 @contextlib.contextmanager
 def locked_run_dir(run_dir: Path) -> Iterator[None]:
     """Hold the run directory's lock for the block; :class:`VoltRLError` at once, naming the
     holder's pid, when another process holds it."""
-    import fcntl
+    from filelock import FileLock, Timeout
 
-    path = run_dir / LOCK_FILE
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    lock, owner = FileLock(run_dir / LOCK_FILE), run_dir / f"{LOCK_FILE}.pid"
     try:
+        lock.acquire(timeout=0)
+    except Timeout:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            raise VoltRLError(
-                f"run {run_dir.name!r} is in use by another process (pid {holder}): two "
-                f"processes in {run_dir} would write the same checkpoints; stop that one, or "
-                "give this run another name"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
+            holder = owner.read_text().strip() or "unknown"
+        except OSError:
+            holder = "unknown"
+        raise VoltRLError(
+            f"run {run_dir.name!r} is in use by another process (pid {holder}): two "
+            f"processes in {run_dir} would write the same checkpoints; stop that one, or "
+            "give this run another name"
+        ) from None
+    try:
+        owner.write_text(str(os.getpid()))
         yield
     finally:
-        os.close(fd)  # closing it releases the lock
+        lock.release()
 
 
 def free_run_name(run_dir: str | Path, name: str) -> str:
@@ -104,7 +105,7 @@ def run_name(run_dir: Path, name: str | None, kind: str, resume: bool) -> str:
         return name
     print(
         f"run {name!r} exists in {run_dir}; this run is {free!r} "
-        "(to continue that run instead, resume it: e.g. LocalRL(resume=True))",
+        "(to continue that run instead, resume it: e.g. LocalRL(checkpoints={'resume': True}))",
         flush=True,
     )
     return free
@@ -147,8 +148,13 @@ def write_train_yaml(
         )
     elif isinstance(model, str | Path) and model != "tiny" and Path(model).expanduser().exists():
         algorithm["model"] = str(Path(model).expanduser().resolve())  # from any directory
-    if "resume" in algorithm:  # a new run of this training; a resumed one's file says so too
-        algorithm["resume"] = False
+    *parents, key = algo.resume_setting.split(".")
+    section: Any = algorithm
+    for parent in parents:
+        section = section.get(parent) if isinstance(section, dict) else None
+    resumes = isinstance(section, dict) and key in section
+    if resumes:  # a new run of this training; a resumed one's file says so too
+        section[key] = False
     spec = agent_spec(agent)
     if spec == "MODULE:AGENT":
         notes.append(
@@ -168,8 +174,11 @@ def write_train_yaml(
         header = "# Runs this training again: voltrl train "
     # in the order given: mappings such as lora_adapters route by their order
     body = yaml.safe_dump(config, sort_keys=False)
-    resume = "# (algorithm.resume: true continues this run from its last checkpoint instead)\n"
-    text = header + str(path) + "\n" + (resume if "resume" in algorithm else "")
+    resume = (
+        f"# (algorithm.{algo.resume_setting}: true continues this run from its last checkpoint "
+        "instead)\n"
+    )
+    text = header + str(path) + "\n" + (resume if resumes else "")
     path.write_text(text + "".join(n + "\n" for n in notes) + body)
     return path
 

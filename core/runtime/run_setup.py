@@ -2,14 +2,15 @@
 
 Every ``fit`` writes ``<run dir>/setup.json`` (:func:`write_setup`): the agent, the LLMs the
 trainer was given, and a digest of its training and validation rows. Resuming the run
-(``LocalRL(resume=True)``, a sample's ``--resume``) compares the new ``fit`` with it and with
-the algorithm's settings the run recorded (its ``Run.config``) before anything of the run
-changes (:func:`check_resume`): a difference that changes what is trained, or on what, would
-mix two set-ups in one run, so it is refused, naming each difference with both values.
+(``LocalRL(checkpoints={"resume": True})``, a sample's ``--resume``) compares the new ``fit``
+with it and with the algorithm's settings the run recorded (its ``Run.config``) before
+anything of the run changes (:func:`check_resume`): a difference that changes what is
+trained, or on what, would mix two set-ups in one run, so it is refused, naming each
+difference with both values.
 
-What may change on resume is only what does not alter the data or the model:
-:data:`RESUMABLE_SETTINGS` of the algorithm (more ``steps``, how often to validate or
-checkpoint, where and how fast to compute), the LLMs' endpoints (a server restarted
+What may change on resume is only what does not alter the data or the model: the algorithm's
+``resumable_settings`` (LocalRL's: more steps, how often to validate or checkpoint, where and
+how fast to compute), the LLMs' endpoints (a server restarted
 elsewhere), and everything of the trainer but its LLMs (loggers, concurrency, runners,
 timeouts). Everything else must match: the agent, every training and validation row, every
 other setting of the algorithm (the model, its warm-up, the update's and the trajectories'
@@ -36,33 +37,6 @@ if TYPE_CHECKING:
 
 SETUP_FILE = "setup.json"
 """``<run dir>/setup.json``: the set-up a resume of the run must keep."""
-
-RESUMABLE_SETTINGS = (
-    "steps",
-    "val_every",
-    "checkpoint_every",
-    "keep_checkpoints",
-    "resume",
-    "device",
-    "dtype",
-    "threads",
-    "max_batch_size",
-    "engine",
-    "engine_args",
-    "gateway_retry",
-)
-"""The algorithm's settings a resumed run may change: none alters the data or the model."""
-
-ADDED_SETTINGS: dict[str, Any] = {
-    "max_staleness": 0,
-    "update.behaviour_weight_cap": 5.0,
-    "update.behaviour_weight_mode": "clamp",
-    "trajectory.group_by_agent": None,
-}
-"""Settings added to LocalRL after runs were first recorded (dotted paths in the algorithm's
-config), each with the value a run recorded before it ran with: a resume compares them as if
-the run had recorded it. (A run before ``max_staleness`` was synchronous; the cap only acts
-with ``old_logprobs="decoupled"``, which did not exist; rows were grouped by task alone.)"""
 
 _SHOWN = 160
 """How many characters of a value a refusal shows."""
@@ -112,18 +86,16 @@ def check_resume(
     config: dict[str, Any],
     setup: dict[str, Any],
     tasks: dict[str, Sequence[Task] | None],
+    resumable: Sequence[str] = (),
 ) -> None:
     """Raise :class:`VoltRLError` when resuming run ``name`` (in ``run_dir``; its algorithm
-    recorded ``recorded_config``) with the algorithm's ``config`` and ``setup`` (of the
-    ``train`` and ``val`` ``tasks``) would change its data or its model; the message names
-    each difference with both values. A run recorded before ``setup.json`` existed is checked
-    on the algorithm's settings alone; a setting added to VoltRL since the run was recorded
-    counts as the value it ran with (:data:`ADDED_SETTINGS`)."""
-    recorded_config, config = _with_added_settings(recorded_config), _with_added_settings(config)
+    recorded ``recorded_config``, in today's shape: ``Algorithm.upgraded_config``) with the
+    algorithm's ``config`` and ``setup`` (of the ``train`` and ``val`` ``tasks``) would change
+    its data or its model; the message names each difference with both values. The
+    ``resumable`` settings (dotted paths) may change. A run recorded before ``setup.json``
+    existed is checked on the algorithm's settings alone."""
     changes = _differences(
-        "algorithm",
-        {k: v for k, v in recorded_config.items() if k not in RESUMABLE_SETTINGS},
-        {k: v for k, v in config.items() if k not in RESUMABLE_SETTINGS},
+        "algorithm", _without(recorded_config, resumable), _without(config, resumable)
     )
     path = run_dir / SETUP_FILE
     try:
@@ -147,10 +119,11 @@ def check_resume(
         said = "; ".join(
             f"{what} is {_shown(now)} (the run's: {_shown(then)})" for what, then, now in changes
         )
+        may = ", ".join([*resumable[:3], "how it runs"])
         raise VoltRLError(
             f"cannot resume run {name!r} with a different set-up: {said}. Resume it with the "
-            f"options it was started with (only {', '.join(RESUMABLE_SETTINGS[:3])} and how "
-            "it runs may change), or start a new run under another name"
+            f"options it was started with (only {may} may change), or start a new run under "
+            "another name"
         )
 
 
@@ -192,17 +165,16 @@ def _row_differences(what: str, then: list[Any], now: Sequence[Task]) -> list[tu
     return [(what, _Said(_count(len(then))), _Said(_count(len(now))))]
 
 
-def _with_added_settings(recorded: dict[str, Any]) -> dict[str, Any]:
-    """``recorded`` (an algorithm's config) with each of :data:`ADDED_SETTINGS` it lacks set
-    to the value a run without it ran with."""
-    out = copy.deepcopy(recorded)
-    for dotted, value in ADDED_SETTINGS.items():
+def _without(config: dict[str, Any], paths: Sequence[str]) -> dict[str, Any]:
+    """``config`` without the settings at ``paths`` (dotted: ``schedule.steps``)."""
+    out = copy.deepcopy(config)
+    for dotted in paths:
         *parents, name = dotted.split(".")
-        section = out
+        section: Any = out
         for parent in parents:
             section = section.get(parent) if isinstance(section, dict) else None
-        if isinstance(section, dict) and name not in section:
-            section[name] = value
+        if isinstance(section, dict):
+            section.pop(name, None)
     return out
 
 

@@ -235,9 +235,12 @@ class Trainer:
         setup = run_setup(self, agent_spec(agent), train, val)
 
         def keeps_setup(previous: Run, run_dir: Path) -> None:
-            config = algorithm_config(self.algorithm)
+            algorithm = self.algorithm
+            config = algorithm_config(algorithm)
+            recorded = algorithm.upgraded_config(previous.config)
             tasks = {"train": train, "val": val}
-            check_resume(previous.name, run_dir, previous.config, config, setup, tasks)
+            resumable = algorithm.resumable_settings
+            check_resume(previous.name, run_dir, recorded, config, setup, tasks, resumable)
 
         session = self._session("fit", agent, keeps_setup)
         async with session as ctx, self._reporting_failures(ctx, agent):
@@ -391,7 +394,8 @@ class Trainer:
         except (asyncio.CancelledError, KeyboardInterrupt):
             status = "interrupted"
             resumable = kind == "fit" and self.algorithm.resumable
-            resume = " (resume=True continues it)" if resumable else ""
+            setting = self.algorithm.resume_setting
+            resume = f" ({setting}=true continues it)" if resumable else ""
             print(f"run {name!r} interrupted{resume}: {run_dir}", flush=True)
             raise
         except BaseException as exc:

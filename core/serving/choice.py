@@ -12,7 +12,8 @@ from typing import Any
 from voltrl.errors import VoltRLError
 
 ENGINES = ("local", "vllm")
-"""``"local"``: :class:`~.engine.core.Engine` (any device); ``"vllm"``: :class:`~.engine.vllm.VLLMEngine`."""
+"""``"local"``: :class:`~.engine.core.Engine` (any device); ``"vllm"``:
+:class:`~.engine.vllm.VLLMEngine`."""
 
 
 def checked_engine(engine: str, engine_args: Mapping[str, Any] | None, lora_adapters: bool) -> str:
@@ -39,6 +40,6 @@ def engine_hint(engine: str, device: str) -> str | None:
     if engine == "local" and device.startswith("cuda"):
         return (
             "engine: the built-in engine on a GPU is launch-bound (docs/gpu.md); "
-            "LocalRL(engine='vllm') serves with vLLM in this process instead"
+            "LocalRL(serving={'engine': 'vllm'}) serves with vLLM in this process instead"
         )
     return None

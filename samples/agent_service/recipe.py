@@ -53,15 +53,11 @@ RECIPE = Recipe(
     tasks=tasks,
     sft={"steps": 700, "batch_size": 32, "lr": 3e-3, "warmup_steps": 20, "threads": 2},
     rl={
-        "steps": 40,
-        "tasks_per_step": 8,
-        "group_size": 8,
-        "sampling": SAMPLING,
-        "val_sampling": SAMPLING,
+        "schedule": {"steps": 40, "tasks_per_step": 8, "group_size": 8},
         # each held-out task twice (see recipe_runner.py); every 20 steps keeps a seed in
         # 10 minutes in the machine's slower hours
-        "val_every": 20,
-        "val_n": 2,
+        "validation": {"sampling": SAMPLING, "every": 20, "n": 2},
+        "sampling": SAMPLING,
         "update": {"lr": 2e-4, "micro_batch_size": 32, "clip_eps": 0.2},
         "trajectory": {"mode": "trajectory"},
     },

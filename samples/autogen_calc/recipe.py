@@ -39,13 +39,10 @@ RECIPE = Recipe(
     tasks=tasks,
     sft={"steps": 1000, "batch_size": 32, "lr": 3e-3, "warmup_steps": 20, "threads": 2},
     rl={
-        "steps": 40,
-        "tasks_per_step": 8,
-        "group_size": 8,
+        "schedule": {"steps": 40, "tasks_per_step": 8, "group_size": 8},
+        # each held-out task twice: a steadier figure (see recipe_runner.py)
+        "validation": {"sampling": SAMPLING, "every": 10, "n": 2},
         "sampling": SAMPLING,
-        "val_sampling": SAMPLING,
-        "val_every": 10,
-        "val_n": 2,  # each held-out task twice: a steadier figure (see recipe_runner.py)
         "update": {"lr": 2e-4, "micro_batch_size": 32, "clip_eps": 0.2},
         "trajectory": {"mode": "trajectory"},
     },

@@ -56,14 +56,10 @@ RECIPE = Recipe(
     tasks=tasks,
     sft={"steps": 1000, "batch_size": 32, "lr": 3e-3, "warmup_steps": 20, "threads": 2},
     rl={
-        "steps": 30,
-        "tasks_per_step": 8,
-        "group_size": 8,
-        "sampling": SAMPLING,
-        "val_sampling": SAMPLING,
+        "schedule": {"steps": 30, "tasks_per_step": 8, "group_size": 8},
         # each held-out task twice (see recipe_runner.py); every 15 steps keeps a seed in 10 min
-        "val_every": 15,
-        "val_n": 2,
+        "validation": {"sampling": SAMPLING, "every": 15, "n": 2},
+        "sampling": SAMPLING,
         "update": {"lr": 2e-4, "micro_batch_size": 32, "clip_eps": 0.2},
         "trajectory": {"mode": "trajectory"},
     },

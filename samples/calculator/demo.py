@@ -172,12 +172,9 @@ def write_run_files(run_dir: Path, seed: int, model_path: Path, steps: int) -> P
         "algorithm": {
             "name": "local_rl",
             "model": str(model_path),
-            "steps": steps,
-            "tasks_per_step": 8,
-            "group_size": 8,
+            "schedule": {"steps": steps, "tasks_per_step": 8, "group_size": 8},
+            "validation": {"sampling": sampling, "every": 10},
             "sampling": sampling,
-            "val_sampling": sampling,
-            "val_every": 10,
             "seed": seed,
             # at 5e-4 RL undid the warmed model's copying on seed 1 (training reward 77% at
             # step 6, held-out accuracy 33% at step 30); at 3e-4 it reached 91%

@@ -48,14 +48,10 @@ SMOLLM2 = Recipe(
     model="smollm2-135m-instruct",
     sft={"steps": 24, "batch_size": 16, "lr": 1e-4, "warmup_steps": 4, "threads": 2},
     rl={
-        "steps": 12,
-        "tasks_per_step": 8,
-        "group_size": 8,
+        "schedule": {"steps": 12, "tasks_per_step": 8, "group_size": 8},
+        "validation": {"sampling": SAMPLING, "every": 12, "n": 1},
+        "compute": {"threads": 2},
         "sampling": SAMPLING,
-        "val_sampling": SAMPLING,
-        "val_every": 12,
-        "val_n": 1,
-        "threads": 2,
         "update": {
             "use_lora": True,
             "lr": 2e-4,

@@ -75,16 +75,20 @@ def train(args: argparse.Namespace) -> int:
     sampling = {"temperature": 1.0, "max_tokens": args.max_tokens}
     algorithm = vl.LocalRL(
         args.model or "tiny",
-        steps=args.steps,
-        tasks_per_step=args.tasks_per_step,
-        group_size=args.group_size,
+        schedule={
+            "steps": args.steps,
+            "tasks_per_step": args.tasks_per_step,
+            "group_size": args.group_size,
+        },
+        validation={
+            "sampling": {"temperature": 0.0, "max_tokens": args.max_tokens},
+            "every": args.steps,
+        },
+        checkpoints={"resume": args.resume},
         sampling=sampling,
-        val_sampling={"temperature": 0.0, "max_tokens": args.max_tokens},
-        val_every=args.steps,
         update=PolicyUpdateConfig(lr=args.lr, seed=args.seed),
         trajectory=TrajectoryConfig(agent_filter=agent.AGENT_FILTER),
         seed=args.seed,
-        resume=args.resume,
     )
     trainer = vl.Trainer(
         algorithm,

@@ -12,20 +12,20 @@ Each step reads top to bottom:
 5. the gateway pauses (in-flight calls finish), the engine loads the new weights, and a new
    resources version is published, so every later rollout records which policy sampled it.
 
-With ``max_staleness=k > 0`` the rollouts of the next ``k`` steps are queued before a step
+With ``schedule.max_staleness=k > 0`` the rollouts of the next ``k`` steps are queued before a step
 trains, so they run while it updates (:mod:`.schedule`): no row trains on weights more than
 ``k`` updates older than its sampler's, and the update uses the decoupled PPO objective.
 
 With ``PolicyUpdateConfig(use_lora=True)`` only LoRA adapters train; the engine serves a plain
 copy of the model with the adapters merged in (at start and after every update).
 
-Checkpoints (:mod:`.checkpoints`): every ``checkpoint_every`` steps, after the last, and on an
+Checkpoints (:mod:`.checkpoints`): every ``checkpoints.every`` steps, after the last, and on an
 early stop (Ctrl-C, SIGTERM, an exception) unless the weights are half-updated (see
-:meth:`LocalRL.train`); ``resume=True`` continues from the latest. The final model goes to
+:meth:`LocalRL.train`); ``checkpoints.resume`` continues from the latest. The final model goes to
 ``<run dir>/final``; the tokenizer to ``<run dir>/tokenizer`` at setup (the dashboard decodes
 the ids of a run still training with it).
 
-**A LoRA adapter per agent role** (``lora_adapters=``, :mod:`.lora_adapters`): one base
+**A LoRA adapter per agent role** (``lora_adapters=``, :mod:`voltrl.models.lora`): one base
 model, one adapter per name, served at once; each step trains each adapter on its own rows
 only (its own GRPO groups and optimizer), and metrics are logged per adapter.
 """
@@ -46,6 +46,17 @@ from voltrl.algorithms.local.checkpoints import (
     resume_step,
     save_checkpoints,
     save_final,
+)
+from voltrl.algorithms.local.config import (
+    RESUMABLE,
+    Checkpoints,
+    Compute,
+    Schedule,
+    Serving,
+    Validation,
+    group,
+    grouped,
+    upgraded,
 )
 from voltrl.algorithms.local.reports import (
     adapters_summary,
@@ -87,43 +98,21 @@ class LocalRL(Algorithm):
     Args:
         model: a model path or hub name (as ``from_pretrained`` takes it), ``"tiny"`` (the
             built-in tiny model and tokenizer: random weights, to try the loop, not to learn),
-            or a loaded ``PreTrainedModel`` (then pass ``tokenizer``).
+            a packaged model (``voltrl model list``), or a loaded ``PreTrainedModel`` (then
+            pass ``tokenizer``).
         tokenizer: the tokenizer, when ``model`` is an object.
-        steps: policy updates to run. tasks_per_step, group_size: each step runs
-            ``tasks_per_step`` tasks ``group_size`` times each (advantages are normalised
-            within a task's group).
+        seed: task order, sampling and the update's seed.
+        schedule: steps, tasks per step, the GRPO group size, staleness (:class:`Schedule`).
         sampling: sampling parameters of training rollouts (``temperature``, ``max_tokens``...).
-        val_sampling: sampling parameters of validation rollouts: ``sampling``'s, greedy
-            (``temperature`` 0), with these on top.
-        val_every: validate every this many steps (and before the first and after the last).
-        val_n: rollouts of each validation task (verl's ``val_kwargs.n``): with sampling, the
-            mean over several rollouts a task is a steadier figure than one.
-        update: the policy update's settings (learning rate, clip, KL, LoRA, micro-batches):
-            a ``PolicyUpdateConfig`` or its fields as a dict.
+        validation: how often, how many rollouts a task, with what sampling (:class:`Validation`).
+        update: the policy update (learning rate, clip, KL, LoRA, micro-batches):
+            :class:`~voltrl.algorithms.local.update_config.PolicyUpdateConfig`.
         trajectory: how calls become training rows (transition or trajectory mode, credit):
-            a ``TrajectoryConfig`` or its fields as a dict.
-        served_name: the model name the engine serves and the agent's ``LLM`` carries.
-        checkpoint_every: save a checkpoint every this many steps (0: none on the way). One
-            is also saved after the last step and when the run stops early (Ctrl-C, SIGTERM, an
-            exception), so this bounds what a killed process (``kill -9``, the machine) loses.
-        keep_checkpoints: the latest checkpoints kept (older ones are removed after each
-            save; None keeps all): a long run's disk stays bounded.
-        resume: continue from the latest checkpoint in the run directory, if there is one.
-        device: where to train and serve (default: CUDA if available, else CPU).
-        dtype: the weights' precision: ``"auto"`` (bfloat16 on a CUDA device that supports
-            it, else float32), ``"float32"``, ``"bfloat16"`` or ``"float16"``; logprobs and
-            the optimizer stay float32 (``precision.py``).
-        threads: torch intra-op threads (default: ``$OMP_NUM_THREADS``, else half the usable
-            CPUs, so that a busy core does not stall every kernel; see ``threads.py``).
-        seed: task order and sampling seed.
-        max_batch_size: sequences the engine decodes together.
-        engine: ``"local"`` (the built-in engine) or ``"vllm"`` (vLLM in this process,
-            its weights updated in place: ``engine/vllm.py``, docs/gpu.md).
-        engine_args: with ``engine="vllm"``, more ``vllm.EngineArgs`` fields.
-        gateway_retry: how the gateway retries engine calls (default: the trainer's).
-        reasoning_split: agents get the ``<think>...</think>`` the model writes as
-            ``reasoning_content`` (:mod:`voltrl.gateway.reasoning`); training still sees every
-            token.
+            :class:`~voltrl.trajectory.TrajectoryConfig`.
+        serving: the engine (built-in or vLLM), its batch, the served name, the gateway's
+            retries and reasoning split (:class:`Serving`).
+        compute: device, dtype, torch threads (:class:`Compute`).
+        checkpoints: how often, how many kept, resume (:class:`Checkpoints`).
         warm_start: a :class:`~voltrl.SFT` (without ``model``) that fine-tunes the model on
             recorded rollouts (a teacher's) before it is served; the first validation then
             measures the student after warm-up. It trains every weight, LoRA or not (the KL
@@ -134,45 +123,35 @@ class LocalRL(Algorithm):
             agent name; calls matching none are served by the base model and not trained
             (end with ``".*"`` for a catch-all adapter). Implies LoRA (``update``'s
             ``lora_*`` settings apply to each adapter).
-        max_staleness: queue the rollouts of this many later steps before a step trains, so
-            they run during its update (0: none). A row then trains at most this many updates
-            after its sampler, with decoupled PPO (``update.old_logprobs``, unless set).
+
+    Each group (but ``sampling``) is a settings model of :mod:`.config` or its fields as a
+    dict: ``LocalRL("tiny", schedule={"steps": 20, "group_size": 4})``. VoltRL 1.6's flat
+    keywords (``steps=``, ``val_every=``...) still work for one release, with a warning.
     """
 
     name = "local_rl"
     publishes = ("main_llm",)
     resumable = True
+    resume_setting = "checkpoints.resume"
+    resumable_settings = RESUMABLE
 
     def __init__(
         self,
         model: Any,
         *,
         tokenizer: Any = None,
-        steps: int = 20,
-        tasks_per_step: int = 8,
-        group_size: int = 4,
+        seed: int = 0,
+        schedule: Schedule | dict[str, Any] | None = None,
         sampling: dict[str, Any] | None = None,
-        val_sampling: dict[str, Any] | None = None,
-        val_every: int = 0,
-        val_n: int = 1,
+        validation: Validation | dict[str, Any] | None = None,
         update: PolicyUpdateConfig | dict[str, Any] | None = None,
         trajectory: TrajectoryConfig | dict[str, Any] | None = None,
-        served_name: str = "voltrl-local",
-        checkpoint_every: int = 10,
-        keep_checkpoints: int | None = 3,
-        resume: bool = False,
-        device: str | None = None,
-        dtype: str = "auto",
-        threads: int | None = None,
-        seed: int = 0,
-        max_batch_size: int = 64,
-        engine: str = "local",
-        engine_args: dict[str, Any] | None = None,
-        gateway_retry: GatewayRetry | dict[str, Any] | None = None,
-        reasoning_split: bool = False,
+        serving: Serving | dict[str, Any] | None = None,
+        compute: Compute | dict[str, Any] | None = None,
+        checkpoints: Checkpoints | dict[str, Any] | None = None,
         warm_start: SFT | None = None,
         lora_adapters: dict[str, str] | None = None,
-        max_staleness: int = 0,
+        **flat: Any,
     ) -> None:
         try:
             from voltrl.algorithms.local.update_config import implied_update
@@ -184,48 +163,42 @@ class LocalRL(Algorithm):
                 f"LocalRL needs {exc.name}, which is not installed: pip install 'voltrl[local]'"
             ) from None
 
-        if steps < 0 or tasks_per_step < 1 or group_size < 1 or val_n < 1 or max_staleness < 0:
-            raise ValueError(
-                "steps >= 0, tasks_per_step >= 1, group_size >= 1, val_n >= 1 and "
-                "max_staleness >= 0 are required"
-            )
-        if keep_checkpoints is not None and keep_checkpoints < 1:
-            raise ValueError("keep_checkpoints must be at least 1 (None keeps them all)")
+        given = grouped(
+            {
+                "schedule": schedule,
+                "validation": validation,
+                "serving": serving,
+                "compute": compute,
+                "checkpoints": checkpoints,
+            },
+            flat,
+        )
+        self.schedule: Schedule = group("schedule", given["schedule"])
+        self.validation: Validation = group("validation", given["validation"])
+        self.serving: Serving = group("serving", given["serving"])
+        self.compute: Compute = group("compute", given["compute"])
+        self.checkpoints: Checkpoints = group("checkpoints", given["checkpoints"])
         self.model = model
         self.tokenizer = tokenizer
-        self.steps = steps
-        self.tasks_per_step = tasks_per_step
-        self.group_size = group_size
+        self.seed = seed
         self.sampling = {"temperature": 1.0, **(sampling or {})}
-        self.val_sampling = {**self.sampling, "temperature": 0.0, **(val_sampling or {})}
-        self.val_every = val_every
-        self.val_n = val_n
+        self.val_sampling = {**self.sampling, "temperature": 0.0, **self.validation.sampling}
+        """The validation rollouts' sampling: the training sampling, greedy, then
+        ``validation.sampling``."""
         self.adapters = (
             None
             if lora_adapters is None
-            else LoraAdapters.parse(lora_adapters, served_name=served_name)
+            else LoraAdapters.parse(lora_adapters, served_name=self.serving.served_name)
         )
-        self.update = implied_update(update, seed, self.adapters is not None, max_staleness)
-        self.max_staleness = max_staleness
+        staleness = self.schedule.max_staleness
+        self.update = implied_update(update, seed, self.adapters is not None, staleness)
         if isinstance(trajectory, dict):
             trajectory = TrajectoryConfig.model_validate(trajectory)
         self.trajectory = trajectory or TrajectoryConfig()
-        self.served_name = served_name
-        self.checkpoint_every, self.keep_checkpoints = checkpoint_every, keep_checkpoints
-        self.resume = resume
-        self.device = device
-        self.dtype = checked_dtype(dtype, training=True)
-        self.threads = decide_threads(threads)
-        self.seed = seed
-        self.max_batch_size = max_batch_size
-        self.engine = checked_engine(engine, engine_args, lora_adapters is not None)
-        self.engine_args = engine_args
-        from voltrl.retry import GatewayRetry
-
-        self.gateway_retry = (
-            GatewayRetry.model_validate(gateway_retry) if gateway_retry is not None else None
-        )
-        self.reasoning_split = reasoning_split
+        checked_dtype(self.compute.dtype, training=True)
+        self.threads = decide_threads(self.compute.threads)
+        """torch's threads: ``compute.threads``, else what the machine decides."""
+        checked_engine(self.serving.engine, self.serving.engine_args, lora_adapters is not None)
         if warm_start is not None and warm_start.model is not None:
             raise ValueError("warm_start=SFT(...) trains LocalRL's model: leave its model out")
         self.warm_start = warm_start
@@ -243,47 +216,54 @@ class LocalRL(Algorithm):
         self._stops: list[Any] = []
         self._versions = WeightVersions()
 
+    @property
+    def resume(self) -> bool:
+        """Whether this run continues from its latest checkpoint (``checkpoints.resume``)."""
+        return self.checkpoints.resume
+
+    @property
+    def gateway_retry(self) -> GatewayRetry | None:
+        """How the gateway retries engine calls (``serving.gateway_retry``; None: the
+        trainer's)."""
+        return self.serving.gateway_retry
+
     def config(self) -> dict[str, object]:
-        """The settings recorded with the run: every argument but ``tokenizer``, as
+        """The settings recorded with the run, in groups: every argument but ``tokenizer``, as
         ``voltrl train``'s ``algorithm:`` section takes them (a local model directory as its
-        absolute path; a model object by its class name, which no config can load)."""
+        absolute path; a model object by its class name, which no config can load; torch's
+        threads and the validation sampling as they are in effect)."""
         from voltrl.models.loading import model_name
 
+        validation = {**self.validation.model_dump(), "sampling": self.val_sampling}
         return {
             "model": model_name(self.model),
-            "steps": self.steps,
-            "tasks_per_step": self.tasks_per_step,
-            "group_size": self.group_size,
+            "seed": self.seed,
+            "schedule": self.schedule.model_dump(),
             "sampling": self.sampling,
-            "val_sampling": self.val_sampling,
-            "val_every": self.val_every,
-            "val_n": self.val_n,
+            "validation": validation,
             "update": self.update.model_dump(),
             "trajectory": self.trajectory.model_dump(exclude={"retokenizer"}),
-            "served_name": self.served_name,
-            "checkpoint_every": self.checkpoint_every,
-            "keep_checkpoints": self.keep_checkpoints,
-            "resume": self.resume,
-            "device": self.device,
-            "dtype": self.dtype,
-            "threads": self.threads,
-            "seed": self.seed,
-            "max_batch_size": self.max_batch_size,
-            "engine": self.engine,
-            "engine_args": self.engine_args,
-            "gateway_retry": self.gateway_retry and self.gateway_retry.model_dump(),
-            "reasoning_split": self.reasoning_split,
+            "serving": self.serving.model_dump(),
+            "compute": {**self.compute.model_dump(), "threads": self.threads},
+            "checkpoints": self.checkpoints.model_dump(),
             "warm_start": self.warm_start and self.warm_start.config(),
             "lora_adapters": self.adapters and self.adapters.config(),
-            "max_staleness": self.max_staleness,
         }
+
+    def upgraded_config(self, recorded: dict[str, Any]) -> dict[str, Any]:
+        """A config a run of LocalRL recorded, in today's shape (:func:`.config.upgraded`)."""
+        return upgraded(recorded)
 
     # ---- setup: model, engine, gateway, resources ---------------------------------------
     def _load(self) -> tuple[Any, Any]:
         from voltrl.models.loading import load_model
 
         return load_model(
-            self.model, self.tokenizer, device=self.device, seed=self.seed, dtype=self.dtype
+            self.model,
+            self.tokenizer,
+            device=self.compute.device,
+            seed=self.seed,
+            dtype=self.compute.dtype,
         )
 
     async def setup(self, ctx: TrainContext) -> None:
@@ -333,35 +313,35 @@ class LocalRL(Algorithm):
             served = copy.deepcopy(model).requires_grad_(False)
         self._engine = await asyncio.to_thread(
             start_engine,
-            self.engine,
+            self.serving.engine,
             served,
             tokenizer,
             ctx.run_dir / "engine_model",
-            max_batch_size=self.max_batch_size,
+            max_batch_size=self.serving.max_batch_size,
             seed=self.seed,
             lora_adapters=self.adapters is not None,
-            engine_args=self.engine_args,
+            engine_args=self.serving.engine_args,
             report=ctx.progress,
         )
         self.tokenizer = tokenizer
         engine_url, stop_engine = await serve_engine(
-            self._engine, model_name=self.served_name, logprobs_mode="raw"
+            self._engine, model_name=self.serving.served_name, logprobs_mode="raw"
         )
         self._stops.append(stop_engine)
         adapters = self.adapters
         served_gateway = await ctx.serve_gateway(
             [f"{engine_url}/v1"],
-            model=self.served_name,
+            model=self.serving.served_name,
             model_for_agent=None if adapters is None else adapters.adapter_for,
             retry=self.gateway_retry,
-            reasoning_split=self.reasoning_split,
+            reasoning_split=self.serving.reasoning_split,
             sampling_for=lambda mode: self.val_sampling if mode == "val" else self.sampling,
         )
         self._gateway = served_gateway.gateway
         self._versions.current = self._start_step
         self._llm = LLM(
             endpoint=served_gateway.url,
-            model=self.served_name,
+            model=self.serving.served_name,
             gateway=True,
             sampling_parameters=self.sampling,
             lora_adapters=self._adapter_versions(),
@@ -389,45 +369,48 @@ class LocalRL(Algorithm):
 
     # ---- the loop -----------------------------------------------------------------------
     async def train(self, ctx: TrainContext, train: list[Task], val: list[Task] | None) -> None:
-        """Run ``steps`` policy updates, validating every ``val_every`` steps; checkpoint every
-        ``checkpoint_every`` steps and after the last.
+        """Run ``schedule.steps`` policy updates, validating every ``validation.every`` steps;
+        checkpoint every ``checkpoints.every`` steps and after the last.
 
         A run that stops early keeps what it learned: the weights of the last completed update
-        are checkpointed with its step (whose line is in ``metrics.jsonl``) and ``resume=True``
-        continues from there. Ctrl-C or SIGTERM during an update ends it at its next
-        micro-batch if no optimizer step has run (:attr:`PolicyTrainer.stop`: the run exits
-        within one forward and backward pass with the previous step's weights), else lets it
-        finish. An update that fails after it began changing the weights (an optimizer step
-        ran, or raised) leaves weights no step produced: they are not saved, and the last
-        checkpoint stays the latest. Nothing goes to
-        ``final/``. The rollouts of steps queued ahead (``max_staleness``) are cancelled or left
-        untrained: a resumed run queues those steps again, so no rollout trains twice.
+        are checkpointed with its step (whose line is in ``metrics.jsonl``) and
+        ``checkpoints.resume`` continues from there. Ctrl-C or SIGTERM during an update ends it
+        at its next micro-batch if no optimizer step has run (:attr:`PolicyTrainer.stop`: the
+        run exits within one forward and backward pass with the previous step's weights), else
+        lets it finish. An update that fails after it began changing the weights (an optimizer
+        step ran, or raised) leaves weights no step produced: they are not saved, and the last
+        checkpoint stays the latest. Nothing goes to ``final/``. The rollouts of steps queued
+        ahead (``schedule.max_staleness``) are cancelled or left untrained: a resumed run queues
+        those steps again, so no rollout trains twice.
         """
         assert self._policies and self._engine is not None
         stream = step_tasks(
-            train, per_step=self.tasks_per_step, group_size=self.group_size, seed=self.seed
+            train,
+            per_step=self.schedule.tasks_per_step,
+            group_size=self.schedule.group_size,
+            seed=self.seed,
         )
         for _ in range(self._start_step):
             next(stream)  # a resumed run continues the same task order
         self._steps_done = self._start_step
         ahead: list[QueuedStep] = []  # queued, not yet trained: at most max_staleness + 1
         try:
-            if val and self.val_every:
+            if val and self.validation.every:
                 await self.validate(ctx, val, self._start_step)
-            for step in range(self._start_step, self.steps):
-                last = min(step + self.max_staleness, self.steps - 1)
+            for step in range(self._start_step, self.schedule.steps):
+                last = min(step + self.schedule.max_staleness, self.schedule.steps - 1)
                 for queued in range(ahead[-1].step + 1 if ahead else step, last + 1):
                     tasks = next(stream)
                     ahead.append(await self._versions.queue_step(ctx, self._llm, tasks, queued))
                 record = await self.train_step(ctx, ahead.pop(0))
                 self._steps_done = step + 1
                 self.history.append(record)
-                if self.checkpoint_every and (step + 1) % self.checkpoint_every == 0:
+                if self.checkpoints.every and (step + 1) % self.checkpoints.every == 0:
                     await asyncio.to_thread(self._checkpoint, ctx.run_dir)
-                if val and self.val_every and (step + 1) % self.val_every == 0:
+                if val and self.validation.every and (step + 1) % self.validation.every == 0:
                     await self.validate(ctx, val, step + 1)
-            if val and self.val_every and self.steps % self.val_every:
-                await self.validate(ctx, val, self.steps)
+            if val and self.validation.every and self.schedule.steps % self.validation.every:
+                await self.validate(ctx, val, self.schedule.steps)
             if self._steps_done > self._start_step:  # a finished run can go on with more steps
                 await asyncio.to_thread(self._checkpoint, ctx.run_dir)
             names = self.adapters.names if self.adapters is not None else None
@@ -483,7 +466,7 @@ class LocalRL(Algorithm):
     def _checkpoint(self, run_dir: Path, *, stopped: bool = False) -> Path | None:
         """Save a checkpoint of the steps done, once no update is running (with adapters,
         one per adapter, under ``checkpoints/<adapter>/``), keeping the latest
-        ``keep_checkpoints``; returns where. One already saved is kept. ``None``, and nothing
+        ``checkpoints.keep``; returns where. One already saved is kept. ``None``, and nothing
         saved, when the weights belong to no step (an update failed after it had begun to
         change them: :attr:`PolicyTrainer.mid_update`), or, for a ``stopped`` run, when
         neither an update nor a warm-up changed the model as loaded (a resumed run loads it
@@ -493,7 +476,7 @@ class LocalRL(Algorithm):
                 return None
             if stopped and self._steps_done == 0 and self.warm_start is None:
                 return None
-            keep = self.keep_checkpoints
+            keep = self.checkpoints.keep
             return save_checkpoints(run_dir, self._policies, self._steps_done, keep)
 
     def _weights_torn(self) -> bool:
@@ -535,11 +518,13 @@ class LocalRL(Algorithm):
         assert self._policies
         step = queued.step
         t0 = time.perf_counter()
-        rollouts = await ctx.wait(queued.rollouts, desc=f"step {step + 1}/{self.steps}")
+        rollouts = await ctx.wait(queued.rollouts, desc=f"step {step + 1}/{self.schedule.steps}")
         t1 = time.perf_counter()
         trajectories = await trajectories_from_store(ctx.store, rollouts, self.trajectory)
         weights = self._versions.current  # what this step's update starts from
-        trajectories, staleness = self._versions.drop_stale(trajectories, self.max_staleness)
+        trajectories, staleness = self._versions.drop_stale(
+            trajectories, self.schedule.max_staleness
+        )
         batch = collate(trajectories, self.trajectory)
         parts, untrained = trainer_parts(self.adapters, batch)
         stats = summarize(rollouts)
@@ -571,8 +556,11 @@ class LocalRL(Algorithm):
         if trained:
             await self._serve_new_weights(ctx, list(trained))
         if ctx.progress:
-            shown = staleness if self.max_staleness else None
-            print(step_line(step, self.steps, stats, trained, t1 - t0, t2 - t1, shown), flush=True)
+            shown = staleness if self.schedule.max_staleness else None
+            print(
+                step_line(step, self.schedule.steps, stats, trained, t1 - t0, t2 - t1, shown),
+                flush=True,
+            )
             self._warn_untrained(batch, untrained, step)
         adv_tokens = sum(m["adv_tokens"] for m in trained.values())
         if trained and not adv_tokens and not self._warned_same_reward:
@@ -581,14 +569,14 @@ class LocalRL(Algorithm):
         return record
 
     async def validate(self, ctx: TrainContext, tasks: list[Task], step: int) -> list[Rollout]:
-        """Run every validation task ``val_n`` times with ``val_sampling``; logs ``val/*``
+        """Run every validation task ``validation.n`` times with ``val_sampling``; logs ``val/*``
         metrics (over all of those rollouts)."""
         assert self._llm is not None
         await self._versions.publish(
             ctx, self._llm.model_copy(update={"sampling_parameters": self.val_sampling})
         )
         # every task, then every task again: the first rollouts logged are different tasks
-        repeated = [t for _ in range(self.val_n) for t in tasks]
+        repeated = [t for _ in range(self.validation.n) for t in tasks]
         rollouts = await ctx.run_rollouts(repeated, mode="val", desc=f"validate @ {step}")
         await self._versions.publish(ctx, self._llm)
         stats = summarize(rollouts)

@@ -193,13 +193,13 @@ def check_memory(model: Any, local_rl: Any, report: bool) -> None:
     found = estimate(
         model,
         local_rl.update,
-        max_batch_size=local_rl.max_batch_size,
+        max_batch_size=local_rl.serving.max_batch_size,
         adapters=len(adapters.names) if adapters is not None else 0,
         warm_start=local_rl.warm_start is not None,
     )
     device = next(model.parameters()).device
-    if local_rl.engine == "vllm":
-        found = with_vllm(found, device, local_rl.engine_args)
+    if local_rl.serving.engine == "vllm":
+        found = with_vllm(found, device, local_rl.serving.engine_args)
     if report:
         print(f"{found.line()} on {device}", flush=True)
     if warning := check_fits(found, device, found.parts["weights"]):

@@ -1,5 +1,5 @@
 """LocalRL's schedule: the tasks each step runs, the steps queued ahead of the update
-(``LocalRL(max_staleness=k)``), which weights sampled each row, and how stale it is when it
+(``schedule.max_staleness``), which weights sampled each row, and how stale it is when it
 trains.
 
 With ``k = 0`` a step queues its rollouts, waits for them, updates and serves the new weights:

@@ -148,5 +148,3 @@ def fit_rows(
     model.zero_grad(set_to_none=True)  # nothing of SFT's reaches a later optimizer
     model.eval()
     return losses
-
-

@@ -39,8 +39,8 @@ class PolicyUpdateConfig(Model):
     old_logprobs: Literal["rollout", "recompute", "decoupled"] = "rollout"
     """PPO's "old" policy: the sampling logprobs (``rollout``), the current weights'
     (``recompute``), or both (``decoupled``: clip against the current weights, weigh each
-    token by its importance against the policy that sampled it; what ``LocalRL(max_staleness=
-    k > 0)`` uses unless this is set: :func:`~voltrl.algorithms.local.loss.policy_loss`)."""
+    token by its importance against the policy that sampled it; what ``schedule.max_staleness
+    > 0`` uses unless this is set: :func:`~voltrl.algorithms.local.loss.policy_loss`)."""
     behaviour_weight_cap: float | None = Field(5.0, gt=0)
     """With ``decoupled``: the cap on a token's importance weight against its sampler."""
     behaviour_weight_mode: Literal["clamp", "mask"] = "clamp"

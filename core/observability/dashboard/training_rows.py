@@ -52,7 +52,7 @@ class TrainingRow:
     weights: list[int] | None = None
     """The weights versions that sampled the row's calls (``LLM.weights_version``, in call
     order, repeats removed): more than one when the row spans a weight update
-    (``LocalRL(max_staleness=...)``); None when the run published none."""
+    (``LocalRL(schedule={"max_staleness": ...})``); None when the run published none."""
 
 
 @dataclass
@@ -271,8 +271,9 @@ def _parts(run: Run, batch: Any) -> dict[str | None, list[int]]:
         return {None: list(range(len(batch)))}
     from voltrl.models.lora import LoraAdapters
 
-    served = str(run.config.get("served_name") or "")
-    parts = LoraAdapters.parse(mapping, served_name=served).rows_by_adapter(batch)
+    serving = run.config.get("serving")  # a run of VoltRL 1.6 recorded it flat
+    served = (serving if isinstance(serving, dict) else run.config).get("served_name") or ""
+    parts = LoraAdapters.parse(mapping, served_name=str(served)).rows_by_adapter(batch)
     parts.pop(None, None)
     return parts
 

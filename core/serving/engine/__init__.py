@@ -20,8 +20,8 @@ text (with the rest of the text after it), and EOS / ``stop_token_ids`` tokens a
 ``token_ids`` (they were sampled, the trainer needs them) but not in the text.
 
 :meth:`Engine.update_weights` swaps weights at a step boundary; choices in flight go on with
-the new weights (their cached keys and values stay), and each delta records the
-``weights_version`` that sampled it.
+the new weights (their cached keys and values stay); ``Engine.weights_version`` counts the
+updates loaded.
 
 **LoRA adapters.** Given a ``peft`` model holding several LoRA adapters (one per agent role)
 and ``lora_adapters=True``, the engine serves them all at once: each request names its adapter

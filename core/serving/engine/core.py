@@ -437,7 +437,7 @@ class Engine(EngineFront):
                 continue
             if s.finish is None:
                 keep.append(row)
-            delta = s.take_delta(self.weights_version)
+            delta = s.take_delta()
             if delta is not None:
                 by_req.setdefault(id(s.req), (s.req, []))[1].append(delta)
         by_loop: dict[int, list[tuple[Request, list[Choice]]]] = {}

