@@ -21,7 +21,8 @@ import voltrl as vl
 from voltrl.algorithms.base import Algorithm
 from voltrl.cli import main
 from voltrl.observability.metrics import summarize
-from voltrl.observability.show import Found, RolloutView, render_rollout, sparkline
+from voltrl.observability.run_views import Found, RolloutView
+from voltrl.observability.show import render_rollout, sparkline
 from voltrl.store.sql import SQLStore
 from voltrl.types import Attempt, LLMCall, Rollout, Run, Task
 
@@ -147,7 +148,8 @@ def test_a_run_shows_its_summary_reward_statistics_and_metric_curves(runs: Path,
     assert "│        6 │      0 │         0 │       0.333 │ 0.385 │ 0.000 │ 1.000 │" in train
     assert "0.000" in line_of(out, "│ val") and "│ all   │        9 │" in out
     metrics = [x.split()[0] for x in out.splitlines() if "/" in x and "steps" in x]
-    assert metrics[:3] == ["train/reward_mean", "val/reward_mean", "train/rollouts"]
+    # the reward means first, then the order the dashboard charts them in (FIRST_METRICS)
+    assert metrics[:3] == ["train/reward_mean", "val/reward_mean", "train/reward_std"]
     assert cells(out, "train/reward_mean") == [CURVE, "0.1667 → 0.5", "0.1667", "0.5", "3 steps"]
     assert cells(out, "update/loss") == ["█▃▁", "1 → 0.3333", "0.3333", "1", "3 steps"]
     assert "update/kl" in metrics

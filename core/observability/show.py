@@ -5,8 +5,9 @@ numeric metric of its ``metrics.jsonl`` as a sparkline (without that file, for a
 say, the reward curve per resources version, from the store). ``voltrl show RUN ROLLOUT_ID``:
 one rollout's task, attempts, LLM calls as a conversation, rewards and spans.
 
-Loading (:func:`find_run`, :func:`load_run`, :func:`load_rollout`) is apart from rendering
-(:func:`render_run`, :func:`render_rollout`, onto a rich console).
+What is shown is loaded by :mod:`.run_views` (:func:`~.run_views.find_run`,
+:func:`~.run_views.load_run`, :func:`~.run_views.load_rollout`); this module renders it onto a
+rich console (:func:`render_run`, :func:`render_rollout`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,19 +29,22 @@ from rich.tree import Tree
 
 from voltrl._console import printable
 from voltrl._redact import shown
-from voltrl.errors import NotFoundError, VoltRLError
 from voltrl.observability import prompt_search
 from voltrl.observability.failures import agent_frames, traceback_frames
-from voltrl.observability.metrics import format_stats_table, read_metrics, summarize
+from voltrl.observability.metrics import format_stats_table, metric_series, summarize
 from voltrl.observability.prompt_search import PromptSearch
-from voltrl.store.base import Store
-from voltrl.store.spec import parse_store
-from voltrl.types import Attempt, LLMCall, Reward, Rollout, Run, Span
+from voltrl.observability.run_views import (
+    RolloutView,
+    RunView,
+    find_run,
+    load_rollout,
+    load_run,
+)
+from voltrl.types import LLMCall, Rollout, Span
 
 BARS = "▁▂▃▄▅▆▇█"
 ROLES = {"system": "magenta", "user": "green", "assistant": "cyan", "tool": "yellow"}
 GOOD = {"succeeded": "green", "finished": "green", "running": "blue", "queued": "blue"}
-REWARD_METRICS = ("train/reward_mean", "val/reward_mean", "dev/reward_mean")
 KEY_CONFIG = (
     "model",
     "schedule.steps",
@@ -58,128 +61,6 @@ MAX_SPANS = 80
 _CANDIDATE = {"kept": "green", "pending": "blue", "dropped": "", "rejected": "red", "failed": "red"}
 
 
-@dataclass
-class Found:
-    """A run found in a store: the open store, the run, the store's spec and SQLite file
-    (None for PostgreSQL or a server), and a note when several runs had its name."""
-
-    store: Store
-    run: Run
-    where: str
-    """The store's spec, a URL's password hidden."""
-    path: Path | None
-    note: str | None = None
-    asked: str = ""
-    """The ``RUN`` it was found by (a name, an id or a run directory)."""
-
-
-@dataclass
-class RunView:
-    """What ``voltrl show RUN`` prints; ``metrics`` is None without a ``metrics.jsonl``."""
-
-    found: Found
-    rollouts: list[Rollout]
-    metrics: list[dict[str, Any]] | None = None
-    metrics_path: Path | None = None
-    search: PromptSearch | None = None
-    """An APO run's candidates (``prompt_search.json`` beside its metrics)."""
-
-
-@dataclass
-class RolloutView:
-    """What ``voltrl show RUN ROLLOUT_ID`` prints."""
-
-    found: Found
-    rollout: Rollout
-    attempts: list[Attempt]
-    calls: list[LLMCall]
-    rewards: list[Reward]
-    spans: list[Span]
-
-
-async def find_run(
-    run: str, *, store: str | None = None, run_dir: str | Path = "runs", token: str | None = None
-) -> Found:
-    """The run with the id or name ``run`` in ``store``, else in the stores of ``run_dir``:
-    the latest of several of that name, with a note saying so. ``run`` may also be a run
-    directory (one holding ``store.sqlite``): the run named like it, in its own store."""
-    asked = run
-    if store is None and (Path(run) / "store.sqlite").is_file():
-        store, run = str(Path(run) / "store.sqlite"), Path(run).resolve().name
-    specs = [store] if store else [str(p) for p in sorted(Path(run_dir).glob("*/store.sqlite"))]
-    seen: list[tuple[str, Run]] = []
-    for spec in specs:
-        opened = parse_store(spec, token=token, existing=True).open(retries=2)
-        try:
-            seen += [(spec, r) for r in await opened.list_runs()]
-        finally:
-            await opened.close()
-    matches = [s for s in seen if s[1].run_id == run] or [s for s in seen if s[1].name == run]
-    if not matches:
-        names = ", ".join(f"{r.name} ({r.run_id})" for _, r in seen[-15:])
-        more = f" and {len(seen) - 15} more" if len(seen) > 15 else ""
-        there = f"runs there: {names}{more}" if seen else "there are no runs there"
-        raise VoltRLError(f"no run {run!r} in {store or run_dir}; {there}")
-    spec, chosen = max(matches, key=lambda s: s[1].created_at)
-    note = None
-    if len(matches) > 1:
-        others = ", ".join(r.run_id for _, r in matches if r is not chosen)
-        note = (
-            f"{len(matches)} runs are named {run!r}: showing the latest, {chosen.run_id} "
-            f"(started {_when(chosen.created_at)}); the others: {others}"
-        )
-    where = parse_store(spec, token=token, existing=True)
-    return Found(where.open(retries=2), chosen, where.describe(), where.sqlite_file, note, asked)
-
-
-async def load_run(found: Found, run_dir: str | Path = "runs") -> RunView:
-    """The run's rollouts and its lines of ``metrics.jsonl``, found beside its SQLite store
-    or in ``run_dir/<name>/``."""
-    run = found.run
-    view = RunView(found, await found.store.query_rollouts(run_id=run.run_id))
-    candidates = [Path(run_dir) / run.name / "metrics.jsonl"]
-    if found.path is not None:
-        candidates.insert(0, found.path.parent / "metrics.jsonl")
-    for path in candidates:
-        records = read_metrics(path, run.run_id) if path.is_file() else []
-        if records or path.is_file():
-            view.metrics, view.metrics_path = records or None, path
-        if records:
-            break
-    if view.metrics_path is not None:
-        view.search = prompt_search.load(view.metrics_path.parent)
-    return view
-
-
-async def load_rollout(found: Found, rollout_id: str) -> RolloutView:
-    """One rollout of the run (its id, or a unique prefix of one) with its attempts, LLM
-    calls, rewards and spans."""
-    store, run = found.store, found.run
-    try:
-        rollout: Rollout | None = await store.get_rollout(rollout_id)
-    except NotFoundError:
-        rollout = None
-    if rollout is None or rollout.run_id != run.run_id:
-        ids = [r.rollout_id for r in await store.query_rollouts(run_id=run.run_id)]
-        hits = [i for i in ids if i.startswith(rollout_id)]
-        if len(hits) > 1:
-            shown = ", ".join(hits[:5]) + (", ..." if len(hits) > 5 else "")
-            raise VoltRLError(
-                f"rollout id prefix {rollout_id!r} matches {len(hits)} rollouts of run "
-                f"{run.name}: {shown}; give more of the id"
-            )
-        if not hits:
-            other = f" (it is a rollout of run {rollout.run_id})" if rollout else ""
-            raise VoltRLError(
-                f"no rollout {rollout_id!r} in run {run.name} ({run.run_id}){other}; "
-                f"it has {len(ids)} rollouts" + (f", e.g. {ids[-1]}" if ids else "")
-            )
-        rollout = await store.get_rollout(hits[0])
-    rid = rollout.rollout_id
-    records = [store.get_attempts(rid), store.get_llm_calls(rid), store.get_rewards(rid)]
-    return RolloutView(found, rollout, *await asyncio.gather(*records, store.get_spans(rid)))
-
-
 def sparkline(values: Iterable[float], width: int = 60) -> str:
     """``values`` as ``▁▂▃▄▅▆▇█``, averaged into at most ``width`` buckets."""
     vals = [v for v in values if math.isfinite(v)]
@@ -192,20 +73,6 @@ def sparkline(values: Iterable[float], width: int = 60) -> str:
     if hi == lo:
         return BARS[3] * len(vals)
     return "".join(BARS[round((v - lo) / (hi - lo) * (len(BARS) - 1))] for v in vals)
-
-
-def metric_series(records: Iterable[dict[str, Any]]) -> dict[str, list[float]]:
-    """Each numeric metric's values over the records, the reward means first, then in the
-    order the log first has them (one line each: the dashboard charts them by step)."""
-    series: dict[str, list[float]] = {}
-    for record in records:
-        for key, value in record.items():
-            if key in ("run_id", "step", "time") or isinstance(value, bool):
-                continue
-            if isinstance(value, int | float) and math.isfinite(value):
-                series.setdefault(key, []).append(value)
-    first = [k for k in REWARD_METRICS if k in series]
-    return {k: series[k] for k in first + [k for k in series if k not in first]}
 
 
 def reward_curve(rollouts: Iterable[Rollout]) -> dict[str, list[tuple[int | None, float]]]:
@@ -317,7 +184,7 @@ def render_run(view: RunView, console: Console, *, full: bool = False) -> None:
     for column in table.columns[1:]:
         column.no_wrap = True
     if view.metrics:
-        series = metric_series(view.metrics)
+        series = {name: values for name, _, values in metric_series(view.metrics)}
         width = max(8, min(60, console.width - max(map(len, series), default=0) - 50))
         points = {k: (sparkline(v, width), v, f"{len(v)} steps") for k, v in series.items()}
         console.print(Text(f"\nmetrics ({view.metrics_path})", style="bold"))
