@@ -158,7 +158,8 @@ def bench_pages(n_rollouts: int, repeats: int) -> None:
 
 
 def chromium() -> Any:
-    """Headless Chromium through Selenium, as tests/test_dashboard_browser.py drives it."""
+    """Headless Chromium through Selenium, as tests/observability/test_dashboard_browser.py
+    drives it."""
     import shutil
 
     from selenium import webdriver

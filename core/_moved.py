@@ -2,7 +2,7 @@
 ``DeprecationWarning`` naming the new path, as a module that looks its names up in the new ones.
 
 ``MOVED`` is the one list: old path -> the modules that now hold its names, searched in order.
-Nothing in voltrl imports an old path (``tests/test_layout.py`` checks); a release after 1.7
+Nothing in voltrl imports an old path (``tests/project/test_layout.py`` checks); a release after 1.7
 deletes this module and its line in ``voltrl/__init__.py``.
 """
 

@@ -5,7 +5,7 @@
 # non-zero if any run failed. Each run's output is kept in $LOGS/run-N.log.
 #
 #   scripts/stress_suite.sh                                   # the main suite, 3 times
-#   RUNS=10 scripts/stress_suite.sh tests/test_interrupt.py   # one file, 10 times
+#   RUNS=10 scripts/stress_suite.sh tests/runtime/test_interrupt.py   # one file, 10 times
 #
 # Arguments are pytest's (default: the main suite, in TEST_WORKERS processes); make stress runs
 # it after installing what the tests need. Ctrl-C or SIGTERM stops the run and the load.

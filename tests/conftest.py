@@ -1,67 +1,16 @@
-"""Shared fixtures. ``store`` runs a test once per store implementation."""
+"""Fixtures every folder of tests shares: the gateway ``env``, and clean-up after each test and
+the session (the store fixtures are ``store/conftest.py``'s)."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
-
-from voltrl._http.serving import BackgroundServer
-from voltrl.store.base import Store
-from voltrl.store.http import HTTPStore
+from gateway_env import SERVED, Env, gateway_env
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-
-STORE_KINDS = ["memory", "sqlite", "sqlite-grouped", "postgres", "http"]
-
-HTTP_STORE_TOKEN = "test-token"
-
-
-class ServedHTTPStore(HTTPStore):
-    """An HTTP store client that owns its store server: closing it stops the server."""
-
-    def __init__(self, server: BackgroundServer) -> None:
-        super().__init__(server.url, HTTP_STORE_TOKEN)
-        self.server = server
-
-    async def close(self) -> None:
-        await super().close()
-        await asyncio.to_thread(self.server.stop)
-
-
-async def make_store(kind: str, tmp_path: Path) -> Store:
-    """A fresh, empty store of one kind."""
-    if kind == "memory":
-        from voltrl.store.memory import InMemoryStore
-
-        return InMemoryStore()
-    if kind == "sqlite":
-        from voltrl.store.sql import SQLStore
-
-        return SQLStore(tmp_path / "store.sqlite")
-    if kind == "sqlite-grouped":  # what ``voltrl serve`` uses: concurrent writes commit together
-        from voltrl.store.sql import SQLStore
-
-        grouped = SQLStore(tmp_path / "store.sqlite")
-        grouped.group_commits()
-        return grouped
-    if kind == "postgres":  # a fresh database on a real server (tests/pg.py), one per session
-        from pg import new_database_url
-
-        from voltrl.store.sql import SQLStore
-
-        return SQLStore(new_database_url())
-    if kind == "http":  # a real server on loopback, an in-memory store behind it
-        from voltrl._http.serving import serve_in_thread
-        from voltrl.store.http.endpoints import store_app
-        from voltrl.store.memory import InMemoryStore
-
-        return ServedHTTPStore(serve_in_thread(store_app(InMemoryStore(), token=HTTP_STORE_TOKEN)))
-    raise ValueError(kind)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -95,14 +44,8 @@ def _forget_modules_of_temporary_directories(
                 del sys.modules[name]
 
 
-@pytest.fixture(params=STORE_KINDS)
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
-    s = await make_store(request.param, tmp_path)
-    yield s
-    await s.close()
-
-
 @pytest.fixture
-def store_factory(tmp_path: Path) -> Callable[[str], Awaitable[Store]]:
-    """Build more stores of a given kind in this test's temporary directory."""
-    return lambda kind: make_store(kind, tmp_path)
+async def env() -> AsyncIterator[Env]:
+    options = dict(model=SERVED, resources_version=lambda: 7, retries=2, backoff_s=0.001)
+    async with gateway_env(**options, max_backoff_s=0.01) as e:
+        yield e

@@ -7,9 +7,14 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import queue
+import re
+import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from types import ModuleType
@@ -20,10 +25,16 @@ from fake_openai_backend import FakeBackend, scripted_ids, tool_then_answer
 
 import voltrl as vl
 from voltrl._http.serving import serve
+from voltrl.cli import main
 from voltrl.gateway import Gateway
 from voltrl.store.base import Store
 from voltrl.tracing import RolloutContext
 from voltrl.types import Task
+
+TESTS = Path(__file__).resolve().parent
+"""The tests' root: the agents and helpers test files share live here."""
+ROOT = TESTS.parent
+"""The repository."""
 
 ADD_ARGS = '{"a": 17, "b": 25}'
 """The tool call's arguments in :func:`dev_adding_twice`'s script."""
@@ -48,7 +59,6 @@ def voltrl_here(
     """``voltrl ARGS`` as :func:`voltrl` runs it, but in this test's process, which has torch
     and transformers imported already (a ``voltrl train`` process spends seconds on that): for
     tests of what a command does, not of its process."""
-    from voltrl.cli import main
 
     monkeypatch.chdir(cwd)
     monkeypatch.setenv("NO_COLOR", "1")
@@ -213,3 +223,49 @@ def chatml_ids(fb: FakeBackend) -> None:
         return tok.encode(text + "<|im_end|>", add_special_tokens=False)
 
     fb.prompt_ids, fb.reply_ids = prompt, reply
+
+
+class Served:
+    """A ``voltrl model serve`` process and the lines it printed up to "Ctrl-C stops it"."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "voltrl.cli", "model", "serve", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**{k: v for k, v in os.environ.items() if k != "VOLTRL_TOKEN"}, **(env or {})},
+        )
+        lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, args=(lines,), daemon=True).start()
+        self.lines: list[str] = []
+        deadline = time.monotonic() + 120
+        while not self.lines or not self.lines[-1].startswith("Ctrl-C"):
+            line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            if line is None:
+                raise AssertionError(f"the server exited: {self.proc.wait()}, {self.stderr()}")
+            self.lines.append(line.rstrip("\n"))
+        self.endpoint = re.findall(r" at (http://\S+/v1) ", "\n".join(self.lines))[0]
+
+    def _read(self, lines: queue.Queue[str | None]) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            lines.put(line)
+        lines.put(None)
+
+    def stderr(self) -> str:
+        assert self.proc.stderr is not None
+        return self.proc.stderr.read()
+
+    def stop(self, sig: signal.Signals = signal.SIGINT) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        return self.proc.wait(30)
+
+
+def tensorboard_events(log_dir: Path) -> Any:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(log_dir), size_guidance={"scalars": 0, "tensors": 0})
+    events.Reload()
+    return events

@@ -86,7 +86,7 @@ async def assistant_and_user(task: dict, resources: vl.Resources) -> float:
     return float(task["letter"] in (reply.choices[0].message.content or ""))
 
 
-# ---- the asynchronous run's agent (tests/test_local_rl_async.py) --------------------------
+# ---- the asynchronous run's agent (tests/algorithms/local/test_local_rl_async.py) ------------
 
 STEP = 4
 """Rollouts a step (2 tasks x 2); the runner holds one step's at a time (``max_concurrency``)."""
@@ -116,8 +116,8 @@ async def thinks_between_calls(task: dict, llm: vl.LLM) -> float:
     time, and no rollout of step 1 goes on before all four have called, so the first four first
     calls are step 1's, the next four step 2's, and so on. A rollout of step ``s > 1`` makes its
     first call while update ``s - 1`` is held (it waits for them: ``held_update`` in
-    tests/test_local_rl_async.py), then waits for the weights of that update to be published
-    before its second call: it spans the update."""
+    tests/algorithms/local/test_local_rl_async.py), then waits for the weights of that update
+    to be published before its second call: it spans the update."""
     notes = Path(task["notes"])
 
     async def wait_for_the_update() -> None:

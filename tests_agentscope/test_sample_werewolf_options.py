@@ -1,5 +1,5 @@
 """samples/werewolf's ``run.py`` takes the trainer's options from the samples' shared parser,
-as every sample's does (``tests/test_sample_options.py``; the werewolf sample needs
+as every sample's does (``tests/samples/test_sample_options.py``; the werewolf sample needs
 AgentScope, so its check runs here)."""
 
 from __future__ import annotations

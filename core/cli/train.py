@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import inspect
+import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -92,7 +93,7 @@ def _algorithm(algo_cfg: dict[str, Any]) -> Any:
             f"algorithm.name: unknown algorithm {name!r}; use local_rl, sft, apo or baseline"
         )
     from voltrl.algorithms.local import SFT, LocalRL
-    from voltrl.algorithms.local.config import FLAT, GROUPS
+    from voltrl.algorithms.local.config import FLAT, GROUPS, into_groups
     from voltrl.algorithms.local.update_config import PolicyUpdateConfig
     from voltrl.trajectory import TrajectoryConfig
 
@@ -101,6 +102,13 @@ def _algorithm(algo_cfg: dict[str, Any]) -> Any:
         _check_sft("algorithm", algo_cfg)
         return _built(SFT, "algorithm", algo_cfg)
     _check_fields("algorithm", algo_cfg, LocalRL, also=FLAT)
+    if flat := [key for key in algo_cfg if key in FLAT]:  # a train.yaml of VoltRL 1.6
+        moved = ", ".join(f"{key} is {'.'.join(FLAT[key])}" for key in flat)
+        print(f"note: algorithm settings are grouped since VoltRL 1.7: {moved}", file=sys.stderr)
+        try:
+            algo_cfg = into_groups(algo_cfg)
+        except ValueError as exc:
+            raise VoltRLError(f"algorithm: {exc}") from None
     groups = {**GROUPS, "update": PolicyUpdateConfig, "trajectory": TrajectoryConfig}
     for key, model in groups.items():
         if algo_cfg.get(key) is not None:

@@ -1,6 +1,6 @@
 """The store interface: the single source of truth between algorithm, runners and gateway.
 
-Semantics every implementation keeps (the tests in ``tests/test_store.py`` run against each):
+Semantics every implementation keeps (the tests in ``tests/store/test_store.py`` run against each):
 
 - ``claim`` is atomic: two workers never get the same queued rollout. It starts a new attempt
   holding a lease until ``now + lease_s``.

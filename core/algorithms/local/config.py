@@ -144,30 +144,37 @@ def group(name: str, value: Model | dict[str, Any] | None) -> Any:
 def grouped(
     groups: dict[str, Model | dict[str, Any] | None], flat: dict[str, Any]
 ) -> dict[str, Any]:
-    """``groups`` with the 1.6 keywords in ``flat`` put into theirs (a ``DeprecationWarning``
-    names where each goes now). A keyword that is neither is a ``TypeError``, as Python's; one
-    given both ways, a ``ValueError``."""
+    """``groups`` with the 1.6 keywords in ``flat`` put into theirs (:func:`into_groups`; a
+    ``DeprecationWarning`` names where each goes now). A keyword that is neither is a
+    ``TypeError``, as Python's."""
     unknown = [k for k in flat if k not in FLAT]
     if unknown:
         raise TypeError(f"LocalRL() got an unexpected keyword argument {unknown[0]!r}")
-    if not flat:
-        return dict(groups)
-    warnings.warn(
-        "LocalRL's settings are grouped since VoltRL 1.7: "
-        + ", ".join(f"{k}= is {FLAT[k][0]}={{{FLAT[k][1]!r}: ...}}" for k in flat)
-        + " (the flat keywords go after 1.7)",
-        DeprecationWarning,
-        stacklevel=3,
-    )
-    out = dict(groups)
-    for key, value in flat.items():
+    if flat:
+        warnings.warn(
+            "LocalRL's settings are grouped since VoltRL 1.7: "
+            + ", ".join(f"{k}= is {FLAT[k][0]}={{{FLAT[k][1]!r}: ...}}" for k in flat)
+            + " (the flat keywords go after 1.7)",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+    return into_groups({**groups, **flat})
+
+
+def into_groups(settings: dict[str, Any]) -> dict[str, Any]:
+    """LocalRL's ``settings`` with each 1.6 flat one (:data:`FLAT`) moved into its group; a
+    setting given both ways is a ``ValueError``."""
+    out = {k: v for k, v in settings.items() if k not in FLAT}
+    for key, value in settings.items():
+        if key not in FLAT:
+            continue
         name, field = FLAT[key]
         given = out.get(name)
         fields = (
             given.model_dump(exclude_unset=True) if isinstance(given, Model) else dict(given or {})
         )
         if field in fields:
-            raise ValueError(f"{key}= and {name}.{field} are the same setting: give one")
+            raise ValueError(f"{key} and {name}.{field} are the same setting: give one")
         out[name] = {**fields, field: value}
     return out
 
