@@ -13,13 +13,11 @@ recorded with the exact sampled token ids and rewards, and an algorithm improves
     vl.Trainer(resources={"main_llm": vl.LLM(endpoint=..., model=...)}).dev(agent, rows)
 """
 
+import importlib as _importlib
+import typing as _typing
+
 from voltrl import _moved
 from voltrl.agent import LitAgent, rollout
-from voltrl.algorithms.apo import APO
-from voltrl.algorithms.base import Algorithm
-from voltrl.algorithms.baseline import Baseline
-from voltrl.algorithms.local import SFT, LocalRL
-from voltrl.algorithms.verl import VERL
 from voltrl.errors import (
     AgentLoadError,
     DatasetError,
@@ -39,7 +37,6 @@ from voltrl.errors import (
 )
 from voltrl.observability.metrics import RewardStats
 from voltrl.resources import LLM, PromptTemplate, Resources
-from voltrl.runtime import RunResult, TrainContext, Trainer
 from voltrl.tracing import (
     RolloutContext,
     current_rollout,
@@ -64,6 +61,43 @@ from voltrl.types import (
 __version__ = "0.1.0"
 
 _moved.install()  # the old paths of moved modules, for one release
+
+_LAZY = {
+    "APO": "voltrl.algorithms.apo",
+    "Algorithm": "voltrl.algorithms.base",
+    "Baseline": "voltrl.algorithms.baseline",
+    "LocalRL": "voltrl.algorithms.local",
+    "SFT": "voltrl.algorithms.local",
+    "VERL": "voltrl.algorithms.verl",
+    "RunResult": "voltrl.runtime",
+    "TrainContext": "voltrl.runtime",
+    "Trainer": "voltrl.runtime",
+}
+"""The public names of the layers above the vocabulary, imported when first used: a process
+that only serves a model, runs an agent or reads a store (``voltrl model serve``, a runner)
+loads no algorithm and no trainer."""
+
+if _typing.TYPE_CHECKING:
+    from voltrl.algorithms.apo import APO
+    from voltrl.algorithms.base import Algorithm
+    from voltrl.algorithms.baseline import Baseline
+    from voltrl.algorithms.local import SFT, LocalRL
+    from voltrl.algorithms.verl import VERL
+    from voltrl.runtime import RunResult, TrainContext, Trainer
+
+
+def __getattr__(name: str) -> _typing.Any:
+    """``voltrl.Trainer``, ``voltrl.LocalRL``...: :data:`_LAZY`'s names, imported on first use."""
+    if name not in _LAZY:
+        raise AttributeError(f"module 'voltrl' has no attribute {name!r}")
+    value = getattr(_importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __all__ = [
     "APO",

@@ -61,6 +61,8 @@ class _Moved(types.ModuleType):
         self._targets = targets
 
     def __getattr__(self, attr: str) -> Any:
+        if attr == "__all__":  # ``from old import *``: the new modules' public names
+            return [n for t in self._targets for n in _public(importlib.import_module(t))]
         if attr.startswith("__"):
             raise AttributeError(attr)
         for target in self._targets:
@@ -70,6 +72,12 @@ class _Moved(types.ModuleType):
         raise AttributeError(
             f"module {self.__name__!r} (moved to {self._targets[0]}) has no {attr!r}"
         )
+
+
+def _public(module: types.ModuleType) -> list[str]:
+    """What ``from module import *`` takes: its ``__all__``, else its public names."""
+    names = getattr(module, "__all__", None)
+    return list(names) if names is not None else [n for n in vars(module) if n[0] != "_"]
 
 
 class MovedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -98,6 +106,8 @@ class MovedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 def install() -> None:
-    """Put one :class:`MovedFinder` on ``sys.meta_path`` (after the normal finders)."""
+    """Put one :class:`MovedFinder` first on ``sys.meta_path``: it answers only for the names in
+    :data:`MOVED`, and an old package's folder left behind (its ``__pycache__``, after a ``git
+    pull``) would otherwise import as an empty namespace package."""
     if not any(isinstance(f, MovedFinder) for f in sys.meta_path):
-        sys.meta_path.append(MovedFinder())
+        sys.meta_path.insert(0, MovedFinder())

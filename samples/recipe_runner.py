@@ -16,7 +16,7 @@
 3. **RL.** ``vl.LocalRL(..., warm_start=that SFT)`` in one ``fit``: validation before the first
    update measures the student after warm-up, the last one after RL, on held-out tasks the
    student never trained on, sampled as in training (temperature 1). The recipes run each
-   held-out task twice (``val_n=2``): one sampled rollout of each of 128 tasks moves the
+   held-out task twice (``validation.n`` 2): one sampled rollout of each of 128 tasks moves the
    figure by about ±4 points from one validation to the next, and a seed's gain is the
    difference of two such figures.
 
@@ -60,8 +60,7 @@ class Recipe:
     sft: dict[str, Any]
     """``vl.SFT`` arguments (steps, lr, batch_size, min_reward, agents...)."""
     rl: dict[str, Any]
-    """``vl.LocalRL`` arguments (steps, tasks_per_step, group_size, sampling, update,
-    trajectory, val_every...)."""
+    """``vl.LocalRL`` arguments (schedule, sampling, validation, update, trajectory...)."""
     credit: str
     """Which credit mode the RL phase uses, and why (for the table's notes)."""
     model: dict[str, Any] | str = field(default_factory=lambda: {"hidden": 128, "layers": 2})

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import voltrl as vl
-from voltrl.algorithms.local.config import FLAT
+from voltrl.algorithms.local.config import GROUPS
 from voltrl.algorithms.local.update import PolicyUpdateConfig
 from voltrl.models.tiny import build_tiny_model, build_tiny_tokenizer
 from voltrl.store.sql import SQLStore
@@ -16,9 +16,9 @@ from voltrl.trajectory import TrajectoryConfig
 
 
 def make_algorithm(**overrides: Any) -> vl.LocalRL:
-    """A LocalRL on a fresh tiny model: 2 steps of 2 tasks x 2, validating at the end. An
-    override names a keyword of LocalRL, or a field of a group as its 1.6 keyword (``steps=``,
-    ``checkpoint_every=``: :data:`~voltrl.algorithms.local.config.FLAT`), set in that group."""
+    """A LocalRL on a fresh tiny model: 2 steps of 2 tasks x 2, validating at the end,
+    checkpointing each step. An override is a keyword of LocalRL; a group given as a dict is
+    merged into the one here (``schedule={"steps": 3}`` keeps 2 tasks x 2)."""
     tok = build_tiny_tokenizer()
     options: dict[str, Any] = dict(
         tokenizer=tok,
@@ -30,11 +30,9 @@ def make_algorithm(**overrides: Any) -> vl.LocalRL:
         trajectory=TrajectoryConfig(mode="trajectory"),
     )
     for key, value in overrides.items():
-        if key in FLAT:
-            group, field = FLAT[key]
-            options[group] = {**options.get(group, {}), field: value}
-        else:
-            options[key] = value
+        given = options.get(key)
+        merge = key in GROUPS and isinstance(given, dict) and isinstance(value, dict)
+        options[key] = {**given, **value} if merge else value
     return vl.LocalRL(build_tiny_model(tok, seed=0), **options)
 
 

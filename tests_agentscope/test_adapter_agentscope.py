@@ -18,9 +18,9 @@ from agentscope.middleware import TracingMiddleware
 from agentscope.permission import PermissionBehavior, PermissionDecision
 from agentscope.tool import FunctionTool, Toolkit
 from fake_openai_backend import FakeBackend, scripted_ids, tool_then_answer
+from gateway_env import new_rollout
 from helpers import ADD_ARGS, context, fake_trainer, serve_gateway
 from pydantic import BaseModel
-from test_gateway import new_rollout
 
 import voltrl as vl
 from voltrl.adapters.agentscope import AgentNames, chat_model, instrument, model_parameters

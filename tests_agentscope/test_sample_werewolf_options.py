@@ -1,5 +1,5 @@
 """samples/werewolf's ``run.py`` takes the trainer's options from the samples' shared parser,
-as every sample's does (``tests/samples/test_sample_options.py``; the werewolf sample needs
+as every sample's does (``tests/sample_options.py``; the werewolf sample needs
 AgentScope, so its check runs here)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 
 import pytest
-import test_sample_options as options
+import sample_options as options
 
 
 @pytest.mark.timeout(300)

@@ -148,7 +148,7 @@ def test_the_calculator_recipe_warms_up_trains_a_lora_adapter_and_saves_the_mode
         rl=recipe.rl
         | {
             "schedule": {"steps": 1, "tasks_per_step": 2, "group_size": 2},
-            "validation": {"every": 1},
+            "validation": {**recipe.rl["validation"], "every": 1},
         },
         concurrency=4,
     )

@@ -27,11 +27,17 @@ class Algorithm:
     """Whether the trainer's gateways ask backends for token ids (an algorithm that trains no
     weights, APO, says no: hosted APIs reject the field)."""
     resumable: bool = False
-    """Whether the algorithm can continue a stopped run (``resume=True``): an interrupted
+    """Whether the algorithm can continue a stopped run (:attr:`resume`): an interrupted
     run's message says so only then."""
     resume: bool = False
     """Whether ``fit`` continues the run of the same name (its directory, store record,
     metrics and checkpoints) instead of starting a new run under a fresh name."""
+    resume_setting: str = "resume"
+    """Where :meth:`config` records :attr:`resume` (a dotted path): a run's ``train.yaml``
+    sets it false, so running the file again starts a new run."""
+    resumable_settings: tuple[str, ...] = ()
+    """The settings (dotted paths in :meth:`config`) a resumed run may change: those that alter
+    neither the data nor the model (more steps, where to compute)."""
 
     async def setup(self, ctx: TrainContext) -> None:
         """Prepare serving and publish initial resources (the trainer's own are published
@@ -43,13 +49,6 @@ class Algorithm:
 
     async def teardown(self, ctx: TrainContext) -> None:
         """Stop what :meth:`setup` started."""
-
-    resume_setting: str = "resume"
-    """Where :meth:`config` records :attr:`resume` (a dotted path): a run's ``train.yaml``
-    sets it false, so running the file again starts a new run."""
-    resumable_settings: tuple[str, ...] = ()
-    """The settings (dotted paths in :meth:`config`) a resumed run may change: those that alter
-    neither the data nor the model (more steps, where to compute)."""
 
     def config(self) -> dict[str, object]:
         """The settings to record with the run."""

@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from voltrl._dotted import section
 from voltrl._redact import without_secrets
 from voltrl.agent import FunctionAgent, LitAgent
 from voltrl.errors import VoltRLError
@@ -77,6 +78,7 @@ def locked_run_dir(run_dir: Path) -> Iterator[None]:
         owner.write_text(str(os.getpid()))
         yield
     finally:
+        owner.unlink(missing_ok=True)
         lock.release()
 
 
@@ -148,13 +150,10 @@ def write_train_yaml(
         )
     elif isinstance(model, str | Path) and model != "tiny" and Path(model).expanduser().exists():
         algorithm["model"] = str(Path(model).expanduser().resolve())  # from any directory
-    *parents, key = algo.resume_setting.split(".")
-    section: Any = algorithm
-    for parent in parents:
-        section = section.get(parent) if isinstance(section, dict) else None
-    resumes = isinstance(section, dict) and key in section
+    held, key = section(algorithm, algo.resume_setting)
+    resumes = held is not None and key in held
     if resumes:  # a new run of this training; a resumed one's file says so too
-        section[key] = False
+        held[key] = False
     spec = agent_spec(agent)
     if spec == "MODULE:AGENT":
         notes.append(

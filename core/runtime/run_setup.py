@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from voltrl._dotted import section
 from voltrl._redact import without_secrets
 from voltrl.errors import VoltRLError
 from voltrl.resources import LLM, Resources
@@ -119,7 +120,7 @@ def check_resume(
         said = "; ".join(
             f"{what} is {_shown(now)} (the run's: {_shown(then)})" for what, then, now in changes
         )
-        may = ", ".join([*resumable[:3], "how it runs"])
+        may = f"{', '.join(resumable[:3])} and how it runs" if resumable else "how it runs"
         raise VoltRLError(
             f"cannot resume run {name!r} with a different set-up: {said}. Resume it with the "
             f"options it was started with (only {may} may change), or start a new run under "
@@ -169,12 +170,9 @@ def _without(config: dict[str, Any], paths: Sequence[str]) -> dict[str, Any]:
     """``config`` without the settings at ``paths`` (dotted: ``schedule.steps``)."""
     out = copy.deepcopy(config)
     for dotted in paths:
-        *parents, name = dotted.split(".")
-        section: Any = out
-        for parent in parents:
-            section = section.get(parent) if isinstance(section, dict) else None
-        if isinstance(section, dict):
-            section.pop(name, None)
+        held, name = section(out, dotted)
+        if held is not None:
+            held.pop(name, None)
     return out
 
 

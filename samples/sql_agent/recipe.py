@@ -87,7 +87,11 @@ SMOLLM2 = dataclasses.replace(
     RECIPE,
     model="smollm2-135m-instruct",
     sft={**RECIPE.sft, "steps": 16, "lr": 1e-4, "warmup_steps": 4},
-    rl={**RECIPE.rl, "threads": 2, "update": {**RECIPE.rl["update"], "use_lora": True}},
+    rl={
+        **RECIPE.rl,
+        "compute": {"threads": 2},
+        "update": {**RECIPE.rl["update"], "use_lora": True},
+    },
     teacher_seeds=(0,),
     concurrency=48,
 )

@@ -196,12 +196,17 @@ def train(args: argparse.Namespace) -> vl.RunResult:
         check_llm(simulator, "the customer's endpoint")
     algorithm = vl.LocalRL(
         args.model or "tiny",
-        steps=args.steps,
-        tasks_per_step=args.tasks_per_step,
-        group_size=args.group_size,
+        schedule={
+            "steps": args.steps,
+            "tasks_per_step": args.tasks_per_step,
+            "group_size": args.group_size,
+        },
+        validation={
+            "sampling": {"temperature": 0.0, "max_tokens": args.max_tokens},
+            "every": args.steps,
+        },
+        checkpoints={"resume": args.resume},
         sampling={"temperature": 1.0, "max_tokens": args.max_tokens},
-        val_sampling={"temperature": 0.0, "max_tokens": args.max_tokens},
-        val_every=args.steps,
         update=PolicyUpdateConfig(lr=args.lr, seed=args.seed),
         trajectory=TrajectoryConfig(
             mode="trajectory",
@@ -210,7 +215,6 @@ def train(args: argparse.Namespace) -> vl.RunResult:
             length_policy="drop",
         ),
         seed=args.seed,
-        resume=args.resume,
     )
     trainer = vl.Trainer(
         algorithm,

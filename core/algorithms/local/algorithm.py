@@ -126,7 +126,8 @@ class LocalRL(Algorithm):
 
     Each group (but ``sampling``) is a settings model of :mod:`.config` or its fields as a
     dict: ``LocalRL("tiny", schedule={"steps": 20, "group_size": 4})``. VoltRL 1.6's flat
-    keywords (``steps=``, ``val_every=``...) still work for one release, with a warning.
+    keywords (``steps=``, ``val_every=``...) still work for one release, with a warning
+    (:data:`.config.FLAT` says where each went).
     """
 
     name = "local_rl"

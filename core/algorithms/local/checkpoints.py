@@ -15,7 +15,7 @@ checkpoint holds the adapters and the optimizer; ``final/`` holds the merged mod
 ``PeftModel.from_pretrained(base_model, ...)`` loads onto the model training started from.
 
 :func:`save_checkpoints` saves a step's checkpoints and keeps only the latest
-``keep_checkpoints`` (a full fine-tune's checkpoint is about 14 bytes a parameter: 7 GB for
+``checkpoints.keep`` (a full fine-tune's checkpoint is about 14 bytes a parameter: 7 GB for
 0.5B); a disk that fills during a save fails the run with the last complete checkpoint named.
 """
 
@@ -210,8 +210,8 @@ def save_checkpoints(
             full = " (the disk is full)" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else ""
             raise VoltRLError(
                 f"cannot save the checkpoint of step {step} in {root}{full}: {exc}; the last "
-                f"complete checkpoint is {kept}: free some space (or lower keep_checkpoints), "
-                "then resume=True continues from it"
+                f"complete checkpoint is {kept}: free some space (or lower checkpoints.keep), "
+                "then checkpoints.resume continues from it"
             ) from exc
     names = [k for k in policies if k is not None] or None
     prune_checkpoints(run_dir, names, keep)

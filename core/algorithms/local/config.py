@@ -19,13 +19,21 @@ import copy
 import warnings
 from typing import Any
 
-from pydantic import Field, ValidationError
+from pydantic import ConfigDict, Field, ValidationError
 
+from voltrl._dotted import section
 from voltrl.retry import GatewayRetry
 from voltrl.types import Model
 
 
-class Schedule(Model):
+class Settings(Model):
+    """A group of LocalRL's settings: checked when built, and not changed after (a run's
+    recorded config stays what it ran with)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Schedule(Settings):
     """How much is trained, and in what order: ``steps`` policy updates, each on
     ``tasks_per_step`` tasks run ``group_size`` times (a GRPO group: advantages are
     normalised within it). With ``max_staleness=k > 0`` the rollouts of the next ``k`` steps
@@ -38,7 +46,7 @@ class Schedule(Model):
     max_staleness: int = Field(0, ge=0)
 
 
-class Validation(Model):
+class Validation(Settings):
     """Validation: every ``every`` steps (and before the first and after the last; 0: never),
     each validation task run ``n`` times (verl's ``val_kwargs.n``: the mean over several
     rollouts is a steadier figure). Its sampling is the training sampling, greedy
@@ -49,7 +57,7 @@ class Validation(Model):
     sampling: dict[str, Any] = Field(default_factory=dict)
 
 
-class Serving(Model):
+class Serving(Settings):
     """How the model is served to the agent while it trains.
 
     ``engine``: ``"local"`` (the built-in engine, any device) or ``"vllm"`` (vLLM in this
@@ -68,7 +76,7 @@ class Serving(Model):
     gateway_retry: GatewayRetry | None = None
 
 
-class Compute(Model):
+class Compute(Settings):
     """Where and how fast: ``device`` (default: CUDA if available, else CPU); ``dtype``, the
     weights' precision (``"auto"``: bfloat16 on a CUDA device that supports it, else float32;
     ``"float32"``, ``"bfloat16"``; logprobs and the optimizer stay float32); ``threads``,
@@ -79,7 +87,7 @@ class Compute(Model):
     threads: int | None = Field(None, ge=1)
 
 
-class Checkpoints(Model):
+class Checkpoints(Settings):
     """A checkpoint every ``every`` steps (0: none on the way; one is also saved after the
     last step and when the run stops early: Ctrl-C, SIGTERM, an exception), the latest
     ``keep`` kept (None: all), and ``resume``: continue from the latest checkpoint in the run
@@ -90,7 +98,7 @@ class Checkpoints(Model):
     resume: bool = False
 
 
-GROUPS: dict[str, type[Model]] = {
+GROUPS: dict[str, type[Settings]] = {
     "schedule": Schedule,
     "validation": Validation,
     "serving": Serving,
@@ -215,10 +223,7 @@ def upgraded(recorded: dict[str, Any]) -> dict[str, Any]:
             name, field = FLAT[key]
             out.setdefault(name, {})[field] = copy.deepcopy(value)
     for dotted, value in ADDED.items():
-        *parents, name = dotted.split(".")
-        section: Any = out
-        for parent in parents:
-            section = section.setdefault(parent, {}) if isinstance(section, dict) else None
-        if isinstance(section, dict) and name not in section:
-            section[name] = value
+        held, name = section(out, dotted, create=True)
+        if held is not None and name not in held:
+            held[name] = value
     return out

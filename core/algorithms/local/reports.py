@@ -118,6 +118,6 @@ def stopped_line(stopped: str, saved: Path | None, steps_done: int, torn: bool, 
         return (
             f"{stopped}: no checkpoint of these weights: the update of step {steps_done + 1} "
             f"failed after it had begun to change them, so they belong to no step; "
-            f"resume=True continues from the latest checkpoint in {where}, if any"
+            f"checkpoints.resume continues from the latest checkpoint in {where}, if any"
         )
     return f"{stopped}: no checkpoint: no update was done"

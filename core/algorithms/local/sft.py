@@ -17,9 +17,10 @@ is set (:func:`~voltrl.algorithms.local.conversations.chat_retokenizer`; such ro
 ``<run dir>/final``; as ``LocalRL(..., warm_start=SFT(...))`` it trains LocalRL's model before
 the engine serves it, so the first validation measures the student after warm-up.
 
-It trains in the supervised loop, :func:`~voltrl.algorithms.local.supervised.fit_rows`, which
-also trains on written conversations (:func:`~voltrl.algorithms.local.supervised.supervised_warmup`;
-this module re-exports both, and ``tokenize_conversation``, under their old path for one release).
+It trains in the supervised loop, :func:`~voltrl.algorithms.local.supervised.fit_rows`,
+which also trains on written conversations
+(:func:`~voltrl.algorithms.local.supervised.supervised_warmup`). The functions that moved out
+of this module keep their old path here for one release (``__all__``).
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from voltrl.algorithms.base import Algorithm
-from voltrl.algorithms.local.conversations import tokenize_conversation
-from voltrl.algorithms.local.supervised import fit_rows, supervised_warmup
+from voltrl.algorithms.local.conversations import conversation_batch, tokenize_conversation
+from voltrl.algorithms.local.supervised import cosine_schedule, fit_rows, supervised_warmup
 from voltrl.errors import VoltRLError
 from voltrl.models.precision import checked_dtype
 from voltrl.models.threads import use_threads
@@ -41,7 +42,14 @@ from voltrl.store import open_store
 from voltrl.trajectory import TrainingBatch, TrajectoryConfig, collate, trajectories_from_store
 from voltrl.types import Rollout, Task
 
-__all__ = ["SFT", "fit_rows", "supervised_warmup", "tokenize_conversation"]
+__all__ = [  # the functions that moved keep their old path here for one release
+    "SFT",
+    "conversation_batch",
+    "cosine_schedule",
+    "fit_rows",
+    "supervised_warmup",
+    "tokenize_conversation",
+]
 
 if TYPE_CHECKING:
     import torch

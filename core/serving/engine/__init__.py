@@ -77,7 +77,7 @@ def start_engine(
     """The engine LocalRL serves ``model`` with: ``kind`` ``"local"``, an :class:`Engine`
     (serving ``lora_adapters`` by name when asked); ``"vllm"``, a
     :class:`~.vllm.VLLMEngine` on ``model``'s device, started from a copy saved in
-    ``directory``. ``report``: print :func:`~..engine_choice.engine_hint` where it has one."""
+    ``directory``. ``report``: print :func:`~voltrl.serving.choice.engine_hint` where it has one."""
     from voltrl.serving.choice import engine_hint
 
     if report and (hint := engine_hint(kind, str(next(model.parameters()).device))):

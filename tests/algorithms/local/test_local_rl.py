@@ -50,7 +50,7 @@ def test_local_rl_trains_through_store_gateway_runners_and_engine(tmp_path: Path
 @pytest.mark.slow
 def test_local_rl_resumes_from_its_last_checkpoint(tmp_path: Path):
     first = vl.Trainer(
-        make_algorithm(steps=1),
+        make_algorithm(schedule={"steps": 1}),
         n_runners=1,
         inline=True,
         run_dir=tmp_path,
@@ -58,7 +58,7 @@ def test_local_rl_resumes_from_its_last_checkpoint(tmp_path: Path):
         progress=False,
     )
     first.fit(two_turn_agent, ROWS)
-    second_algo = make_algorithm(steps=2, resume=True)
+    second_algo = make_algorithm(schedule={"steps": 2}, checkpoints={"resume": True})
     second = vl.Trainer(
         second_algo, n_runners=1, inline=True, run_dir=tmp_path, name="r", progress=False
     )
@@ -99,7 +99,7 @@ def test_a_run_whose_update_fails_keeps_a_checkpoint_of_its_last_step_and_resume
 
     monkeypatch.setattr(PolicyTrainer, "step", out_of_memory_in_the_second_update)
     run = tmp_path / "oom"
-    first = make_algorithm(steps=3, val_every=0, checkpoint_every=0)
+    first = make_algorithm(schedule={"steps": 3}, validation={"every": 0}, checkpoints={"every": 0})
     trainer = vl.Trainer(first, n_runners=1, inline=True, run_dir=tmp_path, name="oom")
     with pytest.raises(RuntimeError, match="out of memory"):
         trainer.fit(two_turn_agent, ROWS)
@@ -109,7 +109,9 @@ def test_a_run_whose_update_fails_keeps_a_checkpoint_of_its_last_step_and_resume
     assert run_statuses(run / "store.sqlite") == ["failed"]
 
     monkeypatch.undo()
-    resumed = make_algorithm(steps=3, val_every=0, checkpoint_every=0, resume=True)
+    resumed = make_algorithm(
+        schedule={"steps": 3}, validation={"every": 0}, checkpoints={"every": 0, "resume": True}
+    )
     result = vl.Trainer(
         resumed, n_runners=1, inline=True, run_dir=tmp_path, name="oom", progress=False
     ).fit(two_turn_agent, ROWS)
@@ -143,7 +145,7 @@ def test_weights_an_optimizer_step_failed_in_are_not_checkpointed(
         return adamw_step(self, *args, **kwargs)
 
     monkeypatch.setattr(torch.optim.AdamW, "step", fails_in_the_second)
-    algo = make_algorithm(steps=3, val_every=0, checkpoint_every=1)
+    algo = make_algorithm(schedule={"steps": 3}, validation={"every": 0}, checkpoints={"every": 1})
     trainer = vl.Trainer(algo, n_runners=1, inline=True, run_dir=tmp_path, name="half")
     with pytest.raises(RuntimeError, match="out of memory"):
         trainer.fit(two_turn_agent, ROWS)
@@ -175,7 +177,7 @@ def published_weights(path: Path) -> list[int | None]:
 
 
 def test_a_first_step_whose_rollouts_all_fail_stops_the_run_before_any_update(tmp_path: Path):
-    algo = make_algorithm(steps=2, val_every=0, checkpoint_every=0)
+    algo = make_algorithm(schedule={"steps": 2}, validation={"every": 0}, checkpoints={"every": 0})
     trainer = vl.Trainer(algo, n_runners=1, inline=True, run_dir=tmp_path, name="f", progress=False)
     with pytest.raises(vl.TooManyFailuresError, match="all 4 rollouts failed"):
         trainer.fit(reply_then_fail, ROWS)
@@ -184,7 +186,9 @@ def test_a_first_step_whose_rollouts_all_fail_stops_the_run_before_any_update(tm
 
 def test_a_step_whose_rollouts_all_failed_is_not_trained_on(tmp_path: Path, capsys):
     filled = TrajectoryConfig(mode="trajectory", failed_rollouts="fill")  # rows all the same
-    algo = make_algorithm(steps=2, val_every=0, checkpoint_every=0, trajectory=filled)
+    algo = make_algorithm(
+        schedule={"steps": 2}, validation={"every": 0}, checkpoints={"every": 0}, trajectory=filled
+    )
     trainer = vl.Trainer(
         algo, n_runners=1, inline=True, run_dir=tmp_path, name="s", stop_at_failure_rate=None
     )
@@ -196,7 +200,7 @@ def test_a_step_whose_rollouts_all_failed_is_not_trained_on(tmp_path: Path, caps
 
 
 def test_steps_whose_groups_all_share_a_reward_say_nothing_was_trained(tmp_path: Path, capsys):
-    algo = make_algorithm(steps=2, val_every=0, checkpoint_every=0)
+    algo = make_algorithm(schedule={"steps": 2}, validation={"every": 0}, checkpoints={"every": 0})
     trainer = vl.Trainer(algo, n_runners=1, inline=True, run_dir=tmp_path, name="z")
     trainer.fit(same_reward, ROWS)
     out = capsys.readouterr().out
@@ -220,7 +224,9 @@ def test_validation_sampling_inherits_the_training_sampling_unless_overridden():
 
 
 def test_validation_runs_each_held_out_task_val_n_times(tmp_path: Path):
-    algo = make_algorithm(steps=1, val_every=1, val_n=3, checkpoint_every=0)
+    algo = make_algorithm(
+        schedule={"steps": 1}, validation={"every": 1, "n": 3}, checkpoints={"every": 0}
+    )
     trainer = vl.Trainer(algo, n_runners=1, inline=True, run_dir=tmp_path, name="v", progress=False)
     result = trainer.fit(two_turn_agent, ROWS, val_dataset=ROWS[:2])
     assert result.by_mode["val"].rollouts == 2 * 2 * 3  # before and after the step
@@ -233,7 +239,7 @@ def test_validation_runs_each_held_out_task_val_n_times(tmp_path: Path):
     with pytest.raises(
         ValueError, match=r"validation\.n: Input should be greater than or equal to 1"
     ):
-        make_algorithm(val_n=0)
+        make_algorithm(validation={"n": 0})
 
 
 async def test_an_untrained_roles_llm_from_the_trainer_reaches_every_localrl_version(
@@ -246,7 +252,9 @@ async def test_an_untrained_roles_llm_from_the_trainer_reaches_every_localrl_ver
 
     async with FakeBackend() as fb:
         algo = make_algorithm(
-            steps=2, val_every=1, trajectory=TrajectoryConfig(agent_filter="assistant")
+            schedule={"steps": 2},
+            validation={"every": 1},
+            trajectory=TrajectoryConfig(agent_filter="assistant"),
         )
         trainer = vl.Trainer(
             algo,
@@ -271,7 +279,7 @@ async def test_an_untrained_roles_llm_from_the_trainer_reaches_every_localrl_ver
 def test_a_trainer_resource_named_like_the_algorithms_is_refused(tmp_path: Path):
     llm = vl.LLM(endpoint="http://127.0.0.1:1/v1", model="m")
     with pytest.raises(vl.VoltRLError, match=r"resources=\['main_llm'\]: LocalRL publishes"):
-        vl.Trainer(make_algorithm(steps=1), resources={"main_llm": llm})
+        vl.Trainer(make_algorithm(schedule={"steps": 1}), resources={"main_llm": llm})
 
 
 async def test_every_version_published_keeps_the_trainers_resources_and_a_clash_is_refused(

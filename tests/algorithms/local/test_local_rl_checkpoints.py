@@ -31,7 +31,7 @@ def kept(run_dir: Path) -> list[str]:
 
 
 def fit(run_dir: Path, name: str, **options: Any) -> vl.RunResult:
-    algo = make_algorithm(val_every=0, checkpoint_every=1, **options)
+    algo = make_algorithm(validation={"every": 0}, checkpoints={"every": 1}, **options)
     trainer = vl.Trainer(algo, n_runners=1, inline=True, run_dir=run_dir, name=name, progress=False)
     return trainer.fit(two_turn_agent, ROWS)
 
@@ -43,7 +43,7 @@ def test_only_the_latest_keep_checkpoints_stay_on_disk(tmp_path: Path) -> None:
     fit(tmp_path, "all", steps=2, keep_checkpoints=None)  # None keeps them all
     assert kept(tmp_path / "all") == ["step_00000001", "step_00000002"]
     with pytest.raises(ValueError, match="keep"):
-        make_algorithm(keep_checkpoints=0)
+        make_algorithm(checkpoints={"keep": 0})
 
 
 @pytest.mark.slow
@@ -139,7 +139,9 @@ async def test_a_run_stopped_during_an_update_ends_it_at_once_and_keeps_the_prev
     monkeypatch.setattr(rows_module.TokenRows, "logprobs", long_pass)
     # 8 rows, 8 passes an update (an entropy term runs rows of equal rewards too)
     update = {"lr": 1e-3, "micro_batch_size": 1, "entropy_coef": 0.01}
-    algo = make_algorithm(val_every=0, checkpoint_every=1, steps=3, update=update)
+    algo = make_algorithm(
+        schedule={"steps": 3}, validation={"every": 0}, checkpoints={"every": 1}, update=update
+    )
     trainer = vl.Trainer(algo, n_runners=1, inline=True, run_dir=tmp_path, name="r", progress=False)
     run = asyncio.create_task(trainer.fit_async(two_turn_agent, ROWS))
     while not in_second.is_set():  # bounded by the test timeout
@@ -153,7 +155,12 @@ async def test_a_run_stopped_during_an_update_ends_it_at_once_and_keeps_the_prev
     lines = (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["step"] for x in lines if "update/loss" in x] == [1]
     monkeypatch.undo()
-    resumed = make_algorithm(val_every=0, checkpoint_every=1, steps=2, resume=True, update=update)
+    resumed = make_algorithm(
+        schedule={"steps": 2},
+        validation={"every": 0},
+        checkpoints={"every": 1, "resume": True},
+        update=update,
+    )
     again = vl.Trainer(
         resumed, n_runners=1, inline=True, run_dir=tmp_path, name="r", progress=False
     )

@@ -401,7 +401,9 @@ def test_local_rl_resumes_each_adapter_from_the_last_step_all_adapters_saved(tmp
     ckpts = tmp_path / "roles" / "checkpoints"
     at_1 = {a: torch.load(ckpts / a / "step_00000001" / "model.pt") for a in ROUTES}
     shutil.rmtree(ckpts / "checker" / "step_00000002")  # as if interrupted while saving
-    resumed = make_algorithm(update=LORA, lora_adapters=ROUTES, steps=3, resume=True)
+    resumed = make_algorithm(
+        update=LORA, lora_adapters=ROUTES, schedule={"steps": 3}, checkpoints={"resume": True}
+    )
     trainer = vl.Trainer(resumed, n_runners=1, inline=True, run_dir=tmp_path, name="roles")
     started: dict[str, dict[str, torch.Tensor]] = {}
     original = resumed.train_step
@@ -425,7 +427,9 @@ def test_local_rl_resumes_each_adapter_from_the_last_step_all_adapters_saved(tmp
         ({**ROUTES, "judge": "judge"}, f'{setup}.judge is "judge" (the run\'s: null)'),
         (None, f"{setup} is null"),
     ]:
-        other = make_algorithm(update=LORA, lora_adapters=adapters, steps=4, resume=True)
+        other = make_algorithm(
+            update=LORA, lora_adapters=adapters, schedule={"steps": 4}, checkpoints={"resume": True}
+        )
         trainer = vl.Trainer(other, n_runners=1, inline=True, run_dir=tmp_path, name="roles")
         with pytest.raises(vl.VoltRLError, match=re.escape(message)):
             trainer.fit(three_roles, ROWS, val_dataset=ROWS[:2])
