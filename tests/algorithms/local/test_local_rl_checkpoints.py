@@ -31,16 +31,17 @@ def kept(run_dir: Path) -> list[str]:
 
 
 def fit(run_dir: Path, name: str, **options: Any) -> vl.RunResult:
-    algo = make_algorithm(validation={"every": 0}, checkpoints={"every": 1}, **options)
+    checkpoints = {"every": 1, **options.pop("checkpoints", {})}
+    algo = make_algorithm(validation={"every": 0}, checkpoints=checkpoints, **options)
     trainer = vl.Trainer(algo, n_runners=1, inline=True, run_dir=run_dir, name=name, progress=False)
     return trainer.fit(two_turn_agent, ROWS)
 
 
 @pytest.mark.slow
 def test_only_the_latest_keep_checkpoints_stay_on_disk(tmp_path: Path) -> None:
-    fit(tmp_path, "three", steps=4, keep_checkpoints=2)
+    fit(tmp_path, "three", schedule={"steps": 4}, checkpoints={"keep": 2})
     assert kept(tmp_path / "three") == ["step_00000003", "step_00000004"]
-    fit(tmp_path, "all", steps=2, keep_checkpoints=None)  # None keeps them all
+    fit(tmp_path, "all", schedule={"steps": 2}, checkpoints={"keep": None})  # None keeps them all
     assert kept(tmp_path / "all") == ["step_00000001", "step_00000002"]
     with pytest.raises(ValueError, match="keep"):
         make_algorithm(checkpoints={"keep": 0})
@@ -61,7 +62,7 @@ def test_a_full_disk_during_a_save_fails_the_run_with_the_last_checkpoint_named_
     monkeypatch.setattr(checkpoints_module, "durable_save", full_from_step_3)
     last = tmp_path / "run" / "checkpoints" / "step_00000002"
     with pytest.raises(VoltRLError) as failed:
-        fit(tmp_path, "run", steps=4, keep_checkpoints=2)
+        fit(tmp_path, "run", schedule={"steps": 4}, checkpoints={"keep": 2})
     message = str(failed.value)
     assert "cannot save the checkpoint of step 3" in message and "the disk is full" in message
     assert f"the last complete checkpoint is {last}" in message
@@ -70,7 +71,7 @@ def test_a_full_disk_during_a_save_fails_the_run_with_the_last_checkpoint_named_
     assert "no checkpoint saved" in out  # the save on the way out failed too, and said so
 
     monkeypatch.undo()  # space freed: the run resumes from step 2 and finishes
-    result = fit(tmp_path, "run", steps=4, keep_checkpoints=2, resume=True)
+    result = fit(tmp_path, "run", schedule={"steps": 4}, checkpoints={"keep": 2, "resume": True})
     steps = [m["step"] for m in result.metrics if "update/loss" in m]
     assert steps == [3, 4]
     assert kept(tmp_path / "run") == ["step_00000003", "step_00000004"]
@@ -100,11 +101,11 @@ def test_a_run_another_process_trains_is_refused_until_that_process_is_gone(
     try:
         assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
         with pytest.raises(VoltRLError, match=f"in use by another process \\(pid {holder.pid}\\)"):
-            fit(tmp_path, "busy", steps=1, resume=True)
+            fit(tmp_path, "busy", schedule={"steps": 1}, checkpoints={"resume": True})
     finally:
         holder.kill()
         holder.wait()
-    result = fit(tmp_path, "busy", steps=1, resume=True)
+    result = fit(tmp_path, "busy", schedule={"steps": 1}, checkpoints={"resume": True})
     assert result.run.status == "finished"
 
 

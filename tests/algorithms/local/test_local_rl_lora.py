@@ -61,7 +61,7 @@ def teacher_forced(model: Any, prompt: list[int], ids: list[int]) -> list[float]
 def test_local_rl_with_lora_serves_merged_weights_checkpoints_resumes_and_saves(tmp_path: Path):
     untrained = build_tiny_model(build_tiny_tokenizer(), seed=0)  # the model LocalRL starts from
     initial = untrained.state_dict()
-    algo, result = fit(tmp_path, steps=2)
+    algo, result = fit(tmp_path, schedule={"steps": 2})
     assert updates(result) == [1, 2] and result.by_mode["train"].failed == 0
     assert algo._engine is not None and algo._policies[None] is not None
     assert algo._engine.weights_version == 2
@@ -87,7 +87,7 @@ def test_local_rl_with_lora_serves_merged_weights_checkpoints_resumes_and_saves(
     # the same run resumed: step 3 samples from the adapters checkpointed at step 2, which
     # final/ holds merged
     before = {r.rollout_id for r in result.rollouts}
-    resumed, result = fit(tmp_path, steps=3, resume=True)
+    resumed, result = fit(tmp_path, schedule={"steps": 3}, checkpoints={"resume": True})
     assert updates(result) == [3]
     assert (run / "checkpoints" / "step_00000003").is_dir()
     assert before < {r.rollout_id for r in result.rollouts}  # the result is the whole run's

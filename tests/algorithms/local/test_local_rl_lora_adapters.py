@@ -316,7 +316,8 @@ ROWS = [{"letter": c} for c in "abcd"]
 
 
 def fit(tmp_path: Path, name: str = "roles", **overrides: Any) -> tuple[vl.LocalRL, vl.RunResult]:
-    options: dict[str, Any] = {"update": LORA, "lora_adapters": ROUTES, "steps": 2, **overrides}
+    options: dict[str, Any] = {"update": LORA, "lora_adapters": ROUTES, **overrides}
+    options["schedule"] = {"steps": 2, **options.get("schedule", {})}
     algo = make_algorithm(**options)
     trainer = vl.Trainer(algo, n_runners=1, inline=True, run_dir=tmp_path, name=name)
     return algo, trainer.fit(three_roles, ROWS, val_dataset=ROWS[:2])
@@ -337,7 +338,7 @@ def test_local_rl_trains_each_adapter_on_its_agents_calls_and_saves_peft_adapter
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ):
     initial = build_tiny_model(build_tiny_tokenizer(), seed=0).state_dict()
-    algo, result = fit(tmp_path, resume=False)
+    algo, result = fit(tmp_path, checkpoints={"resume": False})
     run = tmp_path / "roles"
     steps = [m for m in result.metrics if "update_s" in m]
     assert len(steps) == 2 and result.by_mode["train"].failed == 0
@@ -437,7 +438,9 @@ def test_local_rl_resumes_each_adapter_from_the_last_step_all_adapters_saved(tmp
 
 @pytest.mark.slow
 def test_agents_matching_no_adapter_are_trained_by_a_catch_all_pattern(tmp_path: Path):
-    _, result = fit(tmp_path, lora_adapters={"writer": "write", "rest": ".*"}, steps=1)
+    _, result = fit(
+        tmp_path, lora_adapters={"writer": "write", "rest": ".*"}, schedule={"steps": 1}
+    )
     (m,) = [m for m in result.metrics if "update_s" in m]
     assert m["batch/rows_no_adapter"] == 0
     assert m["update/rest/rows"] == 2 * m["update/writer/rows"]  # check and judge
@@ -452,7 +455,9 @@ def test_train_yaml_keeps_the_adapters_in_their_matching_order(tmp_path: Path):
     """The first pattern that matches wins, so the recorded config keeps the order given."""
     import yaml
 
-    _, result = fit(tmp_path, lora_adapters={"writer": "write", "rest": ".*"}, steps=0)
+    _, result = fit(
+        tmp_path, lora_adapters={"writer": "write", "rest": ".*"}, schedule={"steps": 0}
+    )
     config = yaml.safe_load((Path(result.run_dir) / "train.yaml").read_text())
     assert list(config["algorithm"]["lora_adapters"]) == ["writer", "rest"]
 
