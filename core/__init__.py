@@ -58,7 +58,7 @@ from voltrl.types import (
     Transition,
 )
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 _moved.install()  # the old paths of moved modules, for one release
 

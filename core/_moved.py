@@ -2,7 +2,7 @@
 ``DeprecationWarning`` naming the new path, as a module that looks its names up in the new ones.
 
 ``MOVED`` is the one list: old path -> the modules that now hold its names, searched in order.
-Nothing in voltrl imports an old path (``tests/project/test_layout.py`` checks); a release after 1.7
+Nothing in voltrl imports an old path (``tests/project/test_layout.py`` checks); a release after 0.2
 deletes this module and its line in ``voltrl/__init__.py``.
 """
 
@@ -21,7 +21,7 @@ _ENGINE = ["__init__", "batch", "core", "front", "sampling", "sequences", "vllm"
 _API = ["__init__", "app", "handlers", "logprobs", "params"]
 
 MOVED: dict[str, tuple[str, ...]] = {
-    # 1.7: serving and models left algorithms/local (the trackers left voltrl.loggers in 1.6)
+    # 0.2: serving and models left algorithms/local (the trackers left voltrl.loggers in 0.1)
     "voltrl.loggers": ("voltrl.observability.trackers",),
     f"{_LOCAL}.models": ("voltrl.models.loading",),
     f"{_LOCAL}.packaged": ("voltrl.models.packaged",),
@@ -92,7 +92,7 @@ class MovedFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
         targets = MOVED[spec.name]
         warnings.warn(
-            f"{spec.name} moved to {' and '.join(targets)}: the old path goes after voltrl 1.7",
+            f"{spec.name} moved to {' and '.join(targets)}: the old path goes after voltrl 0.2",
             DeprecationWarning,
             stacklevel=2,
         )

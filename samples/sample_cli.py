@@ -206,25 +206,30 @@ def dev_run(args: argparse.Namespace, agent: Any, name: str, rows: list[dict]) -
     return trainer.dev(agent, rows)
 
 
-def local_rl(args: argparse.Namespace) -> vl.LocalRL:
-    """LocalRL on ``--model`` (or the tiny model), one merged row per rollout, validating
-    before the first update and after the last."""
+def local_rl(
+    args: argparse.Namespace, tasks_per_step: int | None = None, **settings: Any
+) -> vl.LocalRL:
+    """LocalRL on ``--model`` (or the tiny model) as the samples' options say: ``--steps``
+    steps of ``--tasks-per-step`` tasks (or ``tasks_per_step``) run ``--group-size`` times,
+    sampled at temperature 1 up to ``--max-tokens``, validated greedy before the first update
+    and after the last, ``--resume``, ``--seed``; ``settings`` (more of LocalRL's keywords:
+    ``update``, ``trajectory``...) on top of one merged row per rollout."""
     from voltrl.trajectory import TrajectoryConfig
 
     sampling = {"temperature": 1.0, "max_tokens": args.max_tokens}
-    return vl.LocalRL(
-        args.model or "tiny",
-        schedule={
+    options: dict[str, Any] = {
+        "schedule": {
             "steps": args.steps,
-            "tasks_per_step": args.tasks_per_step,
+            "tasks_per_step": tasks_per_step or args.tasks_per_step,
             "group_size": args.group_size,
         },
-        validation={"sampling": {**sampling, "temperature": 0.0}, "every": args.steps},
-        checkpoints={"resume": args.resume},
-        sampling=sampling,
-        trajectory=TrajectoryConfig(mode="trajectory"),
-        seed=args.seed,
-    )
+        "validation": {"sampling": {**sampling, "temperature": 0.0}, "every": args.steps},
+        "checkpoints": {"resume": args.resume},
+        "sampling": sampling,
+        "trajectory": TrajectoryConfig(mode="trajectory"),
+        "seed": args.seed,
+    }
+    return vl.LocalRL(args.model or "tiny", **{**options, **settings})
 
 
 def train_run(

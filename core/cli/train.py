@@ -102,9 +102,9 @@ def _algorithm(algo_cfg: dict[str, Any]) -> Any:
         _check_sft("algorithm", algo_cfg)
         return _built(SFT, "algorithm", algo_cfg)
     _check_fields("algorithm", algo_cfg, LocalRL, also=FLAT)
-    if flat := [key for key in algo_cfg if key in FLAT]:  # a train.yaml of VoltRL 1.6
+    if flat := [key for key in algo_cfg if key in FLAT]:  # a train.yaml of VoltRL 0.1
         moved = ", ".join(f"{key} is {'.'.join(FLAT[key])}" for key in flat)
-        print(f"note: algorithm settings are grouped since VoltRL 1.7: {moved}", file=sys.stderr)
+        print(f"note: algorithm settings are grouped since VoltRL 0.2: {moved}", file=sys.stderr)
         try:
             algo_cfg = into_groups(algo_cfg)
         except ValueError as exc:

@@ -50,7 +50,7 @@ KEY_CONFIG = (
     "schedule.steps",
     "schedule.tasks_per_step",
     "schedule.group_size",
-    "steps",  # a run of VoltRL 1.6's LocalRL, or SFT's or APO's
+    "steps",  # a run of VoltRL 0.1's LocalRL, or SFT's or APO's
     "tasks_per_step",
     "group_size",
     "n_repeats",

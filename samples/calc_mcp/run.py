@@ -59,21 +59,7 @@ def dev(args: argparse.Namespace) -> vl.RunResult:
 
 def train(args: argparse.Namespace) -> vl.RunResult:
     """Train the model behind the agent with LocalRL on this machine."""
-    algorithm = vl.LocalRL(
-        args.model or "tiny",
-        schedule={
-            "steps": args.steps,
-            "tasks_per_step": args.tasks_per_step,
-            "group_size": args.group_size,
-        },
-        validation={
-            "sampling": {"temperature": 0.0, "max_tokens": args.max_tokens},
-            "every": args.steps,
-        },
-        checkpoints={"resume": args.resume},
-        sampling={"temperature": 1.0, "max_tokens": args.max_tokens},
-        seed=args.seed,
-    )
+    algorithm = cli.local_rl(args, trajectory=None)  # a row per call
     trainer = vl.Trainer(
         algorithm,
         n_runners=1,

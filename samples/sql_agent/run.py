@@ -72,23 +72,10 @@ def train(args: argparse.Namespace) -> int:
     from voltrl.trajectory import TrajectoryConfig
 
     agent = load_agent_module()
-    sampling = {"temperature": 1.0, "max_tokens": args.max_tokens}
-    algorithm = vl.LocalRL(
-        args.model or "tiny",
-        schedule={
-            "steps": args.steps,
-            "tasks_per_step": args.tasks_per_step,
-            "group_size": args.group_size,
-        },
-        validation={
-            "sampling": {"temperature": 0.0, "max_tokens": args.max_tokens},
-            "every": args.steps,
-        },
-        checkpoints={"resume": args.resume},
-        sampling=sampling,
+    algorithm = cli.local_rl(
+        args,
         update=PolicyUpdateConfig(lr=args.lr, seed=args.seed),
         trajectory=TrajectoryConfig(agent_filter=agent.AGENT_FILTER),
-        seed=args.seed,
     )
     trainer = vl.Trainer(
         algorithm,

@@ -194,19 +194,8 @@ def train(args: argparse.Namespace) -> vl.RunResult:
     simulator = user_llm(args)
     if simulator is not None:
         check_llm(simulator, "the customer's endpoint")
-    algorithm = vl.LocalRL(
-        args.model or "tiny",
-        schedule={
-            "steps": args.steps,
-            "tasks_per_step": args.tasks_per_step,
-            "group_size": args.group_size,
-        },
-        validation={
-            "sampling": {"temperature": 0.0, "max_tokens": args.max_tokens},
-            "every": args.steps,
-        },
-        checkpoints={"resume": args.resume},
-        sampling={"temperature": 1.0, "max_tokens": args.max_tokens},
+    algorithm = cli.local_rl(
+        args,
         update=PolicyUpdateConfig(lr=args.lr, seed=args.seed),
         trajectory=TrajectoryConfig(
             mode="trajectory",
@@ -214,7 +203,6 @@ def train(args: argparse.Namespace) -> vl.RunResult:
             max_prompt_length=args.max_prompt_length,
             length_policy="drop",
         ),
-        seed=args.seed,
     )
     trainer = vl.Trainer(
         algorithm,

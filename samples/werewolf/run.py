@@ -120,22 +120,11 @@ def train(args: argparse.Namespace) -> vl.RunResult:
         max_prompt_length=args.max_prompt_length,
         length_policy="drop",
     )
-    algorithm = vl.LocalRL(
-        args.model or "tiny",
-        schedule={
-            "steps": args.steps,
-            "tasks_per_step": args.games_per_step,
-            "group_size": args.group_size,
-        },
-        validation={
-            "sampling": {"temperature": 0.0, "max_tokens": args.max_tokens},
-            "every": args.steps,
-        },
-        checkpoints={"resume": args.resume},
-        sampling={"temperature": 1.0, "max_tokens": args.max_tokens},
+    algorithm = cli.local_rl(
+        args,
+        args.games_per_step,
         update=PolicyUpdateConfig(lr=args.lr, seed=args.seed),
         trajectory=trajectory,
-        seed=args.seed,
     )
     trainer = vl.Trainer(
         algorithm,

@@ -53,8 +53,10 @@ def test_the_site_builds_strict_with_no_warning(tmp_path: Path) -> None:
     output = done.stdout + done.stderr
     assert done.returncode == 0, f"mkdocs build --strict failed:\n{output[-6000:]}"
     assert "WARNING" not in output, output[-6000:]
-    for page in ("index.html", "install/index.html", "adapters/autogen/index.html"):
+    for page in ("index.html", "install.html", "adapters/autogen.html"):  # opens from disk too
         assert (tmp_path / "site" / page).is_file(), f"the build left no {page}"
+    home = (tmp_path / "site" / "index.html").read_text()
+    assert 'href="install.html"' in home  # links that work without a server
 
 
 def test_the_config_is_strict_and_validates_links_and_anchors() -> None:

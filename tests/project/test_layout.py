@@ -227,7 +227,7 @@ def test_old_paths_import_the_moved_modules_with_a_warning() -> None:
     star: dict[str, object] = {}
     sys.modules.pop("voltrl.loggers", None)
     with pytest.warns(DeprecationWarning):
-        exec("from voltrl.loggers import *", star)  # 1.6's voltrl.loggers had an __all__
+        exec("from voltrl.loggers import *", star)  # 0.1's voltrl.loggers had an __all__
     assert {"Logger", "TensorBoardLogger", "WandbLogger", "MlflowLogger"} <= set(star)
 
 

@@ -147,14 +147,14 @@ def test_a_setting_added_since_the_run_was_recorded_counts_as_what_the_run_ran_w
         check_resume("r", tmp_path, then, faster, setup, tasks)
 
 
-def test_a_run_recorded_with_the_flat_settings_of_voltrl_1_6_resumes(tmp_path: Path):
+def test_a_run_recorded_with_the_flat_settings_of_voltrl_0_1_resumes(tmp_path: Path):
     """A run recorded before the settings were grouped (``steps``, ``val_every``... at the
     top of its config) resumes with today's grouped LocalRL: its record is read in today's
     shape, the same set-up passes and more steps are allowed, a changed one is refused."""
     a_trainer(make_algorithm(schedule={"steps": 1}), tmp_path).fit(two_turn_agent, ROWS)
     store_path = tmp_path / "r" / "store.sqlite"
 
-    def flatten() -> dict:  # the record as VoltRL 1.6 wrote it, in the store's own table
+    def flatten() -> dict:  # the record as VoltRL 0.1 wrote it, in the store's own table
         with sqlite3.connect(store_path) as db:
             [(run_id, data)] = db.execute("SELECT run_id, data FROM runs").fetchall()
             run = json.loads(data)
@@ -180,7 +180,7 @@ def test_a_run_recorded_with_the_flat_settings_of_voltrl_1_6_resumes(tmp_path: P
     assert [m["step"] for m in result.metrics if "update/loss" in m] == [2]
 
 
-def test_the_flat_keywords_of_voltrl_1_6_go_into_their_groups_with_a_warning() -> None:
+def test_the_flat_keywords_of_voltrl_0_1_go_into_their_groups_with_a_warning() -> None:
     with pytest.warns(DeprecationWarning, match=r"steps= is schedule=\{'steps': \.\.\.\}"):
         old = vl.LocalRL("tiny", steps=3, val_every=2, engine="local", checkpoint_every=0)
     new = vl.LocalRL(
@@ -218,7 +218,7 @@ def test_a_train_yaml_in_either_shape_builds_the_same_local_rl(
     grouped = built({"schedule": {"steps": 3, "group_size": 2}, "checkpoints": {"keep": 1}})
     flat = built({"steps": 3, "group_size": 2, "keep_checkpoints": 1})
     assert flat == grouped and grouped["schedule"]["group_size"] == 2
-    said = "note: algorithm settings are grouped since VoltRL 1.7: steps is schedule.steps, "
+    said = "note: algorithm settings are grouped since VoltRL 0.2: steps is schedule.steps, "
     assert said + "group_size is schedule.group_size, keep_checkpoints is checkpoints.keep\n" in (
         capsys.readouterr().err
     )

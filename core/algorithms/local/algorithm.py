@@ -125,7 +125,7 @@ class LocalRL(Algorithm):
             ``lora_*`` settings apply to each adapter).
 
     Each group (but ``sampling``) is a settings model of :mod:`.config` or its fields as a
-    dict: ``LocalRL("tiny", schedule={"steps": 20, "group_size": 4})``. VoltRL 1.6's flat
+    dict: ``LocalRL("tiny", schedule={"steps": 20, "group_size": 4})``. VoltRL 0.1's flat
     keywords (``steps=``, ``val_every=``...) still work for one release, with a warning
     (:data:`.config.FLAT` says where each went).
     """

@@ -7,7 +7,7 @@ dict, as ``train.yaml`` gives them); the update's is
 :class:`~voltrl.trajectory.TrajectoryConfig`. A run records them in this shape
 (``LocalRL.config()``, ``algorithm:`` in its ``train.yaml``).
 
-VoltRL 1.6 took every setting as a keyword of its own (``steps=``, ``val_every=``,
+VoltRL 0.1 took every setting as a keyword of its own (``steps=``, ``val_every=``,
 ``engine=``...): :data:`FLAT` says where each went. Those keywords still work for one release,
 with a ``DeprecationWarning`` (:func:`grouped`), and a run recorded in that shape resumes
 (:func:`upgraded`).
@@ -128,7 +128,7 @@ FLAT: dict[str, tuple[str, str]] = {
     "keep_checkpoints": ("checkpoints", "keep"),
     "resume": ("checkpoints", "resume"),
 }
-"""Each keyword of VoltRL 1.6's LocalRL that moved into a group: (group, field)."""
+"""Each keyword of VoltRL 0.1's LocalRL that moved into a group: (group, field)."""
 
 
 def group(name: str, value: Model | dict[str, Any] | None) -> Any:
@@ -152,7 +152,7 @@ def group(name: str, value: Model | dict[str, Any] | None) -> Any:
 def grouped(
     groups: dict[str, Model | dict[str, Any] | None], flat: dict[str, Any]
 ) -> dict[str, Any]:
-    """``groups`` with the 1.6 keywords in ``flat`` put into theirs (:func:`into_groups`; a
+    """``groups`` with the 0.1 keywords in ``flat`` put into theirs (:func:`into_groups`; a
     ``DeprecationWarning`` names where each goes now). A keyword that is neither is a
     ``TypeError``, as Python's."""
     unknown = [k for k in flat if k not in FLAT]
@@ -160,9 +160,9 @@ def grouped(
         raise TypeError(f"LocalRL() got an unexpected keyword argument {unknown[0]!r}")
     if flat:
         warnings.warn(
-            "LocalRL's settings are grouped since VoltRL 1.7: "
+            "LocalRL's settings are grouped since VoltRL 0.2: "
             + ", ".join(f"{k}= is {FLAT[k][0]}={{{FLAT[k][1]!r}: ...}}" for k in flat)
-            + " (the flat keywords go after 1.7)",
+            + " (the flat keywords go after 0.2)",
             DeprecationWarning,
             stacklevel=3,
         )
@@ -170,7 +170,7 @@ def grouped(
 
 
 def into_groups(settings: dict[str, Any]) -> dict[str, Any]:
-    """LocalRL's ``settings`` with each 1.6 flat one (:data:`FLAT`) moved into its group; a
+    """LocalRL's ``settings`` with each 0.1 flat one (:data:`FLAT`) moved into its group; a
     setting given both ways is a ``ValueError``."""
     out = {k: v for k, v in settings.items() if k not in FLAT}
     for key, value in settings.items():
@@ -215,7 +215,7 @@ did not exist; rows were grouped by task alone.)"""
 
 def upgraded(recorded: dict[str, Any]) -> dict[str, Any]:
     """A config LocalRL recorded (``Run.config``) in today's shape: the flat settings of a
-    VoltRL 1.6 run moved into their groups, and each of :data:`ADDED` it lacks set to the value
+    VoltRL 0.1 run moved into their groups, and each of :data:`ADDED` it lacks set to the value
     it ran with."""
     out = copy.deepcopy({k: v for k, v in recorded.items() if k not in FLAT})
     for key, value in recorded.items():

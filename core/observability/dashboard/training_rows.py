@@ -271,7 +271,7 @@ def _parts(run: Run, batch: Any) -> dict[str | None, list[int]]:
         return {None: list(range(len(batch)))}
     from voltrl.models.lora import LoraAdapters
 
-    serving = run.config.get("serving")  # a run of VoltRL 1.6 recorded it flat
+    serving = run.config.get("serving")  # a run of VoltRL 0.1 recorded it flat
     served = (serving if isinstance(serving, dict) else run.config).get("served_name") or ""
     parts = LoraAdapters.parse(mapping, served_name=str(served)).rows_by_adapter(batch)
     parts.pop(None, None)
