@@ -14,6 +14,7 @@ from voltrl.errors import AgentLoadError
 def load_agent(spec: str) -> Any:
     """Import ``MODULE:OBJECT`` (a dotted module or a ``.py`` path) and return the agent."""
     from voltrl.agent import LitAgent, rollout
+    from voltrl.runtime.script_guard import ScriptStopped, loading_agent_from
 
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
@@ -28,13 +29,26 @@ def load_agent(spec: str) -> Any:
         module = importlib.util.module_from_spec(mod_spec)
         sys.modules[path.stem] = module
         try:
-            mod_spec.loader.exec_module(module)
+            with loading_agent_from(spec):
+                mod_spec.loader.exec_module(module)
+        except ScriptStopped:  # the script's own fit or dev: the command's run is the one
+            print(
+                f"note: {path} starts a run of its own when run as a script; loading its agent, "
+                "that run (and what follows it in the script) was left out",
+                file=sys.stderr,
+            )
         except Exception as exc:
             raise AgentLoadError(f"importing {path} failed: {type(exc).__name__}: {exc}") from exc
     else:
         sys.path.insert(0, str(Path.cwd()))
         try:
-            module = importlib.import_module(module_name)
+            with loading_agent_from(spec):
+                module = importlib.import_module(module_name)
+        except ScriptStopped:
+            raise AgentLoadError(
+                f"importing {module_name!r} starts a run of its own (Trainer.fit or dev at its "
+                "top level): put that under if __name__ == '__main__':"
+            ) from None
         except ModuleNotFoundError as exc:
             raise AgentLoadError(f"cannot import module {module_name!r}: {exc}") from exc
         except Exception as exc:

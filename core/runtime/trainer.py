@@ -50,6 +50,7 @@ from voltrl.runtime.run_dir import (
 )
 from voltrl.runtime.run_setup import check_resume, run_setup, write_setup
 from voltrl.runtime.runner import RunnerConfig
+from voltrl.runtime.script_guard import stop_if_loading
 from voltrl.runtime.services import Services, runner_command
 from voltrl.store.base import Store
 from voltrl.types import Rollout, Run, RunStatus, Task
@@ -213,12 +214,14 @@ class Trainer:
         ``interrupted`` and raises ``KeyboardInterrupt`` (Ctrl-C) or
         :class:`~voltrl.runtime.interrupt.Terminated` (SIGTERM: a ``SystemExit`` with status
         143); a second signal exits at once (status 130 or 143)."""
+        stop_if_loading()  # a script's own fit, while a command imports it for its agent
         main = self.fit_async(agent, train_dataset, val_dataset)
         return asyncio.run(interruptible(main, kill=self._services.kill_workers))
 
     def dev(self, agent: LitAgent | Callable[..., Any], dataset: Dataset) -> RunResult:
         """Run ``agent`` once per task against the current resources, with no training
         (Ctrl-C and SIGTERM as in :meth:`fit`)."""
+        stop_if_loading()
         main = self.dev_async(agent, dataset)
         return asyncio.run(interruptible(main, kill=self._services.kill_workers))
 

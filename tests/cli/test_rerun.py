@@ -5,6 +5,8 @@ any run directory exists."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -157,3 +159,50 @@ def test_an_agent_bound_to_a_module_name_is_named_by_it(tmp_path: Path):
     assert agent_spec(agent.calc_agent) == f"{agent.__file__}:calc_agent"
     assert agent_spec(agent.calc_agent_at("http://127.0.0.1:1/mcp")) == "MODULE:AGENT"
     assert agent_spec(NeedsAServer("http://127.0.0.1:1")) == "MODULE:AGENT"
+
+
+SCRIPT = """
+import voltrl as vl
+
+
+@vl.rollout
+def agent(task, resources):
+    return 1.0
+
+
+trainer = vl.Trainer(vl.Baseline(), n_runners=1, inline=True, run_dir="runs", name="script")
+result = trainer.fit(agent, [{"q": 1}, {"q": 2}])
+print("the script's own run:", result.run_dir)
+"""
+
+
+def test_a_script_without_a_main_guard_runs_once_when_its_train_yaml_runs_it_again(
+    tmp_path: Path,
+) -> None:
+    """The quick start's script (a top-level ``fit``, no main guard) run as a user runs it,
+    then its run's ``train.yaml``: ``voltrl train`` loads the agent from the script without
+    starting the script's own run, so the file's run is the only new one."""
+    (tmp_path / "script.py").write_text(SCRIPT)
+    first = subprocess.run(
+        [sys.executable, "script.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert first.returncode == 0, first.stderr
+    assert "the script's own run:" in first.stdout
+    again = voltrl("train", "runs/script/train.yaml", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert "the script's own run:" not in again.stdout
+    assert "script.py starts a run of its own when run as a script" in again.stderr
+    runs = sorted(p.name for p in (tmp_path / "runs").iterdir() if p.is_dir())
+    assert runs == ["script", "script-2"]  # the script's, then the file's: no third
+
+
+def test_voltrl_dev_of_a_module_that_trains_when_imported_says_so_in_one_line(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "trains_on_import.py").write_text(SCRIPT)
+    (tmp_path / "rows.jsonl").write_text('{"q": 1}\n')
+    args = ["--data", "rows.jsonl", "--llm-endpoint", "http://127.0.0.1:9/v1", "--model", "m"]
+    out = voltrl("dev", "trains_on_import:agent", *args, cwd=tmp_path)
+    assert out.returncode == 2
+    assert "starts a run of its own" in out.stderr and "__main__" in out.stderr
+    assert "Traceback" not in out.stderr and not (tmp_path / "runs").exists()
