@@ -79,11 +79,11 @@ demo-real: $(VENV)/.demo-deps
 DOCS_ENV := NO_MKDOCS_2_WARNING=1
 docs: $(VENV)/.docs-deps
 	$(RUN) $(DOCS_ENV) $(PY) -m mkdocs build --strict --site-dir site
-	@echo "open site/index.html, or run make docs-serve for http://127.0.0.1:8000"
+	@echo "open site/index.html, or run make docs-serve for http://127.0.0.1:8800"
 
-## make docs-serve: the site on http://127.0.0.1:8000, rebuilt as docs/ changes
+## make docs-serve: the site on http://127.0.0.1:8800, rebuilt as docs/ changes
 docs-serve: $(VENV)/.docs-deps
-	$(RUN) $(DOCS_ENV) $(PY) -m mkdocs serve --strict
+	$(RUN) $(DOCS_ENV) $(PY) -m mkdocs serve --strict --dev-addr 127.0.0.1:8800
 
 $(VENV)/.docs-deps: pyproject.toml | $(PY)
 	$(PIP) $(INSTALL) "mkdocs>=1.6,<2" "mkdocs-material>=9.5,<10"
