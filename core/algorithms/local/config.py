@@ -217,11 +217,7 @@ def upgraded(recorded: dict[str, Any]) -> dict[str, Any]:
     """A config LocalRL recorded (``Run.config``) in today's shape: the flat settings of a
     VoltRL 0.1 run moved into their groups, and each of :data:`ADDED` it lacks set to the value
     it ran with."""
-    out = copy.deepcopy({k: v for k, v in recorded.items() if k not in FLAT})
-    for key, value in recorded.items():
-        if key in FLAT:
-            name, field = FLAT[key]
-            out.setdefault(name, {})[field] = copy.deepcopy(value)
+    out = into_groups(copy.deepcopy(recorded))
     for dotted, value in ADDED.items():
         held, name = section(out, dotted, create=True)
         if held is not None and name not in held:

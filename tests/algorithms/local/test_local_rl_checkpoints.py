@@ -145,8 +145,7 @@ async def test_a_run_stopped_during_an_update_ends_it_at_once_and_keeps_the_prev
     )
     trainer = vl.Trainer(algo, n_runners=1, inline=True, run_dir=tmp_path, name="r", progress=False)
     run = asyncio.create_task(trainer.fit_async(two_turn_agent, ROWS))
-    while not in_second.is_set():  # bounded by the test timeout
-        await asyncio.sleep(0.01)
+    assert await asyncio.to_thread(in_second.wait, 100), "step 2's update never began"
     run.cancel()
     with pytest.raises(asyncio.CancelledError):
         await run
