@@ -113,7 +113,7 @@ async def test_weights_that_do_not_match_are_refused_before_vllm_sees_them(engin
     with pytest.raises(ValueError, match="do not match the served model"):
         await engine.aupdate_weights({"nope": torch.zeros(1)})
     assert all(torch.equal(before[k], v) for k, v in engine.model.state_dict().items())
-    out = await engine.generate(prompt_ids(), SamplingParams(max_tokens=3))
+    out = await engine.generate(prompt_ids(), SamplingParams(max_tokens=3, ignore_eos=True))
     assert engine.weights_version == 0 and len(out.choices[0].token_ids) == 3
 
 

@@ -210,7 +210,9 @@ async def test_concurrent_requests_batch_like_sequential_ones(engine: Engine, to
 
 async def test_logprobs_are_raw_model_logprobs(engine: Engine, model: Any, tok: Any) -> None:
     prompt = tok.encode("What is 7 * 6?", add_special_tokens=False)
-    params = SamplingParams(max_tokens=16, temperature=0.7, top_k=50, top_p=0.9, seed=3, n=2)
+    params = SamplingParams(
+        max_tokens=16, temperature=0.7, top_k=50, top_p=0.9, seed=3, n=2, ignore_eos=True
+    )
     out = await engine.generate(prompt, params)
     for c in out.choices:
         assert len(c.token_ids) == len(c.logprobs) == len(c.sampling_logprobs) == 16
