@@ -131,7 +131,8 @@ bench-peer-store: $(VENV)/.test-deps .venv-peer/.deps
 # still had 2.5 minutes of tests queued behind its slow ones when the other two ran out.
 TEST_WORKERS ?= 3
 
-## make test: install what the tests need and run them (tests/, tests_verl/, tests_agentscope/)
+## make test: install what the tests need and run them (tests/, tests_verl/ and tests_ray/,
+## tests_agentscope/)
 ## (PG_BINDIR=DIR: PostgreSQL binaries you have; PG_INSTALL=no: install none, see `postgres`;
 ## TEST_WORKERS=N: the main suite's test processes, default 3; SIDE_WORKERS=N: the verl and
 ## AgentScope suites', default 1)
@@ -201,15 +202,16 @@ $(VERL_PY):
 # The stamp names the version, so changing the pin reinstalls; pyproject changes do too.
 $(VERL_VENV)/.deps-$(VERL_VERSION): pyproject.toml | $(VERL_PY)
 	$(VERL_PY) -m pip $(INSTALL) "$(TORCH)"
-	$(PYTHON) scripts/requirements.py dev,local,verl > $(VERL_VENV)/requirements.txt
+	$(PYTHON) scripts/requirements.py dev,local,verl,ray > $(VERL_VENV)/requirements.txt
 	$(VERL_PY) -m pip $(INSTALL) -r $(VERL_VENV)/requirements.txt "$(TORCH)"
 	$(EDITABLE) $(VERL_PY) -m pip $(INSTALL) --no-deps -e .
 	touch $@
 
-## make test-verl: the VERL integration against the real verl package on this CPU (tests_verl/)
+## make test-verl: the VERL integration against the real verl package on this CPU (tests_verl/),
+## and the Ray runners on a Ray cluster of simulated nodes (tests_ray/): this environment has Ray
 TEST_WORKERS_VERL ?= $(TEST_WORKERS)
 test-verl: $(VERL_VENV)/.deps-$(VERL_VERSION)
-	$(RUN) $(VERL_PY) -m pytest -q -n $(TEST_WORKERS_VERL) --dist worksteal tests_verl
+	$(RUN) $(VERL_PY) -m pytest -q -n $(TEST_WORKERS_VERL) --dist worksteal tests_verl tests_ray
 
 # The store tests start a PostgreSQL server of their own (tests/pg.py: initdb into a temporary
 # directory) and need only its binaries, initdb and pg_ctl. PG_BINDIR=DIR points them at

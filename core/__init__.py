@@ -69,6 +69,7 @@ _LAZY = {
     "LocalRL": "voltrl.algorithms.local",
     "SFT": "voltrl.algorithms.local",
     "VERL": "voltrl.algorithms.verl",
+    "RayRunners": "voltrl.runtime",
     "RunResult": "voltrl.runtime",
     "TrainContext": "voltrl.runtime",
     "Trainer": "voltrl.runtime",
@@ -83,7 +84,7 @@ if _typing.TYPE_CHECKING:
     from voltrl.algorithms.baseline import Baseline
     from voltrl.algorithms.local import SFT, LocalRL
     from voltrl.algorithms.verl import VERL
-    from voltrl.runtime import RunResult, TrainContext, Trainer
+    from voltrl.runtime import RayRunners, RunResult, TrainContext, Trainer
 
 
 def __getattr__(name: str) -> _typing.Any:
@@ -120,6 +121,7 @@ __all__ = [
     "NotFoundError",
     "PromptTemplate",
     "PromptTemplateError",
+    "RayRunners",
     "Resources",
     "Reward",
     "RewardStats",

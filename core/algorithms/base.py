@@ -54,6 +54,11 @@ class Algorithm:
         """The settings to record with the run."""
         return {k: v for k, v in vars(self).items() if not k.startswith("_")}
 
+    def ray_init_kwargs(self) -> dict[str, Any]:
+        """What ``ray.init`` needs for this algorithm when the run starts or joins Ray (Ray
+        runners, VERL): none but VERL's (its ``runtime_env`` and ``ray_init`` settings)."""
+        return {}
+
     def upgraded_config(self, recorded: dict[str, Any]) -> dict[str, Any]:
         """A config this algorithm recorded, perhaps in an earlier VoltRL's shape, in today's
         (what a resume compares with :meth:`config`)."""

@@ -31,6 +31,12 @@ def register(sub: Subparsers) -> None:
     train = sub.add_parser("train", help="train an agent as a YAML config says")
     train.add_argument("config", help="YAML: agent, data, algorithm, trainer")
     add_loggers_arg(train)
+    train.add_argument(
+        "--ray-address",
+        metavar="ADDRESS",
+        help="run the runners as actors on this Ray cluster (auto, host:6379, "
+        "ray://host:10001): trainer.runners.ray.address",
+    )
     train.set_defaults(func=_command)
 
 
@@ -41,7 +47,8 @@ def build_from_config(config: dict[str, Any]) -> tuple[Any, Any, str, str | None
     ``algorithm`` (``name``: ``local_rl``, ``sft``, ``apo`` or ``baseline``, and that algorithm's
     arguments; LocalRL's ``update``, ``trajectory`` and ``warm_start`` (SFT's arguments)
     sections are their configs) and ``trainer``
-    (:class:`~voltrl.Trainer` arguments; ``resources`` maps names to LLM fields).
+    (:class:`~voltrl.Trainer` arguments; ``resources`` maps names to LLM fields; ``runners``
+    is ``ray`` or ``{ray: {...}}``, :class:`~voltrl.RayRunners`' settings).
     Raises :class:`VoltRLError` naming the field (``algorithm.model``, ``data.train``...)
     of the first thing that cannot run, before anything is started or written.
     """
@@ -69,6 +76,8 @@ def build_from_config(config: dict[str, Any]) -> tuple[Any, Any, str, str | None
                 name: _validated(LLM, f"trainer.resources.{name}", value)
                 for name, value in (trainer_cfg["resources"] or {}).items()
             }
+        if "runners" in trainer_cfg:
+            trainer_cfg["runners"] = _runners(trainer_cfg["runners"])
         trainer = Trainer(algorithm, **trainer_cfg)
     except (TypeError, ValueError) as exc:
         raise VoltRLError(f"trainer: {exc}") from None
@@ -76,6 +85,26 @@ def build_from_config(config: dict[str, Any]) -> tuple[Any, Any, str, str | None
         if data.get(split) is not None and not Path(str(data[split])).is_file():
             raise VoltRLError(f"data.{split}: file {data[split]} does not exist")
     return trainer, _agent(config["agent"]), data["train"], data.get("val")
+
+
+def _runners(value: Any) -> Any:
+    """``trainer.runners``: ``ray`` (Ray runners with their defaults) or ``{ray: {...}}``
+    (:class:`~voltrl.runtime.ray_runners.RayRunners`' settings); null: this machine's."""
+    from voltrl.runtime.ray_runners import RayRunners
+
+    if value is None:
+        return None
+    if value == "ray":
+        value = {"ray": {}}
+    if not isinstance(value, dict) or set(value) != {"ray"}:
+        raise VoltRLError("trainer.runners: ray, or {ray: {n: 4, address: auto, ...}}")
+    settings = value["ray"] or {}
+    if not isinstance(settings, dict):
+        raise VoltRLError("trainer.runners.ray: a mapping of RayRunners settings")
+    try:
+        return RayRunners.from_config(settings)
+    except (TypeError, ValueError) as exc:
+        raise VoltRLError(f"trainer.runners.ray: {exc}") from None
 
 
 def _algorithm(algo_cfg: dict[str, Any]) -> Any:
@@ -245,6 +274,12 @@ def _command(args: argparse.Namespace) -> int:
         raise VoltRLError(f"{path}: the config must be a mapping")
     if args.loggers:
         config["trainer"] = {**(config.get("trainer") or {}), "loggers": args.loggers}
+    if args.ray_address:
+        trainer_cfg = dict(config.get("trainer") or {})
+        runners = trainer_cfg.get("runners")
+        ray = dict(runners.get("ray") or {}) if isinstance(runners, dict) else {}
+        trainer_cfg["runners"] = {"ray": {**ray, "address": args.ray_address}}
+        config["trainer"] = trainer_cfg
     trainer, agent, train, val = build_from_config(config)
     result = trainer.fit(agent, train, val)
     # an RL run that ran no rollout did nothing; SFT alone runs none by design

@@ -53,6 +53,9 @@ class TrainContext:
     trainer_resources: dict[str, Resource] = field(default_factory=dict)
     """The resources given to the trainer (its LLMs behind the run's gateways): every version
     published carries them, next to the algorithm's own, e.g. an untrained role's LLM."""
+    on_backlog: Callable[[int], None] | None = None
+    """Called with the run's unfinished rollouts (queued or running) after each
+    :meth:`enqueue`: Ray runners whose number follows the work (``RayRunners(n=function)``)."""
     trackers: Trackers = field(default_factory=Trackers)
     """The run's loggers besides ``metrics.jsonl`` (``Trainer(loggers=...)``): every line of
     :attr:`metrics` goes to them too; :meth:`log_rollouts` hands them sample rollouts."""
@@ -124,7 +127,7 @@ class TrainContext:
         """Queue one rollout per task with the latest resources, or with the version given
         (APO runs several candidate templates at once); see :attr:`retry_agent_errors`."""
         retry = self.retry_agent_errors if self.retry_agent_errors is not None else mode != "dev"
-        return await self.store.enqueue(
+        queued = await self.store.enqueue(
             tasks,
             mode=mode,
             run_id=self.run.run_id,
@@ -135,6 +138,10 @@ class TrainContext:
             timeout_s=self.rollout_timeout_s,
             retry_agent_errors=retry,
         )
+        if self.on_backlog is not None:
+            counts = await self.store.rollout_counts(self.run.run_id)
+            self.on_backlog(sum(c.count for c in counts if c.status in ("queued", "running")))
+        return queued
 
     async def wait(self, rollouts: Sequence[Rollout], desc: str = "rollouts") -> list[Rollout]:
         """Wait for rollouts to finish (with a progress bar); returns them in order. Each

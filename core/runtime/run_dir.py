@@ -202,6 +202,8 @@ def trainer_section(trainer: Trainer, run_dir: Path) -> dict[str, Any]:
     }
     if isinstance(trainer.store, str | Path):
         config["store"] = str(trainer.store)
+    if trainer.runners is not None:
+        config["runners"] = {"ray": trainer.runners.config()}
     if trainer.gateway_retry is not None:
         config["gateway_retry"] = trainer.gateway_retry.model_dump()
     if loggers := [lg for lg in trainer.loggers if type(lg) is LOGGERS.get(lg.name)]:

@@ -1,12 +1,14 @@
-"""The run's services, started in order and stopped in reverse: the store server, the workers,
-the gateways in front of the trainer's LLMs.
+"""The run's services, started in order and stopped in reverse: the store server, the workers
+(processes on this machine, or Ray actors), the gateways in front of the trainer's LLMs.
 
 :meth:`Services.start` pushes each stop onto the run's exit stack as it starts the service,
 so the stack stops them in reverse: the gateways (with the :class:`TrainContext`'s cleanup),
 then the workers (given ``grace_s`` to finish or release their rollouts), then the store
 server they reached it through. With ``inline=True`` the workers are tasks of this process
 and no store server is started; with ``n_runners=0`` none is started and the server waits
-for ``voltrl runner`` processes started elsewhere (:func:`runner_command`).
+for ``voltrl runner`` processes started elsewhere (:func:`runner_command`); with
+``runners=RayRunners(...)`` they are actors on a Ray cluster (:mod:`~voltrl.runtime.ray_runners`),
+and the run's servers bind an address its nodes reach.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from voltrl.errors import VoltRLError
 from voltrl.observability.metrics import MetricsLog
 from voltrl.resources import LLM, ApiKeys, Resource, Resources, llm_keys
 from voltrl.runtime.context import TrainContext
+from voltrl.runtime.ray_runners import RayRunnerPool, connect, ray_cluster_summary, runner_host
 from voltrl.runtime.run_dir import agent_spec
 from voltrl.runtime.runner import RunnerConfig, run_worker
 from voltrl.runtime.workers import WorkerPool
@@ -43,7 +46,8 @@ class Services:
 
     def __init__(self, trainer: Trainer) -> None:
         self._trainer = trainer
-        self.pool: WorkerPool | None = None
+        self.pool: WorkerPool | RayRunnerPool | None = None
+        self._ray_connected = self._ray_local = False
 
     async def start(
         self,
@@ -59,7 +63,8 @@ class Services:
         t = self._trainer
         token = t.token or os.environ.get("VOLTRL_TOKEN") or secrets.token_urlsafe(24)
         keys = llm_keys(t.resources) if t.resources is not None and not t.record_calls else {}
-        alive, token = await self._start_workers(stack, store, agent, token, run_dir, keys)
+        host = await self._join_ray(stack) if t.runners is not None else t.host
+        alive, token = await self._start_workers(stack, store, agent, token, run_dir, keys, host)
         ctx = TrainContext(
             store=store,
             run=run,
@@ -69,12 +74,14 @@ class Services:
             rollout_timeout_s=t.rollout_timeout_s,
             progress=t.progress,
             workers_alive=alive,
-            remote_runners=t.n_runners == 0,
-            host=t.host,
+            remote_runners=t.n_runners == 0 and t.runners is None,
+            host=host,
             token=token,
             gateway_retry=t.gateway_retry,
         )
         stack.push_async_callback(ctx.cleanup.aclose)
+        if isinstance(self.pool, RayRunnerPool):
+            ctx.on_backlog = self.pool.demand
         if t.resources is not None:
             resources = t.resources
             if t.record_calls:
@@ -86,10 +93,30 @@ class Services:
         return ctx
 
     def kill_workers(self) -> None:
-        """SIGKILL the worker processes of the run in progress, if any (a hard exit: their
-        leases expire and the store retries their rollouts)."""
+        """Kill the workers of the run in progress, if any: SIGKILL their processes, or their
+        Ray actors (a hard exit: their leases expire and the store retries their rollouts),
+        and disconnect from Ray (a Ray started for the run would outlive this process)."""
         if self.pool is not None:
             self.pool.kill()
+        if self._ray_connected:
+            import ray
+
+            ray.shutdown()
+
+    async def _join_ray(self, stack: contextlib.AsyncExitStack) -> str:
+        """Connect to the Ray cluster of ``Trainer(runners=RayRunners(...))``, unless this
+        process is already (it disconnects when the run ends; a Ray it started on this machine
+        stops then); returns the host the run's servers bind: one
+        the cluster's nodes reach (:func:`~voltrl.runtime.ray_runners.runner_host`)."""
+        import ray
+
+        t = self._trainer
+        assert t.runners is not None
+        kwargs = t.algorithm.ray_init_kwargs()
+        self._ray_connected, self._ray_local = await asyncio.to_thread(connect, t.runners, kwargs)
+        if self._ray_connected:  # disconnecting ends the run's actors, whatever happened
+            stack.push_async_callback(asyncio.to_thread, ray.shutdown)
+        return runner_host(t.host, self._ray_local)
 
     async def _behind_gateways(
         self, ctx: TrainContext, resources: Resources | Mapping[str, Resource]
@@ -138,6 +165,7 @@ class Services:
         token: str,
         run_dir: Path,
         keys: dict[str, str],
+        host: str,
     ) -> tuple[Callable[[], bool], str | None]:
         """Start the workers; returns a check that some can still run rollouts, and the
         token they hold (the one the run's gateways check)."""
@@ -165,7 +193,23 @@ class Services:
             stack.push_async_callback(stop_inline)
             return (lambda: not all(task.done() for task in tasks)), token
 
-        url, runner_token = await self._serve_store(stack, store, token)
+        url, runner_token = await self._serve_store(stack, store, token, host)
+        if t.runners is not None:
+            ray_pool = RayRunnerPool(
+                t.runners,
+                agent,
+                url,
+                token=runner_token,
+                config=t.runner_config,
+                llm_keys=keys,
+                local=self._ray_local,
+                job_env=self._ray_connected,
+            )
+            ray_pool.start()
+            self.pool = ray_pool
+            stack.push_async_callback(asyncio.to_thread, ray_pool.stop)
+            print(f"Ray runners: {ray_cluster_summary(ray_pool)}; they reach this run at {url}")
+            return ray_pool.serving, runner_token
         if t.n_runners == 0:
             token_file = None
             if runner_token:  # removed when the run ends: the token dies with it
@@ -195,7 +239,7 @@ class Services:
         return (lambda: bool(pool.processes)), runner_token
 
     async def _serve_store(
-        self, stack: contextlib.AsyncExitStack, store: Store, token: str
+        self, stack: contextlib.AsyncExitStack, store: Store, token: str, host: str
     ) -> tuple[str, str | None]:
         """The URL and token of a store server for ``store`` (started here with ``token``),
         or of the one ``store`` already is."""
@@ -211,11 +255,11 @@ class Services:
         # the store API for the workers, and the run's dashboard under /ui (as voltrl serve)
         app = store_app(store, token=token, ui=dashboard_app(Catalog([store]), token=token))
         try:
-            url, stop_server = await serve(app, t.host, t.port)
+            url, stop_server = await serve(app, host, t.port)
         except OSError as exc:  # the YAML's trainer.port, or Trainer(port=...)
             in_use = exc.errno == errno.EADDRINUSE
             reason = "the port is in use (port 0 picks a free one)" if in_use else exc.strerror
-            raise VoltRLError(f"cannot listen on {t.host}:{t.port}: {reason or exc}") from None
+            raise VoltRLError(f"cannot listen on {host}:{t.port}: {reason or exc}") from None
         url = reachable_url(url)
         stack.push_async_callback(stop_server)
         return url, token

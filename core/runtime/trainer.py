@@ -9,7 +9,8 @@
    ``host`` (loopback by default), with a fresh bearer token, for the workers; every gateway
    of the run (:meth:`TrainContext.serve_gateway`) binds the same host and checks the same
    token, which runners give agents as their API key;
-4. start ``n_runners`` worker processes (or in-process workers with ``inline=True``); with
+4. start ``n_runners`` worker processes (or in-process workers with ``inline=True``, or
+   actors on a Ray cluster with ``runners=RayRunners(...)``); with
    ``n_runners=0`` start none, write the token to ``<run dir>/runner.token`` (owner-only),
    print the ``voltrl runner`` command that serves this run from any machine (it reads the
    token from that file: the token itself is never printed), and wait for such runners;
@@ -40,6 +41,7 @@ from voltrl.resources import Resource, Resources
 from voltrl.runtime.context import TrainContext
 from voltrl.runtime.dataset import Dataset, load_tasks
 from voltrl.runtime.interrupt import interruptible
+from voltrl.runtime.ray_runners import RayRunners
 from voltrl.runtime.run_dir import (
     agent_spec,
     algorithm_config,
@@ -88,6 +90,9 @@ class Trainer:
         n_runners: worker processes on this machine; 0 starts none: the store is served on
             ``host:port`` and the trainer prints the ``voltrl runner`` command for remote
             runners, then waits for them.
+        runners: where the runner workers run instead of this machine's processes:
+            :class:`~voltrl.runtime.ray_runners.RayRunners` places them as actors on a Ray
+            cluster (``pip install 'voltrl[ray]'``; see ``docs/ray.md``).
         store: a :class:`Store`, a store spec (path, ``sqlite:///...``, ``memory``,
             ``http://...``), or None for ``<run dir>/store.sqlite``.
         resources: resources to publish before the algorithm starts (e.g. ``{"main_llm":
@@ -138,6 +143,7 @@ class Trainer:
         algorithm: Algorithm | None = None,
         *,
         n_runners: int = 1,
+        runners: RayRunners | None = None,
         store: Store | str | Path | None = None,
         resources: Resources | Mapping[str, Resource] | None = None,
         run_dir: str | Path = "runs",
@@ -163,6 +169,15 @@ class Trainer:
 
         if n_runners < 0:
             raise ValueError("n_runners must be >= 0")
+        if runners is not None:
+            if not isinstance(runners, RayRunners):
+                raise TypeError(f"runners: a RayRunners, not {type(runners).__name__}")
+            if inline or n_runners != 1:
+                raise ValueError(
+                    "runners=RayRunners(...) places the workers on Ray: leave n_runners and "
+                    "inline alone (RayRunners(n=...) sets how many)"
+                )
+            runners.check()
         given = resources.items if isinstance(resources, Resources) else (resources or {})
         if algorithm is not None and (clash := sorted(set(given) & set(algorithm.publishes))):
             raise VoltRLError(
@@ -174,6 +189,7 @@ class Trainer:
             raise ValueError("stop_at_failure_rate must be in (0, 1], or None never to stop")
         self.algorithm = algorithm or Baseline()
         self.n_runners = n_runners
+        self.runners = runners
         self.store = store
         self.resources = resources
         self.run_dir = Path(run_dir)

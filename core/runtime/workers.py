@@ -134,7 +134,7 @@ class _AgentPickler(cloudpickle.Pickler):
     dispatch_table = ChainMap({types.CodeType: _code_reduce}, cloudpickle.Pickler.dispatch_table)
 
 
-def _pickled(agent: LitAgent) -> bytes:
+def pickled_agent(agent: LitAgent) -> bytes:
     """``agent`` pickled for worker processes (by value when it lives in a script, so they
     never import the script, with its file names and line numbers, so their tracebacks point
     at it), or an :class:`AgentLoadError` naming what cannot be sent."""
@@ -156,7 +156,7 @@ def _pickled(agent: LitAgent) -> bytes:
                 culprits.append(name)
         what = f"it uses {', '.join(culprits)}, which" if culprits else "something it uses"
         raise AgentLoadError(
-            f"the agent cannot be sent to its worker processes: {what} cannot be pickled "
+            f"the agent cannot be sent to its runners: {what} cannot be pickled "
             f"({type(exc).__name__}: {exc}). Create such objects inside the rollout (or "
             "lazily, on first use), or run the workers in this process with inline=True"
         ) from None
@@ -190,7 +190,7 @@ class WorkerPool:
         name: str = "worker",
         llm_keys: Mapping[str, str] | None = None,
     ) -> None:
-        self._blob = _pickled(agent)
+        self._blob = pickled_agent(agent)
         self._llm_keys = dict(llm_keys or {})
         self._url, self._token, self._config = store_url, token, config
         self._n, self._name, self._max_restarts = n, name, max_restarts

@@ -242,21 +242,27 @@ class VERL(Algorithm):
             sampling_parameters=self.sampling,
         )
 
-    def _start_ray_and_tq(self, cfg: Any) -> None:
-        import ray
-        import transfer_queue as tq
+    def ray_init_kwargs(self) -> dict[str, Any]:
+        """``ray.init``'s arguments for verl: ``ray_kwargs.ray_init``, verl's PPO
+        ``runtime_env`` under the one given there, and ``voltrl.ray_address``. Ray runners
+        (``Trainer(runners=RayRunners(...))``) start or join Ray with them, before verl."""
         from omegaconf import OmegaConf
         from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
 
-        if not ray.is_initialized():
-            kwargs = OmegaConf.to_container(cfg.ray_kwargs.get("ray_init", {}), resolve=True)
-            runtime_env = OmegaConf.merge(
-                get_ppo_ray_runtime_env(cfg), kwargs.pop("runtime_env", {})
-            )
-            kwargs["runtime_env"] = OmegaConf.to_container(runtime_env)
-            if self.voltrl.ray_address is not None:
-                kwargs["address"] = self.voltrl.ray_address
-            ray.init(**kwargs)
+        cfg = self.verl_config
+        kwargs = OmegaConf.to_container(cfg.ray_kwargs.get("ray_init", {}), resolve=True)
+        runtime_env = OmegaConf.merge(get_ppo_ray_runtime_env(cfg), kwargs.pop("runtime_env", {}))
+        kwargs["runtime_env"] = OmegaConf.to_container(runtime_env)
+        if self.voltrl.ray_address is not None:
+            kwargs["address"] = self.voltrl.ray_address
+        return kwargs
+
+    def _start_ray_and_tq(self, cfg: Any) -> None:
+        import ray
+        import transfer_queue as tq
+
+        if not ray.is_initialized():  # Ray runners started or joined it already otherwise
+            ray.init(**self.ray_init_kwargs())
             self._started_ray = True
         tq.init(cfg.transfer_queue)
         self._tq = True

@@ -1,0 +1,287 @@
+"""Runner workers as Ray actors (``Trainer(runners=vl.RayRunners(...))``) on a Ray cluster of
+three worker nodes simulated on this machine (``conftest.py``): LocalRL trains through actors
+spread over the nodes; a node removed mid-step loses no rollout and trains none twice; Ctrl-C
+leaves no actor alive; an agent whose module only ``runtime_env`` brings runs, and without it
+fails in one line naming the node and the import; the number of runners follows the work.
+
+The agents here are pickled by value (``register_pickle_by_value``): the nodes of a cluster
+this process joined get no ``sys.path`` of ours, so a test module is not importable there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections import Counter
+
+import cloudpickle
+import pytest
+from openai import AsyncOpenAI
+
+import voltrl as vl
+from voltrl.store.memory import InMemoryStore
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+ROWS = [{"letter": c} for c in "abc"]
+
+
+@vl.rollout
+async def say_letter(task: dict, llm: vl.LLM) -> float:
+    """One chat call, then a second of work: reward 1 when the reply holds the letter."""
+    client = AsyncOpenAI(base_url=llm.endpoint, api_key=llm.api_key, max_retries=0)
+    reply = await client.chat.completions.create(
+        model=llm.model,
+        messages=[{"role": "user", "content": f"Say {task['letter']}."}],
+        **llm.sampling_parameters,
+    )
+    await asyncio.sleep(1.0)
+    return float(task["letter"] in (reply.choices[0].message.content or ""))
+
+
+@vl.rollout
+async def sleeper(task: dict, resources: vl.Resources) -> float:
+    await asyncio.sleep(0.5)
+    return 1.0
+
+
+def local_rl(steps: int = 2) -> vl.LocalRL:
+    from voltrl.models.tiny import build_tiny_model, build_tiny_tokenizer
+
+    tok = build_tiny_tokenizer()
+    return vl.LocalRL(
+        build_tiny_model(tok, seed=0),
+        tokenizer=tok,
+        schedule={"steps": steps, "tasks_per_step": 3, "group_size": 2},
+        sampling={"temperature": 1.0, "max_tokens": 6},
+        seed=0,
+    )
+
+
+def runner_actors(job_id: str | None = None, state: str | None = None) -> list:
+    """The cluster's runner actors (Ray's state API), of one job and in one state if given."""
+    from ray.util.state import list_actors
+
+    filters = [("class_name", "=", "RunnerActor")]
+    filters += [("job_id", "=", job_id)] if job_id else []
+    filters += [("state", "=", state)] if state else []
+    return list_actors(filters=filters, limit=1000, raise_on_missing_output=False)
+
+
+async def attempts_of(store, rollouts) -> list:
+    return [a for r in rollouts for a in await store.get_attempts(r.rollout_id)]
+
+
+async def test_local_rl_runs_every_rollout_on_ray_actors_spread_over_the_nodes(
+    ray_cluster, tmp_path, capsys
+):
+    import ray
+
+    store = InMemoryStore()
+    runners = vl.RayRunners(n=3, resources={"agents": 1})
+    trainer = vl.Trainer(local_rl(), runners=runners, store=store, run_dir=tmp_path, progress=False)
+    result = await trainer.fit_async(say_letter, ROWS)
+    assert result.run.status == "finished"
+    train = [r for r in result.rollouts if r.mode == "train"]
+    assert len(train) == 2 * 3 * 2 and all(r.status == "succeeded" for r in train)
+    # the actors of this run: one on each worker node, as SPREAD places them
+    actors = runner_actors(ray.get_runtime_context().get_job_id())
+    assert len(actors) == 3
+    assert len({a.node_id for a in actors}) == 3
+    # every attempt ran on one of them: its worker id names the actor's node
+    nodes = {a.node_id[:8] for a in actors}
+    for attempt in await attempts_of(store, result.rollouts):
+        name, _, node = attempt.worker_id.partition("@")
+        assert name.startswith("ray-") and node in nodes
+    # the runners reached the run at an address Ray knows this machine by, not loopback
+    address = ray.util.get_node_ip_address()
+    assert f"they reach this run at http://{address}:" in capsys.readouterr().out
+    assert not runner_actors(ray.get_runtime_context().get_job_id(), state="ALIVE")
+
+
+async def test_a_node_removed_mid_step_loses_no_rollout_and_trains_none_twice(
+    ray_cluster, tmp_path
+):
+    """The fourth node, removed while one of its runner's rollouts runs: Ray restarts that
+    runner on another node, the attempt it held expires with its lease and is retried; every
+    rollout succeeds exactly once and each step trains on each of its rollouts once."""
+    import ray
+
+    doomed = ray_cluster.add_node(num_cpus=2, resources={"agents": 2, "doomed": 1})
+    ray_cluster.wait_for_nodes()
+    doomed_id = next(
+        n["NodeID"][:8] for n in ray.nodes() if n["Alive"] and "doomed" in n["Resources"]
+    )
+    store = InMemoryStore()
+    runners = vl.RayRunners(n=4, max_concurrency=2, resources={"agents": 1})
+    trainer = vl.Trainer(
+        local_rl(), runners=runners, store=store, run_dir=tmp_path, progress=False, lease_s=3.0
+    )
+    run = asyncio.create_task(trainer.fit_async(say_letter, ROWS))
+    deadline = time.monotonic() + 120
+    while not run.done():  # until an attempt runs on the doomed node
+        running = await store.query_rollouts(status=["running"])
+        attempts = await attempts_of(store, running)
+        if any(a.worker_id.endswith(doomed_id) and a.status == "running" for a in attempts):
+            break
+        assert time.monotonic() < deadline, "no rollout ran on the fourth node"
+        await asyncio.sleep(0.1)
+    removed_at = time.monotonic()
+    await asyncio.to_thread(ray_cluster.remove_node, doomed)
+    result = await run
+    assert result.run.status == "finished"
+    train = [r for r in result.rollouts if r.mode == "train"]
+    assert len(train) == 12 and all(r.status == "succeeded" for r in train)
+    orphans = 0
+    for r in train:
+        attempts = await store.get_attempts(r.rollout_id)
+        assert [a.status for a in attempts].count("succeeded") == 1
+        assert attempts[-1].attempt_id == r.final_attempt_id
+        if attempts[0].worker_id.endswith(doomed_id) and len(attempts) > 1:
+            orphans += 1
+            assert attempts[0].status in ("expired", "failed")
+            assert not attempts[-1].worker_id.endswith(doomed_id)
+    assert orphans >= 1, "the removed node held no attempt"
+    # each step trained each of its 6 rollouts once: one row each, from its final attempt
+    steps = [m for m in result.metrics if "batch/rollouts" in m]
+    assert [(m["batch/rollouts"], m["batch/rows"]) for m in steps] == [(6, 6), (6, 6)]
+    print(f"node removed: the run ended {time.monotonic() - removed_at:.1f} s later")
+
+
+def test_ctrl_c_of_the_trainer_leaves_no_runner_actor_alive(cluster, tmp_path):
+    import ray
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import asyncio
+            import voltrl as vl
+
+            @vl.rollout
+            async def slow(task, resources):
+                await asyncio.sleep(30)
+                return 1.0
+
+            runners = vl.RayRunners(n=3, address={cluster.address!r})
+            trainer = vl.Trainer(runners=runners, run_dir={str(tmp_path)!r}, progress=False)
+            trainer.dev(slow, [{{"i": i}} for i in range(12)])
+            """
+        )
+    )
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    proc = subprocess.Popen(
+        [sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # the runners are up
+            if "they reach this run" in line:
+                break
+        ray.init(address=cluster.address, log_to_driver=False)
+        deadline = time.monotonic() + 60
+        while len(runner_actors(state="ALIVE")) < 3:
+            assert time.monotonic() < deadline, "the runners did not start"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        rest = proc.communicate(timeout=60)[0]
+        assert proc.returncode != 0 and "KeyboardInterrupt" in rest, rest
+        assert "cancelled 12 unfinished rollouts" in rest and "interrupted" in rest
+        deadline = time.monotonic() + 30
+        while alive := runner_actors(state="ALIVE"):
+            assert time.monotonic() < deadline, f"actors still alive: {alive}"
+            time.sleep(0.2)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        ray.shutdown()
+
+
+AGENT_MODULE = '''
+import voltrl as vl
+from ray_project_tools import score
+
+@vl.rollout
+def project_agent(task, resources):
+    """An agent of the user's project: it uses a module of the project, installed nowhere."""
+    return score(task)
+'''
+TOOLS_MODULE = """
+def score(task):
+    return float(task["x"])
+"""
+
+
+async def test_an_agent_module_reaches_the_nodes_through_runtime_env_and_fails_in_a_line_without(
+    cluster, tmp_path, monkeypatch
+):
+    """The trainer joins the cluster itself: Ray takes a local ``working_dir`` only as the
+    job's ``runtime_env``, which ``ray.init`` sets."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "ray_project_agent.py").write_text(AGENT_MODULE)
+    (project / "ray_project_tools.py").write_text(TOOLS_MODULE)
+    monkeypatch.syspath_prepend(str(project))
+    # the agent's function travels by value; the module it uses, by name: the nodes import it
+    from ray_project_agent import project_agent
+
+    rows = [{"x": 1}, {"x": 0}]
+    runners = vl.RayRunners(n=2, address=cluster.address)
+    trainer = vl.Trainer(runners=runners, run_dir=tmp_path / "runs", progress=False)
+    with pytest.raises(vl.AgentLoadError) as raised:
+        await trainer.dev_async(project_agent, rows)
+    message = str(raised.value)
+    assert "\n" not in message
+    assert "cannot load the agent: ModuleNotFoundError: No module named 'ray_project_tools'" in (
+        message
+    )
+    assert message.startswith("runner ray-") and " on node " in message
+    assert "runtime_env" in message
+
+    runners = vl.RayRunners(n=2, address=cluster.address, runtime_env={"working_dir": str(project)})
+    trainer = vl.Trainer(runners=runners, run_dir=tmp_path / "runs", progress=False)
+    result = await trainer.dev_async(project_agent, rows)
+    assert result.rewards == [1.0, 0.0]
+
+
+async def test_the_runners_follow_the_work_and_scale_between_steps(ray_cluster, tmp_path):
+    """``n`` as a function of the unfinished rollouts: one runner for a small batch, three
+    for a larger one; ``scale`` sets the number between steps too."""
+    import ray
+
+    from voltrl.algorithms.base import Algorithm
+
+    seen: list[int] = []
+
+    class TwoSteps(Algorithm):
+        name = "two_steps"
+
+        async def train(self, ctx, train, val):
+            await ctx.run_rollouts(train[:1], mode="train")
+            seen.append(len(runner_actors(ray.get_runtime_context().get_job_id(), "ALIVE")))
+            await ctx.run_rollouts(train * 3, mode="train")
+            seen.append(len(runner_actors(ray.get_runtime_context().get_job_id(), "ALIVE")))
+            runners.scale(2)  # the newest leaves once its call ends
+            await ctx.run_rollouts(train, mode="train")
+
+    runners = vl.RayRunners(n=lambda backlog: 1 if backlog <= 1 else 3)
+    store = InMemoryStore()
+    trainer = vl.Trainer(TwoSteps(), runners=runners, store=store, run_dir=tmp_path, progress=False)
+    result = await trainer.fit_async(sleeper, [{"i": i} for i in range(4)])
+    assert result.run.status == "finished" and len(result.rollouts) == 1 + 12 + 4
+    assert seen == [1, 3]
+    workers = Counter(
+        a.worker_id.partition("@")[0] for a in await attempts_of(store, result.rollouts)
+    )
+    assert set(workers) <= {"ray-0", "ray-1", "ray-2"}
