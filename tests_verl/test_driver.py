@@ -46,14 +46,38 @@ async def agent(task: dict, resources: vl.Resources) -> list[vl.Transition]:
     ]
 
 
+def verl_settings(model_path: str, rounding: str) -> dict:
+    return {
+        "actor_rollout_ref": {
+            "model": {"path": model_path},
+            "actor": {"ppo_mini_batch_size": 4, "ppo_micro_batch_size_per_gpu": 1},
+            "rollout": {"n": N, "log_prob_micro_batch_size_per_gpu": 1},
+        },
+        "data": {"train_batch_size": 4, "shuffle": False},
+        # old logprobs = the sampling logprobs (no actor forward pass: no GPU here)
+        "algorithm": {"rollout_correction": {"bypass_mode": True}},
+        "trainer": {"n_gpus_per_node": 1, "total_training_steps": 1},
+        "transfer_queue": {"backend": {"SimpleStorage": {"num_data_storage_units": 1}}},
+        # TransferQueue's actors ask for CPUs; this machine has 2
+        "ray_kwargs": {"ray_init": {"num_cpus": 8, "include_dashboard": False}},
+        "reward": {"num_workers": 1},
+        "voltrl": {"rollout_weighting": True, "rounding": rounding},
+    }
+
+
 class DriverProbe(Algorithm):
-    """Runs one training step's driver logic with verl's classes and records what it saw."""
+    """Runs one training step's driver logic with verl's classes and records what it saw.
+    ``ray_runners``: the trainer's runners are Ray actors, which start Ray (with VERL's
+    ``ray.init`` settings) before verl's driver code runs and joins it."""
 
     name = "driver_probe"
 
-    def __init__(self, rounding: str, validate: bool = False) -> None:
-        self.rounding, self.validate = rounding, validate
+    def __init__(self, rounding: str, validate: bool = False, ray_runners: bool = False) -> None:
+        self.rounding, self.validate, self.ray_runners = rounding, validate, ray_runners
         self.seen: dict = {}
+
+    def ray_init_kwargs(self) -> dict:
+        return vl.VERL(verl_settings("/nonexistent/model", self.rounding)).ray_init_kwargs()
 
     async def train(self, ctx, train, val):
         import ray
@@ -67,27 +91,11 @@ class DriverProbe(Algorithm):
 
         tokenizer = build_tiny_tokenizer()
         tokenizer.save_pretrained(ctx.run_dir / "model")  # what verl's reward workers load
-        algo = vl.VERL(
-            {
-                "actor_rollout_ref": {
-                    "model": {"path": str(ctx.run_dir / "model")},
-                    "actor": {"ppo_mini_batch_size": 4, "ppo_micro_batch_size_per_gpu": 1},
-                    "rollout": {"n": N, "log_prob_micro_batch_size_per_gpu": 1},
-                },
-                "data": {"train_batch_size": 4, "shuffle": False},
-                # old logprobs = the sampling logprobs (no actor forward pass: no GPU here)
-                "algorithm": {"rollout_correction": {"bypass_mode": True}},
-                "trainer": {"n_gpus_per_node": 1, "total_training_steps": 1},
-                "transfer_queue": {"backend": {"SimpleStorage": {"num_data_storage_units": 1}}},
-                # TransferQueue's actors ask for CPUs; this machine has 2
-                "ray_kwargs": {"ray_init": {"num_cpus": 8, "include_dashboard": False}},
-                "reward": {"num_workers": 1},
-                "voltrl": {"rollout_weighting": True, "rounding": self.rounding},
-            }
-        )
+        algo = vl.VERL(verl_settings(str(ctx.run_dir / "model"), self.rounding))
         cfg = algo.run_config(ctx, train, val if self.validate else None)
-        assert not ray.is_initialized()
+        assert ray.is_initialized() == self.ray_runners  # the runners started it
         await asyncio.to_thread(algo._start_ray_and_tq, cfg)  # as VERL.train does
+        self.verl_started_ray = algo._started_ray
         try:
             manager = VoltAgentLoopManager(
                 ctx,
@@ -150,16 +158,32 @@ class DriverProbe(Algorithm):
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("rounding", ["drop_zero_variance", "pad"])
 def test_finished_rollouts_become_a_verl_training_step(tmp_path, rounding):
+    """``pad`` also validates, and its rollouts run on a Ray actor (``RayRunners``) on the
+    Ray that verl's code uses; ``drop_zero_variance``'s inline."""
+    import ray
+
+    from voltrl.store.memory import InMemoryStore
+
     _calls.clear()
-    validate = rounding == "pad"  # one of the two runs also validates
-    probe = DriverProbe(rounding, validate=validate)
+    validate = ray_runners = rounding == "pad"
+    probe = DriverProbe(rounding, validate=validate, ray_runners=ray_runners)
     rows = [{"name": name} for name in REWARDS]
-    trainer = vl.Trainer(probe, store="memory", inline=True, progress=False, run_dir=tmp_path)
+    store = InMemoryStore()
+    # one runner: the agent's rollout counter (_calls) lives in it, as inline in this process
+    where = {"runners": vl.RayRunners(n=1)} if ray_runners else {"inline": True}
+    trainer = vl.Trainer(probe, store=store, progress=False, run_dir=tmp_path, **where)
     result = trainer.fit(agent, rows, val_dataset=rows[:2])
     seen = probe.seen
     train_rollouts = [r for r in result.rollouts if r.mode == "train"]
     assert len(train_rollouts) == N * len(rows)
     assert all(r.status == "succeeded" for r in result.rollouts)
+    workers = {
+        a.worker_id for r in result.rollouts for a in asyncio.run(store.get_attempts(r.rollout_id))
+    }
+    assert all(w.startswith("ray-0@" if ray_runners else "inline-") for w in workers), workers
+    # verl's code joined the runners' Ray (it started none); the run's end stopped it
+    assert probe.verl_started_ray is not ray_runners
+    assert not ray.is_initialized()
     if validate:
         # verl's _validate: our manager ran 2 rollouts per validation task through the
         # runner, verl's replay buffer sampled them from the "val" partition, verl decoded
@@ -170,7 +194,7 @@ def test_finished_rollouts_become_a_verl_training_step(tmp_path, rounding):
         assert any(k.startswith("val-core/voltrl/") for k in val), sorted(val)
     # every rollout's rows reached verl: 1 + 2 + 3 rows per task, 4 tasks
     assert seen["sampled"] == 24 and seen["stats"]["rows"] == 24
-    assert seen["ray_after_teardown"] is False
+    assert seen["ray_after_teardown"] is ray_runners  # the runners' Ray ends with the run
     assert seen["stats"]["rollouts"] == 12
     t1 = next(r.task.task_id for r in train_rollouts if r.task.input["name"] == "t1")
     flat = [i for i, t in enumerate(seen["tasks"]) if t == t1]
