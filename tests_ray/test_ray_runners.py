@@ -285,3 +285,41 @@ async def test_the_runners_follow_the_work_and_scale_between_steps(ray_cluster, 
         a.worker_id.partition("@")[0] for a in await attempts_of(store, result.rollouts)
     )
     assert set(workers) <= {"ray-0", "ray-1", "ray-2"}
+
+
+TRAIN_AGENT = """
+import voltrl as vl
+
+@vl.rollout
+def agent(task, resources):
+    return float(task["x"])
+"""
+
+
+def test_voltrl_train_runs_its_runners_on_the_cluster_given_by_ray_address(cluster, tmp_path):
+    """``voltrl train CONFIG --ray-address ADDRESS``: the config's ``trainer.runners.ray``
+    settings with that address; the run's ``train.yaml`` records them."""
+    import yaml
+
+    from voltrl.cli import main
+
+    (tmp_path / "ray_train_agent.py").write_text(TRAIN_AGENT)
+    (tmp_path / "train.jsonl").write_text('{"x": 1}\n{"x": 0}\n{"x": 1}\n')
+    config = {
+        "agent": f"{tmp_path / 'ray_train_agent.py'}:agent",
+        "data": {"train": str(tmp_path / "train.jsonl")},
+        "algorithm": {"name": "baseline"},
+        "trainer": {
+            "runners": {"ray": {"n": 2, "resources": {"agents": 1}}},
+            "run_dir": str(tmp_path / "runs"),
+            "name": "on-ray",
+            "progress": False,
+        },
+    }
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert main(["train", str(path), "--ray-address", cluster.address]) == 0
+    recorded = yaml.safe_load((tmp_path / "runs" / "on-ray" / "train.yaml").read_text())
+    ray = recorded["trainer"]["runners"]["ray"]
+    assert ray["n"] == 2 and ray["address"] == cluster.address
+    assert ray["resources"] == {"agents": 1}
