@@ -32,7 +32,7 @@ VERL_VERSION := 0.9.1
 AS_VENV := .venv-agentscope
 AS_PY   := $(AS_VENV)/bin/python
 
-.PHONY: test test-main test-quick stress test-envs system-deps test-verl test-vllm test-agentscope test-real docs docs-serve demo demo-seeds demo-real learn dist lint format clean postgres chromium bench-peer-store bench-dashboard bench-lora-adapters bench-lora-learning
+.PHONY: test test-main test-quick stress test-envs system-deps test-verl test-vllm test-agentscope test-real docs docs-serve demo demo-seeds demo-real learn dist lint format clean postgres chromium bench-peer-store bench-dashboard bench-lora-adapters bench-lora-learning bench-ray
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -111,6 +111,12 @@ bench-lora-adapters: $(VENV)/.test-deps
 ## adapter vs full fine-tuning, from one SFT warm-up per seed (SEEDS="0 1 2"; ~35 min a seed)
 bench-lora-learning: $(VENV)/.test-deps
 	$(RUN) $(PY) benchmarks/lora_adapters_learning.py --seeds $(SEEDS) --rl-steps 20 --evaluate 8
+
+## make bench-ray: Ray runners (actors on simulated Ray nodes) vs this machine's worker processes
+## at 1, 4, 16 and 64 runners: rollouts/s, claim-to-start p50/p99, and a node removed mid-run
+## (~10 minutes; in .venv-verl, which has Ray)
+bench-ray: $(VERL_VENV)/.deps-$(VERL_VERSION)
+	$(RUN) $(VERL_PY) benchmarks/ray_runners.py
 
 ## make bench-peer-store: our store server against agentlightning 0.3.0's in the peer harness
 ## (../shared/bench/peer), rollouts/s at 1, 8 and 32 workers and server memory (~5 minutes)
