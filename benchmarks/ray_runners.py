@@ -6,12 +6,14 @@ pools have equal concurrency) and each agent (``none``: returns at once, no LLM 
 (``WorkerPool``, the baseline) and with ``runners=RayRunners(n=N)`` actors spread over the
 cluster's worker nodes. From the store's records it reports:
 
-- rollouts/s: rollouts over the time from the first claim to the last report (the pools'
-  start-up is left out: it is paid once a run);
+- rollouts/s: rollouts over the time from the first claim to the last report, once every
+  runner has claimed a warm-up rollout (the pools' start-up is paid once a run, and left out);
 - claim-to-start p50/p99: from an attempt's claim (the store's clock) to the agent's first
   line (a span it opens), in ms;
 - the ratio Ray / local of each, and Ray's overhead per rollout in ms
-  (1/throughput_ray - 1/throughput_local, times N).
+  (1/throughput_ray - 1/throughput_local, times N);
+- idle CPU: the machine's CPU use while the warmed-up runners wait for work (their upkeep,
+  which the store server competes with once the CPUs are few).
 
 Then a node is removed while its runner's 1 s sleepers run (``--lease`` seconds leases): the
 time from the removal to the start of the last orphaned attempt's retry, against the lease.
@@ -32,6 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
+
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 import voltrl as vl
@@ -41,6 +45,8 @@ from voltrl.store.memory import InMemoryStore
 @vl.rollout
 async def none(task: dict, resources: vl.Resources) -> float:
     """Returns at once (no LLM call): the runners' own cost per rollout."""
+    if task.get("warm"):
+        await asyncio.sleep(0.2)  # long enough for every runner to claim one
     with vl.span("agent"):
         return 1.0
 
@@ -49,7 +55,7 @@ async def none(task: dict, resources: vl.Resources) -> float:
 async def sleep(task: dict, resources: vl.Resources) -> float:
     """Sleeps a second, as an agent waiting on a tool or a model would."""
     with vl.span("agent"):
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(0.2 if task.get("warm") else 1.0)
         return 1.0
 
 
@@ -61,32 +67,63 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-async def measure(trainer: vl.Trainer, store: InMemoryStore, agent, n_rollouts: int) -> dict:
-    result = await trainer.dev_async(agent, [{"i": i} for i in range(n_rollouts)])
-    assert all(r.status == "succeeded" for r in result.rollouts), "a rollout failed"
+class Measured(vl.Algorithm):
+    """Warms every runner up (rounds of short rollouts until each runner has claimed one:
+    start-up is paid once a run, and is left out), then runs ``count`` rollouts of
+    ``agent``'s kind and keeps them."""
+
+    name = "measured"
+
+    def __init__(self, runners: int, count: int) -> None:
+        self.runners, self.count = runners, count
+        self.rollouts: list[vl.Rollout] = []
+        self.idle_cpu = 0.0
+
+    async def train(self, ctx, train, val) -> None:
+        seen: set[str] = set()
+        deadline = time.monotonic() + 600
+        while len(seen) < self.runners:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"only {len(seen)} of {self.runners} runners claimed")
+            warm = [vl.Task(input={"warm": True}) for _ in range(self.runners)]
+            for r in await ctx.run_rollouts(warm, mode="train", desc="warm-up"):
+                seen.add((await ctx.store.get_attempts(r.rollout_id))[-1].worker_id)
+        # the machine's CPU while the runners wait for work (their own upkeep)
+        self.idle_cpu = await asyncio.to_thread(psutil.cpu_percent, 5.0)
+        tasks = [vl.Task(input={"i": i}) for i in range(self.count)]
+        self.rollouts = await ctx.run_rollouts(tasks, mode="train")
+
+
+async def measure(run_dir: Path, ray: bool, agent, n: int, count: int) -> dict:
+    """``count`` rollouts of ``agent`` on ``n`` runners, Ray actors or local processes."""
+    algorithm, store = Measured(n, count), InMemoryStore()
+    where = {"runners": vl.RayRunners(n=n, num_cpus=0.5)} if ray else {"n_runners": n}
+    trainer = vl.Trainer(
+        algorithm, store=store, run_dir=run_dir, progress=False, max_concurrency=1, **where
+    )
+    await trainer.fit_async(agent, [{"i": 0}])
+    rollouts = algorithm.rollouts
+    assert all(r.status == "succeeded" for r in rollouts), "a rollout failed"
     starts, ends, waits = [], [], []
-    for r in result.rollouts:
+    for r in rollouts:
         attempt = (await store.get_attempts(r.rollout_id))[-1]
         span = next(s for s in await store.get_spans(r.rollout_id) if s.name == "agent")
         starts.append(attempt.started_at)
         ends.append(attempt.finished_at)
         waits.append((span.start_time - attempt.started_at) * 1000)
     return {
-        "rate": n_rollouts / (max(ends) - min(starts)),
+        "rate": count / (max(ends) - min(starts)),
         "p50": percentile(waits, 0.5),
         "p99": percentile(waits, 0.99),
+        "idle_cpu": algorithm.idle_cpu,
     }
-
-
-def trainer(store, run_dir: Path, runners: int, ray: bool) -> vl.Trainer:
-    where = {"runners": vl.RayRunners(n=runners, num_cpus=0.5)} if ray else {"n_runners": runners}
-    return vl.Trainer(store=store, run_dir=run_dir, progress=False, max_concurrency=1, **where)
 
 
 async def compare(cluster, runners: list[int], agents: list[str], run_dir: Path) -> None:
     import ray
 
-    print(f"{'agent':>6} {'N':>3} {'pool':>6} {'rollouts/s':>11} {'p50 ms':>8} {'p99 ms':>8}")
+    head = f"{'agent':>6} {'N':>3} {'pool':>6} {'rollouts/s':>11} {'p50 ms':>8} {'p99 ms':>8}"
+    print(f"{head} {'idle CPU':>9}")
     for name in agents:
         for n in runners:
             count = 2 * n if name == "sleep" else max(200, 10 * n)
@@ -94,17 +131,15 @@ async def compare(cluster, runners: list[int], agents: list[str], run_dir: Path)
             for pool in ("local", "ray"):
                 if pool == "ray":
                     ray.init(address=cluster.address, log_to_driver=False)
-                store = InMemoryStore()
                 try:
-                    t = trainer(store, run_dir, n, pool == "ray")
-                    seen[pool] = await measure(t, store, AGENTS[name], count)
+                    seen[pool] = await measure(run_dir, pool == "ray", AGENTS[name], n, count)
                 finally:
                     if pool == "ray":
                         ray.shutdown()
                 m = seen[pool]
                 print(
                     f"{name:>6} {n:>3} {pool:>6} {m['rate']:>11.1f} {m['p50']:>8.1f} "
-                    f"{m['p99']:>8.1f}",
+                    f"{m['p99']:>8.1f} {m['idle_cpu']:>8.0f}%",
                     flush=True,
                 )
             local, on_ray = seen["local"], seen["ray"]

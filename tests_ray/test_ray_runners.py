@@ -35,14 +35,15 @@ ROWS = [{"letter": c} for c in "abc"]
 
 @vl.rollout
 async def say_letter(task: dict, llm: vl.LLM) -> float:
-    """One chat call, then a second of work: reward 1 when the reply holds the letter."""
+    """One chat call, then ``hold`` seconds of work (1 by default): reward 1 when the reply
+    holds the letter."""
     client = AsyncOpenAI(base_url=llm.endpoint, api_key=llm.api_key, max_retries=0)
     reply = await client.chat.completions.create(
         model=llm.model,
         messages=[{"role": "user", "content": f"Say {task['letter']}."}],
         **llm.sampling_parameters,
     )
-    await asyncio.sleep(1.0)
+    await asyncio.sleep(task.get("hold", 1.0))
     return float(task["letter"] in (reply.choices[0].message.content or ""))
 
 
@@ -124,7 +125,9 @@ async def test_a_node_removed_mid_step_loses_no_rollout_and_trains_none_twice(
     trainer = vl.Trainer(
         local_rl(), runners=runners, store=store, run_dir=tmp_path, progress=False, lease_s=3.0
     )
-    run = asyncio.create_task(trainer.fit_async(say_letter, ROWS))
+    # 4 s of work a rollout: the attempt seen running is still running when its node goes
+    rows = [{**row, "hold": 4.0} for row in ROWS]
+    run = asyncio.create_task(trainer.fit_async(say_letter, rows))
     deadline = time.monotonic() + 120
     while not run.done():  # until an attempt runs on the doomed node
         running = await store.query_rollouts(status=["running"])
@@ -290,15 +293,19 @@ async def test_the_runners_follow_the_work_and_scale_between_steps(ray_cluster, 
 TRAIN_AGENT = """
 import voltrl as vl
 
+def score(task):
+    return float(task["x"])
+
 @vl.rollout
 def agent(task, resources):
-    return float(task["x"])
+    return score(task)
 """
 
 
 def test_voltrl_train_runs_its_runners_on_the_cluster_given_by_ray_address(cluster, tmp_path):
     """``voltrl train CONFIG --ray-address ADDRESS``: the config's ``trainer.runners.ray``
-    settings with that address; the run's ``train.yaml`` records them."""
+    settings with that address; the agent's file travels with it (the nodes could not import
+    it: ``score`` is the file's); the run's ``train.yaml`` records the settings."""
     import yaml
 
     from voltrl.cli import main

@@ -27,7 +27,7 @@ import os
 import sys
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from voltrl.agent import LitAgent
@@ -267,10 +267,11 @@ class RayRunnerPool:
         from voltrl.runtime.workers import pickled_agent
 
         self.runners = runners
+        self._actor = ray.remote(RunnerActor)
         self._blob = ray.put(pickled_agent(agent))
         self._url, self._token = store_url, token
         if runners.max_concurrency is not None:
-            config = RunnerConfig(**{**vars(config), "max_concurrency": runners.max_concurrency})
+            config = replace(config, max_concurrency=runners.max_concurrency)
         self.config = config
         self._llm_keys = dict(llm_keys or {})
         self._sys_path = list(sys.path) if local else []
@@ -287,8 +288,6 @@ class RayRunnerPool:
     # ---- starting and scaling ------------------------------------------------------------
     def _spawn(self) -> None:
         """Start one runner (the caller holds the lock)."""
-        import ray
-
         r = self.runners
         options: dict[str, Any] = {
             "num_cpus": r.num_cpus,
@@ -303,7 +302,7 @@ class RayRunnerPool:
         worker_id = f"ray-{self._next}"
         self._next += 1
         try:
-            handle = ray.remote(RunnerActor).options(**options).remote()
+            handle = self._actor.options(**options).remote()
         except ValueError as exc:  # Ray's refusal of local directories in an actor's env
             raise VoltRLError(
                 f"RayRunners.runtime_env: {exc} This process was connected to Ray before the "
