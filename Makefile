@@ -216,8 +216,10 @@ $(VERL_VENV)/.deps-$(VERL_VERSION): pyproject.toml | $(VERL_PY)
 ## make test-verl: the VERL integration against the real verl package on this CPU (tests_verl/),
 ## and the Ray runners on a Ray cluster of simulated nodes (tests_ray/): this environment has Ray
 TEST_WORKERS_VERL ?= $(TEST_WORKERS)
+# tests_ray/ runs after, in one process: its tests share one simulated Ray cluster
 test-verl: $(VERL_VENV)/.deps-$(VERL_VERSION)
-	$(RUN) $(VERL_PY) -m pytest -q -n $(TEST_WORKERS_VERL) --dist worksteal tests_verl tests_ray
+	rc=0; $(RUN) $(VERL_PY) -m pytest -q -n $(TEST_WORKERS_VERL) --dist worksteal tests_verl \
+		|| rc=1; $(RUN) $(VERL_PY) -m pytest -q -p no:xdist tests_ray || rc=1; exit $$rc
 
 # The store tests start a PostgreSQL server of their own (tests/pg.py: initdb into a temporary
 # directory) and need only its binaries, initdb and pg_ctl. PG_BINDIR=DIR points them at

@@ -188,6 +188,8 @@ async def node_removal(cluster, run_dir: Path, lease_s: float) -> None:
             if attempts[0].worker_id.endswith(doomed_id) and len(attempts) > 1:
                 retried.append(attempts[-1].started_at)
         assert all(r.status == "succeeded" for r in result.rollouts)
+        if not retried:
+            raise SystemExit("the removed node's attempts all ended before it went: run again")
         print(
             f"node removed with {len(held)} attempt(s) running on it: {len(retried)} orphaned "
             f"rollout(s) retried, the last {max(retried) - removed_at:.1f} s after the removal "

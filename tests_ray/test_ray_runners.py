@@ -4,6 +4,13 @@ spread over the nodes; a node removed mid-step loses no rollout and trains none 
 leaves no actor alive; an agent whose module only ``runtime_env`` brings runs, and without it
 fails in one line naming the node and the import; the number of runners follows the work.
 
+The cluster (Ray's own ``ray.cluster_utils.Cluster``, as Ray's tests use it): a head node with
+no CPUs, so that every runner lands on a worker node, and three worker nodes of 2 CPUs, each
+with 2 of the custom resource ``agents``. It lives for this module (about 15 s to start); each
+test connects to it (``ray_cluster``) and disconnects at its end, so a test elsewhere that
+starts a Ray of its own finds none. These tests run in ``.venv-verl``, which has Ray, beside
+``tests_verl/`` (whose ``conftest`` module name they leave alone: no conftest here).
+
 The agents here are pickled by value (``register_pickle_by_value``): the nodes of a cluster
 this process joined get no ``sys.path`` of ours, so a test module is not importable there.
 """
@@ -17,7 +24,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections import Counter
+from collections.abc import Iterator
 
 import cloudpickle
 import pytest
@@ -27,6 +34,40 @@ import voltrl as vl
 from voltrl.store.memory import InMemoryStore
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[object]:
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(
+        initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": True}
+    )
+    try:
+        for _ in range(3):
+            cluster.add_node(num_cpus=2, resources={"agents": 2})
+        cluster.wait_for_nodes()
+        # a plain ray.init elsewhere (VERL's) starts a Ray of its own, not this one
+        from ray._common.utils import reset_ray_address
+
+        reset_ray_address()
+        yield cluster
+    finally:
+        cluster.shutdown()
+
+
+@pytest.fixture
+def ray_cluster(cluster) -> Iterator[object]:
+    """The module's cluster, this process connected to it for the test."""
+    import ray
+
+    ray.init(address=cluster.address, log_to_driver=False)
+    try:
+        yield cluster
+    finally:
+        ray.shutdown()
+
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -101,29 +142,48 @@ async def test_local_rl_runs_every_rollout_on_ray_actors_spread_over_the_nodes(
     for attempt in await attempts_of(store, result.rollouts):
         name, _, node = attempt.worker_id.partition("@")
         assert name.startswith("ray-") and node in nodes
-    # the runners reached the run at an address Ray knows this machine by, not loopback
-    address = ray.util.get_node_ip_address()
-    assert f"they reach this run at http://{address}:" in capsys.readouterr().out
-    assert not runner_actors(ray.get_runtime_context().get_job_id(), state="ALIVE")
+    # the runners reached the run at the address Ray knows this machine by (the trainer
+    # joined this cluster: its nodes may be other machines), not at loopback
+    out = capsys.readouterr().out
+    assert f"they reach this run at http://{ray.util.get_node_ip_address()}:" in out
+    assert "http://127.0.0.1:" not in out
+    deadline = time.monotonic() + 30  # the run's end killed them (Ray marks them soon after)
+    while runner_actors(ray.get_runtime_context().get_job_id(), state="ALIVE"):
+        assert time.monotonic() < deadline, "runner actors alive after the run"
+        time.sleep(0.2)
+
+
+@pytest.fixture
+def fourth_node(ray_cluster) -> Iterator[tuple[object, str]]:
+    """A fourth worker node (and its node id's first 8 characters), removed at the end if the
+    test did not remove it: the module's later tests get the three nodes."""
+    import ray
+
+    node = ray_cluster.add_node(num_cpus=2, resources={"agents": 2, "doomed": 1})
+    ray_cluster.wait_for_nodes()
+    node_id = next(
+        n["NodeID"][:8] for n in ray.nodes() if n["Alive"] and "doomed" in n["Resources"]
+    )
+    try:
+        yield node, node_id
+    finally:
+        if node in ray_cluster.worker_nodes:
+            ray_cluster.remove_node(node)
 
 
 async def test_a_node_removed_mid_step_loses_no_rollout_and_trains_none_twice(
-    ray_cluster, tmp_path
+    ray_cluster, fourth_node, tmp_path
 ):
     """The fourth node, removed while one of its runner's rollouts runs: Ray restarts that
     runner on another node, the attempt it held expires with its lease and is retried; every
     rollout succeeds exactly once and each step trains on each of its rollouts once."""
-    import ray
 
-    doomed = ray_cluster.add_node(num_cpus=2, resources={"agents": 2, "doomed": 1})
-    ray_cluster.wait_for_nodes()
-    doomed_id = next(
-        n["NodeID"][:8] for n in ray.nodes() if n["Alive"] and "doomed" in n["Resources"]
-    )
+    doomed, doomed_id = fourth_node
     store = InMemoryStore()
-    runners = vl.RayRunners(n=4, max_concurrency=2, resources={"agents": 1})
+    # one rollout a runner: the 6 of a step keep all four busy, the doomed node's too
+    runners = vl.RayRunners(n=4, max_concurrency=1, resources={"agents": 1})
     trainer = vl.Trainer(
-        local_rl(), runners=runners, store=store, run_dir=tmp_path, progress=False, lease_s=3.0
+        local_rl(), runners=runners, store=store, run_dir=tmp_path, progress=False, lease_s=8.0
     )
     # 4 s of work a rollout: the attempt seen running is still running when its node goes
     rows = [{**row, "hold": 4.0} for row in ROWS]
@@ -267,27 +327,39 @@ async def test_the_runners_follow_the_work_and_scale_between_steps(ray_cluster, 
 
     seen: list[int] = []
 
+    async def actors_reaching(n: int) -> int:
+        """How many runner actors this run has asked Ray for (any state but dead), polled
+        until it is ``n`` (Ray registers a new actor a moment after it is asked for) or 60 s
+        have passed."""
+        job = ray.get_runtime_context().get_job_id()
+        deadline = time.monotonic() + 60
+        while True:
+            actors = await asyncio.to_thread(runner_actors, job)
+            count = sum(a.state != "DEAD" for a in actors)
+            if count == n or time.monotonic() > deadline:
+                return count
+            await asyncio.sleep(0.2)
+
     class TwoSteps(Algorithm):
         name = "two_steps"
 
         async def train(self, ctx, train, val):
             await ctx.run_rollouts(train[:1], mode="train")
-            seen.append(len(runner_actors(ray.get_runtime_context().get_job_id(), "ALIVE")))
+            seen.append(await actors_reaching(1))
             await ctx.run_rollouts(train * 3, mode="train")
-            seen.append(len(runner_actors(ray.get_runtime_context().get_job_id(), "ALIVE")))
+            seen.append(await actors_reaching(3))
             runners.scale(2)  # the newest leaves once its call ends
             await ctx.run_rollouts(train, mode="train")
+            seen.append(await actors_reaching(2))
 
     runners = vl.RayRunners(n=lambda backlog: 1 if backlog <= 1 else 3)
     store = InMemoryStore()
     trainer = vl.Trainer(TwoSteps(), runners=runners, store=store, run_dir=tmp_path, progress=False)
     result = await trainer.fit_async(sleeper, [{"i": i} for i in range(4)])
     assert result.run.status == "finished" and len(result.rollouts) == 1 + 12 + 4
-    assert seen == [1, 3]
-    workers = Counter(
-        a.worker_id.partition("@")[0] for a in await attempts_of(store, result.rollouts)
-    )
-    assert set(workers) <= {"ray-0", "ray-1", "ray-2"}
+    assert seen == [1, 3, 2]  # one, three, then the newest left
+    first = (await store.get_attempts(result.rollouts[0].rollout_id))[-1]
+    assert first.worker_id.startswith("ray-0@")  # the first batch's one runner
 
 
 TRAIN_AGENT = """
@@ -302,10 +374,12 @@ def agent(task, resources):
 """
 
 
-def test_voltrl_train_runs_its_runners_on_the_cluster_given_by_ray_address(cluster, tmp_path):
+def test_voltrl_train_runs_its_runners_on_the_cluster_given_by_ray_address(
+    cluster, tmp_path, monkeypatch
+):
     """``voltrl train CONFIG --ray-address ADDRESS``: the config's ``trainer.runners.ray``
-    settings with that address; the agent's file travels with it (the nodes could not import
-    it: ``score`` is the file's); the run's ``train.yaml`` records the settings."""
+    settings with that address, its ``runtime_env`` bringing the agent's file to the nodes
+    (its helper ``score`` travels by name); the run's ``train.yaml`` records the settings."""
     import yaml
 
     from voltrl.cli import main
@@ -317,7 +391,10 @@ def test_voltrl_train_runs_its_runners_on_the_cluster_given_by_ray_address(clust
         "data": {"train": str(tmp_path / "train.jsonl")},
         "algorithm": {"name": "baseline"},
         "trainer": {
-            "runners": {"ray": {"n": 2, "resources": {"agents": 1}}},
+            # the agent's file uses a helper of its own (by name): working_dir brings it
+            "runners": {
+                "ray": {"n": 2, "resources": {"agents": 1}, "runtime_env": {"working_dir": "."}}
+            },
             "run_dir": str(tmp_path / "runs"),
             "name": "on-ray",
             "progress": False,
@@ -325,6 +402,7 @@ def test_voltrl_train_runs_its_runners_on_the_cluster_given_by_ray_address(clust
     }
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config))
+    monkeypatch.chdir(tmp_path)  # the project's directory: working_dir "."
     assert main(["train", str(path), "--ray-address", cluster.address]) == 0
     recorded = yaml.safe_load((tmp_path / "runs" / "on-ray" / "train.yaml").read_text())
     ray = recorded["trainer"]["runners"]["ray"]

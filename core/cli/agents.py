@@ -8,8 +8,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import cloudpickle
-
 from voltrl.errors import AgentLoadError
 
 
@@ -41,9 +39,6 @@ def load_agent(spec: str) -> Any:
             )
         except Exception as exc:
             raise AgentLoadError(f"importing {path} failed: {type(exc).__name__}: {exc}") from exc
-        # a file is no package the runners could import: its code travels with the agent
-        # (Ray runners on other machines; the modules it imports still travel by name)
-        cloudpickle.register_pickle_by_value(module)
     else:
         sys.path.insert(0, str(Path.cwd()))
         try:

@@ -26,6 +26,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -57,15 +58,16 @@ class RayRunners:
             work. :meth:`scale` changes it during a run.
         address: the cluster: ``"auto"`` (the one ``ray start`` runs on this machine), an
             address ``host:6379`` or a ``ray://host:10001`` URL; None: the Ray this process is
-            already connected to, else one started on this machine for the run (and stopped
-            after it).
+            already connected to, else ``$RAY_ADDRESS``, else a Ray started on this machine
+            for the run (and stopped after it).
         max_concurrency: rollouts in flight per runner (default: the trainer's).
         num_cpus: CPUs each runner holds on its node (what Ray places by).
         resources: custom Ray resources each runner holds (``{"agents": 1}`` puts runners on
             the nodes started with ``--resources '{"agents": 8}'``).
-        runtime_env: each runner's Ray ``runtime_env``: ``{"working_dir": "."}`` sends your
+        runtime_env: the runners' Ray ``runtime_env``: ``{"working_dir": "."}`` sends your
             project to every node (the agent's modules import there), ``py_modules``, ``pip``,
-            ``env_vars``...
+            ``env_vars``... When the trainer connects to Ray it is the job's (Ray takes local
+            directories only there), so the run's other Ray workers (VERL's) get it too.
         strategy: where runners go: ``"SPREAD"`` (default: over the nodes), ``"DEFAULT"``
             (Ray's packing), or a ``ray.util.scheduling_strategies`` object.
         max_restarts: how many times Ray restarts a runner whose process or node died (on
@@ -138,8 +140,9 @@ class RayRunners:
         return max(1, n)
 
     def scale(self, n: int) -> None:
-        """Run ``n`` runners from now on: new ones start, extra ones stop claiming, finish
-        their rollouts and leave (safe from any thread, during a run or before it)."""
+        """Run ``n`` runners from now on (a function ``n`` is replaced): new ones start, extra
+        ones stop claiming, finish their rollouts and leave (safe from any thread, during a
+        run or before it)."""
         if n < 1:
             raise ValueError("RayRunners.scale: n must be >= 1")
         self.n = n
@@ -174,13 +177,15 @@ def connect(runners: RayRunners, ray_init: Mapping[str, Any]) -> tuple[bool, boo
     quiet = _Without("SIGTERM handler is not set")  # ours is set: Ray's would replace it
     logging.getLogger("ray._private.worker").addFilter(quiet)
     try:
-        if address is None:
+        if address is None:  # "local": a new Ray, not one ray start left running here
             kwargs.setdefault("include_dashboard", False)
-            ray.init(**kwargs)
+            ray.init(address="local", **kwargs)
             return True, True
         ray.init(address=address, **kwargs)
     except ConnectionError as exc:
         raise VoltRLError(f"cannot reach the Ray cluster at {address!r}: {exc}") from None
+    except ValueError as exc:  # e.g. a runtime_env that the job's own one contradicts
+        raise VoltRLError(f"cannot join the Ray cluster at {address!r}: {exc}") from None
     finally:
         logging.getLogger("ray._private.worker").removeFilter(quiet)
     return True, False
@@ -237,8 +242,16 @@ class _Runner:
 
     handle: Any
     ref: Any
-    leaving: bool = False
-    """Asked to stop by :meth:`RayRunnerPool.scale` (it is dropped once its call ends)."""
+    leave_by: float | None = None
+    """When a runner asked to leave (:meth:`RayRunnerPool.scale`) is killed if its call has
+    not ended (``time.monotonic()``); None: staying."""
+
+    @property
+    def leaving(self) -> bool:
+        return self.leave_by is not None
+
+    def overdue(self) -> bool:
+        return self.leave_by is not None and time.monotonic() > self.leave_by
 
 
 class RayRunnerPool:
@@ -282,6 +295,7 @@ class RayRunnerPool:
         """Why runners were dropped for good, each a one-line error."""
         self._lock = threading.Lock()
         self._stopping = False
+        self._stop_event = threading.Event()  # set with _stopping: wakes the supervisor
         self._next = 0
         self._supervisor: threading.Thread | None = None
 
@@ -321,7 +335,10 @@ class RayRunnerPool:
         self.actors[worker_id] = _Runner(handle, ref)
 
     def start(self) -> None:
-        """Start the runners and the supervisor thread."""
+        """Start the runners and the supervisor thread; warn when no node of the cluster can
+        hold a runner (they wait until one joins: a typo in ``resources``, or an autoscaler
+        yet to add the node)."""
+        _warn_if_unplaceable(self.runners)
         with self._lock:
             for _ in range(self.runners.wanted(0)):
                 self._spawn()
@@ -339,20 +356,23 @@ class RayRunnerPool:
             staying = [wid for wid, a in self.actors.items() if not a.leaving]
             for _ in range(n - len(staying)):
                 self._spawn()
+            grace = self.config.grace_s + 10.0  # as stop() gives them
             for wid in staying[n:] if n < len(staying) else []:
-                self.actors[wid].leaving = True
+                self.actors[wid].leave_by = time.monotonic() + grace
                 self.actors[wid].handle.stop.remote()
         log.info("Ray runners: %d wanted", n)
 
     def demand(self, backlog: int) -> None:
-        """Scale to what :attr:`RayRunners.n` wants for ``backlog`` unfinished rollouts (a
-        function ``n`` only)."""
-        if callable(self.runners.n):
+        """Scale to what :attr:`RayRunners.n` (a function) wants for ``backlog`` unfinished
+        rollouts; an error of that function is logged, and the runners stay as they are."""
+        try:
             self.scale(self.runners.wanted(backlog))
+        except Exception:
+            log.exception("RayRunners: n(%d) failed; the runners stay as they are", backlog)
 
     @property
     def alive(self) -> int:
-        """How many runners there are (a restarting one counts)."""
+        """How many runners there are: running, restarting, waiting to be placed or leaving."""
         with self._lock:
             return len(self.actors)
 
@@ -368,30 +388,32 @@ class RayRunnerPool:
 
     # ---- supervision ---------------------------------------------------------------------
     def _supervise(self) -> None:
-        """Wait on every runner's ``run`` call; handle each that ends (:meth:`_ended`)."""
+        """Wait on every runner's ``run`` call; handle each that ends (:meth:`_ended`), and
+        kill a leaving runner that outstays its grace (one restarted since it was asked to
+        leave, say). An error here is logged and the watch goes on: a supervisor that died
+        would leave a run waiting on runners nobody replaces."""
         import ray
 
-        while True:
-            with self._lock:
-                if self._stopping:
-                    return
-                refs = {a.ref: wid for wid, a in self.actors.items()}
-            if not refs:
-                if self._wait_stopping(0.5):
-                    return
-                continue
-            done, _ = ray.wait(list(refs), num_returns=1, timeout=0.5)
-            for ref in done:
-                self._ended(refs[ref], ref)
-
-    def _wait_stopping(self, seconds: float) -> bool:
-        threading.Event().wait(seconds)
-        with self._lock:
-            return self._stopping
+        while not self._stop_event.is_set():
+            try:
+                with self._lock:
+                    refs = {a.ref: wid for wid, a in self.actors.items()}
+                    overdue = [a for a in self.actors.values() if a.overdue()]
+                for runner in overdue:
+                    ray.kill(runner.handle, no_restart=True)
+                if not refs:
+                    self._stop_event.wait(0.5)
+                    continue
+                done, _ = ray.wait(list(refs), num_returns=1, timeout=0.5)
+                for ref in done:
+                    self._ended(refs[ref], ref)
+            except Exception:
+                log.exception("Ray runners: the supervisor hit an error; watching on")
+                self._stop_event.wait(0.5)
 
     def _ended(self, wid: str, ref: Any) -> None:
         """``wid``'s ``run`` call ended: replace a runner that retired to shed threads, drop
-        one that left or failed for good (saying why)."""
+        one that left or failed for good (saying why, in one line)."""
         import ray
         from ray.exceptions import RayActorError, RayTaskError
 
@@ -400,14 +422,25 @@ class RayRunnerPool:
             outcome = ray.get(ref)
         except RayTaskError as exc:
             cause = getattr(exc, "cause", None)
-            error = cause if isinstance(cause, VoltRLError) else VoltRLError(_first_line(exc))
+            if isinstance(cause, VoltRLError):
+                error = cause
+            else:
+                why = f"{type(cause).__name__}: {cause}" if cause else _one_line(exc)
+                error = VoltRLError(f"runner {wid} failed: {why}")
         except RayActorError as exc:
-            error = VoltRLError(f"runner {wid}: its actor died for good ({_first_line(exc)})")
+            error = VoltRLError(f"runner {wid}: its actor died for good: {_one_line(exc)}")
+        except Exception as exc:  # Ray's others: unschedulable, runtime env setup failed...
+            error = VoltRLError(f"runner {wid}: {type(exc).__name__}: {_one_line(exc)}")
         with self._lock:
             if self._stopping or self.actors.get(wid) is None or self.actors[wid].ref != ref:
                 return
             runner = self.actors.pop(wid)
-            if error is None and outcome == "recycle":
+            if runner.leaving:
+                pass  # asked to leave (scale): gone, as wanted
+            elif error is not None:
+                self.errors.append(error)
+                log.error("%s", error)
+            elif outcome == "recycle":
                 log.warning(
                     "runner %s retired: more than %d threads of timed-out or cancelled sync "
                     "rollouts were still running in it (max_abandoned_threads); starting a "
@@ -416,11 +449,6 @@ class RayRunnerPool:
                     self.config.max_abandoned_threads,
                 )
                 self._spawn()
-            elif error is not None:
-                self.errors.append(error)
-                log.error("%s", error)
-            elif not runner.leaving:
-                log.warning("runner %s stopped on its own; not replacing it", wid)
         ray.kill(runner.handle, no_restart=True)
 
     # ---- stopping ------------------------------------------------------------------------
@@ -428,6 +456,7 @@ class RayRunnerPool:
         """Mark the pool stopping (no runner starts any more); returns its runners."""
         with self._lock:
             self._stopping = True
+            self._stop_event.set()
             self.runners._pool = None
             return list(self.actors.values())
 
@@ -534,9 +563,27 @@ class RunnerActor:
         self._stop.set()
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+def _warn_if_unplaceable(runners: RayRunners) -> None:
+    """Log a warning when no live node of the cluster has what one runner asks for."""
+    import ray
+
+    wanted = {"CPU": runners.num_cpus, **runners.resources}
+    nodes = [node.get("Resources", {}) for node in ray.nodes() if node.get("Alive")]
+    if any(all(node.get(k, 0) >= v for k, v in wanted.items() if v) for node in nodes):
+        return
+    offered = sorted({k for node in nodes for k in node if not k.startswith("node:")})
+    log.warning(
+        "Ray runners: no node of the cluster has %s for a runner (the nodes offer %s); the "
+        "runners wait until such a node joins",
+        wanted,
+        ", ".join(offered) or "nothing",
+    )
+
+
+def _one_line(exc: BaseException) -> str:
+    """Ray's error as one line (its text spans several), at most 300 characters."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
 __all__ = ["RayRunnerPool", "RayRunners", "RunnerActor", "connect", "runner_host"]

@@ -74,13 +74,13 @@ class Services:
             rollout_timeout_s=t.rollout_timeout_s,
             progress=t.progress,
             workers_alive=alive,
-            remote_runners=t.n_runners == 0 and t.runners is None,
+            remote_runners=t.n_runners == 0,
             host=host,
             token=token,
             gateway_retry=t.gateway_retry,
         )
         stack.push_async_callback(ctx.cleanup.aclose)
-        if isinstance(self.pool, RayRunnerPool):
+        if isinstance(self.pool, RayRunnerPool) and callable(self.pool.runners.n):
             ctx.on_backlog = self.pool.demand
         if t.resources is not None:
             resources = t.resources
@@ -101,7 +101,8 @@ class Services:
         if self._ray_connected:
             import ray
 
-            ray.shutdown()
+            with contextlib.suppress(Exception):  # exiting at once, whatever Ray says
+                ray.shutdown()
 
     async def _join_ray(self, stack: contextlib.AsyncExitStack) -> str:
         """Connect to the Ray cluster of ``Trainer(runners=RayRunners(...))``, unless this
@@ -208,7 +209,8 @@ class Services:
             ray_pool.start()
             self.pool = ray_pool
             stack.push_async_callback(asyncio.to_thread, ray_pool.stop)
-            print(f"Ray runners: {ray_cluster_summary(ray_pool)}; they reach this run at {url}")
+            summary = ray_cluster_summary(ray_pool)
+            print(f"Ray runners: {summary}; they reach this run at {url}", flush=True)
             return ray_pool.serving, runner_token
         if t.n_runners == 0:
             token_file = None
