@@ -20,11 +20,13 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import cloudpickle
 import pytest
@@ -41,9 +43,13 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 def cluster() -> Iterator[object]:
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(
-        initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": True}
-    )
+    # the dashboard (which the state API asks) on a free port: not Ray's 8265, which another
+    # Ray on this machine may hold
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    head = {"num_cpus": 0, "include_dashboard": True, "dashboard_port": port}
+    cluster = Cluster(initialize_head=True, head_node_args=head)
     try:
         for _ in range(3):
             cluster.add_node(num_cpus=2, resources={"agents": 2})
@@ -408,3 +414,41 @@ def test_voltrl_train_runs_its_runners_on_the_cluster_given_by_ray_address(
     ray = recorded["trainer"]["runners"]["ray"]
     assert ray["n"] == 2 and ray["address"] == cluster.address
     assert ray["resources"] == {"agents": 1}
+
+
+def test_apo_finds_the_better_prompt_with_its_runners_on_a_ray_started_for_the_run(tmp_path):
+    """No address and no Ray yet: a Ray of this machine is started for the run (not the
+    module's cluster) and stopped after it; APO's search runs its rollouts on the actors,
+    which reach the run at loopback. ``tests/algorithms/apo``'s scripted LLMs and agent."""
+    import ray
+
+    from voltrl.store.sql import SQLStore
+
+    root = Path(__file__).resolve().parents[1]
+    for where in (root / "tests", root / "tests" / "algorithms" / "apo"):
+        sys.path.insert(0, str(where))
+    from fake_openai_backend import FakeBackend
+    from test_apo import GOOD, fit, optimizer_model
+
+    async def search() -> vl.RunResult:
+        async with FakeBackend() as optimizer:
+            optimizer.script = optimizer_model(GOOD)
+            ray_runners = {"runners": vl.RayRunners(n=2), "inline": False}
+            return await fit(tmp_path, optimizer, trainer=ray_runners)
+
+    assert not ray.is_initialized()
+    result = asyncio.run(search())
+    assert not ray.is_initialized()  # the run's Ray is stopped
+    val = [r for r in result.rollouts if r.mode == "val"]
+    assert val and max(r.reward for r in val) == 1.0  # the rewrite scored better
+    store = SQLStore(tmp_path / "apo" / "store.sqlite")
+    try:
+        attempts = [
+            a
+            for r in result.rollouts
+            if r.mode != "optimizer"
+            for a in asyncio.run(store.get_attempts(r.rollout_id))
+        ]
+    finally:
+        asyncio.run(store.close())
+    assert attempts and all(a.worker_id.startswith("ray-") for a in attempts)

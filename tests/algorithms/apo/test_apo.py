@@ -70,7 +70,8 @@ def optimizer_model(*rewrites: str) -> Any:
 async def fit(
     tmp_path: Path, optimizer: FakeBackend, trainer: dict[str, Any] | None = None, **options: Any
 ) -> vl.RunResult:
-    """``Trainer.fit`` of :func:`adder` with APO (``options``) in ``tmp_path/apo``."""
+    """``Trainer.fit`` of :func:`adder` with APO (``options``) in ``tmp_path/apo``, its
+    runners inline unless ``trainer`` says otherwise (``tests_ray/``: on Ray)."""
     async with FakeBackend() as agent_llm:
         agent_llm.script = agent_model
         algo = vl.APO(
@@ -87,9 +88,8 @@ async def fit(
             resources={"main_llm": vl.LLM(endpoint=agent_llm.url, model="agent-model")},
             run_dir=tmp_path,
             name="apo",
-            inline=True,
             progress=False,
-            **(trainer or {}),
+            **{"inline": True, **(trainer or {})},
         ).fit_async(adder, ROWS, ROWS)
 
 
