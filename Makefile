@@ -143,14 +143,15 @@ TEST_WORKERS ?= 3
 ## TEST_WORKERS=N: the main suite's test processes, default 3; SIDE_WORKERS=N: the verl and
 ## AgentScope suites', default 1)
 # The three suites run side by side, each printing its results when it ends: the verl and
-# AgentScope suites (in SIDE_WORKERS processes each, at a lower priority: SIDE_NICE) fill the
-# CPU the main suite leaves idle while its tests wait, and end long before it. Without the
-# lower priority, tests_ray's Ray cluster (raylets, agents, actors) took CPU the main suite
-# wanted: make test 687 s instead of 559.
+# AgentScope suites (in SIDE_WORKERS processes each) fill the CPU the main suite leaves idle
+# while its tests wait, and end long before it. tests_ray (after tests_verl) runs at a lower
+# priority (RAY_NICE): its Ray cluster (raylets, agents, actors) otherwise took CPU the main
+# suite wanted (make test 687 s instead of 559); niced too, the verl suite outlasted the main
+# one (639 s).
 SIDE_WORKERS ?= 1
 test: test-envs
 	@$(MAKE) --no-print-directory -j3 --output-sync=target test-main test-verl test-agentscope \
-		TEST_WORKERS_VERL=$(SIDE_WORKERS) TEST_WORKERS_AS=$(SIDE_WORKERS) SIDE_NICE="nice -n 10"
+		TEST_WORKERS_VERL=$(SIDE_WORKERS) TEST_WORKERS_AS=$(SIDE_WORKERS) RAY_NICE="nice -n 10"
 
 test-main: $(VENV)/.test-deps
 	$(RUN) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=15
@@ -197,7 +198,7 @@ $(AS_VENV)/.deps: pyproject.toml constraints/agentscope.txt | $(AS_PY)
 ## make test-agentscope: the AgentScope adapter in its own environment (tests_agentscope/)
 TEST_WORKERS_AS ?= $(TEST_WORKERS)
 test-agentscope: $(AS_VENV)/.deps
-	$(RUN) $(SIDE_NICE) $(AS_PY) -m pytest -q -n $(TEST_WORKERS_AS) --dist worksteal tests_agentscope
+	$(RUN) $(AS_PY) -m pytest -q -n $(TEST_WORKERS_AS) --dist worksteal tests_agentscope
 
 # The VERL integration's tests (tests_verl/) need the real verl package, which pins
 # transformers<5.11, so they run in their own environment, .venv-verl, on the same pinned
@@ -220,9 +221,8 @@ $(VERL_VENV)/.deps-$(VERL_VERSION): pyproject.toml | $(VERL_PY)
 TEST_WORKERS_VERL ?= $(TEST_WORKERS)
 # tests_ray/ runs after, in one process: its tests share one simulated Ray cluster
 test-verl: $(VERL_VENV)/.deps-$(VERL_VERSION)
-	rc=0; $(RUN) $(SIDE_NICE) $(VERL_PY) -m pytest -q -n $(TEST_WORKERS_VERL) --dist worksteal \
-		tests_verl || rc=1; $(RUN) $(SIDE_NICE) $(VERL_PY) -m pytest -q -p no:xdist tests_ray \
-		|| rc=1; exit $$rc
+	rc=0; $(RUN) $(VERL_PY) -m pytest -q -n $(TEST_WORKERS_VERL) --dist worksteal tests_verl \
+		|| rc=1; $(RUN) $(RAY_NICE) $(VERL_PY) -m pytest -q -p no:xdist tests_ray || rc=1; exit $$rc
 
 # The store tests start a PostgreSQL server of their own (tests/pg.py: initdb into a temporary
 # directory) and need only its binaries, initdb and pg_ctl. PG_BINDIR=DIR points them at
