@@ -151,7 +151,7 @@ TEST_WORKERS ?= 3
 SIDE_WORKERS ?= 1
 test: test-envs
 	@$(MAKE) --no-print-directory -j3 --output-sync=target test-main test-verl test-agentscope \
-		TEST_WORKERS_VERL=$(SIDE_WORKERS) TEST_WORKERS_AS=$(SIDE_WORKERS) RAY_NICE="nice -n 10"
+		TEST_WORKERS_VERL=$(SIDE_WORKERS) TEST_WORKERS_AS=$(SIDE_WORKERS) RAY_NICE="nice -n 19"
 
 test-main: $(VENV)/.test-deps
 	$(RUN) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=15

@@ -1,12 +1,12 @@
 """Runner workers as Ray actors (``Trainer(runners=vl.RayRunners(...))``) on a Ray cluster of
-three worker nodes simulated on this machine (``conftest.py``): LocalRL trains through actors
+three nodes simulated on this machine (below): LocalRL trains through actors
 spread over the nodes; a node removed mid-step loses no rollout and trains none twice; Ctrl-C
 leaves no actor alive; an agent whose module only ``runtime_env`` brings runs, and without it
 fails in one line naming the node and the import; the number of runners follows the work.
 
-The cluster (Ray's own ``ray.cluster_utils.Cluster``, as Ray's tests use it): a head node with
-no CPUs, so that every runner lands on a worker node, and three worker nodes of 2 CPUs, each
-with 2 of the custom resource ``agents``. It lives for this module (about 15 s to start); each
+The cluster (Ray's own ``ray.cluster_utils.Cluster``, as Ray's tests use it): three nodes (the
+head and two workers; a fourth is added and removed by one test) of 2 CPUs, each with 2 of the
+custom resource ``agents``. It lives for this module (about 10 s to start); each
 test connects to it (``ray_cluster``) and disconnects at its end, so a test elsewhere that
 starts a Ray of its own finds none. These tests run in ``.venv-verl``, which has Ray, beside
 ``tests_verl/`` (whose ``conftest`` module name they leave alone: no conftest here).
@@ -48,11 +48,12 @@ def cluster() -> Iterator[object]:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    head = {"num_cpus": 0, "include_dashboard": True, "dashboard_port": port}
+    node = {"num_cpus": 2, "resources": {"agents": 2}}
+    head = {**node, "include_dashboard": True, "dashboard_port": port}
     cluster = Cluster(initialize_head=True, head_node_args=head)
     try:
-        for _ in range(3):
-            cluster.add_node(num_cpus=2, resources={"agents": 2})
+        for _ in range(2):
+            cluster.add_node(**node)
         cluster.wait_for_nodes()
         # a plain ray.init elsewhere (VERL's) starts a Ray of its own, not this one
         from ray._common.utils import reset_ray_address
