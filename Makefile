@@ -144,10 +144,11 @@ TEST_WORKERS ?= 3
 ## AgentScope suites', default 1)
 # The three suites run side by side, each printing its results when it ends: the verl and
 # AgentScope suites (in SIDE_WORKERS processes each) fill the CPU the main suite leaves idle
-# while its tests wait, and end long before it. tests_ray (after tests_verl) runs at a lower
-# priority (RAY_NICE): its Ray cluster (raylets, agents, actors) otherwise took CPU the main
-# suite wanted (make test 687 s instead of 559); niced too, the verl suite outlasted the main
-# one (639 s).
+# while its tests wait, and end long before it. tests_ray (after tests_verl) runs at the
+# lowest priority (RAY_NICE): its Ray cluster (raylets, agents, actors) otherwise took CPU the
+# main suite wanted (a fresh clone's make test: 559 s before tests_ray, 687 s with it at equal
+# priority, 632 s at nice 10, 584 s at nice 19 on three nodes; with the verl suite niced too
+# it outlasted the main one: 639 s).
 SIDE_WORKERS ?= 1
 test: test-envs
 	@$(MAKE) --no-print-directory -j3 --output-sync=target test-main test-verl test-agentscope \
