@@ -63,6 +63,7 @@ class Services:
         t = self._trainer
         token = t.token or os.environ.get("VOLTRL_TOKEN") or secrets.token_urlsafe(24)
         keys = llm_keys(t.resources) if t.resources is not None and not t.record_calls else {}
+        self._ray_connected = self._ray_local = False  # this run's, not an earlier one's
         host = await self._join_ray(stack) if t.runners is not None else t.host
         alive, token = await self._start_workers(stack, store, agent, token, run_dir, keys, host)
         ctx = TrainContext(
