@@ -28,6 +28,13 @@ class MissingTokenIdsError(RolloutError):
     raise (``missing_token_ids="error"``) rather than drop or re-tokenize it."""
 
 
+class TokenDriftError(RolloutError):
+    """A row the trajectory builder would train is not the tokens that were sampled (a call
+    re-tokenized, an explicit transition whose generated tokens no call sampled) and it was
+    told to raise (``TrajectoryConfig(audit="error")``); the message names each call or
+    transition and the position (``docs/fidelity.md``)."""
+
+
 class UnknownResourceError(VoltRLError, KeyError):
     """An agent asked for a resource name that the published resources do not have."""
 

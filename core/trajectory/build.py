@@ -8,6 +8,8 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from voltrl.errors import TokenDriftError
+from voltrl.trajectory.audit import TrainedDrift, retokenized_drift, transition_drift
 from voltrl.trajectory.config import TrajectoryConfig
 from voltrl.trajectory.credit import (
     agent_final_rewards,
@@ -133,7 +135,51 @@ def build_trajectory(
     kept = cap(fit_lengths(rows, config, stats), config, stats)
     if not kept:
         stats["dropped/no_trainable_calls"] += 1
+    if config.audit != "off":
+        drift = _trained_drift(rollout.rollout_id, kept, calls, transitions)
+        stats["trained_token_drift"] += len(drift)
+        _report_drift(rollout.rollout_id, drift, config)
     return result(kept, final)
+
+
+def _trained_drift(
+    rollout_id: str,
+    rows: Sequence[Row],
+    calls: Sequence[LLMCall],
+    transitions: Sequence[Transition] | None,
+) -> list[TrainedDrift]:
+    """The rows to train whose tokens were not sampled: explicit transitions whose generated
+    tokens no call sampled, calls re-tokenized."""
+    by_id = {c.call_id: c for c in calls}
+    drift: list[TrainedDrift] = []
+    for row in rows:
+        if row.metadata.get("explicit") and transitions is not None:
+            found = transition_drift(transitions[row.first_turn], row.first_turn, calls, rollout_id)
+            drift += [found] if found is not None else []
+        elif row.metadata.get("retokenized"):
+            retokenized = [by_id[i] for i in row.call_ids if not by_id[i].has_token_ids]
+            drift += [retokenized_drift(c) for c in retokenized]
+    return drift
+
+
+def _report_drift(rollout_id: str, drift: Sequence[TrainedDrift], config: TrajectoryConfig) -> None:
+    """One warning for the rollout, or :class:`TokenDriftError` with ``audit="error"``."""
+    if not drift:
+        return
+    found = "; ".join(d.describe() for d in drift[:5])
+    more = f"; and {len(drift) - 5} more" if len(drift) > 5 else ""
+    message = (
+        f"trained-token drift: {len(drift)} of the rows to train are not the tokens the model "
+        f"sampled: {found}{more} (docs/fidelity.md)"
+    )
+    if config.audit == "error":
+        raise TokenDriftError(message, rollout_id)
+    logger.warning(
+        'rollout %s: %s; counted as trained_token_drift (TrajectoryConfig(audit="error") '
+        "stops the run)",
+        rollout_id,
+        message,
+    )
 
 
 def _credit(

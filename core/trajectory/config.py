@@ -51,6 +51,7 @@ class TrajectoryConfig(Model):
     fill_reward: float = 0.0
     missing_token_ids: Literal["drop", "error", "retokenize"] = "drop"
     retokenizer: Retokenizer | None = Field(default=None, exclude=True)
+    audit: Literal["off", "warn", "error"] = "warn"
     pad_token_id: int = 0
     pad_to_max_lengths: bool = False
 
