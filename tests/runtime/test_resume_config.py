@@ -15,7 +15,8 @@ from local_rl_setup import make_algorithm
 from rl_agents import ROWS, two_turn_agent
 
 import voltrl as vl
-from voltrl.algorithms.local.config import FLAT, RESUMABLE, upgraded
+from voltrl._dotted import section
+from voltrl.algorithms.local.config import ADDED, FLAT, RESUMABLE, upgraded
 from voltrl.algorithms.local.update import PolicyUpdateConfig
 from voltrl.errors import VoltRLError
 from voltrl.runtime.dataset import load_tasks
@@ -136,10 +137,20 @@ def test_a_setting_added_since_the_run_was_recorded_counts_as_what_the_run_ran_w
     now = {
         "seed": 0,
         "schedule": {"max_staleness": 0},
-        "update": {"lr": 1e-4, "behaviour_weight_cap": 5.0, "behaviour_weight_mode": "clamp"},
+        "update": {
+            "lr": 1e-4,
+            "behaviour_weight_cap": 5.0,
+            "behaviour_weight_mode": "tis",
+            "rollout_correction": None,
+            "rollout_correction_cap": 2.0,
+        },
+        "serving": {"dtype": None},
         "trajectory": {"group_by_agent": None},
     }
     check_resume("r", tmp_path, then, now, setup, tasks)
+    # a run that recorded the decoupled weight's bound by its old name ran with today's tis
+    clamped = upgraded({"seed": 0, "update": {"lr": 1e-4, "behaviour_weight_mode": "clamp"}})
+    check_resume("r", tmp_path, clamped, now, setup, tasks)
     faster = {**now, "schedule": {"max_staleness": 1}}
     with pytest.raises(
         VoltRLError, match=r"algorithm\.schedule\.max_staleness is 1 \(the run's: 0"
@@ -159,6 +170,10 @@ def test_a_run_recorded_with_the_flat_settings_of_voltrl_0_1_resumes(tmp_path: P
             [(run_id, data)] = db.execute("SELECT run_id, data FROM runs").fetchall()
             run = json.loads(data)
             config = run["config"]
+            for dotted in ADDED:  # settings VoltRL 0.1 did not have
+                held, name = section(config, dotted)
+                if held is not None:
+                    held.pop(name, None)
             for key, (group, field) in FLAT.items():
                 if field in config.get(group, {}):
                     config[key] = config[group].pop(field)

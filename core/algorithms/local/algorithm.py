@@ -69,7 +69,7 @@ from voltrl.algorithms.local.reports import (
 from voltrl.algorithms.local.schedule import QueuedStep, WeightVersions, step_tasks
 from voltrl.errors import VoltRLError
 from voltrl.models.lora import LoraAdapters, trainer_parts
-from voltrl.models.precision import checked_dtype
+from voltrl.models.precision import checked_dtype, resolve_dtype
 from voltrl.observability.metrics import summarize
 from voltrl.resources import LLM
 from voltrl.serving.choice import checked_engine
@@ -90,6 +90,13 @@ LOCAL_EXTRA = ("torch", "transformers", "tokenizers", "peft")
 """What the ``[local]`` extra installs for LocalRL."""
 TOKENIZER_DIR = "tokenizer"
 """``<run dir>/tokenizer``: the run's tokenizer, saved at setup for tools that decode its ids."""
+
+
+def _metric_name(adapter: str | None, name: str) -> str:
+    """How a metric of the update is logged: ``update/<name>``, and the engine's mismatch with
+    the trainer under its own ``mismatch/``; with LoRA adapters, the adapter's name after it."""
+    group, _, rest = name.rpartition("/") if name.startswith("mismatch/") else ("update", "", name)
+    return f"{group}/{rest}" if adapter is None else f"{group}/{adapter}/{rest}"
 
 
 class LocalRL(Algorithm):
@@ -197,6 +204,8 @@ class LocalRL(Algorithm):
             trajectory = TrajectoryConfig.model_validate(trajectory)
         self.trajectory = trajectory or TrajectoryConfig()
         checked_dtype(self.compute.dtype, training=True)
+        if self.serving.dtype is not None:
+            checked_dtype(self.serving.dtype)
         self.threads = decide_threads(self.compute.threads)
         """torch's threads: ``compute.threads``, else what the machine decides."""
         checked_engine(self.serving.engine, self.serving.engine_args, lora_adapters is not None)
@@ -312,6 +321,8 @@ class LocalRL(Algorithm):
             served.load_state_dict(self._policies[None].merged_state_dict())
         else:  # the engine's copy: the same base and adapters, unmerged, served by name
             served = copy.deepcopy(model).requires_grad_(False)
+        if self.serving.dtype is not None:  # served in another precision than it trains in
+            served.to(resolve_dtype(self.serving.dtype, next(model.parameters()).device))
         self._engine = await asyncio.to_thread(
             start_engine,
             self.serving.engine,
@@ -533,11 +544,7 @@ class LocalRL(Algorithm):
         if parts and stats.succeeded:  # rows of failed rollouts alone teach nothing
             trained = await asyncio.to_thread(self._update, parts, step)
         t2 = time.perf_counter()
-        metrics = {
-            f"update/{k}" if key is None else f"update/{key}/{k}": v
-            for key, m in trained.items()
-            for k, v in m.items()
-        }
+        metrics = {_metric_name(key, k): v for key, m in trained.items() for k, v in m.items()}
         if self.adapters is not None:
             metrics.update(
                 {f"lora_adapter/{k}/version": v for k, v in self._adapter_versions().items()}

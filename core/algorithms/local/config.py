@@ -66,10 +66,13 @@ class Serving(Settings):
     ``served_name``: the model name the agent's ``LLM`` carries. ``reasoning_split``: agents
     get the ``<think>...</think>`` the model writes as ``reasoning_content`` (training still
     sees every token). ``gateway_retry``: how the gateway retries engine calls (default: the
-    trainer's)."""
+    trainer's). ``dtype``: the served weights' precision, when it is not the trained weights'
+    (``compute.dtype``): ``"bfloat16"`` serves a float32 policy as vLLM serves an FSDP one,
+    with the logprob mismatch ``update.rollout_correction`` corrects (docs/fidelity.md)."""
 
     engine: str = "local"
     engine_args: dict[str, Any] | None = None
+    dtype: str | None = None
     max_batch_size: int = Field(64, ge=1)
     served_name: str = "voltrl-local"
     reasoning_split: bool = False
@@ -194,6 +197,7 @@ RESUMABLE: tuple[str, ...] = (
     "compute",
     "serving.engine",
     "serving.engine_args",
+    "serving.dtype",
     "serving.max_batch_size",
     "serving.gateway_retry",
 )
@@ -204,22 +208,35 @@ the model."""
 ADDED: dict[str, Any] = {
     "schedule.max_staleness": 0,
     "update.behaviour_weight_cap": 5.0,
-    "update.behaviour_weight_mode": "clamp",
+    "update.behaviour_weight_mode": "tis",
+    "update.rollout_correction": None,
+    "update.rollout_correction_cap": 2.0,
+    "serving.dtype": None,
     "trajectory.group_by_agent": None,
 }
 """Settings added after runs were first recorded, each with the value a run recorded before
 it ran with: a resume compares them as if the run had recorded it. (A run before
 ``max_staleness`` was synchronous; the cap only acts with ``old_logprobs="decoupled"``, which
-did not exist; rows were grouped by task alone.)"""
+did not exist; there was no rollout correction; rows were grouped by task alone.)"""
+
+RENAMED_VALUES: dict[str, dict[Any, Any]] = {
+    "update.behaviour_weight_mode": {"clamp": "tis", "mask": "mis"},
+}
+"""Values a setting has been given new names for (a run recorded ``clamp`` before the
+decoupled weight's bounds took the rollout correction's names), each old value with its new."""
 
 
 def upgraded(recorded: dict[str, Any]) -> dict[str, Any]:
     """A config LocalRL recorded (``Run.config``) in today's shape: the flat settings of a
-    VoltRL 0.1 run moved into their groups, and each of :data:`ADDED` it lacks set to the value
-    it ran with."""
+    VoltRL 0.1 run moved into their groups, each of :data:`ADDED` it lacks set to the value it
+    ran with, and each of :data:`RENAMED_VALUES` under its new name."""
     out = into_groups(copy.deepcopy(recorded))
     for dotted, value in ADDED.items():
         held, name = section(out, dotted, create=True)
         if held is not None and name not in held:
             held[name] = value
+    for dotted, renamed in RENAMED_VALUES.items():
+        held, name = section(out, dotted, create=False)
+        if held is not None and held.get(name) in renamed:
+            held[name] = renamed[held[name]]
     return out

@@ -20,6 +20,7 @@ with the PPO-clip term ``L_pg`` of :func:`policy_loss`, an estimator ``kl`` of
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Sequence
 from typing import Any, Literal
 
@@ -30,6 +31,7 @@ from voltrl.models.kv_cache import prefill, shares_prefix_cache
 
 LossAgg = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]
 KLKind = Literal["low_var_kl", "kl", "mse"]
+Correction = Literal["tis", "mis"]
 
 # ---- advantages -------------------------------------------------------------------------------
 
@@ -248,8 +250,7 @@ def policy_loss(
     dual_clip: float | None = None,
     max_log_ratio: float | None = None,
     prox_logprobs: Tensor | None = None,
-    behaviour_weight_cap: float | None = None,
-    behaviour_weight_mode: Literal["clamp", "mask"] = "clamp",
+    weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO-clip loss against the sampling logprobs, aggregated by :func:`agg_loss`.
 
@@ -276,31 +277,25 @@ def policy_loss(
     gradient ``-A * grad logp_t`` and is never clipped. (A sampled token with logprob
     exactly 0 had probability 1; its ratio is ~1 anyway.)
 
-    **Decoupled PPO** (AReaL's objective for stale samples: asynchronous LocalRL). With
-    ``prox_logprobs`` (``prox[i,t]``: the current weights' logprobs before the update, the
-    proximal policy), the clip is taken against the proximal policy and the behaviour policy
-    that sampled the token enters as an importance weight, bounded by ``behaviour_weight_cap``::
+    **Decoupled PPO** (AReaL's objective for stale samples, and the rollout correction of an
+    engine whose logprobs differ from the trainer's). With ``prox_logprobs`` (``prox[i,t]``:
+    the trainer's logprobs under the weights before the update, the proximal policy), the clip
+    is taken against the proximal policy, and the policy that sampled the token enters through
+    ``weights`` (``w[i,t]``, from :func:`importance_weights`; 1 when ``None``)::
 
         ratio_t = exp(logp_t - prox_t)
-        w_t     = exp(prox_t - old_t)                  (1 where old_t is unknown)
-        w_t     = min(w_t, cap)   or, with behaviour_weight_mode="mask", 0 where w_t > cap
         L_t     = w_t * max( -A * ratio_t,  -A * clip(ratio_t, 1 - e_lo, 1 + e_hi) )
 
-    ``clamp`` keeps a capped token's gradient at the cap; ``mask`` drops it (AReaL's choice:
-    a token its sampler found far likelier than the current weights do teaches nothing). A
-    token sampled by the weights being updated has ``prox_t = old_t``, so ``w_t = 1`` and the
-    loss is the PPO-clip loss above, exactly (the update passes ``old`` as ``prox`` for such
-    rows): the decoupled objective only differs on stale tokens. A ``prox_t`` of 0 is
-    unknown, like ``old_t``: ``logp_t`` detached stands in.
+    With ``prox_t = old_t`` and ``w_t = 1`` (a token sampled by the weights being updated, on
+    an engine that computes as the trainer does) this is the PPO-clip loss above, exactly. A
+    ``prox_t`` of 0 is unknown, like ``old_t``: ``logp_t`` detached stands in.
 
     Statistics (token means over the mask, detached), each with one meaning whatever the
     objective: ``clip_frac`` (tokens whose ratio against the sampling policy is beyond the
     clip on the side that cuts the gradient), ``approx_kl`` (``old - logp``, the k1 estimate
     of KL(sampler || pi) on known tokens), ``ratio_mean`` (``exp(logp - old)``),
     ``known_frac``. With ``prox_logprobs`` also the same three against the proximal policy,
-    where the clip acts (``prox_clip_frac``, ``prox_approx_kl``, ``prox_ratio_mean``), and
-    ``behaviour_weight`` (mean ``w_t``) and ``behaviour_capped`` (the fraction of tokens whose
-    weight was over the cap).
+    where the clip acts (``prox_clip_frac``, ``prox_approx_kl``, ``prox_ratio_mean``).
     """
     e_lo = clip_eps
     e_hi = clip_eps if clip_eps_high is None else clip_eps_high
@@ -311,23 +306,10 @@ def policy_loss(
         known = (old_logprobs != 0) if old_known is None else old_known.bool()
         old = torch.where(known, old_logprobs.to(logprobs.dtype), logprobs.detach())
     adv = advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
-    if behaviour_weight_mode not in ("clamp", "mask"):
-        raise ValueError(
-            f"behaviour_weight_mode must be clamp or mask, not {behaviour_weight_mode!r}"
-        )
     behaviour = old
-    weight = None
     if prox_logprobs is not None:  # decoupled: clip against the proximal policy
         prox = prox_logprobs.to(logprobs.dtype)
-        prox = torch.where(prox != 0, prox, logprobs.detach())  # unknown: as ``old`` above
-        weight = torch.where(known, torch.exp(prox - old), torch.ones_like(old))
-        if behaviour_weight_cap is not None:
-            capped = weight > behaviour_weight_cap
-            if behaviour_weight_mode == "mask":
-                weight = torch.where(capped, torch.zeros_like(weight), weight)
-            else:
-                weight = weight.clamp(max=behaviour_weight_cap)
-        old = prox
+        old = torch.where(prox != 0, prox, logprobs.detach())  # unknown: as ``old`` above
 
     def clipped_terms(log_ratio: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         if max_log_ratio is not None:
@@ -342,8 +324,8 @@ def policy_loss(
         if dual_clip <= 1.0:
             raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
         per_token = torch.where(adv < 0, torch.minimum(per_token, -adv * dual_clip), per_token)
-    if weight is not None:
-        per_token = weight.detach() * per_token
+    if weights is not None:
+        per_token = weights.detach().to(per_token.dtype) * per_token
     loss = agg_loss(per_token, response_mask, agg, normaliser)
     with torch.no_grad():
         m = response_mask.bool()
@@ -354,14 +336,114 @@ def policy_loss(
             "ratio_mean": masked_mean(b_ratio, m),
             "known_frac": masked_mean(known.float(), m),
         }
-        if weight is not None:
+        if prox_logprobs is not None:
             stats["prox_clip_frac"] = masked_mean((clipped > unclipped).float(), m)
             stats["prox_approx_kl"] = masked_mean(-log_ratio, m)
             stats["prox_ratio_mean"] = masked_mean(ratio, m)
-            stats["behaviour_weight"] = masked_mean(weight, m)
-            if behaviour_weight_cap is not None:
-                stats["behaviour_capped"] = masked_mean(capped.float(), m)
     return loss, stats
+
+
+# ---- the sampler against the trainer: importance weights and the mismatch ---------------------
+
+
+def importance_weights(
+    prox_logprobs: Tensor,
+    old_logprobs: Tensor,
+    old_known: Tensor,
+    mask: Tensor,
+    mode: Correction,
+    cap: float,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The importance weights ``w[i,t]`` of :func:`policy_loss`'s decoupled objective: how
+    much likelier the trainer's proximal policy finds each sampled token than the policy that
+    sampled it did, bounded (the ratio itself is unbounded and its variance with it).
+
+    With ``d_t = prox_t - old_t`` (0 where ``old_known`` is 0, clamped to ``[-20, 20]``),
+    ``rho_t = exp(d_t)`` the token's ratio and ``rho_i = exp(sum_t m d_t)`` the sequence's::
+
+        tis  (truncated IS):  w_t = min(rho_t, cap)
+        mis  (masked IS):     w_t = min(rho_t, cap) * 1[1/cap <= rho_i <= cap]
+
+    ``tis`` is verl's ``rollout_is="token"`` with ``rollout_is_threshold=cap`` (and AReaL's
+    capped behaviour weight); ``mis`` adds verl's rejection of whole sequences whose ratio
+    leaves the band (``rollout_rs="seq_sum_k1"``, threshold ``"1/cap_cap"``): a sequence the
+    sampler and the trainer disagree on as a whole is dropped from the update rather than
+    trained at a truncated weight. (verl also takes a rejected sequence's tokens out of the
+    loss's normaliser; here they stay in it with weight 0.) A token the weights being updated
+    sampled, on an engine that computes as the trainer does, has ``d_t = 0``: ``w_t = 1``.
+
+    Returns ``(w, truncated, masked)``: the weights (``(B, T)``, 0 off the mask) and, on the
+    mask, which tokens' ratio was over the cap and which tokens' sequence was dropped.
+    """
+    if cap <= 1.0:
+        raise ValueError(f"the importance weight's cap must be > 1, got {cap}")
+    m = mask.bool()
+    d = torch.where(old_known.bool() & m, prox_logprobs - old_logprobs, 0.0).clamp(-20.0, 20.0)
+    rho = torch.exp(d)
+    truncated = (rho > cap) & m
+    w = rho.clamp(max=cap)
+    if mode == "tis":
+        masked = torch.zeros_like(m)
+    elif mode == "mis":
+        seq = d.sum(-1, keepdim=True)
+        kept = (seq >= -math.log(cap)) & (seq <= math.log(cap))
+        masked = ~kept & m
+        w = torch.where(kept, w, torch.zeros_like(w))
+    else:
+        raise ValueError(f"the importance weights are bounded by tis or mis, not {mode!r}")
+    return torch.where(m, w, torch.zeros_like(w)), truncated, masked
+
+
+MISMATCH_OVER = 0.1
+"""``mismatch/tokens_over`` counts the tokens whose logprobs differ by more than this."""
+
+
+def mismatch_sums(trainer: Tensor, engine: Tensor, mask: Tensor) -> dict[str, float]:
+    """How far the engine's logprobs of the sampled tokens (``engine``, what it recorded) are
+    from the trainer's for the same weights (``trainer``), summed over the tokens of ``mask``
+    (pass only tokens whose engine logprob is known, of rows those very weights sampled).
+
+    With ``d_t = trainer_t - engine_t`` (clamped to ``[-20, 20]``): ``tokens``, ``abs`` =
+    ``sum |d_t|``, ``max`` = ``max |d_t|``, ``k3`` = ``sum exp(d_t) - d_t - 1`` (Schulman's k3
+    estimator of KL(engine || trainer) from the engine's samples, verl's
+    ``rollout_corr/k3_kl``), ``over`` = the tokens with ``|d_t| > MISMATCH_OVER``. Sums, so
+    that micro-batches add up; :func:`mismatch_metrics` turns them into the step's metrics.
+    """
+    m = mask.bool()
+    d = (trainer.detach().float() - engine.float()).clamp(-20.0, 20.0)[m]
+    if not d.numel():
+        return {}
+    return {
+        "tokens": float(d.numel()),
+        "abs": float(d.abs().sum()),
+        "max": float(d.abs().max()),
+        "k3": float((torch.exp(d) - d - 1.0).sum()),
+        "over": float((d.abs() > MISMATCH_OVER).sum()),
+    }
+
+
+def add_mismatch(total: dict[str, float], part: dict[str, float]) -> None:
+    """Add one :func:`mismatch_sums` to another (in place): sums add, maxima take the max."""
+    for key, value in part.items():
+        held = total.get(key, 0.0)
+        total[key] = max(held, value) if key == "max" else held + value
+
+
+def mismatch_metrics(sums: dict[str, float]) -> dict[str, float]:
+    """The step's mismatch metrics from :func:`mismatch_sums` (none when no token was
+    compared): ``mismatch/logprob_abs_mean``, ``mismatch/logprob_abs_max``, ``mismatch/kl``
+    (per token), ``mismatch/tokens_over`` (the share over ``MISMATCH_OVER``) and
+    ``mismatch/tokens`` (how many tokens were compared)."""
+    n = sums.get("tokens", 0.0)
+    if not n:
+        return {}
+    return {
+        "mismatch/logprob_abs_mean": sums["abs"] / n,
+        "mismatch/logprob_abs_max": sums["max"],
+        "mismatch/kl": sums["k3"] / n,
+        "mismatch/tokens_over": sums["over"] / n,
+        "mismatch/tokens": n,
+    }
 
 
 # ---- KL to a reference policy -----------------------------------------------------------------

@@ -62,11 +62,15 @@ from torch import Tensor
 
 from voltrl.algorithms.local.checkpoints import load_trainer, save_trainer
 from voltrl.algorithms.local.loss import (
+    add_mismatch,
     agg_loss,
     agg_normaliser,
     grpo_advantages,
+    importance_weights,
     kl_penalty,
     masked_mean,
+    mismatch_metrics,
+    mismatch_sums,
     policy_loss,
     rollout_weights,
     weight_advantages,
@@ -90,9 +94,14 @@ class _Prepared:
     old_logprobs: Tensor  # (B, R)
     old_known: Tensor  # (B, R) bool: where old_logprobs is a real logprob
     advantages: Tensor  # (B,)
+    engine_logprobs: Tensor  # (B, R): the sampling logprobs, as recorded
+    fresh: Tensor  # (B, 1) bool: rows the weights being updated sampled (staleness 0)
     ref_logprobs: Tensor | None = None  # (B, R) when kl_coef > 0
     prox_logprobs: Tensor | None = None  # (B, R) with old_logprobs="decoupled"
+    weights: Tensor | None = None  # (B, R) the decoupled objective's importance weights
     proximal_rows: int = 0  # the rows the current weights scored for it
+    mismatch: dict[str, float] | None = None  # mismatch_sums of the fresh rows, once measured
+    metrics: dict[str, float] | None = None  # what preparing measured (the weights' shares)
 
 
 def batch_advantages(
@@ -145,6 +154,14 @@ def _with_lora(model: Any, cfg: PolicyUpdateConfig, adapter: str | None) -> Any:
     if adapter is not None and adapter not in model.peft_config:
         model.add_adapter(adapter, lora)
     return model
+
+
+def _ages(batch: TrainingBatch) -> list[int | None]:
+    """Each row's staleness (``None``: unknown); a batch that records no row's age (not built
+    by LocalRL's schedule) is taken as sampled by the weights being updated."""
+    if any(age is not None for age in batch.staleness):
+        return list(batch.staleness)
+    return [0] * len(batch)
 
 
 class UpdateStopped(Exception):
@@ -234,7 +251,21 @@ class PolicyTrainer:
         ``approx_kl`` and ``ratio_mean`` are against the sampling policy whatever
         ``old_logprobs`` is; with ``decoupled`` the same against the proximal policy (where
         its clip acts) are ``prox_clip_frac``, ``prox_approx_kl`` and ``prox_ratio_mean``,
-        beside ``behaviour_weight``, ``behaviour_capped`` and ``proximal_rows``.
+        beside ``behaviour_weight``, ``behaviour_truncated``, ``behaviour_masked`` and
+        ``proximal_rows``.
+
+        **The mismatch** of the engine's logprobs with the trainer's, for the rows the weights
+        being updated sampled (staleness 0; stale rows and rows of unknown age are left out):
+        ``mismatch/logprob_abs_mean``, ``mismatch/logprob_abs_max``, ``mismatch/kl``,
+        ``mismatch/tokens_over`` and ``mismatch/tokens``
+        (:func:`~voltrl.algorithms.local.loss.mismatch_metrics`). It costs nothing extra: the
+        trainer's logprobs are those of the update's first mini-batch, before its first
+        optimizer step (the rows it runs: rows whose advantage is 0 are not run, and with
+        several mini-batches only the first's rows are compared), or of every row where the
+        update scores them all beforehand (``recompute``, ``rollout_correction``). With
+        ``rollout_correction`` also ``mismatch/truncated`` and ``mismatch/masked``, the shares of
+        the fresh rows' tokens whose weight was truncated or dropped. (The first mini-batch
+        runs in training mode: a model with dropout adds its noise to the figures.)
         """
         if not len(batch):
             raise ValueError("the batch has no rows")
@@ -246,11 +277,15 @@ class PolicyTrainer:
         sums: dict[str, float] = {}
         grad_norms: list[float] = []
         skipped = 0
+        measure = data.mismatch is None  # before the update's first optimizer step
+        if measure:
+            data.mismatch = {}
         for _ in range(cfg.ppo_epochs):
             for rows in self._mini_batches(len(batch)):
-                for k, v in self._accumulate(data, rows).items():
+                for k, v in self._accumulate(data, rows, measure=measure).items():
                     sums[k] = sums.get(k, 0.0) + v
                 self._check_stop()
+                measure = False
                 norm = self._optimizer_step()
                 if math.isfinite(norm):
                     grad_norms.append(norm)
@@ -288,10 +323,9 @@ class PolicyTrainer:
         if data.prox_logprobs is not None:  # the clip's statistics against the proximal policy
             for name in ("prox_clip_frac", "prox_approx_kl", "prox_ratio_mean"):
                 metrics[name] = sums.get(name, 0.0) / weighted
-            metrics["behaviour_weight"] = sums.get("behaviour_weight", 0.0) / weighted
-            if cfg.behaviour_weight_cap is not None:
-                metrics["behaviour_capped"] = sums.get("behaviour_capped", 0.0) / weighted
             metrics["proximal_rows"] = float(data.proximal_rows)
+        metrics.update(data.metrics or {})
+        metrics.update(mismatch_metrics(data.mismatch or {}))
         return metrics
 
     def accumulate_gradients(self, batch: TrainingBatch) -> dict[str, float]:
@@ -299,7 +333,7 @@ class PolicyTrainer:
         ``.grad``, without an optimizer step (for custom loops and tests). Returns the raw
         sums :meth:`step` turns into its metrics."""
         self._activate()
-        return self._accumulate(self._prepare(batch), list(range(len(batch))))
+        return self._accumulate(self._prepare(batch), list(range(len(batch))), measure=False)
 
     def _activate(self) -> None:
         """With a named adapter: make it the model's active adapter and the only one whose
@@ -320,31 +354,77 @@ class PolicyTrainer:
             old_logprobs=old,
             old_known=old != 0,
             advantages=batch_advantages(batch, cfg, rows.tensors["rewards"]),
+            engine_logprobs=old,
+            fresh=torch.tensor([a == 0 for a in _ages(batch)], device=old.device).unsqueeze(1),
         )
         if cfg.kl_coef > 0:
             data.ref_logprobs = self._logprobs_no_grad(data, rows.trained, reference=True)
         if cfg.old_logprobs == "recompute":
             data.old_logprobs = self._logprobs_no_grad(data, rows.trained, reference=False)
             data.old_known = torch.ones_like(data.old_known)
+            self._measure(data, data.old_logprobs)
         elif cfg.old_logprobs == "decoupled":
-            data.prox_logprobs, data.proximal_rows = self._proximal(data, batch)
+            self._proximal(data, batch)
         return data
 
-    def _proximal(self, data: _Prepared, batch: TrainingBatch) -> tuple[Tensor, int]:
-        """The decoupled objective's proximal logprobs: the current weights' for each row
-        sampled by older weights, and the sampling logprobs themselves for the rows the current
-        weights sampled (``batch.staleness`` 0: they are the same policy) and the rows of
-        unknown age (an explicit transition), which then train exactly as with
-        ``old_logprobs="rollout"``, with no forward pass."""
-        ages = batch.staleness or [None] * len(batch)
-        # rows of unknown age (an explicit transition) train as in the synchronous update
+    def _measure(self, data: _Prepared, trainer_logprobs: Tensor) -> None:
+        """The mismatch of the fresh rows' engine logprobs against the trainer's, all rows
+        scored before the update (:func:`~voltrl.algorithms.local.loss.mismatch_sums`)."""
+        mask = data.rows.response_mask.bool() & (data.engine_logprobs != 0) & data.fresh
+        data.mismatch = mismatch_sums(trainer_logprobs, data.engine_logprobs, mask)
+
+    def _proximal(self, data: _Prepared, batch: TrainingBatch) -> None:
+        """The decoupled objective's proximal logprobs and importance weights. The current
+        weights score each row sampled by older weights, and with ``rollout_correction`` each
+        row they sampled themselves too (``batch.staleness`` 0: the engine's logprobs against
+        the trainer's); the other rows (fresh ones without correction, rows of unknown age:
+        an explicit transition) keep their sampling logprobs as the proximal policy, with no
+        forward pass, and train exactly as with ``old_logprobs="rollout"`` (weight 1)."""
+        cfg = self.config
+        ages = _ages(batch)
         stale = [i for i in data.rows.trained if ages[i] is not None and ages[i] > 0]
-        if not stale:
-            return data.old_logprobs, 0
-        recomputed = self._logprobs_no_grad(data, stale, reference=False)
-        rows = torch.zeros(len(batch), 1, dtype=torch.bool, device=recomputed.device)
-        rows[stale] = True
-        return torch.where(rows, recomputed, data.old_logprobs), len(stale)
+        fresh = [i for i in data.rows.trained if ages[i] == 0] if cfg.rollout_correction else []
+        data.prox_logprobs, data.proximal_rows = data.old_logprobs, len(stale)
+        if stale or fresh:
+            recomputed = self._logprobs_no_grad(data, sorted(stale + fresh), reference=False)
+            scored = torch.zeros_like(data.fresh)
+            scored[stale + fresh] = True
+            data.prox_logprobs = torch.where(scored, recomputed, data.old_logprobs)
+        if fresh:
+            self._measure(data, data.prox_logprobs)
+        data.weights, data.metrics = self._importance_weights(data)
+
+    def _importance_weights(self, data: _Prepared) -> tuple[Tensor, dict[str, float]]:
+        """Each token's importance weight, bounded as its row's age says: a stale row's by
+        ``behaviour_weight_*``, a fresh row's by ``rollout_correction`` (weight 1 without), and
+        their shares: ``behaviour_weight`` (the mean weight), ``behaviour_truncated`` and
+        ``behaviour_masked`` over every trained token, and with a correction
+        ``mismatch/truncated`` and ``mismatch/masked`` over the fresh rows' tokens."""
+        cfg = self.config
+        assert data.prox_logprobs is not None
+        mask = data.rows.response_mask.bool()
+        known = data.old_known
+        args = (data.prox_logprobs, data.old_logprobs, known, mask)
+        w, truncated, masked = importance_weights(
+            *args, cfg.behaviour_weight_mode, cfg.behaviour_weight_cap
+        )
+        metrics: dict[str, float] = {}
+        if cfg.rollout_correction:
+            fw, ft, fm = importance_weights(
+                *args, cfg.rollout_correction, cfg.rollout_correction_cap
+            )
+            w, truncated, masked = (
+                torch.where(data.fresh, fw, w),
+                torch.where(data.fresh, ft, truncated),
+                torch.where(data.fresh, fm, masked),
+            )
+            fresh = mask & data.fresh
+            metrics["mismatch/truncated"] = float(masked_mean(truncated.float(), fresh))
+            metrics["mismatch/masked"] = float(masked_mean(masked.float(), fresh))
+        metrics["behaviour_weight"] = float(masked_mean(w, mask))
+        metrics["behaviour_truncated"] = float(masked_mean(truncated.float(), mask))
+        metrics["behaviour_masked"] = float(masked_mean(masked.float(), mask))
+        return w, metrics
 
     def _mini_batches(self, n: int) -> Iterator[list[int]]:
         """The rows of each optimizer step of one epoch: all rows in order when there is one
@@ -392,9 +472,11 @@ class PolicyTrainer:
             return self.ref_model, nullcontext()
         return self.model, self.model.disable_adapter()
 
-    def _accumulate(self, data: _Prepared, rows: list[int]) -> dict[str, float]:
+    def _accumulate(self, data: _Prepared, rows: list[int], *, measure: bool) -> dict[str, float]:
         """Forward and backward every micro-batch of one mini-batch; gradients accumulate
-        in ``.grad`` and sum to the mini-batch loss's gradient."""
+        in ``.grad`` and sum to the mini-batch loss's gradient. With ``measure`` (no optimizer
+        step of this update has run), the fresh rows' logprobs are the trainer's under the
+        weights that sampled them: their mismatch with the engine's adds to ``data.mismatch``."""
         cfg = self.config
         self.model.train()
         mask = data.rows.response_mask[rows]
@@ -411,6 +493,7 @@ class PolicyTrainer:
             self._check_stop()
             m = data.rows.response_mask[idx, :width]
             prox = None if data.prox_logprobs is None else data.prox_logprobs[idx, :width]
+            weights = None if data.weights is None else data.weights[idx, :width]
             logprobs, entropy, fed = data.rows.logprobs(
                 self.model, idx, first, width, entropy_grad=cfg.entropy_coef != 0
             )
@@ -426,9 +509,12 @@ class PolicyTrainer:
                 old_known=data.old_known[idx, :width],
                 normaliser=norm,
                 prox_logprobs=prox,
-                behaviour_weight_cap=cfg.behaviour_weight_cap,
-                behaviour_weight_mode=cfg.behaviour_weight_mode,
+                weights=weights,
             )
+            if measure:
+                engine = data.engine_logprobs[idx, :width]
+                compared = m.bool() & (engine != 0) & data.fresh[idx]
+                add_mismatch(data.mismatch, mismatch_sums(logprobs, engine, compared))
             loss = pg
             parts = {"pg_loss": pg.item()}
             if data.ref_logprobs is not None:

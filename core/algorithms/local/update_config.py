@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from voltrl.algorithms.local.loss import KLKind, LossAgg
+from voltrl.algorithms.local.loss import Correction, KLKind, LossAgg
 from voltrl.types import Model
 
 
@@ -40,12 +40,25 @@ class PolicyUpdateConfig(Model):
     """PPO's "old" policy: the sampling logprobs (``rollout``), the current weights'
     (``recompute``), or both (``decoupled``: clip against the current weights, weigh each
     token by its importance against the policy that sampled it; what ``schedule.max_staleness
-    > 0`` uses unless this is set: :func:`~voltrl.algorithms.local.loss.policy_loss`)."""
-    behaviour_weight_cap: float | None = Field(5.0, gt=0)
-    """With ``decoupled``: the cap on a token's importance weight against its sampler."""
-    behaviour_weight_mode: Literal["clamp", "mask"] = "clamp"
-    """With ``decoupled``: a weight over the cap is the cap (``clamp``), or 0 (``mask``,
-    AReaL's: the token is left out of the update)."""
+    > 0`` and ``rollout_correction`` use unless this is set:
+    :func:`~voltrl.algorithms.local.loss.policy_loss`)."""
+    rollout_correction: Correction | None = None
+    """Correct for the engine's logprobs differing from the trainer's (a bfloat16 engine, other
+    kernels, vLLM): the trainer scores every row under the weights that sampled it (one
+    forward pass without autograd), PPO clips against that, and each token's importance weight
+    of the engine against it is bounded by ``tis`` (truncated at ``rollout_correction_cap``) or
+    ``mis`` (that, and a sequence whose ratio leaves ``[1/cap, cap]`` is dropped):
+    :func:`~voltrl.algorithms.local.loss.importance_weights`. Implies ``old_logprobs=
+    "decoupled"``. ``None``: the sampling logprobs are PPO's old policy, as recorded."""
+    rollout_correction_cap: float = Field(2.0, gt=1)
+    """The cap of ``rollout_correction`` (verl's ``rollout_is_threshold``, default 2)."""
+    behaviour_weight_cap: float = Field(5.0, gt=1)
+    """With ``decoupled``: the cap on the importance weight of a row sampled by older weights
+    (asynchronous LocalRL)."""
+    behaviour_weight_mode: Correction = "tis"
+    """With ``decoupled``: how that weight is bounded, as ``rollout_correction`` bounds a fresh
+    row's: ``tis`` truncates it at the cap, ``mis`` also drops a sequence whose ratio leaves
+    ``[1/cap, cap]``."""
     # advantages
     norm_adv_by_std: bool = True
     adv_eps: float = Field(1e-6, ge=0)
@@ -63,6 +76,21 @@ class PolicyUpdateConfig(Model):
     lora_dropout: float = Field(0.0, ge=0, lt=1)
     lora_target_modules: list[str] | str = "all-linear"
     seed: int = 0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _correction_is_decoupled(cls, data: Any) -> Any:
+        """``rollout_correction`` needs the decoupled objective: implied when ``old_logprobs``
+        is not given, refused with another."""
+        if not isinstance(data, dict) or not data.get("rollout_correction"):
+            return data
+        given = data.get("old_logprobs", "decoupled")
+        if given != "decoupled":
+            raise ValueError(
+                f"rollout_correction weighs the engine's logprobs against the trainer's, with "
+                f'old_logprobs="decoupled" (implied when not given), not old_logprobs={given!r}'
+            )
+        return {**data, "old_logprobs": "decoupled"}
 
 
 def implied_update(

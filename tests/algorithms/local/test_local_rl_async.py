@@ -18,7 +18,7 @@ from tiny_batches import sampled_batch
 
 import voltrl as vl
 from voltrl._http.serving import serve_in_thread
-from voltrl.algorithms.local.loss import policy_loss
+from voltrl.algorithms.local.loss import importance_weights, policy_loss
 from voltrl.algorithms.local.schedule import WeightVersions, drop_stale, row_staleness
 from voltrl.algorithms.local.update import PolicyTrainer, PolicyUpdateConfig
 from voltrl.models.tiny import build_tiny_model, build_tiny_tokenizer
@@ -42,26 +42,38 @@ def loss_inputs(seed: int = 0) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"])
-def test_decoupled_loss_whose_proximal_policy_sampled_the_tokens_is_todays_loss_exactly(agg: str):
+@pytest.mark.parametrize("mode", ["tis", "mis"])
+def test_decoupled_loss_whose_proximal_policy_sampled_the_tokens_is_todays_loss_exactly(
+    agg: str, mode: str
+):
     """With staleness 0 the proximal policy is the behaviour policy: the importance weight is
     exp(0) = 1 and the clip is taken against the same logprobs, so loss and gradient are the
     synchronous PPO-clip loss's, bit for bit."""
     x = loss_inputs()
     today, stats = policy_loss(x["logprobs"], x["old"], x["adv"], x["mask"], agg=agg)  # type: ignore[arg-type]
     (grad_today,) = torch.autograd.grad(today, x["logprobs"])
+    prox = x["old"].clone()
+    weights, truncated, masked = importance_weights(
+        prox,
+        x["old"],
+        x["old"] != 0,
+        x["mask"],
+        mode,
+        5.0,  # type: ignore[arg-type]
+    )
+    assert torch.equal(weights, x["mask"].float()) and not truncated.any() and not masked.any()
     decoupled, dstats = policy_loss(
         x["logprobs"],
         x["old"],
         x["adv"],
         x["mask"],
         agg=agg,
-        prox_logprobs=x["old"].clone(),  # type: ignore[arg-type]
-        behaviour_weight_cap=5.0,
+        prox_logprobs=prox,
+        weights=weights,  # type: ignore[arg-type]
     )
     (grad_decoupled,) = torch.autograd.grad(decoupled, x["logprobs"])
     assert torch.equal(today, decoupled)
     assert torch.equal(grad_today, grad_decoupled)
-    assert float(dstats["behaviour_weight"]) == 1.0 and float(dstats["behaviour_capped"]) == 0.0
     assert torch.equal(stats["clip_frac"], dstats["clip_frac"])
 
 
@@ -71,35 +83,16 @@ def test_decoupled_loss_clips_against_the_proximal_policy_and_weighs_by_the_capp
     old = torch.tensor([[-1.5, -0.2, -2.0]])  # behaviour: sampled them
     prox = torch.tensor([[-1.2, -1.0, -0.5]])  # the weights before this update
     adv, mask = torch.tensor([1.0]), torch.ones(1, 3, dtype=torch.long)
-    loss, stats = policy_loss(
-        logp, old, adv, mask, agg="seq-mean-token-sum", prox_logprobs=prox, behaviour_weight_cap=2.0
+    weights, truncated, _ = importance_weights(prox, old, old != 0, mask, "tis", 2.0)
+    loss, _ = policy_loss(
+        logp, old, adv, mask, agg="seq-mean-token-sum", prox_logprobs=prox, weights=weights
     )
     ratio = torch.exp(logp.detach() - prox)
     weight = torch.exp(prox - old).clamp(max=2.0)
     expected = (weight * torch.maximum(-ratio, -ratio.clamp(0.8, 1.2))).sum()
     assert torch.allclose(loss, expected)
     assert weight[0, 2] == 2.0  # exp(1.5) capped
-    assert float(stats["behaviour_capped"]) == pytest.approx(1 / 3)
-
-
-def test_decoupled_loss_can_mask_tokens_over_the_cap_as_areal_does():
-    """``behaviour_weight_mode="mask"``: a token whose weight is over the cap gets weight 0
-    (no gradient), where ``clamp`` gives it the cap."""
-    logp = torch.tensor([[-1.0, -1.0, -2.0]], requires_grad=True)
-    old = torch.tensor([[-1.5, -0.2, -2.0]])
-    prox = torch.tensor([[-1.2, -1.0, -0.5]])  # the third token's weight, exp(1.5), is over 2
-    adv, mask = torch.tensor([1.0]), torch.ones(1, 3, dtype=torch.long)
-    options = {"agg": "seq-mean-token-sum", "prox_logprobs": prox, "behaviour_weight_cap": 2.0}
-    loss, stats = policy_loss(logp, old, adv, mask, behaviour_weight_mode="mask", **options)
-    (grad,) = torch.autograd.grad(loss, logp)
-    ratio = torch.exp(logp.detach() - prox)
-    weight = torch.exp(prox - old)
-    weight[0, 2] = 0.0
-    assert torch.allclose(loss, (weight * torch.maximum(-ratio, -ratio.clamp(0.8, 1.2))).sum())
-    assert grad[0, 2] == 0 and grad[0, 1] != 0  # (the first token is clipped)
-    assert float(stats["behaviour_capped"]) == pytest.approx(1 / 3)
-    with pytest.raises(ValueError, match="clamp or mask"):
-        policy_loss(logp, old, adv, mask, behaviour_weight_mode="drop", **options)  # type: ignore[arg-type]
+    assert truncated.tolist() == [[False, False, True]]
 
 
 def test_the_loss_statistics_keep_one_meaning_and_name_the_proximal_ones_apart():
@@ -151,16 +144,15 @@ def test_a_decoupled_update_on_fresh_samples_has_the_synchronous_gradient():
     tok = build_tiny_tokenizer()
     batch = sampled_batch(build_tiny_model(tok, seed=0), tok)
     batch.staleness = [1] * len(batch)
-    grads, sums = {}, {}
+    grads = {}
     for mode in ("rollout", "decoupled"):
         trainer = PolicyTrainer(
             build_tiny_model(tok, seed=0), PolicyUpdateConfig(old_logprobs=mode)
         )
-        sums[mode] = trainer.accumulate_gradients(batch)
+        trainer.accumulate_gradients(batch)
         grads[mode] = {n: p.grad for n, p in trainer.model.named_parameters()}
-    assert sums["decoupled"]["behaviour_weight"] / sums["decoupled"]["tokens_run"] == (
-        pytest.approx(1.0, abs=1e-5)
-    )
+    stepped = PolicyTrainer(build_tiny_model(tok, seed=0), PolicyUpdateConfig(old_logprobs=mode))
+    assert stepped.step(batch)["behaviour_weight"] == pytest.approx(1.0, abs=1e-5)
     for name, grad in grads["rollout"].items():
         assert torch.allclose(grad, grads["decoupled"][name], rtol=1e-3, atol=1e-8), name
 
