@@ -159,3 +159,39 @@ def test_documented_differences():
     )
     assert float(theirs[0, 0]) == pytest.approx(0.7, rel=1e-5)
     assert float(grpo_advantages(torch.tensor([0.7]), ["g"])[0]) == 0.0
+
+
+@pytest.mark.parametrize("mode", ["tis", "mis"])
+def test_verl_rollout_correction_weights_and_metrics_equal_ours(mode):
+    """verl's rollout correction with the settings that are ours (``rollout_is="token"`` with
+    threshold 2, and for MIS ``rollout_rs="seq_sum_k1"`` with ``"0.5_2.0"``) gives our
+    importance weights (its rejected tokens are our weight-0 ones), and its metrics, under
+    our names (:func:`~voltrl.algorithms.verl.algorithm.mismatch_metrics`), are ours."""
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_rejection_mask
+
+    from voltrl.algorithms.local.loss import importance_weights, mismatch_metrics, mismatch_sums
+    from voltrl.algorithms.verl.algorithm import mismatch_metrics as from_verl
+
+    g = torch.Generator().manual_seed(0)
+    engine = -torch.rand(6, 5, generator=g) * 3 - 0.01
+    trainer = engine + torch.randn(6, 5, generator=g) * 0.6  # some tokens far off, some not
+    mask = torch.ones(6, 5)
+    mask[4, 3:] = 0
+    rejection = {"rollout_rs": "seq_sum_k1", "rollout_rs_threshold": "0.5_2.0"}
+    proto, kept, metrics = compute_rollout_correction_and_rejection_mask(
+        old_log_prob=trainer,
+        rollout_log_prob=engine,
+        response_mask=mask,
+        rollout_is="token",
+        rollout_is_threshold=2.0,
+        **(rejection if mode == "mis" else {}),
+    )
+    w, truncated, masked = importance_weights(trainer, engine, engine != 0, mask, mode, 2.0)
+    assert torch.allclose(w, proto.batch["rollout_is_weights"] * kept, atol=1e-6)
+    assert (mode == "mis") == bool(masked.any())  # the seed makes MIS drop some
+    ours = mismatch_metrics(mismatch_sums(trainer, engine, mask))
+    theirs = from_verl(metrics)
+    assert theirs["mismatch/kl"] == pytest.approx(ours["mismatch/kl"], rel=1e-5)
+    assert theirs["mismatch/truncated"] == pytest.approx(float(truncated.sum() / mask.sum()))
+    if mode == "mis":
+        assert theirs["mismatch/masked"] == pytest.approx(float(masked.sum() / mask.sum()))

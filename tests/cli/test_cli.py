@@ -188,7 +188,8 @@ def test_train_runs_local_rl_from_a_yaml_config(tmp_path, capsys, monkeypatch):
             "model": str(tmp_path / "model"),
             "schedule": {"steps": 1, "tasks_per_step": 2, "group_size": 2},
             "sampling": {"max_tokens": 4},
-            "update": {"lr": 1e-3},
+            "update": {"lr": 1e-3, "rollout_correction": "tis"},
+            "serving": {"dtype": "bfloat16"},
         },
         "trainer": {"n_runners": 1, "run_dir": str(tmp_path / "runs"), "name": "yaml"},
     }
@@ -201,6 +202,13 @@ def test_train_runs_local_rl_from_a_yaml_config(tmp_path, capsys, monkeypatch):
     ]
     assert [m["step"] for m in metrics if "update/loss" in m] == [1]
     assert (tmp_path / "runs" / "yaml" / "final" / "config.json").exists()
+    # a float32 policy served in bfloat16: the update measures the engine against itself
+    # and weighs its tokens (docs/fidelity.md); the run records both settings
+    step = next(m for m in metrics if "update/loss" in m)
+    assert step["mismatch/logprob_abs_mean"] > 0 and 0 <= step["mismatch/truncated"] <= 1
+    recorded = yaml.safe_load((tmp_path / "runs/yaml/train.yaml").read_text())["algorithm"]
+    assert recorded["update"]["rollout_correction"] == "tis"
+    assert recorded["serving"]["dtype"] == "bfloat16"
 
 
 @pytest.mark.slow

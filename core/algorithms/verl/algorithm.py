@@ -50,6 +50,27 @@ if TYPE_CHECKING:
     from voltrl.runtime import TrainContext
 
 
+MISMATCH_NAMES = {
+    "rollout_corr/k3_kl": "mismatch/kl",
+    "rollout_corr/rollout_is_ratio_fraction_high": "mismatch/truncated",
+    "rollout_corr/rollout_rs_masked_fraction": "mismatch/masked",
+}
+"""verl's rollout-correction metrics (``algorithm.rollout_correction``) that are LocalRL's
+``mismatch/*`` (:func:`~voltrl.algorithms.local.loss.mismatch_metrics`, and the correction's
+shares), each under LocalRL's name too: one dashboard curve for both. verl measures no mean or
+largest logprob gap per token (``training/rollout_probs_diff_*`` are of probabilities), so
+``mismatch/logprob_abs_*`` and ``mismatch/tokens_over`` are LocalRL's alone."""
+
+
+def mismatch_metrics(verl_metrics: dict[str, float]) -> dict[str, float]:
+    """The metrics of :data:`MISMATCH_NAMES` among a verl step's, under LocalRL's names."""
+    return {
+        ours: verl_metrics[theirs]
+        for theirs, ours in MISMATCH_NAMES.items()
+        if theirs in verl_metrics
+    }
+
+
 class VERL(Algorithm):
     """Distributed RL with verl (FSDP on Ray, vLLM rollout) for agents run by VoltRL.
 
@@ -173,7 +194,7 @@ class VERL(Algorithm):
 
         def on_metrics(step: int, metrics: dict[str, Any]) -> None:
             scalars = {k: float(v) for k, v in metrics.items() if isinstance(v, int | float)}
-            self.history.append(ctx.log(step, **scalars))
+            self.history.append(ctx.log(step, **scalars, **mismatch_metrics(scalars)))
 
         def val_stats() -> dict[str, float]:
             assert manager is not None
