@@ -6,6 +6,7 @@ error becomes an exit status.
     voltrl train CONFIG.yaml [--loggers NAMES]
     voltrl runs [--store PATH | --run-dir DIR]
     voltrl show RUN [ROLLOUT_ID] [--store SPEC | --run-dir DIR]
+    voltrl audit RUN [--store SPEC | --run-dir DIR] [--tokenizer PATH] [--json] [--all]
     voltrl serve [--store SPEC] [--host H] [--port N] [--token-file F] [--backend URL ...]
     voltrl dashboard [SOURCE ...] [--host H] [--port N]
     voltrl gateway --store URL --backend URL [--token-file F] [--host H] [--port N]
@@ -25,10 +26,10 @@ import sys
 from collections.abc import Sequence
 
 from voltrl._console import printable
-from voltrl.cli import dashboard, dev, model, runner, runs, serve, show, train
+from voltrl.cli import audit, dashboard, dev, model, runner, runs, serve, show, train
 from voltrl.errors import TooManyFailuresError, VoltRLError
 
-_COMMANDS = (dev, train, runs, show, serve, dashboard, runner, model)
+_COMMANDS = (dev, train, runs, show, audit, serve, dashboard, runner, model)
 """The command modules, in the order ``voltrl --help`` lists them (serve adds ``gateway`` too)."""
 
 

@@ -3,7 +3,8 @@
 :func:`find_run` finds a run by id, name or run directory in a store or in the stores of a
 directory of run directories; :func:`load_run` loads its rollouts, ``metrics.jsonl`` and an APO
 run's candidates (a :class:`RunView`); :func:`load_rollout` one rollout with its attempts, calls,
-rewards and spans (a :class:`RolloutView`). Rendering is :mod:`.show`'s.
+rewards and spans (a :class:`RolloutView`); :func:`run_directory` where its files are. Rendering
+is :mod:`.show`'s.
 """
 
 from __future__ import annotations
@@ -96,6 +97,21 @@ async def find_run(
         )
     where = parse_store(spec, token=token, existing=True)
     return Found(where.open(retries=2), chosen, where.describe(), where.sqlite_file, note, asked)
+
+
+def run_directory(found: Found, run_dir: str | Path = "runs") -> Path | None:
+    """The run's directory (its ``metrics.jsonl``, its saved tokenizer): its SQLite store's
+    own (``runs/NAME/store.sqlite``) or a sibling of the run's name, else ``run_dir/NAME``;
+    None when none is found (a store server, PostgreSQL)."""
+    name = found.run.name
+    candidates = [Path(run_dir) / name]
+    if found.path is not None:
+        own = found.path.parent
+        candidates[:0] = [own] if own.name == name else [own / name, own]
+    for candidate in candidates:
+        if any((candidate / f).exists() for f in ("metrics.jsonl", "store.sqlite", "tokenizer")):
+            return candidate
+    return None
 
 
 async def load_run(found: Found, run_dir: str | Path = "runs") -> RunView:

@@ -495,29 +495,31 @@ def audit_calls(
     transitions: Sequence[Transition] | None = None,
     config: TrajectoryConfig | None = None,
     rollout_id: str | None = None,
+    trains: bool = True,
 ) -> RolloutAudit:
     """Audit one rollout attempt's calls (both checks for each, in the builder's order) and
     the trained-token drift of what the builder would train of them under ``config``
     (default :class:`TrajectoryConfig`): with ``transitions`` (the attempt's explicit ones)
     those its ``agent_filter`` keeps, else the calls it would re-tokenize
     (``missing_token_ids="retokenize"``). ``tokenizer`` may be None: the template checks are
-    then not checkable, and divergences show ids only. ``rollout_id`` names the rollout when
-    there are no calls (else their own)."""
+    then not checkable, and divergences show ids only. ``rollout_id`` names the rollout (by
+    default the calls' own); ``trains=False`` (a validation rollout, never
+    trained) looks for no trained-token drift."""
     config = config or TrajectoryConfig()
     calls = ordered(calls)
     audits = tuple(
         audit_call(call, previous, tokenizer)
         for call, previous in zip(calls, previous_calls(calls), strict=True)
     )
-    rollout_id = calls[0].rollout_id if calls else (rollout_id or "")
+    rollout_id = rollout_id or (calls[0].rollout_id if calls else "")
     attempt_id = calls[-1].attempt_id if calls else None
     drift: list[TrainedDrift] = []
-    if transitions is not None:
+    if trains and transitions is not None:
         for i, tr in enumerate(transitions):
             if config.trains_agent(tr.agent_name):
                 found = transition_drift(tr, i, calls, rollout_id)
                 drift += [found] if found is not None else []
-    elif config.missing_token_ids == "retokenize":
+    elif trains and config.missing_token_ids == "retokenize":
         drift = [
             retokenized_drift(c)
             for c in calls

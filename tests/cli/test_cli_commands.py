@@ -7,7 +7,7 @@ import argparse
 
 import pytest
 
-from voltrl.cli import dashboard, dev, model, runner, runs, serve, show, train
+from voltrl.cli import audit, dashboard, dev, model, runner, runs, serve, show, train
 from voltrl.cli.main import build_parser
 
 COMMANDS = {
@@ -15,6 +15,7 @@ COMMANDS = {
     train: ["train", "train.yaml"],
     runs: ["runs", "--wide"],
     show: ["show", "my-run"],
+    audit: ["audit", "my-run", "--json"],
     serve: ["gateway", "--store", "http://h:1", "--backend", "http://b/v1"],
     dashboard: ["dashboard", "runs"],
     runner: ["runner", "--store", "http://h:1", "--agent", "m:a"],
@@ -46,6 +47,7 @@ def test_voltrl_has_exactly_the_commands_its_modules_register() -> None:
         "train",
         "runs",
         "show",
+        "audit",
         "serve",
         "gateway",
         "dashboard",

@@ -213,6 +213,8 @@ class SFT(Algorithm):
 
             update["missing_token_ids"] = "retokenize"
             update["retokenizer"] = chat_retokenizer(tokenizer)
+            if self.trajectory.audit == "warn":  # re-tokenized rows are what it asks for
+                update["audit"] = "off"
         config = self.trajectory.model_copy(update=update)
         trajectories, selected = [], 0
         stores: list[Store] = []

@@ -23,13 +23,13 @@ from voltrl._redact import redact
 from voltrl.errors import NotFoundError, StoreError, VoltRLError
 from voltrl.observability import metrics
 from voltrl.observability.dashboard.open_stores import IDLE_S, MAX_OPEN, OpenStores
+from voltrl.observability.tokenizers import saved_tokenizer
 from voltrl.store.base import Store
 from voltrl.store.browse import RolloutQuery
 from voltrl.store.spec import STORE_FILE, parse_store
 from voltrl.types import Rollout, Run, Span
 
 METRICS_FILE = "metrics.jsonl"
-TOKENIZER_DIRS = ("tokenizer", "final")  # LocalRL saves the first at setup, the second at the end
 
 
 @dataclass
@@ -302,10 +302,9 @@ def tokenizer_dir(entry: RunEntry | None) -> tuple[Path | None, str]:
     token ids are shown as ids (nothing is loaded)."""
     if entry is None or entry.run_dir is None:
         return None, "the run directory is unknown (a store URL): token ids are shown as ids"
-    for name in TOKENIZER_DIRS:
-        path = entry.run_dir / name
-        if (path / "tokenizer_config.json").exists():
-            return path, f"decoded with the tokenizer in {path}"
+    path = saved_tokenizer(entry.run_dir)
+    if path is not None:
+        return path, f"decoded with the tokenizer in {path}"
     return None, f"no tokenizer saved in {entry.run_dir} (LocalRL saves one): ids shown"
 
 

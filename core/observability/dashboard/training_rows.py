@@ -91,6 +91,7 @@ async def step_rows(entry: RunEntry, rollout: Rollout) -> Step:
         trajectory = TrajectoryConfig(**(settings if isinstance(settings, dict) else {}))
     except ValueError as e:
         return Step({}, {}, f"the run's trajectory settings do not load here: {e}")
+    trajectory = trajectory.model_copy(update={"audit": "off"})  # the page shows, never warns
     retokenized = trajectory.missing_token_ids == "retokenize"
     if retokenized:  # needs the run's retokenizer: calls without token ids are left out here
         trajectory = trajectory.model_copy(update={"missing_token_ids": "drop"})
