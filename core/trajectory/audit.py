@@ -311,16 +311,18 @@ def previous_calls(calls: Sequence[LLMCall]) -> list[LLMCall | None]:
     return out
 
 
-def audit_call(call: LLMCall, previous: LLMCall | None, tokenizer: Any | None) -> CallAudit:
+def audit_call(
+    call: LLMCall, previous: LLMCall | None, tokenizer: Any | None, template: Check | None = None
+) -> CallAudit:
     """Both checks of one call, ``previous`` being its agent's previous call (None for the
-    first; see :func:`previous_calls`)."""
+    first; see :func:`previous_calls`); ``template``: its template check, when made already."""
     return CallAudit(
         call_id=call.call_id,
         rollout_id=call.rollout_id,
         attempt_id=call.attempt_id,
         sequence_id=call.sequence_id,
         agent_name=call.agent_name,
-        template=template_check(call, tokenizer),
+        template=template or template_check(call, tokenizer),
         continuation=continuation_check(call, previous, tokenizer),
         previous_call_id=previous.call_id if previous is not None else None,
     )
@@ -330,6 +332,25 @@ def template_check(call: LLMCall, tokenizer: Any | None) -> Check:
     """Whether the call's prompt ids are what the engine makes of its request: the chat
     template over its ``messages`` and ``tools`` with the request's ``add_generation_prompt``,
     ``continue_final_message`` and ``chat_template_kwargs``, encoded without special tokens."""
+    return template_checks([call], tokenizer)[0]
+
+
+def template_checks(calls: Sequence[LLMCall], tokenizer: Any | None) -> list[Check]:
+    """:func:`template_check` of each call, the prompts encoded in one batch (which a fast
+    tokenizer may spread over its threads); encoding is most of the audit's time."""
+    rendered = [_rendered(call, tokenizer) for call in calls]
+    texts = [r for r in rendered if isinstance(r, str)]
+    encoded = iter(tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else [])
+    return [
+        r
+        if isinstance(r, Check)
+        else _compare(next(encoded), c.prompt_token_ids or [], tokenizer, whole=True)
+        for c, r in zip(calls, rendered, strict=True)
+    ]
+
+
+def _rendered(call: LLMCall, tokenizer: Any | None) -> str | Check:
+    """The text the engine renders of the call's request, or the check that cannot be made."""
     body = call.request
     messages = body.get("messages")
     if call.prompt_token_ids is None:
@@ -344,7 +365,7 @@ def template_check(call: LLMCall, tokenizer: Any | None) -> Check:
     try:
         if not isinstance(kwargs, dict):
             raise ChatError("chat_template_kwargs is not an object")
-        text = render_chat(
+        return render_chat(
             tokenizer,
             messages,
             body.get("tools"),
@@ -354,8 +375,6 @@ def template_check(call: LLMCall, tokenizer: Any | None) -> Check:
         )
     except ChatError as e:
         return Check("not_checkable", reason="template_error", detail=str(e))
-    expected = list(tokenizer.encode(text, add_special_tokens=False))
-    return _compare(expected, call.prompt_token_ids, tokenizer, whole=True)
 
 
 def continuation_check(call: LLMCall, previous: LLMCall | None, tokenizer: Any | None) -> Check:
@@ -507,9 +526,10 @@ def audit_calls(
     trained) looks for no trained-token drift."""
     config = config or TrajectoryConfig()
     calls = ordered(calls)
+    templates = template_checks(calls, tokenizer)
     audits = tuple(
-        audit_call(call, previous, tokenizer)
-        for call, previous in zip(calls, previous_calls(calls), strict=True)
+        audit_call(call, previous, tokenizer, template)
+        for call, previous, template in zip(calls, previous_calls(calls), templates, strict=True)
     )
     rollout_id = rollout_id or (calls[0].rollout_id if calls else "")
     attempt_id = calls[-1].attempt_id if calls else None
