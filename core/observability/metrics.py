@@ -121,6 +121,10 @@ FIRST_METRICS = (
     "val/reward_mean",
     "dev/reward_mean",
     "train/reward_std",
+    "mismatch/logprob_abs_mean",
+    "mismatch/logprob_abs_max",
+    "mismatch/kl",
+    "mismatch/tokens_over",
     "update/loss",
     "update/approx_kl",
     "update/kl",
@@ -132,7 +136,9 @@ FIRST_METRICS = (
     "update_s",
     "sft/loss",
 )
-"""The metrics shown first (the dashboard's charts, ``voltrl show``'s sparklines), in order."""
+"""The metrics shown first (the dashboard's charts, ``voltrl show``'s sparklines), in order: the
+rewards, then how far the engine's logprobs are from the trainer's (``mismatch/``), then the
+update's."""
 
 Series = list[tuple[str, list[int], list[float]]]
 
@@ -140,8 +146,9 @@ Series = list[tuple[str, list[int], list[float]]]
 def metric_series(records: Iterable[dict[str, Any]]) -> Series:
     """Every numeric metric as ``(name, steps, values)`` over the steps that logged it
     (several records of one step: the last wins), :data:`FIRST_METRICS` first (each LoRA
-    adapter's ``update/<adapter>/<metric>`` beside its ``update/<metric>``, its rows'
-    ``reward_mean`` beside the training reward), then by name."""
+    adapter's ``update/<adapter>/<metric>`` beside its ``update/<metric>``, its
+    ``mismatch/<adapter>/<metric>`` beside ``mismatch/<metric>``, its rows' ``reward_mean``
+    beside the training reward), then by name."""
     by_name: dict[str, dict[int, float]] = {}
     for record in records:
         step = record.get("step")
@@ -156,8 +163,8 @@ def metric_series(records: Iterable[dict[str, Any]]) -> Series:
 
     def rank(name: str) -> tuple[int, str]:
         parts = name.split("/")
-        if len(parts) == 3 and parts[0] == "update":  # a LoRA adapter's: update/<adapter>/loss
-            base = "train/reward_mean" if parts[2] == "reward_mean" else f"update/{parts[2]}"
+        if len(parts) == 3 and parts[0] in ("update", "mismatch"):  # an adapter's: update/a/loss
+            base = "train/reward_mean" if parts[2] == "reward_mean" else f"{parts[0]}/{parts[2]}"
             return first.get(base, len(first)), name
         return first.get(name, len(first)), name
 

@@ -142,10 +142,14 @@ class TrainedDrift:
                 f"call {self.call_id} was recorded without token ids and re-tokenized: none of "
                 "its trained tokens was sampled"
             )
-        near = f"call {self.call_id}'s sampled response" if self.call_id else "no recorded call"
+        near = (
+            f"the nearest sampled response is call {self.call_id}'s"
+            if self.call_id
+            else "the attempt recorded no call"
+        )
         return (
             f"explicit transition {self.transition}'s response is not sampled tokens from "
-            f"position {self.position} on (nearest: {near})"
+            f"position {self.position} on ({near})"
         )
 
 

@@ -336,6 +336,49 @@ def test_a_live_rollout_keeps_the_token_view_it_opened(browser, tmp_path: Path) 
         ]
 
 
+def test_the_token_drift_audit_on_the_run_page_and_in_a_calls_token_view(
+    browser, tmp_path: Path
+) -> None:
+    """The run page fetches its audit once loaded (the diverging call a link to its
+    rollout) and charts the mismatch curves among the main ones, after the reward; the
+    call's token view says which check diverges and marks that prompt token."""
+    from dashboard_drift import MISMATCH, SPLIT_AT, make_drift_run
+
+    drift = make_drift_run(tmp_path)
+    with serve_in_thread(dashboard_app(Catalog([tmp_path]), refresh_s=REFRESH_S)) as server:
+        d = visit(browser, f"{server.url}/runs/{drift.run_id}", "run-audit")
+        until(d, lambda: css(d, "#audit[data-loaded=yes] .audit-summary"))
+        summary = css(d, ".audit-summary")[0]
+        assert summary.get_attribute("data-diverging") == "1"
+        assert summary.get_attribute("data-trained-drift") == "1"
+        assert "every trained token was sampled" not in summary.text
+        until(d, lambda: css(d, ".chart canvas"))
+        d.execute_script("arguments[0].scrollIntoView()", summary)
+        d.save_screenshot(str(SHOTS / "run-audit.png"))
+        main = [c.get_attribute("data-metric") for c in css(d, "#charts > .chart")]
+        assert main[: 1 + len(MISMATCH)] == ["train/reward_mean", *MISMATCH]
+
+        css(d, f".audit-calls a[href$='/rollouts/{drift.drift}']")[0].click()
+        until(d, lambda: css(d, "section.call"))
+        view = css(d, "details#t-1-1")[0]
+        open_part(d, view)
+        check = css(view, ".audit .check[data-check=continuation]")[0]
+        assert f"diverges at {SPLIT_AT}" in check.text and "diverges" in check.get_attribute(
+            "class"
+        )
+        prompt = css(view, "details.prompt-tokens")[0]
+        assert f"diverges at {SPLIT_AT}" in css(prompt, "summary")[0].text
+        css(prompt, "summary")[0].click()
+        marked = css(view, ".tok.prompt.drift")
+        until(d, lambda: marked[0].is_displayed())
+        assert [m.get_attribute("data-drift") for m in marked] == [str(SPLIT_AT)]
+        tokens = css(view, ".tok.prompt")
+        assert tokens[SPLIT_AT] == marked[0]  # the token at that position, counted from 0
+        d.execute_script("arguments[0].scrollIntoView({block: 'center'})", marked[0])
+        d.save_screenshot(str(SHOTS / "call-drift.png"))
+        visit(d, d.current_url, "rollout-drift")  # no console error on the way
+
+
 def test_signing_in_and_out_through_the_page(browser, runs_dir: Path) -> None:
     """With a token: the sign-in form leads back to the page asked for, the session cookie is
     out of scripts' reach and holds no token, and "Sign out" ends it."""

@@ -4,7 +4,8 @@ Pages (under the mount point, ``/`` for ``voltrl dashboard``, ``/ui`` in ``voltr
 
 ===========================  ==============================================================
 ``/``                        runs: status, steps, reward, duration; pick two to compare
-``/runs/{run_id}``           a run: a chart per metric, rollouts per resources version
+``/runs/{run_id}``           a run: a chart per metric, its token-drift audit (fetched once
+                             the page has loaded: :mod:`.audit_part`), rollouts per version
 ``/compare?run=A&run=B``     two runs' metrics on shared charts
 ``/rollouts``                rollouts: filters, sorting and pages answered by the store; a
                              filter on recorded events' fields (:mod:`.event_filter`)
@@ -52,6 +53,7 @@ from voltrl._redact import shown
 from voltrl.errors import NotFoundError, StoreError
 from voltrl.observability import prompt_search
 from voltrl.observability.dashboard import conversation, data, training_rows
+from voltrl.observability.dashboard.audit_part import add_audit_part
 from voltrl.observability.dashboard.event_filter import filter_by_events, parse
 from voltrl.observability.dashboard.rollout_page import add_rollout_pages
 from voltrl.observability.dashboard.sessions import DEFAULT_SESSION_S, SESSION_COOKIE, Sessions
@@ -306,6 +308,7 @@ def dashboard_app(
         )
 
     add_rollout_pages(app, catalog, page)
+    add_audit_part(app, catalog, page)
 
     @app.get("/group", response_class=HTMLResponse)
     async def group(

@@ -15,7 +15,9 @@ kilobytes, and what the reader opens costs one call's tokens.
 
 =================================================  ============================================
 ``/rollouts/{id}``                                 the page
-``/rollouts/{id}/calls/{attempt}/{seq}/tokens``    a call's tokens: the response, then the prompt
+``/rollouts/{id}/calls/{attempt}/{seq}/tokens``    a call's tokens: its token-drift audit, the
+                                                   response, then the prompt (where a check
+                                                   diverges marked)
 ``/rollouts/{id}/calls/{attempt}/{seq}/request``   a call's whole request
 ``/rollouts/{id}/rows``                            the training rows (fetched once the page loaded)
 ``/rollouts/{id}/rows/{index}/tokens``             a training row's tokens and loss mask
@@ -42,6 +44,7 @@ from fastapi.responses import HTMLResponse
 from voltrl.errors import NotFoundError
 from voltrl.observability.dashboard import conversation, data, training_rows
 from voltrl.store.base import Store
+from voltrl.trajectory.audit import CallAudit, audit_call, ordered, previous_calls
 from voltrl.types import Attempt, LLMCall, Rollout
 
 Page = Callable[..., HTMLResponse]
@@ -78,7 +81,7 @@ def add_rollout_pages(app: FastAPI, catalog: data.Catalog, page: Page) -> None:
         request: Request, rollout_id: str, attempt: int, sequence: int
     ) -> HTMLResponse:
         store, ro, entry = await catalog.rollout(rollout_id)
-        call = await _call(store, ro, attempt, sequence)
+        call, previous = await _call_and_previous(store, ro, attempt, sequence)
         if not call.has_token_ids:
             return page(request, "tokens.html", ids=False)
         view = await _token_view(
@@ -86,6 +89,7 @@ def add_rollout_pages(app: FastAPI, catalog: data.Catalog, page: Page) -> None:
             call.prompt_token_ids or [],
             call.response_token_ids or [],
             call.response_logprobs or [],
+            audited=(call, previous),
         )
         return page(request, "tokens.html", ids=True, exp=_prob, **view)
 
@@ -148,12 +152,22 @@ def add_rollout_pages(app: FastAPI, catalog: data.Catalog, page: Page) -> None:
 async def _call(store: Store, ro: Rollout, attempt: int, sequence: int) -> LLMCall:
     """Call ``sequence`` of attempt number ``attempt`` of ``ro``; raises
     :class:`NotFoundError`."""
+    return (await _call_and_previous(store, ro, attempt, sequence))[0]
+
+
+async def _call_and_previous(
+    store: Store, ro: Rollout, attempt: int, sequence: int
+) -> tuple[LLMCall, LLMCall | None]:
+    """Call ``sequence`` of attempt number ``attempt`` of ``ro`` and its agent's previous
+    call, the one it should continue (:func:`~voltrl.trajectory.audit.previous_calls`);
+    raises :class:`NotFoundError`."""
     attempts = await store.get_attempts(ro.rollout_id)
     found = next((a for a in attempts if a.index == attempt), None)
     if found is not None:
-        for call in await store.get_llm_calls(ro.rollout_id, found.attempt_id):
+        calls = ordered(await store.get_llm_calls(ro.rollout_id, found.attempt_id))
+        for call, previous in zip(calls, previous_calls(calls), strict=True):
             if call.sequence_id == sequence:
-                return call
+                return call, previous
     raise NotFoundError(f"rollout {ro.rollout_id!r} has no call {sequence} in attempt {attempt}")
 
 
@@ -222,15 +236,20 @@ async def _token_view(
     response: Sequence[int],
     logprobs: Sequence[float | None],
     mask: Sequence[int] | None = None,
+    audited: tuple[LLMCall, LLMCall | None] | None = None,
 ) -> dict[str, Any]:
     """A token view's context: each response token with its logprob and loss mask (None:
     a call's, no mask), the prompt's tokens, how they were decoded (on a thread: a first
-    tokenizer loads slowly)."""
+    tokenizer loads slowly); for a call (``audited``: it and its agent's previous call), its
+    token-drift audit and the prompt positions where a check diverges."""
 
     def decode() -> dict[str, Any]:
         tokenizer, note = data.load_tokenizer(entry)
         texts = data.tokens(response, tokenizer)
+        audit = audit_call(*audited, tokenizer) if audited is not None else None
         return {
+            "audit": audit,
+            "drift_at": _drift_positions(audit),
             "response": [
                 (
                     text,
@@ -244,6 +263,18 @@ async def _token_view(
         }
 
     return await asyncio.to_thread(decode)
+
+
+def _drift_positions(audit: CallAudit | None) -> dict[int, str]:
+    """The prompt positions where a check of ``audit`` diverges, each with what it says."""
+    found: dict[int, str] = {}
+    if audit is None:
+        return found
+    for name, check in (("template", audit.template), ("continuation", audit.continuation)):
+        if check.divergence is not None:
+            at = check.divergence.position
+            found[at] = " and ".join(filter(None, (found.get(at), f"{name} diverges here")))
+    return found
 
 
 def _prob(logprob: float | None) -> float:

@@ -76,11 +76,12 @@ function drawCharts(root, perRun, labels, first) {
   const plots = new Map();
   const wasOpen = root.querySelector("details.more-charts")?.open || false;
   root.innerHTML = "";
-  // A LoRA adapter's update/<adapter>/<metric> is main when update/<metric> is.
+  // A LoRA adapter's update/<adapter>/<metric> is main when update/<metric> is (its
+  // mismatch/<adapter>/<metric> when mismatch/<metric> is).
   const isMain = n => {
-    const adapter = /^update\/[^/]+\/(.+)$/.exec(n);
+    const adapter = /^(update|mismatch)\/[^/]+\/(.+)$/.exec(n);
     return first.includes(n) || (adapter !== null &&
-      (adapter[1] === "reward_mean" || first.includes(`update/${adapter[1]}`)));
+      (adapter[2] === "reward_mean" || first.includes(`${adapter[1]}/${adapter[2]}`)));
   };
   const main = names.filter(isMain);
   const rest = names.filter(n => !isMain(n));
