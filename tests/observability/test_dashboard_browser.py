@@ -369,7 +369,7 @@ def test_the_token_drift_audit_on_the_run_page_and_in_a_calls_token_view(
         prompt = css(view, "details.prompt-tokens")[0]
         assert f"diverges at {SPLIT_AT}" in css(prompt, "summary")[0].text
         css(prompt, "summary")[0].click()
-        marked = css(view, ".tok.prompt.drift")
+        marked = css(view, ".tok.prompt[data-drift]")
         until(d, lambda: marked[0].is_displayed())
         assert [m.get_attribute("data-drift") for m in marked] == [str(SPLIT_AT)]
         tokens = css(view, ".tok.prompt")
