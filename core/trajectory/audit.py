@@ -48,7 +48,8 @@ REASONS: dict[str, str] = {
     "previous_no_token_ids": "the agent's previous call has no token ids",
     "other_model": "the agent's previous call was sampled by another model (a new row)",
 }
-"""Why a check could not be made, by the key counted in :attr:`AuditCounts.not_checkable`."""
+"""Why a check could not be made, by the key counted (``"<check>/<key>"``) in
+:attr:`AuditCounts.reasons`."""
 
 
 @dataclass(frozen=True)
