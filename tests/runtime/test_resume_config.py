@@ -145,7 +145,7 @@ def test_a_setting_added_since_the_run_was_recorded_counts_as_what_the_run_ran_w
             "rollout_correction_cap": 2.0,
         },
         "serving": {"dtype": None},
-        "trajectory": {"group_by_agent": None},
+        "trajectory": {"group_by_agent": None, "audit": "warn"},
     }
     check_resume("r", tmp_path, then, now, setup, tasks)
     # a run that recorded the decoupled weight's bound by its old name ran with today's tis

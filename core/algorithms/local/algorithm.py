@@ -71,6 +71,7 @@ from voltrl.errors import VoltRLError
 from voltrl.models.lora import LoraAdapters, trainer_parts
 from voltrl.models.precision import checked_dtype, resolve_dtype
 from voltrl.observability.metrics import summarize
+from voltrl.observability.tokenizers import TOKENIZER_DIR
 from voltrl.resources import LLM
 from voltrl.serving.choice import checked_engine
 from voltrl.trajectory import TrainingBatch, TrajectoryConfig, collate, trajectories_from_store
@@ -88,8 +89,6 @@ if TYPE_CHECKING:
 
 LOCAL_EXTRA = ("torch", "transformers", "tokenizers", "peft")
 """What the ``[local]`` extra installs for LocalRL."""
-TOKENIZER_DIR = "tokenizer"
-"""``<run dir>/tokenizer``: the run's tokenizer, saved at setup for tools that decode its ids."""
 
 
 def _metric_name(adapter: str | None, name: str) -> str:

@@ -200,10 +200,11 @@ RESUMABLE: tuple[str, ...] = (
     "serving.dtype",
     "serving.max_batch_size",
     "serving.gateway_retry",
+    "trajectory.audit",
 )
 """The settings (dotted paths in ``LocalRL.config()``) a resumed run may change: more steps,
-how often to validate or checkpoint, where and how fast to compute. None alters the data or
-the model."""
+how often to validate or checkpoint, where and how fast to compute, what the token-drift audit
+does. None alters the data or the model."""
 
 ADDED: dict[str, Any] = {
     "schedule.max_staleness": 0,
@@ -213,6 +214,7 @@ ADDED: dict[str, Any] = {
     "update.rollout_correction_cap": 2.0,
     "serving.dtype": None,
     "trajectory.group_by_agent": None,
+    "trajectory.audit": "warn",
 }
 """Settings added after runs were first recorded, each with the value a run recorded before
 it ran with: a resume compares them as if the run had recorded it. (A run before
