@@ -42,24 +42,32 @@ class RunAudit:
     summary: AuditSummary
 
 
-def trajectory_settings(run: Run) -> TrajectoryConfig:
+def recorded_trajectory(run: Run) -> TrajectoryConfig:
     """The trajectory settings the run recorded (LocalRL's and SFT's ``trajectory``), which
-    decide what its builder trains; the defaults when it recorded none. A run that
-    re-tokenized calls recorded no retokenizer: the audit never calls one."""
+    decide what its builder trains (the defaults when it recorded none), for the tools that
+    rebuild its rows or audit them: a run that re-tokenized calls recorded no retokenizer, so
+    one that refuses to run stands in; settings this version does not know are left out.
+    Raises ``ValueError`` for values it does not take (a run of another VoltRL version)."""
     settings = run.config.get("trajectory")
-    if not isinstance(settings, dict):
-        return TrajectoryConfig()
-    known = {k: v for k, v in settings.items() if k in TrajectoryConfig.model_fields}
+    fields = TrajectoryConfig.model_fields
+    given = settings if isinstance(settings, dict) else {}
+    known = {k: v for k, v in given.items() if k in fields}
     if known.get("missing_token_ids") == "retokenize":
         known["retokenizer"] = _not_here
+    return TrajectoryConfig(**known)
+
+
+def trajectory_settings(run: Run) -> TrajectoryConfig:
+    """:func:`recorded_trajectory`, or the defaults when this version does not take them:
+    what the audit checks the trained rows against."""
     try:
-        return TrajectoryConfig(**known)
+        return recorded_trajectory(run)
     except ValueError:  # settings of another version: what it trains is then the default
         return TrajectoryConfig()
 
 
 def _not_here(call: LLMCall) -> tuple[list[int], list[int]]:
-    raise VoltRLError("the audit re-tokenizes no call")
+    raise VoltRLError("the run's retokenizer is not recorded: this view re-tokenizes no call")
 
 
 def run_tokenizer(run_dir: Path | None, given: str | Path | None = None) -> tuple[Any, str]:

@@ -85,3 +85,21 @@ def test_the_mismatch_curves_come_right_after_the_reward(
     series = client.get(f"/api/runs/{drift.run_id}").json()["series"]
     names = [name for name, _, _ in series]
     assert names == ["train/reward_mean", *MISMATCH, "update/loss"]
+
+
+def test_the_recorded_trajectory_settings_load_for_a_run_that_re_tokenized() -> None:
+    """A run that re-tokenized calls recorded no retokenizer: its settings still load for the
+    rollout page's rows and the audit (a retokenizer that refuses stands in), settings of a
+    later version are left out, and a value this version does not take is a ValueError."""
+    from voltrl.errors import VoltRLError
+    from voltrl.observability.audit_views import recorded_trajectory
+    from voltrl.types import LLMCall, Run
+
+    recorded = {"mode": "trajectory", "missing_token_ids": "retokenize", "from_the_future": 1}
+    settings = recorded_trajectory(Run(name="r", kind="fit", config={"trajectory": recorded}))
+    assert settings.mode == "trajectory" and settings.missing_token_ids == "retokenize"
+    assert settings.retokenizer is not None
+    with pytest.raises(VoltRLError, match="retokenizer is not recorded"):
+        settings.retokenizer(LLMCall(rollout_id="r", attempt_id="a"))
+    with pytest.raises(ValueError, match="mode"):
+        recorded_trajectory(Run(name="r", kind="fit", config={"trajectory": {"mode": "odd"}}))

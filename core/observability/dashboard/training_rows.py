@@ -77,7 +77,8 @@ async def step_rows(entry: RunEntry, rollout: Rollout) -> Step:
     trajectory settings, and the advantage LocalRL's update gives each row in that batch.
     A validation rollout is its own step, with no advantages. Finished steps are kept
     (:data:`STEPS_KEPT`)."""
-    from voltrl.trajectory import TrajectoryConfig, trajectories_from_store
+    from voltrl.observability.audit_views import recorded_trajectory
+    from voltrl.trajectory import trajectories_from_store
 
     run = entry.run
     train = rollout.mode == "train" and rollout.resources_version is not None
@@ -86,9 +87,8 @@ async def step_rows(entry: RunEntry, rollout: Rollout) -> Step:
     )
     if key in _STEPS:
         return _STEPS[key]
-    settings = run.config.get("trajectory")
     try:
-        trajectory = TrajectoryConfig(**(settings if isinstance(settings, dict) else {}))
+        trajectory = recorded_trajectory(run)
     except ValueError as e:
         return Step({}, {}, f"the run's trajectory settings do not load here: {e}")
     trajectory = trajectory.model_copy(update={"audit": "off"})  # the page shows, never warns
