@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("voltrl.trajectory")
 
 _warned_unrewarded: set[str] = set()  # agent names already named in a warning, this process
+_warned_drift: set[str] = set()  # kinds of trained-token drift already warned of, this process
 
 
 def build_trajectory(
@@ -163,8 +164,10 @@ def _trained_drift(
 
 
 def _report_drift(rollout_id: str, drift: Sequence[TrainedDrift], config: TrajectoryConfig) -> None:
-    """One warning for the rollout, or :class:`TokenDriftError` with ``audit="error"``."""
-    if not drift:
+    """:class:`TokenDriftError` with ``audit="error"``; else a warning for the first rollout
+    with each kind of drift in this process (an agent's bug repeats in every rollout: the
+    others are counted, as every one is)."""
+    if not drift or (config.audit == "warn" and {d.kind for d in drift} <= _warned_drift):
         return
     found = "; ".join(d.describe() for d in drift[:5])
     more = f"; and {len(drift) - 5} more" if len(drift) > 5 else ""
@@ -174,9 +177,10 @@ def _report_drift(rollout_id: str, drift: Sequence[TrainedDrift], config: Trajec
     )
     if config.audit == "error":
         raise TokenDriftError(message, rollout_id)
+    _warned_drift.update(d.kind for d in drift)
     logger.warning(
-        'rollout %s: %s; counted as trained_token_drift (TrajectoryConfig(audit="error") '
-        "stops the run)",
+        "rollout %s: %s; counted as trained_token_drift, here and in the later rollouts, which "
+        'are not warned of again (TrajectoryConfig(audit="error") stops the run)',
         rollout_id,
         message,
     )

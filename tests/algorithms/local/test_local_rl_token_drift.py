@@ -12,6 +12,7 @@ from drift_agents import ROWS, altered_transitions_agent, faithful_agent
 from local_rl_setup import make_algorithm
 
 import voltrl as vl
+from voltrl.trajectory import build
 
 ONE_STEP = {
     "schedule": {"steps": 1, "tasks_per_step": 2, "group_size": 2},
@@ -33,13 +34,14 @@ def test_audit_error_stops_a_run_that_would_train_tokens_never_sampled(tmp_path:
         trainer(tmp_path, "stopped", "error").fit(altered_transitions_agent, ROWS)
 
 
-def test_audit_warn_trains_and_counts_the_drift_once_per_rollout(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+def test_audit_warn_trains_warns_once_and_counts_the_drift_of_every_rollout(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(build, "_warned_drift", set())  # none warned of yet in this process
     with caplog.at_level(logging.WARNING, logger="voltrl.trajectory"):
         result = trainer(tmp_path, "warned", "warn").fit(altered_transitions_agent, ROWS)
     warnings = [r.getMessage() for r in caplog.records if "trained-token drift" in r.getMessage()]
-    assert len(warnings) == 4  # one per rollout of the step
+    assert len(warnings) == 1 and "not warned of again" in warnings[0]
     (step,) = [m for m in result.metrics if "batch/rows" in m]
     assert step["batch/trained_token_drift"] == 4
 
