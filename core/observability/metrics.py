@@ -125,6 +125,8 @@ FIRST_METRICS = (
     "mismatch/logprob_abs_max",
     "mismatch/kl",
     "mismatch/tokens_over",
+    "mismatch/truncated",
+    "mismatch/masked",
     "update/loss",
     "update/approx_kl",
     "update/kl",
@@ -139,6 +141,18 @@ FIRST_METRICS = (
 """The metrics shown first (the dashboard's charts, ``voltrl show``'s sparklines), in order: the
 rewards, then how far the engine's logprobs are from the trainer's (``mismatch/``), then the
 update's."""
+
+METRIC_NOTES: dict[str, str] = {
+    "mismatch/logprob_abs_mean": "mean |engine - trainer| logprob of a sampled token (nats), "
+    "over the rows the weights being updated sampled: 0 when the engine computes as the trainer",
+    "mismatch/logprob_abs_max": "the largest |engine - trainer| logprob of a token (nats)",
+    "mismatch/kl": "KL(engine ‖ trainer) per token, k3 estimate (nats)",
+    "mismatch/tokens_over": "share of tokens whose two logprobs differ by more than 0.1",
+    "mismatch/truncated": "share of tokens whose weight update.rollout_correction truncated",
+    "mismatch/masked": "share of tokens update.rollout_correction dropped with their sequence",
+}
+"""A line under a metric's chart saying what it measures, in what unit (docs/fidelity.md)."""
+
 
 Series = list[tuple[str, list[int], list[float]]]
 

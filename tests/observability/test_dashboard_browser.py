@@ -357,6 +357,9 @@ def test_the_token_drift_audit_on_the_run_page_and_in_a_calls_token_view(
         d.save_screenshot(str(SHOTS / "run-audit.png"))
         main = [c.get_attribute("data-metric") for c in css(d, "#charts > .chart")]
         assert main[: 1 + len(MISMATCH)] == ["train/reward_mean", *MISMATCH]
+        # each says what it measures, in what unit
+        note = css(d, "#charts > .chart[data-metric='mismatch/logprob_abs_mean'] .chart-note")
+        assert "(nats)" in note[0].text
 
         css(d, f".audit-calls a[href$='/rollouts/{drift.drift}']")[0].click()
         until(d, lambda: css(d, "section.call"))

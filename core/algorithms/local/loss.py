@@ -406,7 +406,9 @@ def mismatch_sums(trainer: Tensor, engine: Tensor, mask: Tensor) -> dict[str, fl
     With ``d_t = trainer_t - engine_t`` (clamped to ``[-20, 20]``): ``tokens``, ``abs`` =
     ``sum |d_t|``, ``max`` = ``max |d_t|``, ``k3`` = ``sum exp(d_t) - d_t - 1`` (Schulman's k3
     estimator of KL(engine || trainer) from the engine's samples, verl's
-    ``rollout_corr/k3_kl``), ``over`` = the tokens with ``|d_t| > MISMATCH_OVER``. Sums, so
+    ``rollout_corr/k3_kl``; in float64 with ``expm1``, and at least 0 per token as it is
+    exactly, where float rounding of ``exp(d) - d - 1`` for tiny ``d`` goes below),
+    ``over`` = the tokens with ``|d_t| > MISMATCH_OVER``. Sums, so
     that micro-batches add up; :func:`mismatch_metrics` turns them into the step's metrics.
     """
     m = mask.bool()
@@ -417,7 +419,7 @@ def mismatch_sums(trainer: Tensor, engine: Tensor, mask: Tensor) -> dict[str, fl
         "tokens": float(d.numel()),
         "abs": float(d.abs().sum()),
         "max": float(d.abs().max()),
-        "k3": float((torch.exp(d) - d - 1.0).sum()),
+        "k3": float((torch.expm1(d.double()) - d.double()).clamp(min=0).sum()),
         "over": float((d.abs() > MISMATCH_OVER).sum()),
     }
 

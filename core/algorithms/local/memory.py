@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from voltrl.errors import VoltRLError
+from voltrl.models.precision import resolve_dtype
 
 GB = 1024**3
 CONTEXT_TOKENS = 4096
@@ -76,14 +77,18 @@ def estimate(
     adapters: int = 0,
     warm_start: bool = False,
     context_tokens: int = CONTEXT_TOKENS,
+    served_dtype: Any = None,
 ) -> MemoryEstimate:
     """LocalRL's memory for ``model`` (loaded) trained with ``update`` (a
     ``PolicyUpdateConfig``); ``adapters``: named LoRA adapters (0: one, or full fine-tuning);
-    ``warm_start``: an SFT warm-up trains every weight first (its peak counts when larger)."""
+    ``warm_start``: an SFT warm-up trains every weight first (its peak counts when larger);
+    ``served_dtype``: the engine's copy's torch dtype when it is not the model's
+    (``serving.dtype``), which its KV cache takes too."""
     import torch
 
     params = list(model.parameters())
     width = torch.finfo(params[0].dtype).bits // 8
+    served = width if served_dtype is None else torch.finfo(served_dtype).bits // 8
     count = sum(p.numel() for p in params)
     weights = count * width
     if update.use_lora:
@@ -99,10 +104,10 @@ def estimate(
     heads = getattr(config, "num_attention_heads", 1)
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    kv = 2 * layers * kv_heads * head_dim * width * context_tokens * max_batch_size
+    kv = 2 * layers * kv_heads * head_dim * served * context_tokens * max_batch_size
     rl = {
         "weights": weights,
-        "engine copy": weights + (trainable * width if update.use_lora else 0),
+        "engine copy": (count + (trainable if update.use_lora else 0)) * served,
         "reference copy": weights if update.kl_coef > 0 and not update.use_lora else 0,
         "gradients": trainable * 4,  # float32: adapters', masters' or float32 weights' own
         "master weights": trainable * master,
@@ -196,6 +201,9 @@ def check_memory(model: Any, local_rl: Any, report: bool) -> None:
         max_batch_size=local_rl.serving.max_batch_size,
         adapters=len(adapters.names) if adapters is not None else 0,
         warm_start=local_rl.warm_start is not None,
+        served_dtype=None
+        if local_rl.serving.dtype is None
+        else resolve_dtype(local_rl.serving.dtype, next(model.parameters()).device),
     )
     device = next(model.parameters()).device
     if local_rl.serving.engine == "vllm":

@@ -384,7 +384,7 @@ class PolicyTrainer:
         ages = _ages(batch)
         stale = [i for i in data.rows.trained if ages[i] is not None and ages[i] > 0]
         fresh = [i for i in data.rows.trained if ages[i] == 0] if cfg.rollout_correction else []
-        data.prox_logprobs, data.proximal_rows = data.old_logprobs, len(stale)
+        data.prox_logprobs, data.proximal_rows = data.old_logprobs, len(stale) + len(fresh)
         if stale or fresh:
             recomputed = self._logprobs_no_grad(data, sorted(stale + fresh), reference=False)
             scored = torch.zeros_like(data.fresh)

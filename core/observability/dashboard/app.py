@@ -57,7 +57,7 @@ from voltrl.observability.dashboard.audit_part import add_audit_part
 from voltrl.observability.dashboard.event_filter import filter_by_events, parse
 from voltrl.observability.dashboard.rollout_page import add_rollout_pages
 from voltrl.observability.dashboard.sessions import DEFAULT_SESSION_S, SESSION_COOKIE, Sessions
-from voltrl.observability.metrics import FIRST_METRICS, Series, metric_series
+from voltrl.observability.metrics import FIRST_METRICS, METRIC_NOTES, Series, metric_series
 from voltrl.store.browse import RolloutPage, RolloutQuery, duration
 
 HERE = Path(__file__).resolve().parent
@@ -91,6 +91,7 @@ def dashboard_app(
     templates.env.filters["shown"] = conversation.shown_value
     templates.env.globals["REFRESH_S"] = refresh_s
     templates.env.globals["first_metrics"] = [*FIRST_METRICS, *STORE_CURVES]
+    templates.env.globals["metric_notes"] = METRIC_NOTES
     templates.env.globals["url_for"] = _url_path
     templates.env.globals["session_s"] = session_s
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")

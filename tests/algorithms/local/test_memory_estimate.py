@@ -44,6 +44,16 @@ def test_full_fine_tuning_counts_weights_twice_gradients_masters_adam_and_the_kv
     }
     with_kl = estimate(model, PolicyUpdateConfig(kl_coef=0.1), max_batch_size=8)
     assert with_kl.parts["reference copy"] == n * width
+    # served in bfloat16 (serving.dtype): the engine's copy and its KV cache take 2 bytes
+    served = estimate(
+        model,
+        PolicyUpdateConfig(),
+        max_batch_size=8,
+        context_tokens=100,
+        served_dtype=torch.bfloat16,
+    )
+    assert served.parts["engine copy"] == n * 2 and served.parts["KV cache"] == kv * 2 // width
+    assert served.parts["weights"] == n * width
 
 
 @pytest.mark.parametrize("targets", ["all-linear", ["q_proj", "v_proj"]])

@@ -25,11 +25,15 @@ function tick(v) {
   return String(+v.toPrecision(6));
 }
 
+// The engine's mismatch with the trainer (mismatch/...) is never below 0: its charts start
+// at 0, so a flat 0.040-0.042 does not fill the chart as if it swung.
 function chartOptions(name, labels, width) {
+  const fromZero = name.startsWith("mismatch/");
+  const yRange = (u, lo, hi) => (fromZero ? [0, padded(0, hi, true)[1]] : padded(lo, hi, true));
   return {
     width: width, height: 180,
     legend: { show: true, live: true },
-    scales: { x: { time: false, range: (u, lo, hi) => padded(lo, hi, false) }, y: { range: (u, lo, hi) => padded(lo, hi, true) } },
+    scales: { x: { time: false, range: (u, lo, hi) => padded(lo, hi, false) }, y: { range: yRange } },
     axes: [
       { label: "step", size: 36, incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000] },
       { size: 64, values: (u, splits) => splits.map(tick) },
@@ -69,7 +73,7 @@ function aligned(columns) {
 
 // The main metrics (rewards, loss, KL, entropy...: the server's list) get a chart each in
 // view; the rest (counts, timings, settings) are folded under "more metrics".
-function drawCharts(root, perRun, labels, first) {
+function drawCharts(root, perRun, labels, first, notes) {
   const { names, maps } = byName(perRun);
   const columnsWide = Math.max(1, Math.floor(root.clientWidth / 400));
   const width = Math.max(340, Math.min(root.clientWidth, 1500) / columnsWide - 24);
@@ -99,6 +103,12 @@ function drawCharts(root, perRun, labels, first) {
     const title = document.createElement("h4");
     title.textContent = name;
     box.appendChild(title);
+    if (notes[name]) {  // what it measures, in what unit
+      const note = document.createElement("p");
+      note.className = "chart-note";
+      note.textContent = notes[name];
+      box.appendChild(note);
+    }
     (isMain(name) ? root : more.lastElementChild).appendChild(box);
     const data = aligned(maps.map(m => m.get(name)));
     plots.set(name, new uPlot(chartOptions(name, labels, width), data, box));
@@ -114,7 +124,8 @@ function startCharts() {
   const payload = JSON.parse(script.textContent);
   const perRun = payload.compare || [payload.series];
   const first = payload.first || [];
-  let plots = drawCharts(root, perRun, payload.labels, first);
+  const notes = payload.notes || {};
+  let plots = drawCharts(root, perRun, payload.labels, first, notes);
   if (root.dataset.live !== "true" || !root.dataset.src) return;
   const timer = setInterval(async () => {
     try {
@@ -122,7 +133,7 @@ function startCharts() {
       const { names, maps } = byName([answer.series]);
       if (names.length !== plots.size || names.some(n => !plots.has(n))) {
         plots.forEach(p => p.destroy());
-        plots = drawCharts(root, [answer.series], payload.labels, first);
+        plots = drawCharts(root, [answer.series], payload.labels, first, notes);
       } else {
         for (const n of names) plots.get(n).setData(aligned([maps[0].get(n)]));
       }
