@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from voltrl.cli.options import add_token_args, bearer_token
+from voltrl.cli.options import add_run_args, bearer_token
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -43,16 +43,7 @@ def register(sub: Subparsers) -> None:
             "some did (trained-token drift), 2 on a usage error."
         ),
     )
-    audit.add_argument(
-        "run",
-        metavar="RUN",
-        help="a run name or run id (of several runs named so: the latest), or a run directory",
-    )
-    audit.add_argument(
-        "--store", default=None, help="a store.sqlite file, sqlite:///, postgresql://, http(s)://"
-    )
-    audit.add_argument("--run-dir", default="runs", help="directory of run directories")
-    add_token_args(audit)
+    add_run_args(audit)
     audit.add_argument(
         "--tokenizer",
         default=None,

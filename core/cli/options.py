@@ -28,6 +28,21 @@ def add_token_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_run_args(parser: argparse.ArgumentParser) -> None:
+    """Add what finds one recorded run (``voltrl show``, ``voltrl audit``): ``RUN``,
+    ``--store``, ``--run-dir`` and the token's arguments."""
+    parser.add_argument(
+        "run",
+        metavar="RUN",
+        help="a run name or run id (of several runs named so: the latest), or a run directory",
+    )
+    parser.add_argument(
+        "--store", default=None, help="a store.sqlite file, sqlite:///, postgresql://, http(s)://"
+    )
+    parser.add_argument("--run-dir", default="runs", help="directory of run directories")
+    add_token_args(parser)
+
+
 def bearer_token(args: argparse.Namespace) -> str | None:
     """The bearer token: ``--token``, else the first line of ``--token-file``, else
     ``$VOLTRL_TOKEN``."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from voltrl.cli.options import add_token_args, bearer_token
+from voltrl.cli.options import add_run_args, bearer_token
 
 if TYPE_CHECKING:
     from voltrl.cli.options import Subparsers
@@ -14,11 +14,7 @@ if TYPE_CHECKING:
 def register(sub: Subparsers) -> None:
     """Add ``voltrl show`` to the ``voltrl`` parser."""
     show = sub.add_parser("show", help="one run (rollouts, metric curves) or one of its rollouts")
-    show.add_argument(
-        "run",
-        metavar="RUN",
-        help="a run name or run id (of several runs named so: the latest), or a run directory",
-    )
+    add_run_args(show)
     show.add_argument(
         "rollout",
         nargs="?",
@@ -26,11 +22,6 @@ def register(sub: Subparsers) -> None:
         metavar="ROLLOUT_ID",
         help="show this rollout of the run (its id or a unique prefix): calls, rewards, spans",
     )
-    show.add_argument(
-        "--store", default=None, help="a store.sqlite file, sqlite:///, postgresql://, http(s)://"
-    )
-    show.add_argument("--run-dir", default="runs", help="directory of run directories")
-    add_token_args(show)
     show.add_argument(
         "--full", action="store_true", help="fold nothing: whole messages, tracebacks, spans"
     )

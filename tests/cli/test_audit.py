@@ -105,9 +105,10 @@ def test_trained_tokens_that_were_not_sampled_exit_with_status_1(
     assert "trained-token drift: 4 row(s) train tokens that were not sampled (exit 1)" in out
     status, found = audit_json(capsys, "altered", "--run-dir", str(runs))
     assert status == 1 and len(found["trained_drift"]) == 4
-    by_call = {c.call_id: c for (c,) in conversations(runs / "altered")}
+    # each rollout made one call (no call is named where its first token is the changed one)
+    by_rollout = {c.rollout_id: c for (c,) in conversations(runs / "altered")}
     for drift in found["trained_drift"]:
-        sampled = by_call[drift["call_id"]].response_token_ids or []
+        sampled = by_rollout[drift["rollout_id"]].response_token_ids or []
         assert drift["kind"] == "transition" and drift["transition"] == 0
         assert drift["position"] == len(sampled) - 1  # the token the agent changed
 
