@@ -184,8 +184,14 @@ def summary_lines(counts: AuditCounts) -> list[str]:
         f"  template (prompt ids = the messages rendered): {counts.template_identical} "
         f"identical, {counts.template_diverging} diverging",
         f"  continuations (prompt starts with the agent's previous prompt + response): "
-        f"{counts.merged} merged, {counts.split} split by drift (merge rate {rate})",
+        f"{counts.merged} merged, {counts.split} split (merge rate {rate})",
     ]
+    if counts.split:
+        lines.append(
+            f"    split: {counts.split - counts.split_rebuilt} in the previous answer (it came "
+            f"back changed, or not at all: drift), {counts.split_rebuilt} before it (the "
+            "conversation was rebuilt: a new one, a history rendered anew)"
+        )
     if counts.reasons:
         lines.append("  not checked: " + ", ".join(f"{k} {v}" for k, v in counts.reasons.items()))
     drift = counts.trained_drift

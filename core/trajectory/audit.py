@@ -24,6 +24,7 @@ it per ``TrajectoryConfig.audit``.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -77,10 +78,21 @@ class Divergence:
         return f"{before!r} ⟦expected {expected!r} ≠ recorded {recorded!r}⟧"
 
 
+WHERE: dict[str, str] = {
+    "rebuilt": "before the end of the previous prompt: the conversation was rebuilt",
+    "answer": "in the previous answer: it came back changed, or not at all",
+}
+"""Where a continuation diverges (:attr:`Check.detail`): ``rebuilt``, a new conversation or a
+history rendered anew (a multi-agent formatter, a workflow node's own prompt), which no
+trajectory row could continue; ``answer``, the previous answer sent back otherwise than sampled
+(stripped, re-serialised, re-tokenized): drift proper."""
+
+
 @dataclass(frozen=True)
 class Check:
-    """One check of one call: its outcome; the divergence, when it diverges; the reason (a
-    key of :data:`REASONS`) and maybe a detail (the template's error), when not checkable."""
+    """One check of one call: its outcome; the divergence, when it diverges (for a
+    continuation, where: ``detail`` is a key of :data:`WHERE`); the reason (a key of
+    :data:`REASONS`) and maybe a detail (the template's error), when not checkable."""
 
     outcome: Outcome
     divergence: Divergence | None = None
@@ -90,7 +102,8 @@ class Check:
     def describe(self) -> str:
         """One line: ``identical``, ``diverges at 12`` or ``not checkable: no tokenizer``."""
         if self.outcome == "diverges" and self.divergence is not None:
-            return f"diverges at {self.divergence.position}"
+            where = WHERE.get(self.detail or "")
+            return f"diverges at {self.divergence.position}" + (f" ({where})" if where else "")
         if self.outcome == "not_checkable":
             why = REASONS.get(self.reason or "", self.reason or "unknown")
             return f"not checkable: {why}" + (f" ({self.detail})" if self.detail else "")
@@ -160,8 +173,9 @@ class AuditCounts:
 
     ``identical``/``diverging``: calls (:attr:`CallAudit.outcome`); ``audited`` is their sum,
     ``not_checkable`` the calls neither check could be made for. ``merged``/``split``:
-    continuations identical (the builder merges them) and diverging (it splits them by
-    drift). ``reasons``: each check not made, as ``"template/<reason>"`` and
+    continuations identical (the builder merges them) and diverging (it splits them), of which
+    ``split_rebuilt`` before the end of the previous prompt (a rebuilt conversation, not
+    drift: :data:`WHERE`). ``reasons``: each check not made, as ``"template/<reason>"`` and
     ``"continuation/<reason>"``."""
 
     calls: int = 0
@@ -172,6 +186,7 @@ class AuditCounts:
     template_diverging: int = 0
     merged: int = 0
     split: int = 0
+    split_rebuilt: int = 0
     trained_drift: int = 0
     reasons: Mapping[str, int] = field(default_factory=dict)
 
@@ -198,6 +213,7 @@ class AuditCounts:
             template_diverging=self.template_diverging + other.template_diverging,
             merged=self.merged + other.merged,
             split=self.split + other.split,
+            split_rebuilt=self.split_rebuilt + other.split_rebuilt,
             trained_drift=self.trained_drift + other.trained_drift,
             reasons=dict(sorted(reasons.items())),
         )
@@ -214,6 +230,7 @@ class AuditCounts:
             "template_diverging": self.template_diverging,
             "merged": self.merged,
             "split": self.split,
+            "split_rebuilt": self.split_rebuilt,
             "merge_rate": self.merge_rate,
             "trained_drift": self.trained_drift,
             "reasons": dict(self.reasons),
@@ -237,6 +254,7 @@ def counts_of(calls: Iterable[CallAudit], drift: Iterable[TrainedDrift] = ()) ->
         out["template_diverging"] += call.template.outcome == "diverges"
         out["merged"] += call.continuation.outcome == "identical"
         out["split"] += call.continuation.outcome == "diverges"
+        out["split_rebuilt"] += call.continuation.detail == "rebuilt"
     found = sum(1 for _ in drift)
     return AuditCounts(**out, trained_drift=found, reasons=dict(sorted(reasons.items())))
 
@@ -396,7 +414,11 @@ def continuation_check(call: LLMCall, previous: LLMCall | None, tokenizer: Any |
             "not_checkable", reason="other_model", detail=f"{previous.model} → {call.model}"
         )
     expected = previous.prompt_token_ids + previous.response_token_ids
-    return _compare(expected, call.prompt_token_ids, tokenizer, whole=False)
+    check = _compare(expected, call.prompt_token_ids, tokenizer, whole=False)
+    if check.divergence is None:
+        return check
+    rebuilt = check.divergence.position < len(previous.prompt_token_ids)
+    return dataclasses.replace(check, detail="rebuilt" if rebuilt else "answer")
 
 
 def _compare(

@@ -59,7 +59,7 @@ def test_an_agent_that_sends_answers_back_as_they_came_has_no_drift(
     out = capsys.readouterr().out
     assert status == 0
     assert "calls audited: 8 of 8: 8 identical, 0 diverging, 0 not checkable" in out
-    assert "4 merged, 0 split by drift (merge rate 100.0%)" in out
+    assert "4 merged, 0 split (merge rate 100.0%)" in out
     assert "not checked: continuation/first_call 4" in out  # counted, never hidden
     assert "trained-token drift: none" in out and "diverging calls" not in out
     assert f"the run's tokenizer in {runs / 'faithful' / 'tokenizer'}" in out
@@ -73,6 +73,7 @@ def test_an_answer_sent_back_stripped_is_named_with_its_first_diverging_position
     summary = found["summary"]
     assert (summary["calls"], summary["identical"], summary["diverging"]) == (8, 4, 4)
     assert (summary["merged"], summary["split"], summary["template_diverging"]) == (0, 4, 0)
+    assert summary["split_rebuilt"] == 0  # each split in the answer sent back: drift
     calls = {c["call_id"]: c for r in found["rollouts"] for c in r["calls"]}
     for first, second in conversations(runs / "stripped"):
         sampled = first.prompt_token_ids + first.response_token_ids  # type: ignore[operator]
@@ -89,6 +90,7 @@ def test_an_answer_sent_back_stripped_is_named_with_its_first_diverging_position
     assert main(["audit", "stripped", "--run-dir", str(runs), "--limit", "1"]) == 0
     out = capsys.readouterr().out
     assert "diverging calls (1 of 4 shown)" in out and "--all shows every one" in out
+    assert "split: 4 in the previous answer" in out and "0 before it" in out
     assert main(["audit", "stripped", "--run-dir", str(runs), "--all"]) == 0
     out = capsys.readouterr().out
     position = calls[second.call_id]["continuation"]["divergence"]["position"]

@@ -11,7 +11,7 @@ import pytest
 
 from voltrl.errors import TokenDriftError
 from voltrl.models.tiny import build_tiny_tokenizer
-from voltrl.trajectory import TrajectoryConfig, build_trajectory
+from voltrl.trajectory import TrajectoryConfig, build, build_trajectory
 from voltrl.trajectory.audit import (
     AuditCounts,
     audit_calls,
@@ -100,6 +100,27 @@ def test_an_answer_sent_back_stripped_diverges_at_the_first_token_that_differs()
     assert split.recorded_text is not None and split.recorded_text.startswith("a")
     assert "⟦expected" in split.marked()
     assert (audit.counts.merged, audit.counts.split, audit.counts.merge_rate) == (0, 1, 0.0)
+    assert second.continuation.detail == "answer" and audit.counts.split_rebuilt == 0
+    assert "in the previous answer" in second.continuation.describe()
+
+
+def test_a_conversation_rebuilt_before_the_previous_answer_is_told_apart_from_drift() -> None:
+    """A second call whose history changed before the first answer (a new conversation, a
+    multi-agent formatter's history rendered anew) splits the row too, but it is no answer sent
+    back changed: counted as ``split_rebuilt``."""
+    first, _ = conversation(" a a ")
+    again = [
+        {"role": "user", "content": "Say b."},  # not the first call's user turn
+        {"role": "assistant", "content": " a a "},
+        {"role": "user", "content": "Again."},
+    ]
+    audit = audit_calls([first, chat_call(1, again, "a")], TOK)
+    check = audit.calls[1].continuation
+    assert check.outcome == "diverges" and check.detail == "rebuilt"
+    assert check.divergence is not None
+    assert check.divergence.position < len(first.prompt_token_ids or [])
+    assert "the conversation was rebuilt" in check.describe()
+    assert (audit.counts.split, audit.counts.split_rebuilt) == (1, 1)
 
 
 def test_prompt_ids_that_are_not_the_rendered_messages_fail_the_template_check() -> None:
@@ -202,9 +223,10 @@ def test_explicit_transitions_of_sampled_tokens_are_no_drift_and_altered_ones_ar
     assert nothing[0].position == 0 and nothing[0].call_id is None
 
 
-def test_the_builder_warns_once_per_rollout_or_raises_on_trained_token_drift(
-    caplog: pytest.LogCaptureFixture,
+def test_the_builder_warns_once_per_kind_or_raises_on_trained_token_drift(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(build, "_warned_drift", set())  # none warned of yet in this process
     altered = [Transition(prompt_token_ids=[1], response_token_ids=[5, 6, 4], agent_name="a")]
     with caplog.at_level(logging.WARNING, logger="voltrl.trajectory"):
         traj = build_trajectory(rollout(), sampled(), transitions=altered)
