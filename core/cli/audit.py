@@ -177,7 +177,9 @@ def render(audit: RunAudit, console: Console, *, limit: int | None = SHOWN) -> N
 def summary_lines(counts: AuditCounts) -> list[str]:
     """The summary: calls audited, identical, diverging, not checkable by reason; merged and
     split continuations; the trained-token drift."""
-    rate = "-" if counts.merge_rate is None else f"{counts.merge_rate:.1%}"
+    from voltrl.trajectory.audit import percent
+
+    rate = percent(counts.merge_rate)
     lines = [
         f"calls audited: {counts.audited} of {counts.calls}: {counts.identical} identical, "
         f"{counts.diverging} diverging, {counts.not_checkable} not checkable",
@@ -205,10 +207,12 @@ def summary_lines(counts: AuditCounts) -> list[str]:
 
 def agent_lines(agents: dict[str, AuditCounts]) -> list[str]:
     """The counts per agent, one aligned line each under a header."""
+    from voltrl.trajectory.audit import percent
+
     columns = ("calls", "audited", "identical", "diverging", "merged", "split", "merge rate")
     rows = [("agent", *columns, "trained drift")]
     for name, c in agents.items():
-        rate = "-" if c.merge_rate is None else f"{c.merge_rate:.0%}"
+        rate = percent(c.merge_rate, 0)
         values = (c.calls, c.audited, c.identical, c.diverging, c.merged, c.split)
         rows.append((name or "-", *map(str, values), rate, str(c.trained_drift)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]

@@ -237,6 +237,20 @@ class AuditCounts:
         }
 
 
+def percent(rate: float | None, digits: int = 1) -> str:
+    """A rate as the audit prints it: ``-`` for none, and never 100% (or 0%) for a rate that
+    is not (one split among 2,320 continuations is ``>99.9%``, not ``100.0%``)."""
+    if rate is None:
+        return "-"
+    text = f"{rate:.{digits}%}"
+    floor = 10.0**-digits
+    if 0 < rate < 1 and text == f"{100:.{digits}f}%":
+        return f">{100 - floor:.{digits}f}%"
+    if 0 < rate < 1 and text == f"{0:.{digits}f}%":
+        return f"<{floor:.{digits}f}%"
+    return text
+
+
 _COUNTED = {"identical": "identical", "diverges": "diverging", "not_checkable": "not_checkable"}
 
 

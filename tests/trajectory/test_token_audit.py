@@ -255,3 +255,11 @@ def test_a_retokenized_call_is_trained_token_drift() -> None:
         build_trajectory(rollout(), calls, config=config)
     (drift,) = audit_calls(calls, None, config=config).trained_drift
     assert drift.kind == "retokenized"
+
+
+def test_a_rate_is_never_shown_as_100_or_0_percent_when_it_is_not() -> None:
+    from voltrl.trajectory.audit import percent
+
+    assert percent(2319 / 2320) == ">99.9%" and percent(1.0) == "100.0%"
+    assert percent(1 / 5000) == "<0.1%" and percent(0.0) == "0.0%"
+    assert percent(0.5, 0) == "50%" and percent(None) == "-"

@@ -59,6 +59,7 @@ from voltrl.observability.dashboard.rollout_page import add_rollout_pages
 from voltrl.observability.dashboard.sessions import DEFAULT_SESSION_S, SESSION_COOKIE, Sessions
 from voltrl.observability.metrics import FIRST_METRICS, METRIC_NOTES, Series, metric_series
 from voltrl.store.browse import RolloutPage, RolloutQuery, duration
+from voltrl.trajectory.audit import percent
 
 HERE = Path(__file__).resolve().parent
 REFRESH_S = 3
@@ -87,6 +88,7 @@ def dashboard_app(
     templates.env.filters["ago"] = _ago
     templates.env.filters["seconds"] = _seconds
     templates.env.filters["num"] = _num
+    templates.env.filters["percent"] = percent
     templates.env.filters["pretty"] = conversation.text_of
     templates.env.filters["shown"] = conversation.shown_value
     templates.env.globals["REFRESH_S"] = refresh_s
