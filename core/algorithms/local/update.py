@@ -39,6 +39,11 @@ What :meth:`PolicyTrainer.step` does, top to bottom (the maths lives in
 The settings are :class:`~voltrl.algorithms.local.update_config.PolicyUpdateConfig`; where
 checkpoints go is :mod:`~voltrl.algorithms.local.checkpoints`.
 
+One module of ~600 lines, on purpose: the steps above share one prepared batch (``_Prepared``:
+old, proximal and reference logprobs, importance weights, the mismatch measured in the first
+mini-batch), and a reader follows an update top to bottom here; the maths each step calls is
+:mod:`~voltrl.algorithms.local.loss`'s, the row feeding :mod:`.token_rows`'.
+
 Rows are as the trajectory builder made them in either mode: in trajectory mode the
 mask-0 tokens inside a response (tool results, the next user turn) are fed to the model as
 context and get no loss and no gradient.
