@@ -8,23 +8,17 @@ service sends back, which the runner records for the rollout.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import tempfile
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 import voltrl as vl
+from voltrl.openai_clients import async_http_client
 
 SERVICE_URL_ENV = "VOLTRL_AGENT_SERVICE_URL"
 DEFAULT_SERVICE_URL = "http://127.0.0.1:8765"
-
-
-# Building a TLS context reads the CA certificates (tens of ms of CPU): once, not per rollout.
-_tls = functools.cache(httpx.create_ssl_context)
 
 
 class AgentClient:
@@ -40,7 +34,9 @@ class AgentClient:
         """Run the agent on ``row`` on behalf of trace ``trace_id`` (the rollout id); returns
         the service's reply: ``{"reward", "answer", "error"}``."""
         body = {"trace_id": trace_id, "sampling_params": sampling_params, "row": row}
-        async with httpx.AsyncClient(timeout=self.timeout, verify=_tls()) as http:
+        # on the loop's shared connections: a new client per rollout would connect (and
+        # read the CA certificates) again
+        async with async_http_client(timeout=self.timeout) as http:
             response = await http.post(f"{self.url}/chat", json=body)
         if response.status_code != 200:
             raise RuntimeError(f"agent service answered {response.status_code}: {response.text}")

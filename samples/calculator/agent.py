@@ -12,10 +12,7 @@ import operator
 import re
 from typing import Any
 
-from openai import AsyncOpenAI
-
 import voltrl as vl
-from voltrl.adapters.openai_client import async_http_client
 
 SYSTEM = "You are a careful assistant. Use the calculator for arithmetic."
 CALCULATOR = {
@@ -62,15 +59,9 @@ def last_number(text: str | None) -> int | None:
 @vl.rollout
 async def calculator_agent(task: dict[str, Any], llm: vl.LLM) -> float:
     """Answer ``task["question"]``, using the calculator tool when the model asks for it."""
-    # VoltRL's HTTP client shares the process's one TLS context: by default each client
-    # builds its own, reading the CA certificates again (50-190 ms of CPU here, longer than
-    # this tiny model's whole rollout).
-    client = AsyncOpenAI(
-        base_url=llm.endpoint,
-        api_key=llm.api_key,
-        max_retries=0,
-        http_client=async_http_client(),
-    )
+    # Not AsyncOpenAI(...): building one reads the CA certificates (50-190 ms of CPU here,
+    # longer than this tiny model's whole rollout); this one shares the loop's connections.
+    client = llm.openai_client(max_retries=0)
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": SYSTEM},
         {"role": "user", "content": task["question"]},

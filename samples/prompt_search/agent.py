@@ -7,8 +7,6 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from openai import AsyncOpenAI
-
 import voltrl as vl
 
 START = "{text}"
@@ -28,7 +26,7 @@ async def classify(task: dict[str, Any], resources: vl.Resources) -> float:
     """1.0 when the label the reply names first is the review's, else 0.0."""
     llm, template = resources["main_llm"], resources["prompt_template"]
     assert isinstance(llm, vl.LLM) and isinstance(template, vl.PromptTemplate)
-    client = AsyncOpenAI(base_url=llm.endpoint, api_key=llm.api_key)
+    client = llm.openai_client()
     reply = await client.chat.completions.create(
         model=llm.model,
         messages=[{"role": "user", "content": template.format(text=task["text"])}],

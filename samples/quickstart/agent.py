@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import re
 
-from openai import AsyncOpenAI
-
 import voltrl as vl
 
 
 @vl.rollout
 async def agent(task: dict, llm: vl.LLM) -> float:
     """Ask the model the question; reward 1 if the last number in its answer is right."""
-    client = AsyncOpenAI(base_url=llm.endpoint, api_key=llm.api_key)
+    client = llm.openai_client()  # the rollout's endpoint and key, on shared connections
     response = await client.chat.completions.create(
         model=llm.model,
         messages=[
