@@ -104,6 +104,19 @@ def parse_store(
     return StoreSpec("sqlite", str(path))
 
 
+def absolute_spec(spec: str | Path) -> str:
+    """``spec`` as it names the same store from any directory: a file path, a run directory or
+    a ``sqlite:///`` URL made absolute (``runs/teacher`` -> ``/home/me/project/runs/teacher``);
+    ``memory`` and server URLs unchanged. What a run's ``train.yaml`` records, so that it runs
+    again from elsewhere."""
+    text = str(spec)
+    if text == "memory" or ("://" in text and not text.startswith("sqlite:")):
+        return text
+    from voltrl.store.sql import sqlite_path
+
+    return str(sqlite_path(text).resolve())
+
+
 def open_store(
     spec: str | Path | None,
     *,

@@ -39,6 +39,7 @@ from voltrl.errors import VoltRLError
 from voltrl.models.precision import checked_dtype
 from voltrl.models.threads import use_threads
 from voltrl.store import open_store
+from voltrl.store.spec import absolute_spec
 from voltrl.trajectory import TrainingBatch, TrajectoryConfig, collate, trajectories_from_store
 from voltrl.types import Rollout, Task
 
@@ -125,7 +126,9 @@ class SFT(Algorithm):
             raise ValueError("steps, batch_size and micro_batch_size must be at least 1")
         self.model = model
         self.tokenizer = tokenizer
-        self.sources = [source] if isinstance(source, str | Path) else list(source)
+        sources = [source] if isinstance(source, str | Path) else list(source)
+        # absolute: the run's train.yaml names them from any directory
+        self.sources = [absolute_spec(s) for s in sources]
         if not self.sources:
             raise ValueError("SFT needs a source: a run directory or a store")
         self.runs = [runs] if isinstance(runs, str) else list(runs) if runs is not None else None
@@ -338,8 +341,8 @@ class SFT(Algorithm):
     ) -> None:
         """Warm up LocalRL's ``model`` (every weight) with :meth:`run`, unless the run resumes:
         a full checkpoint holds the warmed weights; LoRA checkpoints (``keep_base``) hold the
-        adapters only, so the warmed model is kept in ``<run dir>/warm_start`` and loaded
-        again. ``threads``: LocalRL's, used unless this SFT was given its own."""
+        adapters only, so the warmed model is kept in ``<run dir>/warm_start`` (with its
+        tokenizer: a model directory that serves and loads on its own) and loaded again. ``threads``: LocalRL's, used unless this SFT was given its own."""
         from voltrl.models.loading import quiet_transformers
 
         warmed = ctx.run_dir / "warm_start"
@@ -347,9 +350,10 @@ class SFT(Algorithm):
             if self.threads is None:
                 self.threads = threads
             await self.run(ctx, model, tokenizer)
-            if keep_base:
+            if keep_base:  # a model directory of its own: `voltrl model serve` serves it
                 with quiet_transformers():
                     await asyncio.to_thread(model.save_pretrained, warmed)
+                    await asyncio.to_thread(tokenizer.save_pretrained, warmed)
         elif keep_base:
             if not (warmed / "config.json").exists():
                 raise VoltRLError(

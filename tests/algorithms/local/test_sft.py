@@ -350,7 +350,7 @@ def test_voltrl_train_runs_sft_alone_and_as_local_rls_warm_start_from_yaml(
 @pytest.mark.slow
 def test_a_resumed_lora_run_puts_its_adapters_back_on_the_warm_started_base(tmp_path):
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     run_dir = record_teacher_run(tmp_path)
 
@@ -371,6 +371,9 @@ def test_a_resumed_lora_run_puts_its_adapters_back_on_the_warm_started_base(tmp_
 
     fit(1, resume=False)
     warmed = AutoModelForCausalLM.from_pretrained(tmp_path / "runs" / "lora" / "warm_start")
+    # a model directory of its own, tokenizer included: `voltrl model serve` can serve it
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "runs" / "lora" / "warm_start")
+    assert tokenizer.chat_template == build_tiny_tokenizer().chat_template
     fresh = vl.LocalRL("tiny")._load()[0]
     resumed, sft = fit(2, resume=True)
     assert sft.losses == []  # not warmed again
@@ -394,3 +397,17 @@ def test_a_cancelled_warm_up_stops_its_training_thread_between_steps(tmp_path):
 
     losses = sft.fit_batch(build_tiny_model(tok), batch, cancel_at_step_3)
     assert len(losses) == 3
+
+
+def test_a_relative_source_is_recorded_absolute_so_train_yaml_runs_from_anywhere(
+    tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    sources = ["runs/teacher", "sqlite:///runs/other.sqlite", "memory", "http://127.0.0.1:9/"]
+    recorded = vl.SFT("tiny", source=sources).config()["source"]
+    assert recorded == [
+        str(tmp_path / "runs" / "teacher"),
+        str(tmp_path / "runs" / "other.sqlite"),
+        "memory",
+        "http://127.0.0.1:9/",
+    ]
