@@ -42,7 +42,7 @@ def step_line(
     parts = []
     for key, m in trained.items():
         done = (
-            f"trained {m['adv_tokens']:.0f} tok ({m['tokens_per_s']:.0f}/s)"
+            f"trained {m['adv_tokens']:.0f} tok ({m.get('tokens_per_s', 0):.0f}/s)"
             if m["adv_tokens"]
             else "trained 0 tokens with non-zero advantage"
         )

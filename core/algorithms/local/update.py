@@ -251,7 +251,8 @@ class PolicyTrainer:
         equal, so the policy gradient is zero),
         ``tokens_forward`` (tokens fed to the model for training, padding included, a shared
         prompt prefix once per micro-batch),
-        ``padding_frac``, ``tokens_per_s`` (trained tokens per second), ``seconds``,
+        ``padding_frac``, ``tokens_per_s`` (tokens of the rows run, per second; absent when no
+        row ran, as when every advantage was 0), ``seconds``,
         ``lr`` and ``step`` (updates done so far, this one included). ``clip_frac``,
         ``approx_kl`` and ``ratio_mean`` are against the sampling policy whatever
         ``old_logprobs`` is; with ``decoupled`` the same against the proximal policy (where
@@ -318,11 +319,12 @@ class PolicyTrainer:
             "adv_tokens": sums.get("adv_tokens", 0.0),
             "tokens_forward": sums.get("tokens_forward", 0.0),
             "padding_frac": sums.get("padding", 0.0) / max(sums.get("tokens_forward", 0.0), 1.0),
-            "tokens_per_s": sums.get("tokens", 0.0) / seconds,
             "seconds": seconds,
             "lr": float(self.optimizer.param_groups[0]["lr"]),
             "step": float(self.global_step),
         }
+        if sums.get("tokens_run"):  # no row ran: no rate (it would be the tokens / ~0 s)
+            metrics["tokens_per_s"] = sums["tokens_run"] / seconds
         if data.ref_logprobs is not None:
             metrics["kl"] = sums.get("kl", 0.0) / n_steps
         if data.prox_logprobs is not None:  # the clip's statistics against the proximal policy

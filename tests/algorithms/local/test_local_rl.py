@@ -202,10 +202,13 @@ def test_a_step_whose_rollouts_all_failed_is_not_trained_on(tmp_path: Path, caps
 def test_steps_whose_groups_all_share_a_reward_say_nothing_was_trained(tmp_path: Path, capsys):
     algo = make_algorithm(schedule={"steps": 2}, validation={"every": 0}, checkpoints={"every": 0})
     trainer = vl.Trainer(algo, n_runners=1, inline=True, run_dir=tmp_path, name="z")
-    trainer.fit(same_reward, ROWS)
+    result = trainer.fit(same_reward, ROWS)
     out = capsys.readouterr().out
     assert out.count("trained 0 tokens with non-zero advantage") == 2
     assert out.count("every group had the same reward") == 1  # warned once
+    # no row ran: no tokens-per-second point (it was the batch's tokens over ~0 s, a spike)
+    steps = [m for m in result.metrics if "update/tokens" in m]
+    assert len(steps) == 2 and not any("update/tokens_per_s" in m for m in steps)
 
 
 def test_validation_sampling_inherits_the_training_sampling_unless_overridden():
