@@ -342,7 +342,8 @@ class SFT(Algorithm):
         """Warm up LocalRL's ``model`` (every weight) with :meth:`run`, unless the run resumes:
         a full checkpoint holds the warmed weights; LoRA checkpoints (``keep_base``) hold the
         adapters only, so the warmed model is kept in ``<run dir>/warm_start`` (with its
-        tokenizer: a model directory that serves and loads on its own) and loaded again. ``threads``: LocalRL's, used unless this SFT was given its own."""
+        tokenizer: a model directory that serves and loads on its own) and loaded again.
+        ``threads``: LocalRL's, used unless this SFT was given its own."""
         from voltrl.models.loading import quiet_transformers
 
         warmed = ctx.run_dir / "warm_start"
