@@ -2,8 +2,9 @@
 
 1. **Teacher.** The sample's agent, unchanged, runs its teacher tasks with ``dev`` against a
    scripted teacher (``samples/teacher_server.py`` + the sample's ``teacher.py``: an imperfect
-   player, answering like a hosted API, without token ids). The real framework renders every
-   prompt and the gateway records every call into ``runs/<sample>-teacher<seed>-<key>/``.
+   player, answering like a hosted API, without token ids; VoltRL's teacher server,
+   :mod:`voltrl.serving.teacher`). The real framework renders every prompt and the gateway
+   records every call into ``runs/<sample>-teacher<seed>-<key>/``.
    Recorded once per teacher configuration (tasks, teacher seed, teacher code) and reused by
    every seed.
 2. **SFT.** A tiny model built from scratch (random weights, the built-in tokenizer; saved
@@ -96,10 +97,13 @@ def word_problem_sets(
 def record_teacher(recipe: Recipe, out: Path, seed: int) -> Path:
     """The teacher's ``dev`` run directory for teacher seed ``seed``, recorded now unless an
     identical one exists (same tasks, seed, teacher and agent code)."""
-    from teacher_server import load_policy, serve_teacher
+    from teacher_server import load_sample_teacher
+
+    from voltrl.serving import teacher as teacher_server
 
     tasks, _, _ = recipe.tasks(0)
-    code = [  # the teacher and the agent: a change to either records again
+    code = [  # the teacher, its server and the agent: a change to any records again
+        Path(teacher_server.__file__),
         HERE / "teacher_server.py",
         *sorted(p for p in (HERE / recipe.sample).glob("*.py") if p.name != "recipe.py"),
     ]
@@ -114,7 +118,7 @@ def record_teacher(recipe: Recipe, out: Path, seed: int) -> Path:
     if run_dir.exists():  # an interrupted recording: start it again
         shutil.rmtree(run_dir)
     with (
-        serve_teacher(load_policy(recipe.sample), seed=seed) as url,
+        teacher_server.serve_teacher(load_sample_teacher(recipe.sample), seed=seed) as url,
         _agent(recipe, run_dir) as agent,
     ):
         trainer = vl.Trainer(

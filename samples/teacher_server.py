@@ -1,17 +1,19 @@
-"""A scripted teacher: an OpenAI-compatible chat-completions server that plays a sample's task
-with a scripted policy instead of a model, the way a hosted API answers (no token ids).
+"""A sample's scripted teacher, served OpenAI-compatible by VoltRL's teacher server
+(:mod:`voltrl.serving.teacher`, ``voltrl teacher serve``) the way a hosted API answers (no
+token ids).
 
 The framework samples' CPU learning recipes (``samples/recipe_runner.py``, ``make learn``)
 record a teacher's rollouts through the real framework and gateway with it, then warm-start a
 tiny student on them (:class:`voltrl.SFT`) before RL. A sample's ``teacher.py`` defines the
-policy::
+policy over the whole request body::
 
     def teacher_reply(request: dict, rng: random.Random) -> dict:
         '''The assistant message ({"content": ...} or {"tool_calls": [...]}) for a request.'''
 
-``rng`` is seeded by the teacher's seed and the request's first user message, so every call of
-one episode draws the same numbers (a teacher that decides to make a mistake on a task makes
-it consistently) and a re-run records the same rollouts.
+:func:`sample_policy` makes it a teacher server's policy (which gets ``request`` and ``rng`` by
+naming them). ``rng`` is seeded by the teacher's seed and the request's first user message, so
+every call of one episode draws the same numbers (a teacher that decides to make a mistake on a
+task makes it consistently) and a re-run records the same rollouts.
 
 Standalone, to try a sample's ``dev`` against it::
 
@@ -23,141 +25,49 @@ Standalone, to try a sample's ``dev`` against it::
 from __future__ import annotations
 
 import argparse
-import hashlib
-import importlib.util
-import itertools
-import json
 import random
 import sys
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
+from voltrl.errors import VoltRLError
+from voltrl.serving.teacher import Policy, load_policy
+from voltrl.serving.teacher import serve_teacher as serve_policy
 
-Policy = Callable[[dict[str, Any], random.Random], dict[str, Any]]
-"""A scripted teacher: a chat-completions request body and its rng → the assistant message."""
+SampleTeacher = Callable[[dict[str, Any], random.Random], dict[str, Any]]
+"""A sample's ``teacher_reply``: a chat-completions request body and its rng → the message."""
 
 HERE = Path(__file__).resolve().parent
 
 
-def load_policy(sample: str) -> Policy:
-    """``teacher_reply`` of ``samples/<sample>/teacher.py``."""
+def sample_policy(teacher_reply: SampleTeacher) -> Policy:
+    """The teacher server's policy of a sample's ``teacher_reply(request, rng)``."""
+
+    def policy(messages: list[Any], tools: list[Any], *, request: dict, rng: random.Random):
+        return teacher_reply(request, rng)
+
+    policy.__qualname__ = getattr(teacher_reply, "__qualname__", "teacher_reply")
+    return policy
+
+
+def load_sample_teacher(sample: str) -> Policy:
+    """The policy of ``samples/<sample>/teacher.py`` (its ``teacher_reply``)."""
     path = HERE / sample / "teacher.py"
+    if not path.exists():
+        raise SystemExit(f"no teacher for {sample!r}: {path} does not exist")
     if str(HERE) not in sys.path:  # teachers share modules of this directory
         sys.path.insert(0, str(HERE))
-    spec = importlib.util.spec_from_file_location(f"{sample}_teacher", path)
-    if spec is None or spec.loader is None or not path.exists():
-        raise SystemExit(f"no teacher for {sample!r}: {path} does not exist")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module.teacher_reply
-
-
-def _first_user_text(body: dict[str, Any]) -> str:
-    messages = body.get("messages")
-    for message in messages if isinstance(messages, list) else []:
-        if isinstance(message, dict) and message.get("role") == "user":
-            content = message.get("content")
-            return content if isinstance(content, str) else json.dumps(content)
-    return ""
-
-
-def episode_rng(seed: int, body: dict[str, Any]) -> random.Random:
-    """The rng of a request: the same for every call of an episode (same first user turn)."""
-    digest = hashlib.sha256(f"{seed}\n{_first_user_text(body)}".encode()).digest()
-    return random.Random(int.from_bytes(digest[:8], "big"))
-
-
-def _message(reply: dict[str, Any], ids: Iterator[str]) -> dict[str, Any]:
-    """The OpenAI message of a policy's reply: tool calls get ids (``ids``: the same for the
-    same request, so a re-run records the same conversations) and JSON arguments."""
-    message: dict[str, Any] = {"role": "assistant", "content": reply.get("content")}
-    calls = reply.get("tool_calls") or []
-    if calls:
-        message["tool_calls"] = [
-            {
-                "id": call.get("id") or f"call_{next(ids)}",
-                "type": "function",
-                "function": {
-                    "name": call["name"],
-                    "arguments": call["arguments"]
-                    if isinstance(call["arguments"], str)
-                    else json.dumps(call["arguments"]),
-                },
-            }
-            for call in calls
-        ]
-    return message
-
-
-def teacher_app(policy: Policy, *, seed: int = 0, model: str = "teacher") -> Starlette:
-    """The server: ``POST /v1/chat/completions`` (plain or streamed) and ``GET /v1/models``.
-
-    A policy that raises answers 500 with the exception's text: a teacher bug shows up as the
-    rollout's error, not as a silent default reply.
-    """
-
-    async def chat(request: Request) -> Response:
-        body = await request.json()
-        digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:12]
-        try:
-            message = _message(
-                policy(body, episode_rng(seed, body)), (f"{digest}_{i}" for i in itertools.count())
-            )
-        except Exception as exc:  # a bug in a scripted policy: say so to the caller
-            error = {"message": f"teacher policy failed: {type(exc).__name__}: {exc}"}
-            return JSONResponse({"error": error}, status_code=500)
-        finish = "tool_calls" if message.get("tool_calls") else "stop"
-        head = {"id": f"chatcmpl-{digest}", "created": int(time.time()), "model": model}
-        if body.get("stream"):
-            return StreamingResponse(_chunks(head, message, finish), media_type="text/event-stream")
-        usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
-        choice = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
-        return JSONResponse(
-            {**head, "object": "chat.completion", "choices": [choice], "usage": usage}
-        )
-
-    async def models(_: Request) -> Response:
-        return JSONResponse(
-            {"object": "list", "data": [{"id": model, "object": "model", "owned_by": "teacher"}]}
-        )
-
-    return Starlette(
-        routes=[
-            Route("/v1/chat/completions", chat, methods=["POST"]),
-            Route("/v1/models", models, methods=["GET"]),
-        ]
-    )
-
-
-def _chunks(head: dict[str, Any], message: dict[str, Any], finish: str) -> Iterator[str]:
-    """The SSE stream of one message: the whole delta in one chunk, then the finish."""
-    delta: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
-    if message.get("tool_calls"):
-        delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(message["tool_calls"])]
-    for choice in (
-        {"index": 0, "delta": delta, "finish_reason": None},
-        {"index": 0, "delta": {}, "finish_reason": finish},
-    ):
-        chunk = {**head, "object": "chat.completion.chunk", "choices": [choice]}
-        yield f"data: {json.dumps(chunk)}\n\n"
-    yield "data: [DONE]\n\n"
+    return sample_policy(load_policy(f"{path}:teacher_reply"))
 
 
 @contextmanager
-def serve_teacher(policy: Policy, *, seed: int = 0) -> Iterator[str]:
-    """Serve ``policy`` on loopback (a thread of its own) and yield its ``.../v1`` URL."""
-    from voltrl._http.serving import serve_in_thread
-
-    with serve_in_thread(teacher_app(policy, seed=seed)) as server:
-        yield f"{server.url}/v1"
+def serve_teacher(teacher_reply: SampleTeacher, *, seed: int = 0) -> Iterator[str]:
+    """Serve a sample's ``teacher_reply`` on loopback (a thread of its own) and yield its
+    ``.../v1`` URL."""
+    with serve_policy(sample_policy(teacher_reply), seed=seed) as url:
+        yield url
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -166,10 +76,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=8011)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    import uvicorn
+    from voltrl._http.serving import run, serve_in_thread, wait_for_signal
+    from voltrl.serving.teacher import teacher_app
 
-    app = teacher_app(load_policy(args.sample), seed=args.seed)
-    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning")
+    try:
+        app = teacher_app(load_sample_teacher(args.sample), seed=args.seed)
+    except VoltRLError as exc:
+        raise SystemExit(str(exc)) from None
+    with serve_in_thread(app, port=args.port):
+        print(f"teacher of {args.sample} at http://127.0.0.1:{args.port}/v1", flush=True)
+        run(wait_for_signal())
     return 0
 
 

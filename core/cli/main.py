@@ -12,6 +12,7 @@ error becomes an exit status.
     voltrl gateway --store URL --backend URL [--token-file F] [--host H] [--port N]
     voltrl runner --store URL --agent MODULE:AGENT [--token-file F] [--workers N]
     voltrl model serve PATH|tiny [--host H] [--port N] [--served-name NAME] [--token-file F]
+    voltrl teacher serve MODULE:FUNCTION [--host H] [--port N] [--seed N] [--token-file F]
 
 Errors a user can fix (a bad module path, a missing data file, an unreachable endpoint) print
 one line on stderr and exit with status 2; no traceback. A run stopped by its failures
@@ -26,10 +27,10 @@ import sys
 from collections.abc import Sequence
 
 from voltrl._console import printable
-from voltrl.cli import audit, dashboard, dev, model, runner, runs, serve, show, train
+from voltrl.cli import audit, dashboard, dev, model, runner, runs, serve, show, teacher, train
 from voltrl.errors import TooManyFailuresError, VoltRLError
 
-_COMMANDS = (dev, train, runs, show, audit, serve, dashboard, runner, model)
+_COMMANDS = (dev, train, runs, show, audit, serve, dashboard, runner, model, teacher)
 """The command modules, in the order ``voltrl --help`` lists them (serve adds ``gateway`` too)."""
 
 

@@ -7,7 +7,7 @@ import argparse
 
 import pytest
 
-from voltrl.cli import audit, dashboard, dev, model, runner, runs, serve, show, train
+from voltrl.cli import audit, dashboard, dev, model, runner, runs, serve, show, teacher, train
 from voltrl.cli.main import build_parser
 
 COMMANDS = {
@@ -20,6 +20,7 @@ COMMANDS = {
     dashboard: ["dashboard", "runs"],
     runner: ["runner", "--store", "http://h:1", "--agent", "m:a"],
     model: ["model", "serve", "tiny"],
+    teacher: ["teacher", "serve", "my_teacher.py:policy"],
 }
 
 
@@ -53,4 +54,5 @@ def test_voltrl_has_exactly_the_commands_its_modules_register() -> None:
         "dashboard",
         "runner",
         "model",
+        "teacher",
     }
