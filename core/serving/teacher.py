@@ -17,7 +17,8 @@ them (``docs/own_agent_real_model.md``). The policy is a plain function::
 - an assistant message ``{"content": ..., "tool_calls": [...]}`` (``role`` optional; each call
   as above or in OpenAI's ``{"id", "type", "function": {"name", "arguments"}}``).
 
-It may be ``async def``, and it gets two more arguments by naming them (keyword):
+It may be ``async def`` (a plain function runs on a worker thread, so a slow one holds up no
+other request), and it gets two more arguments by naming them (keyword):
 
 - ``rng``: a :class:`random.Random` seeded by the server's seed and the request's first user
   message, so every call of one episode draws the same numbers (a teacher that decides to err
@@ -51,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -249,6 +251,7 @@ def teacher_app(
     (clients pass it as their API key). A policy that cannot be called as
     ``policy(messages, tools)`` (with the extras it names) is a :class:`VoltRLError` here."""
     extras = _extras(policy)
+    is_async = inspect.iscoroutinefunction(policy)
     name = getattr(policy, "__qualname__", "the policy")
 
     async def chat(request: Request) -> Response:
@@ -262,10 +265,13 @@ def teacher_app(
             )
         digest = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:12]
         given = {"rng": episode_rng(seed, body["messages"]), "request": body}
+        args = (body["messages"], body.get("tools") or [])
+        kwargs = {k: given[k] for k in extras}
         try:
-            reply = policy(
-                body["messages"], body.get("tools") or [], **{k: given[k] for k in extras}
-            )
+            if is_async:
+                reply = policy(*args, **kwargs)
+            else:  # on a worker thread: a slow policy (one asking a model) holds up no other
+                reply = await run_in_threadpool(policy, *args, **kwargs)
             if inspect.isawaitable(reply):
                 reply = await reply
         except Exception as exc:  # a bug in the policy: say so to the caller, keep serving

@@ -10,7 +10,9 @@ import json
 import random
 import re
 import sys
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -306,3 +308,20 @@ def test_voltrl_teacher_serve_errors_are_one_line(tmp_path: Path) -> None:
         done = voltrl("teacher", "serve", *args, "--port", "0", cwd=tmp_path)
         assert done.returncode == 2, done.stderr
         assert said in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_a_plain_policy_waiting_on_something_holds_up_no_other_request() -> None:
+    entered, released = threading.Event(), threading.Event()
+
+    def waiting(messages, tools) -> str:
+        if messages[0]["content"] == "wait":
+            entered.set()
+            return "released" if released.wait(60) else "never released"
+        released.set()
+        return "go"
+
+    with serve_teacher(waiting) as url, ThreadPoolExecutor(1) as pool:
+        first = pool.submit(ask, client(url), "wait")
+        assert entered.wait(60)  # the first request is inside the policy, waiting
+        assert ask(client(url), "release").choices[0].message.content == "go"
+        assert first.result().choices[0].message.content == "released"
