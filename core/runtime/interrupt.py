@@ -4,8 +4,13 @@ A terminal's Ctrl-C (SIGINT) and a scheduler's SIGTERM (a preempted job, ``docke
 ``kill``) are handled alike: the first cancels the run's main task, so the rollouts in flight
 are cancelled, the algorithm checkpoints (LocalRL does when its training is cancelled) and
 the run is marked ``interrupted``, which ``resume`` continues. The run then ends in
-``KeyboardInterrupt`` after Ctrl-C, or in :class:`Terminated` (exit status 143) after SIGTERM.
-A second signal of either kind kills the workers and exits at once, with ``128 + signal``.
+:class:`Interrupted` (a ``KeyboardInterrupt``) after Ctrl-C, or in :class:`Terminated` (exit
+status 143) after SIGTERM. A second signal of either kind kills the workers and exits at once,
+with ``128 + signal``.
+
+Neither prints a traceback when a script leaves it uncaught (both are also ``SystemExit``s):
+the run has already said why it stopped and where its state is, and the stack of
+``asyncio.run`` would say nothing more.
 """
 
 from __future__ import annotations
@@ -34,10 +39,20 @@ class Terminated(SystemExit):
         super().__init__(128 + signal.SIGTERM)
 
 
+class Interrupted(KeyboardInterrupt, SystemExit):
+    """Ctrl-C stopped the run (its state saved, the run marked ``interrupted``). A
+    ``KeyboardInterrupt``, caught as one; and a :class:`SystemExit` with status 130 (128 +
+    SIGINT), so that a script that leaves it uncaught ends as a program stopped by Ctrl-C,
+    without a traceback (the run has printed why it stopped and where it is)."""
+
+    def __init__(self) -> None:
+        SystemExit.__init__(self, 128 + signal.SIGINT)
+
+
 async def interruptible(main: Awaitable[_T], kill: Callable[[], None]) -> _T:
     """Await ``main`` with Ctrl-C and SIGTERM handled. The first of either cancels ``main``
     (which winds down cleanly and marks its run interrupted) and then raises
-    ``KeyboardInterrupt`` (Ctrl-C) or :class:`Terminated` (SIGTERM); a second one calls
+    :class:`Interrupted` (Ctrl-C) or :class:`Terminated` (SIGTERM); a second one calls
     ``kill`` (which should be quick) and exits the process at once with ``128 + signal``.
 
     Signals are handled only in the main thread (Python delivers them there); elsewhere
@@ -73,7 +88,7 @@ async def interruptible(main: Awaitable[_T], kill: Callable[[], None]) -> _T:
         if received[0] == signal.SIGTERM:
             print("terminated by SIGTERM", file=sys.stderr, flush=True)
             raise Terminated from None
-        raise KeyboardInterrupt from None
+        raise Interrupted from None
     finally:
         for sig, handler in previous.items():
             # asyncio resets the signal to its default; put back what was there

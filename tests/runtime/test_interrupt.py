@@ -115,6 +115,46 @@ def test_ctrl_c_stops_voltrl_dev_cleanly_and_marks_the_run_interrupted(
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+def test_ctrl_c_in_a_users_script_ends_it_with_one_line_not_a_traceback(
+    tmp_path: Path, backend: str
+) -> None:
+    """A script calling ``Trainer.dev`` (or ``fit``) and catching nothing: Ctrl-C stops the run
+    as in ``voltrl dev``, and the process ends as Ctrl-C ends a Python program, without the
+    20 lines of ``asyncio.run``'s stack after the run's own message."""
+    command = dev_command(tmp_path, backend)
+    data, url = command[command.index("--data") + 1], command[command.index("--llm-endpoint") + 1]
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(TESTS)!r})\n"
+        "import voltrl as vl\n"
+        "from serving_agents import calls_then_waits\n"
+        f"llm = vl.LLM(endpoint={url!r}, model='fake-model')\n"
+        "trainer = vl.Trainer(resources={'main_llm': llm}, n_runners=1, max_concurrency=4,\n"
+        "                     name='dev-run')\n"
+        f"trainer.dev(calls_then_waits, {data!r})\n"
+        "print('not reached')\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    until(lambda: len(list((tmp_path / "started").iterdir())) == 4, 120, "4 rollouts to start")
+    ctrl_c(proc)
+    out, _ = proc.communicate(timeout=EXIT_S)
+    assert proc.returncode == 130, out  # as a program stopped by Ctrl-C
+    assert "Traceback" not in out and "not reached" not in out
+    assert out.rstrip().endswith("run 'dev-run' interrupted: runs/dev-run"), out
+    runs, _ = stored(tmp_path / "runs" / "dev-run" / "store.sqlite")
+    assert [r.status for r in runs] == ["interrupted"], out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_a_second_signal_of_either_kind_exits_at_once(tmp_path: Path, backend: str) -> None:
     """The rollouts will not let go, so the clean stop the first signal begins is still
     waiting for them (for 12 s) when the second comes, a moment after its message."""
