@@ -4,15 +4,15 @@
 An agent builds its client in each rollout. A default ``AsyncOpenAI`` is expensive to build:
 its TLS context reads the CA certificates (40 ms of CPU on an idle machine, 200 ms under
 training load), on the event loop that runs every other rollout, and it opens new connections
-to the gateway for each rollout. The clients made here cost about 50 µs and open none:
+to the gateway for each rollout. The clients made here cost about 50 µs and reuse connections:
 
 - every client shares one TLS context (:func:`ssl_context`);
-- an async client sends through the connection pool of the event loop it is used on (one pool
-  per loop, every endpoint: connections are kept per host). The client itself holds nothing
-  bound to a loop, so it works from any loop, including ``asyncio.run`` per rollout in
-  threads. A loop's pool closes when the loop shuts down (``asyncio.run``, ``asyncio.Runner``,
-  uvloop: ``shutdown_asyncgens``); pools of loops that closed without it are dropped when the
-  next loop gets one;
+- an async client sends through the connections of the event loop it is used on (per loop,
+  for every endpoint: connections are kept per host, in :data:`SHARDS` pools that clients take
+  in turn). The client itself holds nothing bound to a loop, so it works from any loop,
+  including ``asyncio.run`` per rollout in threads. A loop's pools close when the loop shuts
+  down (``asyncio.run``, ``asyncio.Runner``, uvloop: ``shutdown_asyncgens``); pools of loops
+  that closed without it are dropped when the next loop gets one;
 - sync clients share one pool per process, closed at exit;
 - closing a client (``await client.close()``, ``async with client``) closes that client only,
   never the pool other rollouts use.
@@ -34,6 +34,7 @@ import atexit
 import contextlib
 import contextvars
 import functools
+import itertools
 import os
 import ssl
 import threading
@@ -49,6 +50,15 @@ from voltrl.tracing import rollout_headers
 
 #: The pools' limits: enough connections for a runner's concurrent rollouts, kept between turns.
 LIMITS = httpx2.Limits(max_connections=1000, max_keepalive_connections=256, keepalive_expiry=5.0)
+#: A loop's connections are split over this many pools, each client using one (in turn): a pool
+#: looks at every connection and queued request of its own each time a request starts or ends,
+#: so one pool of 192 connections cost more CPU than it saved (benchmarks/client_start.py).
+SHARDS = 16
+SHARD_LIMITS = httpx2.Limits(
+    max_connections=LIMITS.max_connections,
+    max_keepalive_connections=LIMITS.max_keepalive_connections // SHARDS,
+    keepalive_expiry=LIMITS.keepalive_expiry,
+)
 
 _extra: contextvars.ContextVar[Mapping[str, str] | None] = contextvars.ContextVar(
     "voltrl_request_headers", default=None
@@ -89,11 +99,14 @@ def ssl_context() -> ssl.SSLContext:
 
 @dataclass(eq=False)
 class _LoopPool:
-    """The connection pool of one event loop, closed at the loop's shutdown."""
+    """The connection pools of one event loop (:data:`SHARDS`), closed at its shutdown."""
 
     loop: weakref.ref[asyncio.AbstractEventLoop]
-    transport: httpx2.AsyncHTTPTransport = field(
-        default_factory=lambda: httpx2.AsyncHTTPTransport(verify=ssl_context(), limits=LIMITS)
+    shards: list[httpx2.AsyncHTTPTransport] = field(
+        default_factory=lambda: [
+            httpx2.AsyncHTTPTransport(verify=ssl_context(), limits=SHARD_LIMITS)
+            for _ in range(SHARDS)
+        ]
     )
     closed: bool = False
     # Held here: the loop keeps its async generators in a weak set.
@@ -113,7 +126,8 @@ class _LoopPool:
             if not self.closed:
                 self.closed = True
                 _forget(self)
-                await self.transport.aclose()
+                for shard in self.shards:
+                    await shard.aclose()
 
     def drop(self) -> None:
         """Let go of the pool of a loop that closed without shutting down its async
@@ -135,12 +149,12 @@ def _forget(pool: _LoopPool) -> None:
                 del _pools[key]
 
 
-def _loop_transport() -> httpx2.AsyncHTTPTransport:
-    """The running loop's connection pool, made on first use."""
+def _loop_transport(shard: int) -> httpx2.AsyncHTTPTransport:
+    """One of the running loop's connection pools, made on first use."""
     loop = asyncio.get_running_loop()
     pool = _pools.get(id(loop))
     if pool is not None and pool.loop() is loop and not pool.closed:
-        return pool.transport
+        return pool.shards[shard]
     with _pools_lock:
         for key, known in list(_pools.items()):
             other = known.loop()
@@ -150,15 +164,20 @@ def _loop_transport() -> httpx2.AsyncHTTPTransport:
         pool = _LoopPool(weakref.ref(loop))
         _pools[id(loop)] = pool
     pool.close_at_shutdown()
-    return pool.transport
+    return pool.shards[shard]
 
 
 class _LoopTransport(httpx2.AsyncBaseTransport):
-    """Sends each request through the pool of the loop it is sent on; closing it leaves the
-    pool open."""
+    """Sends each request through the pool of the loop it is sent on (this client's shard of
+    it, so a rollout's calls find its own warm connections); closing it leaves the pool open."""
+
+    _next = itertools.count()
+
+    def __init__(self) -> None:
+        self.shard = next(self._next) % SHARDS
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-        return await _loop_transport().handle_async_request(request)
+        return await _loop_transport(self.shard).handle_async_request(request)
 
 
 _sync_pools: dict[int, httpx2.HTTPTransport] = {}  # by process id: a fork makes its own
@@ -183,7 +202,6 @@ class _ProcessTransport(httpx2.BaseTransport):
         return pool.handle_request(request)
 
 
-_LOOP_TRANSPORT = _LoopTransport()
 _PROCESS_TRANSPORT = _ProcessTransport()
 
 
@@ -199,7 +217,7 @@ def async_http_client(
             request.headers.setdefault(key, value)
 
     return httpx2.AsyncClient(
-        transport=_LOOP_TRANSPORT,
+        transport=_LoopTransport(),
         verify=ssl_context(),  # a proxy from the environment gets a transport of its own
         timeout=timeout,
         event_hooks={"request": [tag]},
