@@ -1,0 +1,109 @@
+"""The real-model recipe of ``docs/own_agent_real_model.md`` runs as written: its three files
+(the code blocks titled ``convert_agent.py``, ``convert_teacher.py`` and ``train.py``) are
+copied out of the page into a folder and run there, ``train.py`` with the settings the page
+gives to try the plumbing first (the built-in tiny model, 2 warm-up steps, 1 RL step); the
+shell's ``voltrl teacher serve`` answers the page's client snippet. ``make test-real`` runs the
+same files on SmolLM2 (``tests_real/test_docs_recipe_smollm2.py``)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import ROOT
+from teacher_process import TeacherServe
+
+PAGE = ROOT / "docs" / "own_agent_real_model.md"
+FILES = ("convert_agent.py", "convert_teacher.py", "train.py")
+TRY_THE_PLUMBING = {"MODEL": '"tiny"', "SFT_STEPS": "2", "RL_STEPS": "1"}
+"""The settings the page gives to try the plumbing first."""
+
+
+def code_blocks(page: Path = PAGE) -> list[tuple[str, str, str]]:
+    """``(language, title, code)`` of each fenced code block of ``page`` (title: ``""`` when
+    the block has none)."""
+    fence = re.compile(r'^```(\w+)(?: title="([^"]+)")?\n(.*?)^```$', re.M | re.S)
+    return [(m[1], m[2] or "", m[3]) for m in fence.finditer(page.read_text())]
+
+
+def recipe_files(page: Path = PAGE) -> dict[str, str]:
+    """The page's files by name: each code block titled with a file name."""
+    files = {title: code for _, title, code in code_blocks(page) if title}
+    assert sorted(files) == sorted(FILES), sorted(files)
+    return files
+
+
+def with_settings(code: str, settings: dict[str, str]) -> str:
+    """``code`` with each ``NAME = ...`` line of ``settings`` set to its value; each must be
+    there exactly once, so that a page that renames one fails here, not silently."""
+    for name, value in settings.items():
+        code, found = re.subn(rf"^{name} = [^#\n]*", f"{name} = {value}  ", code, flags=re.M)
+        assert found == 1, f"train.py sets {name} {found} times, not once"
+    return code
+
+
+def write_recipe(folder: Path, settings: dict[str, str]) -> None:
+    """The page's three files in ``folder``, ``train.py``'s ``settings`` changed."""
+    for name, code in recipe_files().items():
+        (folder / name).write_text(with_settings(code, settings) if name == "train.py" else code)
+
+
+def test_the_page_says_how_to_try_the_plumbing_as_this_test_does() -> None:
+    text = PAGE.read_text()
+    for name, value in TRY_THE_PLUMBING.items():
+        assert f"`{name} = {value}`" in text, f"the page no longer says {name} = {value}"
+    train = recipe_files()["train.py"]
+    assert 'MODEL = "smollm2-135m-instruct"' in train  # the real model is the one taught
+    for setting in ('"use_lora": True', '"lora_r": 16', '"lr": 2e-4', '"mode": "trajectory"'):
+        assert setting in train, setting
+    assert "batch_size=16" in train and "SFT_STEPS = 24" in train
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_pages_recipe_runs_as_written_on_the_tiny_model(tmp_path: Path) -> None:
+    write_recipe(tmp_path, TRY_THE_PLUMBING)
+    env = {k: v for k, v in os.environ.items() if k != "VOLTRL_TOKEN"}
+    done = subprocess.run(
+        [sys.executable, "train.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=840,
+        env=env,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-6000:]
+    assert "the teacher solved 100% of its tasks" in done.stdout, output[-6000:]
+    assert re.search(r"held-out: \d+% after the warm-up, \d+% after RL", done.stdout), output
+    assert (tmp_path / "runs" / "convert-teacher" / "store.sqlite").is_file()
+    assert (tmp_path / "runs" / "convert-rl" / "final" / "config.json").is_file()
+
+
+@pytest.mark.slow
+def test_the_shells_teacher_answers_the_pages_client(tmp_path: Path) -> None:
+    write_recipe(tmp_path, {})
+    (command,) = [
+        line.split("#")[0].split()
+        for language, _, code in code_blocks()
+        if language == "bash"
+        for line in code.splitlines()
+        if line.startswith("voltrl teacher serve")
+    ]
+    served = TeacherServe(*command[3:], "--port", "0", cwd=tmp_path)
+    try:
+        (client,) = [c for lang, title, c in code_blocks() if lang == "python" and not title]
+        assert "http://127.0.0.1:8001/v1" in client  # the default port, as the page says
+        client = client.replace("http://127.0.0.1:8001/v1", served.endpoint)
+        done = subprocess.run(
+            [sys.executable, "-c", client], cwd=tmp_path, capture_output=True, text=True, timeout=60
+        )
+    finally:
+        served.stop()
+    assert done.returncode == 0, done.stderr
+    said = re.findall(r"^# (Function\(.*\))$", client, flags=re.M)
+    assert said and done.stdout.strip() == said[0]  # what the page says it prints

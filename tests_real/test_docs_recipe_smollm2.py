@@ -1,0 +1,46 @@
+"""The real-model recipe of ``docs/own_agent_real_model.md`` as written, on SmolLM2: the page's
+three files copied out and ``python train.py`` run with one RL step (``RL_STEPS = 1``), the
+teacher recording and the warm-up in full. The warm-up is what makes RL possible (zero-shot,
+the model never calls the tool), so it must leave a model that solves some held-out questions.
+About 10 minutes on 2 CPU cores."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "project"))
+
+from test_docs_recipe import write_recipe  # noqa: E402  (the page's files, as the main suite)
+
+
+@pytest.mark.timeout(3600)
+def test_the_pages_recipe_warms_smollm2_up_and_takes_an_rl_step(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    write_recipe(tmp_path, {"RL_STEPS": "1"})
+    env = {k: v for k, v in os.environ.items() if k != "VOLTRL_TOKEN"}
+    done = subprocess.run(
+        [sys.executable, "train.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=3500,
+        env=env,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-8000:]
+    assert "the teacher solved 100% of its tasks" in done.stdout, output[-8000:]
+    found = re.search(r"held-out: (\d+)% after the warm-up, (\d+)% after RL", done.stdout)
+    assert found, output[-8000:]
+    print(done.stdout)  # the figures, with pytest -s or -rP
+    assert int(found[1]) > 0, "the warm-up taught SmolLM2 nothing it can use on held-out questions"
+    assert (tmp_path / "runs" / "convert-rl" / "final" / "adapter").is_dir() or (
+        tmp_path / "runs" / "convert-rl" / "final" / "config.json"
+    ).is_file()
