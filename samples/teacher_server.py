@@ -83,8 +83,8 @@ def main(argv: list[str] | None = None) -> int:
         app = teacher_app(load_sample_teacher(args.sample), seed=args.seed)
     except VoltRLError as exc:
         raise SystemExit(str(exc)) from None
-    with serve_in_thread(app, port=args.port):
-        print(f"teacher of {args.sample} at http://127.0.0.1:{args.port}/v1", flush=True)
+    with serve_in_thread(app, port=args.port) as server:
+        print(f"teacher of {args.sample} at {server.url}/v1", flush=True)
         run(wait_for_signal())
     return 0
 
