@@ -14,7 +14,7 @@ merge rate of the RL rows (trajectory mode), tokens trained (SFT / RL). It is wr
     make learn SAMPLE=autogen_calc SEEDS="0 1 2"
 
 ``--model smollm2-135m-instruct`` runs the recipes of a pretrained model instead (a sample's
-``RECIPES``; ``calculator`` and ``sql_agent``): the model is fetched once (``voltrl model
+``RECIPES``: every sample above and ``calculator``): the model is fetched once (``voltrl model
 fetch``), warmed up on the teacher's rollouts and trained with LoRA; its table and rows are
 ``table-<model>.md`` and ``<sample>-<model>.json``. A sample's rows keep the latest run of
 each seed measured with the same settings: ``--seeds 1 2`` after ``--seeds 0`` gives a
@@ -34,7 +34,16 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ("autogen_calc", "calc_mcp", "agent_service", "sql_agent")
 TINY = "tiny"
-SAMPLES_OF = {TINY: SAMPLES, "smollm2-135m-instruct": ("calculator", "sql_agent")}
+SAMPLES_OF = {
+    TINY: SAMPLES,
+    "smollm2-135m-instruct": (
+        "calculator",
+        "autogen_calc",
+        "calc_mcp",
+        "agent_service",
+        "sql_agent",
+    ),
+}
 """Which samples have a recipe for each model."""
 sys.path.insert(0, str(ROOT / "samples"))
 

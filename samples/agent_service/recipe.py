@@ -7,11 +7,17 @@ it. The task set is the sample's own. Trajectory mode merges an episode's calls 
 resends the whole history) and every token shares the final reward (``credit="final"``): the
 reward says only whether the answer's number was within 1%, and both steps (the tool call's
 arguments, then copying its result) decide it.
+
+:data:`SMOLLM2` is the recipe for a pretrained model, SmolLM2-135M-Instruct (``python
+benchmarks/learning.py agent_service --model smollm2-135m-instruct``), as the calculator
+sample's: the same task set, a short warm-up of every weight on 640 of the teacher's episodes,
+then LocalRL training a LoRA adapter.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,12 +31,12 @@ from run import service_process  # noqa: E402
 from units import make_tasks  # noqa: E402
 
 
-def tasks(seed: int) -> tuple[Rows, Rows, Rows]:
-    """Teacher tasks (fixed), training tasks (by seed) and 128 held-out tasks (fixed), the
-    held-out questions in neither of the others."""
+def tasks(seed: int, n_teacher: int = 1500) -> tuple[Rows, Rows, Rows]:
+    """``n_teacher`` teacher tasks (fixed), training tasks (by seed) and 128 held-out tasks
+    (fixed), the held-out questions in neither of the others."""
     val = make_tasks(128, seed=999_999)
     held_out = {row["question"] for row in val}
-    teacher = [r for r in make_tasks(1500, seed=777) if r["question"] not in held_out]
+    teacher = [r for r in make_tasks(n_teacher, seed=777) if r["question"] not in held_out]
     train = [r for r in make_tasks(2000, seed=seed) if r["question"] not in held_out]
     return teacher, train, val
 
@@ -65,3 +71,32 @@ RECIPE = Recipe(
     # Eight heads of 16 rather than four of 32 (same parameters): see autogen_calc's recipe.
     model={"hidden": 128, "layers": 2, "heads": 8, "kv_heads": 4},
 )
+
+
+def smollm2_tasks(seed: int) -> tuple[Rows, Rows, Rows]:
+    """The same task sets with 640 teacher tasks: the warm-up reads a few hundred."""
+    return tasks(seed, n_teacher=640)
+
+
+# The tool call is about 40 tokens with SmolLM2's tokenizer and the answer ("5.2 inches is
+# 0.433333 feet.") under 20; a reply that rambles stops at 64.
+SMOLLM2_SAMPLING = {"temperature": 1.0, "max_tokens": 64}
+
+SMOLLM2 = dataclasses.replace(
+    RECIPE,
+    model="smollm2-135m-instruct",
+    tasks=smollm2_tasks,
+    sft={"steps": 24, "batch_size": 16, "lr": 1e-4, "warmup_steps": 4, "threads": 2},
+    rl={
+        "schedule": {"steps": 12, "tasks_per_step": 8, "group_size": 8},
+        "validation": {"sampling": SMOLLM2_SAMPLING, "every": 12, "n": 1},
+        "compute": {"threads": 2},
+        "sampling": SMOLLM2_SAMPLING,
+        "update": {"use_lora": True, "lr": 2e-4, "micro_batch_size": 16, "clip_eps": 0.2},
+        "trajectory": {"mode": "trajectory"},
+    },
+    concurrency=64,
+)
+
+RECIPES = {"smollm2-135m-instruct": SMOLLM2}
+"""This sample's recipes for other models than the tiny one (``RECIPE``)."""

@@ -5,10 +5,17 @@ own. Trajectory mode merges an episode's calls (AutoGen resends the whole histor
 call's prompt extends the previous call's prompt + answer) and every token of the episode
 shares its final reward (``credit="final"``): the reward says only whether the last number
 was right, and every step of a short episode (expression, then answer) decides it.
+
+:data:`SMOLLM2` is the recipe for a pretrained model, SmolLM2-135M-Instruct (``python
+benchmarks/learning.py autogen_calc --model smollm2-135m-instruct``), as the calculator
+sample's: the sample's own problems (numbers up to 200, not 20: the pretrained model copies
+numbers from its prompt), a short warm-up of every weight on 640 of the teacher's episodes,
+then LocalRL training a LoRA adapter.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -51,3 +58,33 @@ RECIPE = Recipe(
     # the problem's numbers in its warm-up on every seed tried (see README.md).
     model={"hidden": 128, "layers": 2, "heads": 8, "kv_heads": 4},
 )
+
+
+def sample_tasks(seed: int) -> tuple[Rows, Rows, Rows]:
+    """The sample's own problems (every number as ``data.py`` draws it): 640 teacher tasks
+    (fixed), training tasks (by seed) and 128 held-out tasks (fixed)."""
+    return word_problem_sets(make_problems, seed, 640, None)
+
+
+# The tool call is about 30 tokens with SmolLM2's tokenizer and the answer (the number only)
+# under 5; a reply that rambles stops at 64.
+SMOLLM2_SAMPLING = {"temperature": 1.0, "max_tokens": 64}
+
+SMOLLM2 = dataclasses.replace(
+    RECIPE,
+    model="smollm2-135m-instruct",
+    tasks=sample_tasks,
+    sft={"steps": 24, "batch_size": 16, "lr": 1e-4, "warmup_steps": 4, "threads": 2},
+    rl={
+        "schedule": {"steps": 12, "tasks_per_step": 8, "group_size": 8},
+        "validation": {"sampling": SMOLLM2_SAMPLING, "every": 12, "n": 1},
+        "compute": {"threads": 2},
+        "sampling": SMOLLM2_SAMPLING,
+        "update": {"use_lora": True, "lr": 2e-4, "micro_batch_size": 16, "clip_eps": 0.2},
+        "trajectory": {"mode": "trajectory"},
+    },
+    concurrency=64,
+)
+
+RECIPES = {"smollm2-135m-instruct": SMOLLM2}
+"""This sample's recipes for other models than the tiny one (``RECIPE``)."""
