@@ -39,8 +39,6 @@ def register(sub: Subparsers) -> None:
 
 
 def _command(args: argparse.Namespace) -> int:
-    from voltrl.observability.metrics import summarize
-
     async def collect() -> list[tuple[Any, ...]]:
         rows = []
         for spec in _store_specs(args):
@@ -48,8 +46,8 @@ def _command(args: argparse.Namespace) -> int:
             try:
                 for run in await store.list_runs():
                     if _run_shown(run, args):
-                        rollouts = await store.query_rollouts(run_id=run.run_id)
-                        rows.append((spec.describe(), run, summarize(rollouts)))
+                        counts = await store.rollout_counts(run.run_id)
+                        rows.append((spec.describe(), run, counts))
             finally:
                 await store.close()
         return rows
@@ -59,8 +57,10 @@ def _command(args: argparse.Namespace) -> int:
 
 
 def _render(rows: list[tuple[Any, ...]], args: argparse.Namespace) -> None:
-    """Print the ``(store, run, summary)`` rows as a table (or that there are none): the
-    one place ``voltrl runs`` prints what it found."""
+    """Print the ``(store, run, rollout counts)`` rows as a table (or that there are none):
+    the one place ``voltrl runs`` prints what it found. A run's reward is its
+    :func:`~voltrl.observability.metrics.run_outcome`, as the dashboard and the end of a run
+    give it."""
     import time
 
     from rich.console import Console
@@ -68,6 +68,7 @@ def _render(rows: list[tuple[Any, ...]], args: argparse.Namespace) -> None:
 
     from voltrl._console import printable
     from voltrl._console import text as console_text
+    from voltrl.observability.metrics import run_outcome
 
     if not rows:
         print(printable(f"no runs found in {args.store or args.run_dir}"))
@@ -80,20 +81,35 @@ def _render(rows: list[tuple[Any, ...]], args: argparse.Namespace) -> None:
     columns = ["status", "kind", "started", "rollouts", "reward"]
     for col in columns + (["algorithm", "run id", "store", "error"] if wide else []):
         table.add_column(col, overflow="fold")
-    for path, run, s in rows:
-        reward = "-" if s.reward_mean is None else f"{s.reward_mean:.3f}"
-        if wide and s.reward_std is not None:
-            reward += f" ± {s.reward_std:.3f}"
+    for path, run, counts in rows:
+        outcome = run_outcome(counts)
+        reward = "-"
+        if outcome is not None and outcome.reward_mean is not None:
+            reward = f"{outcome.reward_mean:.3f}"
+            if outcome.rewarded < outcome.rollouts:
+                reward += f" ({outcome.rewarded}/{outcome.rollouts})"
+            if wide:
+                reward += f" {outcome.of}"
         started = time.strftime("%m-%d %H:%M", time.localtime(run.created_at))
-        ended = [
-            f"{n} {what}" for n, what in ((s.failed, "failed"), (s.cancelled, "cancelled")) if n
-        ]
-        rollouts = f"{s.rollouts}" + (f" ({', '.join(ended)})" if ended else "")
+        by_status = {
+            status: sum(c.count for c in counts if c.status == status)
+            for status in ("failed", "cancelled")
+        }
+        ended = [f"{n} {status}" for status, n in by_status.items() if n]
+        total = sum(c.count for c in counts)
+        rollouts = f"{total}" + (f" ({', '.join(ended)})" if ended else "")
         cells = [run.name, run.status, run.kind, started, rollouts, reward]
         if wide:
             cells += [run.algorithm, run.run_id, str(path), run.error or ""]
         table.add_row(*(console_text(c) for c in cells))
-    Console(width=100_000 if wide else None).print(table)
+    console = Console(width=100_000 if wide else None)
+    console.print(table)
+    console.print(
+        "reward: the mean of the last validation, else of the dev rollouts, else of the last "
+        "step; (6/8): 6 of the 8 rollouts there had a reward (the others failed, were "
+        "cancelled or returned none)",
+        style="dim",
+    )
 
 
 def _store_specs(args: argparse.Namespace) -> list[StoreSpec]:

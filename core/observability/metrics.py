@@ -6,11 +6,13 @@ import json
 import math
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
 from pydantic import BaseModel
 
+from voltrl.store.browse import RolloutCount
 from voltrl.types import Rollout
 
 
@@ -49,6 +51,96 @@ def summarize(rollouts: Iterable[Rollout]) -> RewardStats:
         stats.reward_std = math.sqrt(sum((x - mean) ** 2 for x in rewards) / len(rewards))
         stats.reward_min, stats.reward_max = min(rewards), max(rewards)
     return stats
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a run came to: the mean reward of one set of its rollouts, and what that mean
+    leaves out. The one figure the console's summary, ``voltrl runs`` and the dashboard give
+    for a run (:func:`run_outcome`)."""
+
+    of: str
+    """Which rollouts: ``"the last validation"``, ``"the dev rollouts"``, ``"the last
+    step"`` (of a training run that never validated) or ``"every rollout"``."""
+    rollouts: int
+    rewarded: int
+    """Those with a reward: succeeded and rewarded (the mean is theirs)."""
+    failed: int
+    cancelled: int
+    reward_mean: float | None
+
+    @property
+    def unrewarded(self) -> int:
+        """Succeeded rollouts without a final reward (the agent returned None and emitted none
+        for the whole rollout)."""
+        return self.rollouts - self.rewarded - self.failed - self.cancelled
+
+    def left_out(self) -> str:
+        """What the mean does not count, e.g. ``"6 of 8 rewarded: 2 failed"``; empty when it
+        counts every rollout of the set."""
+        if self.rewarded == self.rollouts:
+            return ""
+        why = [
+            f"{n} {what}"
+            for n, what in (
+                (self.failed, "failed"),
+                (self.cancelled, "cancelled"),
+                (self.unrewarded, "without a final reward"),
+            )
+            if n > 0
+        ]
+        return f"{self.rewarded} of {self.rollouts} rewarded: {', '.join(why)}"
+
+    def line(self) -> str:
+        """``result: reward 0.950 at the last validation (40 rollouts)``, with what the mean
+        leaves out in place of the count."""
+        mean = "-" if self.reward_mean is None else f"{self.reward_mean:.3f}"
+        where = "at" if self.of.startswith("the last") else "over"
+        counted = self.left_out() or f"{self.rollouts} rollout{'s' * (self.rollouts != 1)}"
+        return f"result: reward {mean} {where} {self.of} ({counted})"
+
+
+def run_outcome(counts: Iterable[RolloutCount]) -> Outcome | None:
+    """The :class:`Outcome` of a run from its rollout counts: its last validation when it
+    validated, else its dev rollouts, else its last training step; a validation or step that
+    an interrupt cut short (some of its rollouts cancelled) is not the last one when an
+    earlier one ran whole. None for a run without rollouts."""
+    counts = list(counts)
+    if not counts:
+        return None
+    for mode, of in (("val", "the last validation"), ("dev", "the dev rollouts"),
+                     ("train", "the last step")):  # fmt: skip
+        cells = [c for c in counts if c.mode == mode]
+        if not cells:
+            continue
+        if mode != "dev":
+            cells = _last_whole(cells)
+        return _outcome(of, cells)
+    return _outcome("every rollout", counts)
+
+
+def _last_whole(cells: list[RolloutCount]) -> list[RolloutCount]:
+    """The cells of the latest resources version none of whose rollouts were cancelled (else
+    of the latest version)."""
+    versions: dict[int, list[RolloutCount]] = {}
+    for c in cells:
+        versions.setdefault(-1 if c.resources_version is None else c.resources_version, []).append(
+            c
+        )
+    whole = [v for v, group in versions.items() if not any(c.status == "cancelled" for c in group)]
+    return versions[max(whole or versions)]
+
+
+def _outcome(of: str, cells: list[RolloutCount]) -> Outcome:
+    rewarded = sum(c.rewarded for c in cells)
+    return Outcome(
+        of=of,
+        rollouts=sum(c.count for c in cells),
+        rewarded=rewarded,
+        failed=sum(c.count for c in cells if c.status == "failed"),
+        cancelled=sum(c.count for c in cells if c.status == "cancelled"),
+        reward_mean=sum(c.reward_sum for c in cells) / rewarded if rewarded else None,
+    )
 
 
 class MetricsLog:
@@ -184,6 +276,30 @@ def metric_series(records: Iterable[dict[str, Any]]) -> Series:
 
     order = sorted(by_name, key=rank)
     return [(n, sorted(by_name[n]), [by_name[n][k] for k in sorted(by_name[n])]) for n in order]
+
+
+def summary_rows(rollouts: Iterable[Rollout]) -> dict[str, RewardStats]:
+    """A run's rollout table: a row per mode (``train``, ``val``, ``dev``, ``optimizer``) with
+    rollouts. A run that validated more than once gets rows for its first and last validation
+    and one for all of them (``val, all 3``), so no mean over every validation passes for the
+    result."""
+    rows: dict[str, RewardStats] = {}
+    by_mode: dict[str, list[Rollout]] = {}
+    for r in rollouts:
+        by_mode.setdefault(r.mode, []).append(r)
+    for mode in ("train", "val", "dev", "optimizer"):
+        mine = by_mode.get(mode, [])
+        validations: dict[int, list[Rollout]] = {}
+        for r in mine if mode == "val" else []:
+            version = -1 if r.resources_version is None else r.resources_version
+            validations.setdefault(version, []).append(r)
+        if len(validations) > 1:
+            rows["val, first"] = summarize(validations[min(validations)])
+            rows["val, last"] = summarize(validations[max(validations)])
+            rows[f"val, all {len(validations)}"] = summarize(mine)
+        elif mine:
+            rows[mode] = summarize(mine)
+    return rows
 
 
 def format_stats_table(title: Any, rows: dict[str, RewardStats]) -> Any:

@@ -31,7 +31,13 @@ from voltrl._console import printable
 from voltrl._redact import shown
 from voltrl.observability import prompt_search
 from voltrl.observability.failures import agent_frames, traceback_frames
-from voltrl.observability.metrics import format_stats_table, metric_series, summarize
+from voltrl.observability.metrics import (
+    format_stats_table,
+    metric_series,
+    run_outcome,
+    summarize,
+    summary_rows,
+)
 from voltrl.observability.prompt_search import PromptSearch
 from voltrl.observability.run_views import (
     RolloutView,
@@ -40,6 +46,7 @@ from voltrl.observability.run_views import (
     load_rollout,
     load_run,
 )
+from voltrl.store.browse import counts_of
 from voltrl.types import LLMCall, Rollout, Span
 
 BARS = "▁▂▃▄▅▆▇█"
@@ -173,12 +180,12 @@ def render_run(view: RunView, console: Console, *, full: bool = False) -> None:
             ("store", Text(view.found.where)),
         )
     )
-    modes = ("train", "val", "dev", "optimizer")
-    by_mode = {m: summarize(r for r in rollouts if r.mode == m) for m in modes}
-    stats = {m: s for m, s in by_mode.items() if s.rollouts}
-    if len(stats) > 1:
+    stats = summary_rows(rollouts)
+    if len({r.mode for r in rollouts}) > 1:
         stats["all"] = summarize(rollouts)
     console.print(format_stats_table("rollouts", stats) if stats else "no rollouts")
+    if (outcome := run_outcome(counts_of(rollouts))) is not None:
+        console.print(Text(outcome.line()), soft_wrap=True)
     columns = ("metric", "curve", "first → last", "min", "max", "over")
     table = _table(None, *columns, box=None, pad_edge=False)
     for column in table.columns[1:]:

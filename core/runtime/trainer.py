@@ -35,7 +35,14 @@ from voltrl.agent import FunctionAgent, LitAgent, rollout
 from voltrl.algorithms.base import Algorithm
 from voltrl.errors import VoltRLError
 from voltrl.observability.failures import FailureReport
-from voltrl.observability.metrics import MetricsLog, RewardStats, format_stats_table, summarize
+from voltrl.observability.metrics import (
+    MetricsLog,
+    RewardStats,
+    format_stats_table,
+    run_outcome,
+    summarize,
+    summary_rows,
+)
 from voltrl.observability.trackers import Logger, Trackers, parse_loggers
 from voltrl.resources import Resource, Resources
 from voltrl.runtime.context import TrainContext
@@ -55,6 +62,7 @@ from voltrl.runtime.runner import RunnerConfig
 from voltrl.runtime.script_guard import stop_if_loading
 from voltrl.runtime.services import Services, runner_command
 from voltrl.store.base import Store
+from voltrl.store.browse import counts_of
 from voltrl.types import Rollout, Run, RunStatus, Task
 
 if TYPE_CHECKING:
@@ -449,7 +457,10 @@ class Trainer:
             from rich.console import Console
 
             console = Console()
-            console.print(format_stats_table(console_text(f"run {ctx.run.name}"), by_mode))
+            table = format_stats_table(console_text(f"run {ctx.run.name}"), summary_rows(rollouts))
+            console.print(table)
+            if (outcome := run_outcome(counts_of(rollouts))) is not None:
+                console.print(console_text(outcome.line()), soft_wrap=True)
             console.print(console_text(f"run directory: {ctx.run_dir}"))
         return result
 

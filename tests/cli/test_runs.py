@@ -150,6 +150,7 @@ def test_cancelled_rollouts_are_counted_in_voltrl_runs_and_voltrl_show(tmp_path:
     asyncio.run(record())
     listed = voltrl_runs(tmp_path, "--wide")  # not wrapped
     assert "4 (1 failed, 2 cancelled)" in listed, listed
+    assert "1.000 (1/4) the dev rollouts" in listed, listed  # what the mean leaves out, beside
     out = subprocess.run(
         [sys.executable, "-m", "voltrl.cli", "show", "stopped", "--run-dir", str(tmp_path)],
         capture_output=True,
@@ -161,3 +162,5 @@ def test_cancelled_rollouts_are_counted_in_voltrl_runs_and_voltrl_show(tmp_path:
     assert [c.strip() for c in header.split("┃")[2:5]] == ["rollouts", "failed", "cancelled"]
     row = next(x for x in out.stdout.splitlines() if x.startswith("│ dev"))
     assert [c.strip() for c in row.split("│")[2:6]] == ["4", "1", "2", "1.000"], out.stdout
+    result = "result: reward 1.000 over the dev rollouts (1 of 4 rewarded: 1 failed, 2 cancelled)"
+    assert result in out.stdout

@@ -146,7 +146,10 @@ def test_a_run_shows_its_summary_reward_statistics_and_metric_curves(runs: Path,
     assert "fit · algorithm steps" in out
     train = line_of(out, "│ train")  # rewards 1/3, 2/3, 1 for one task of two, 0 for the other
     assert "│        6 │      0 │         0 │       0.333 │ 0.385 │ 0.000 │ 1.000 │" in train
-    assert "0.000" in line_of(out, "│ val") and "│ all   │        9 │" in out
+    # three validations: the first, the last and all of them; the last is the result
+    assert "│        1 │      0 │         0 │       0.000 │" in line_of(out, "│ val, last")
+    assert "│        3 │" in line_of(out, "│ val, all 3") and "│ all        │        9 │" in out
+    assert "result: reward 0.000 at the last validation (1 rollout)" in out
     metrics = [x.split()[0] for x in out.splitlines() if "/" in x and "steps" in x]
     # the reward means first, then the order the dashboard charts them in (FIRST_METRICS)
     assert metrics[:3] == ["train/reward_mean", "val/reward_mean", "train/reward_std"]
@@ -233,7 +236,7 @@ def test_a_name_of_several_runs_shows_the_latest_and_says_so(runs: Path, tmp_pat
     assert f"the others: {first.run_id}" in out and "the endpoint went away" in out
     assert "no rollouts" in out
     rc, out, _ = show(capsys, first.run_id, "--run-dir", str(tmp_path))
-    assert rc == 0 and "runs are named" not in out and "│ all   │        9 │" in out
+    assert rc == 0 and "runs are named" not in out and "│ all        │        9 │" in out
 
 
 def test_over_a_store_server_the_reward_curve_comes_from_the_store(runs, tmp_path, capsys) -> None:

@@ -57,7 +57,13 @@ from voltrl.observability.dashboard.audit_part import add_audit_part
 from voltrl.observability.dashboard.event_filter import filter_by_events, parse
 from voltrl.observability.dashboard.rollout_page import add_rollout_pages
 from voltrl.observability.dashboard.sessions import DEFAULT_SESSION_S, SESSION_COOKIE, Sessions
-from voltrl.observability.metrics import FIRST_METRICS, METRIC_NOTES, Series, metric_series
+from voltrl.observability.metrics import (
+    FIRST_METRICS,
+    METRIC_NOTES,
+    Series,
+    metric_series,
+    run_outcome,
+)
 from voltrl.store.browse import RolloutPage, RolloutQuery, duration
 from voltrl.trajectory.audit import percent
 
@@ -442,12 +448,6 @@ def _run_row(entry: data.RunEntry, counts: list[Any]) -> dict[str, Any]:
     by_status: dict[str, int] = {}
     for c in counts:
         by_status[c.status] = by_status.get(c.status, 0) + c.count
-    rewarded = [c for c in counts if c.rewarded and c.mode in ("train", "dev")]
-    mean = (
-        sum(c.reward_sum for c in rewarded) / sum(c.rewarded for c in rewarded)
-        if rewarded
-        else None
-    )
     end = entry.run.finished_at or (time.time() if entry.run.status == "running" else None)
     return {
         "entry": entry,
@@ -455,17 +455,19 @@ def _run_row(entry: data.RunEntry, counts: list[Any]) -> dict[str, Any]:
         "steps": len(versions),
         "by_status": by_status,
         "rollouts": sum(by_status.values()),
-        "reward": mean,
+        "outcome": run_outcome(counts),
         "duration": None if end is None else end - entry.run.created_at,
-        "spark": _spark([c for c in counts if c.mode in ("train", "dev")]),
+        "spark": _spark([c for c in counts if c.mode in ("train", "dev")], stopped),
     }
 
 
-def _spark(counts: list[Any]) -> list[float]:
-    """Mean reward per resources version (train or dev rollouts), for the runs table."""
+def _spark(counts: list[Any], stopped: set[int | None]) -> list[float]:
+    """Mean reward per resources version (train or dev rollouts), for the runs table; not of
+    the ``stopped`` versions (a step an interrupt cut short: its few finished rollouts are not
+    the step's reward)."""
     per: dict[int, list[float]] = {}
     for c in counts:
-        if c.rewarded and c.resources_version is not None:
+        if c.rewarded and c.resources_version is not None and c.resources_version not in stopped:
             s = per.setdefault(c.resources_version, [0.0, 0.0])
             s[0] += c.reward_sum
             s[1] += c.rewarded

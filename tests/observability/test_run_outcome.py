@@ -1,0 +1,108 @@
+"""A run's result has one definition everywhere (the end of a run, ``voltrl show``, ``voltrl
+runs``, the dashboard): the mean reward of its last validation, else of its dev rollouts, else
+of its last step; a validation or step cut short by an interrupt is not the last one; what the
+mean leaves out (failed, cancelled, unrewarded rollouts) is said beside it."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+
+from voltrl._http.serving import serve_in_thread
+from voltrl.observability.dashboard import Catalog, dashboard_app
+from voltrl.observability.metrics import run_outcome
+from voltrl.store.browse import RolloutCount
+from voltrl.store.sql import SQLStore
+from voltrl.types import AttemptResult, Run, Task
+
+
+def cell(mode: str, version: int | None, status: str, count: int, rewards: list[float] = ()):
+    return RolloutCount(
+        mode=mode,
+        resources_version=version,
+        status=status,
+        count=count,
+        rewarded=len(rewards),
+        reward_sum=sum(rewards),
+        reward_sq_sum=sum(r * r for r in rewards),
+    )
+
+
+def test_the_last_validation_is_the_result_not_the_mean_of_every_validation() -> None:
+    counts = [
+        cell("train", 1, "succeeded", 4, [1, 1, 1, 1]),
+        cell("val", 0, "succeeded", 4, [0, 0, 1, 1]),
+        cell("val", 5, "succeeded", 4, [1, 1, 1, 0]),
+        cell("val", 9, "succeeded", 4, [1, 1, 1, 1]),
+    ]
+    outcome = run_outcome(counts)
+    assert outcome is not None and outcome.reward_mean == 1.0
+    assert outcome.line() == "result: reward 1.000 at the last validation (4 rollouts)"
+
+
+def test_a_validation_or_step_cut_short_by_an_interrupt_is_not_the_result() -> None:
+    counts = [
+        cell("val", 0, "succeeded", 4, [0.5] * 4),
+        cell("val", 5, "succeeded", 1, [0.0]),
+        cell("val", 5, "cancelled", 3),
+    ]
+    assert run_outcome(counts).reward_mean == 0.5  # the whole validation before it
+    steps = [
+        cell("train", 1, "succeeded", 4, [0.25] * 4),
+        cell("train", 2, "succeeded", 6, [0.0] * 6),
+        cell("train", 2, "cancelled", 58),
+    ]
+    outcome = run_outcome(steps)
+    assert outcome.of == "the last step" and outcome.reward_mean == 0.25
+    only_cut = run_outcome(steps[1:])  # no whole step: the one there is, with what it lacks
+    assert only_cut.line() == (
+        "result: reward 0.000 at the last step (6 of 64 rewarded: 58 cancelled)"
+    )
+
+
+def test_failed_and_unrewarded_rollouts_are_said_beside_the_mean() -> None:
+    counts = [
+        cell("dev", None, "succeeded", 7, [1.0] * 5),  # two returned None, emitted nothing
+        cell("dev", None, "failed", 2),
+    ]
+    outcome = run_outcome(counts)
+    assert outcome.line() == (
+        "result: reward 1.000 over the dev rollouts "
+        "(5 of 9 rewarded: 2 failed, 2 without a final reward)"
+    )
+    assert run_outcome([]) is None
+
+
+def test_the_runs_page_gives_the_result_and_no_point_for_an_interrupted_step(
+    tmp_path: Path,
+) -> None:
+    async def record() -> None:
+        store = SQLStore(tmp_path / "stopped" / "store.sqlite")
+        try:
+            run = await store.add_run(Run(name="stopped", kind="fit", status="interrupted"))
+            for version, rewards, cancelled in ((1, [1.0, 0.0], 0), (2, [0.0], 3)):
+                tasks = [Task(input={"q": i}) for i in range(len(rewards) + cancelled)]
+                rollouts = await store.enqueue(
+                    tasks, mode="train", run_id=run.run_id, resources_version=version
+                )
+                for reward in rewards:
+                    claim = await store.claim("w")
+                    assert claim is not None
+                    result = AttemptResult(status="succeeded", reward=reward)
+                    await store.complete(claim.attempt.attempt_id, result)
+                for rollout in rollouts[len(rewards) :]:
+                    await store.cancel(rollout.rollout_id)
+        finally:
+            await store.close()
+
+    (tmp_path / "stopped").mkdir()
+    asyncio.run(record())
+    with (
+        serve_in_thread(dashboard_app(Catalog([tmp_path]))) as server,
+        httpx.Client(base_url=server.url) as client,
+    ):
+        page = client.get("/").text
+    assert "data-values='[0.5]'" in page  # step 2's lone finished rollout is not its reward
+    assert 'title="result: reward 0.500 at the last step (2 rollouts)">0.500' in page
