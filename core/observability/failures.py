@@ -7,6 +7,10 @@ code (frames of VoltRL, the standard library and installed packages are hidden; 
 frame is always kept). Errors are the same when they have the same type and raising line, or,
 without a traceback (timeouts, expired leases), the same message up to numbers and ids.
 
+It also counts the rollouts that succeeded without a reward (the agent returned None and
+emitted none, for the whole rollout or any agent of it): they train nothing and no reward mean
+counts them, so :meth:`FailureReport.warn_unrewarded` says so once, with their count.
+
 The report also decides when a run has failed too often: :meth:`FailureReport.check` raises
 :class:`~voltrl.errors.TooManyFailuresError` once the failed share of the rollouts finished so
 far reaches ``stop_at_rate``. At the end of the run, :meth:`FailureReport.print_summary` counts
@@ -143,6 +147,9 @@ class FailureReport:
         self.console = console or Console()
         self.finished = 0
         self.failed = 0
+        self.unrewarded: list[str] = []
+        """The rollouts that succeeded without a reward, by id."""
+        self._warned_unrewarded = False
         self._seen: set[str] = set()
         self._counted: set[str] = set()
         self._tried: dict[str, int] = {}
@@ -160,6 +167,9 @@ class FailureReport:
             if rollout.status != "cancelled":
                 self.finished += 1
                 self.failed += rollout.status == "failed"
+            unrewarded = rollout.status == "succeeded" and rollout.reward is None
+            if unrewarded and not await _any_reward(store, rollout):
+                self.unrewarded.append(rollout.rollout_id)
             if rollout.status == "failed" or rollout.attempt_count > 1:
                 for attempt in await store.get_attempts(rollout.rollout_id):
                     if attempt.status in FAILED_ATTEMPT:
@@ -189,6 +199,21 @@ class FailureReport:
             text = _first_occurrence(rollout, attempt, self.agent_package)
             console.print(text, soft_wrap=True, highlight=False)
 
+    def warn_unrewarded(self, console: Console | None = None) -> None:
+        """Say once, with their count so far, that rollouts succeeded without a reward."""
+        if not self.unrewarded or self._warned_unrewarded:
+            return
+        self._warned_unrewarded = True
+        text = Text(
+            f"warning: {len(self.unrewarded)} of {self.finished} rollouts finished without any "
+            f"reward (e.g. rollout {self.unrewarded[0]}): the agent returned None and emitted "
+            "none. Return the reward, or call vl.emit_reward(value) in the rollout; a rollout "
+            "without one trains nothing and no reward mean counts it (this warning is shown "
+            "once; the run's summary counts them)",
+            style="yellow",
+        )
+        (console or self.console).print(text, soft_wrap=True, highlight=False)
+
     def check(self) -> None:
         """Raise :class:`~voltrl.errors.TooManyFailuresError` when the failed share of the
         finished rollouts has reached ``stop_at_rate``."""
@@ -209,8 +234,15 @@ class FailureReport:
         )
 
     def print_summary(self) -> None:
-        """Print each distinct error with its count and an example rollout (nothing when no
-        attempt failed)."""
+        """Print how many rollouts had no reward, and each distinct error with its count and
+        an example rollout (nothing when every rollout was rewarded and no attempt failed)."""
+        if self.unrewarded:
+            text = Text(
+                f"no reward: {len(self.unrewarded)} of {self.finished} rollouts finished "
+                f"without any (e.g. rollout {self.unrewarded[0]})",
+                style="bold",
+            )
+            self.console.print(text, soft_wrap=True, highlight=False)
         if not self._errors:
             return
         attempts = sum(e.count for e in self._errors.values())
@@ -223,6 +255,15 @@ class FailureReport:
             text.append(printable(f"\n  {error.count}x {_first_line(error.first.error)}"))
             text.append(f"  (e.g. rollout {error.first.rollout_id})", style="dim")
         self.console.print(text, soft_wrap=True, highlight=False)
+
+
+async def _any_reward(store: Store, rollout: Rollout) -> bool:
+    """Whether a succeeded rollout without a final reward still has one somewhere: emitted
+    for some of its agents, or on a transition it returned."""
+    if await store.get_rewards(rollout.rollout_id):
+        return True
+    attempts = await store.get_attempts(rollout.rollout_id)
+    return any(t.reward is not None for a in attempts for t in a.transitions or [])
 
 
 def _first_line(error: str | None) -> str:

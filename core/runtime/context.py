@@ -163,6 +163,7 @@ class TrainContext:
                 if len(done) < len(ids):
                     await self.failures.observe_retries(self.store, self.run.run_id, bar.console)
                 if len(done) == len(ids):
+                    self.failures.warn_unrewarded(bar.console)
                     self.failures.check()
                     return done
                 if not self.workers_alive():

@@ -66,3 +66,30 @@ def test_an_installed_agent_packages_frames_are_its_own():
     ]
     assert [f.text for f in agent_frames(frames)] == ["raising"]
     assert [f.text for f in agent_frames(frames, "my_agents")] == ["the agent", "raising"]
+
+
+def rewards_some(task: dict, resources: object) -> float | None:
+    """Returns the reward for even tasks; for odd ones returns None, emitting a reward for
+    one agent only at task 1 (a reward somewhere: not unrewarded) and none at all at 3 and 5."""
+    import voltrl as vl
+
+    if task["i"] % 2 == 0:
+        return 1.0
+    if task["i"] == 1:
+        vl.emit_reward(0.5, agents="critic")
+    return None
+
+
+def test_rollouts_without_a_reward_are_warned_about_once_and_counted(tmp_path, capsys):
+    import voltrl as vl
+
+    tasks = [{"i": i} for i in range(6)]
+    trainer = vl.Trainer(n_runners=1, inline=True, run_dir=tmp_path, name="quiet")
+    result = trainer.dev(rewards_some, tasks)
+    out = capsys.readouterr().out
+    assert out.count("warning: 2 of 6 rollouts finished without any reward") == 1, out
+    assert "Return the reward, or call vl.emit_reward(value)" in out
+    assert "no reward: 2 of 6 rollouts finished without any" in out
+    final = "(3 of 6 rewarded: 3 without a final reward)"  # one has an agent's reward
+    assert f"result: reward 1.000 over the dev rollouts {final}" in out
+    assert result.stats.succeeded == 6
