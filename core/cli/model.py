@@ -52,7 +52,8 @@ def register(sub: Subparsers) -> None:
         "--threads",
         type=int,
         default=None,
-        help="torch intra-op threads (default: $OMP_NUM_THREADS, else half the usable CPUs)",
+        help="torch intra-op threads (default: $OMP_NUM_THREADS, else the usable CPUs that "
+        "other processes leave free)",
     )
     model_serve.add_argument(
         "--dtype",

@@ -1,12 +1,14 @@
 """How many intra-op threads torch uses for LocalRL, its engine and the supervised warm-up.
 
-torch's own default is one thread per core. When another process keeps one of those cores
-busy, every parallel kernel waits at its barrier for the thread that was descheduled, and a
-step gets several times slower (``benchmarks/threads_bench.py``: 2 threads on 2 busy cores
-were 3-8x slower than 1). The default here, half the CPUs this process may use (at least 1), leaves
-room for the agent's runner processes, the engine thread and the rest of the machine.
+A run that is the only big job on its machine should use every CPU it may: on 2 cores, one
+thread made the SFT warm-up take 22 s a step where two took 15. But when another process keeps
+a core busy, every parallel kernel waits at its barrier for the thread that was descheduled,
+and a step gets several times slower (``benchmarks/threads_bench.py``: 2 threads on 2 busy
+cores were 3-8x slower than 1). So the default is the usable CPUs less those other processes
+keep busy now, measured over a fifth of a second when the run starts (:func:`busy_elsewhere`),
+and the start-up line says why when that is fewer than all of them.
 
-:func:`decide_threads` is the one place that picks the number; :func:`use_threads` applies it.
+:func:`choose_threads` is the one place that picks the number; :func:`use_threads` applies it.
 torch keeps the setting per thread once a thread has run a parallel kernel, so code that runs
 torch on a thread of its own (the engine, the policy update) applies it there again.
 """
@@ -14,6 +16,8 @@ torch on a thread of its own (the engine, the policy update) applies it there ag
 from __future__ import annotations
 
 import os
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 THREADS_ENV = "OMP_NUM_THREADS"
@@ -39,27 +43,104 @@ def cgroup_cpu_quota(path: Path = Path("/sys/fs/cgroup/cpu.max")) -> int | None:
         return None
 
 
-def decide_threads(threads: int | None = None) -> int:
+@dataclass(frozen=True)
+class ThreadChoice:
+    """A thread count and why it is that."""
+
+    threads: int
+    why: str
+    """``"given"``, ``"$OMP_NUM_THREADS"``, or what the machine showed (``"every usable
+    CPU"``, ``"1.0 of 2 CPUs busy with other processes"``)."""
+
+
+def cpu_ticks() -> tuple[int, int] | None:
+    """``(busy ticks of the whole machine, ticks of this process and its descendants)`` from
+    ``/proc`` (busy: user, nice, system, irq, softirq and steal time; a process: the user and
+    system time of all its threads), or None where ``/proc`` is not there. The descendants are
+    the run's own: its worker processes, a server it started."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    except OSError:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+    parent: dict[int, int] = {}
+    ticks: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:  # the command name, in parentheses, may hold spaces: split after it
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # it ended meanwhile
+        pid = int(entry.name)
+        parent[pid], ticks[pid] = int(stat[1]), int(stat[11]) + int(stat[12])
+    ours, frontier = {os.getpid()}, [os.getpid()]
+    while frontier:
+        me = frontier.pop()
+        for pid in [p for p, pp in parent.items() if pp == me and p not in ours]:
+            ours.add(pid)
+            frontier.append(pid)
+    return user + nice + system + irq + softirq + steal, sum(ticks.get(p, 0) for p in ours)
+
+
+def busy_elsewhere(window_s: float = 0.2) -> float | None:
+    """How many CPUs other processes keep busy, measured over ``window_s`` seconds (the
+    machine's busy time less that of this process and its descendants); None where it cannot
+    be told."""
+    before = cpu_ticks()
+    start = time.monotonic()
+    time.sleep(window_s)
+    after = cpu_ticks()
+    if before is None or after is None:
+        return None
+    ticks = (time.monotonic() - start) * os.sysconf("SC_CLK_TCK")
+    busy = ((after[0] - before[0]) - (after[1] - before[1])) / ticks
+    return min(max(0.0, busy), float(os.cpu_count() or 1))
+
+
+def choose_threads(threads: int | None = None, *, busy: float | None = None) -> ThreadChoice:
     """The intra-op thread count to use: ``threads`` when given, else ``$OMP_NUM_THREADS``
-    when it is a positive integer, else half of :func:`usable_cpus` (at least 1)."""
+    when it is a positive integer, else :func:`usable_cpus` less the CPUs other processes
+    keep busy (``busy``, else measured now: :func:`busy_elsewhere`), at least 1."""
     if threads is not None:
         if threads < 1:
             raise ValueError(f"threads must be at least 1, got {threads}")
-        return threads
+        return ThreadChoice(threads, "given")
     env = os.environ.get(THREADS_ENV, "").strip()
     if env.isdigit() and int(env) > 0:
-        return int(env)
-    return max(1, usable_cpus() // 2)
+        return ThreadChoice(int(env), f"${THREADS_ENV}")
+    usable = usable_cpus()
+    busy = busy_elsewhere() if busy is None else busy
+    cpus = os.cpu_count() or usable
+    free = usable if busy is None else min(usable, round(cpus - busy))
+    if free >= usable:
+        return ThreadChoice(usable, "every usable CPU")
+    return ThreadChoice(max(1, free), f"{busy:.1f} of {cpus} CPUs busy with other processes")
 
 
-def use_threads(threads: int | None = None, *, report: bool = False) -> int:
-    """Make torch use :func:`decide_threads` intra-op threads in the calling thread and in
-    threads started after it; returns the number. ``report`` prints it on one line."""
+def decide_threads(threads: int | None = None) -> int:
+    """:func:`choose_threads`' count."""
+    return choose_threads(threads).threads
+
+
+def use_threads(threads: int | ThreadChoice | None = None, *, report: bool = False) -> int:
+    """Make torch use ``threads`` (a count, a choice, or None: :func:`choose_threads`'s)
+    intra-op threads in the calling thread and in threads started after it; returns the
+    number. ``report`` prints it on one line, with why when it is fewer than the usable
+    CPUs."""
     import torch
 
-    n = decide_threads(threads)
+    choice = threads if isinstance(threads, ThreadChoice) else choose_threads(threads)
+    n = choice.threads
     if torch.get_num_threads() != n:
         torch.set_num_threads(n)
     if report:
-        print(f"torch: {n} intra-op thread(s), {usable_cpus()} CPUs usable", flush=True)
+        usable = usable_cpus()
+        line = f"torch: {n} intra-op thread(s), {usable} CPUs usable"
+        if n < usable and choice.why != "given":
+            line += (
+                f" ({choice.why}; compute.threads or ${THREADS_ENV} sets it: the run's only "
+                "big job may use every CPU)"
+            )
+        print(line, flush=True)
     return n

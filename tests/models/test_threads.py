@@ -6,6 +6,9 @@ not here."""
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +24,15 @@ import voltrl as vl
 from voltrl.algorithms.local.supervised import supervised_warmup
 from voltrl.algorithms.local.update import PolicyTrainer
 from voltrl.cli import build_from_config
-from voltrl.models.threads import decide_threads, usable_cpus, use_threads
+from voltrl.models import threads as threads_module
+from voltrl.models.threads import (
+    ThreadChoice,
+    choose_threads,
+    cpu_ticks,
+    decide_threads,
+    usable_cpus,
+    use_threads,
+)
 from voltrl.models.tiny import build_tiny_model, build_tiny_tokenizer
 from voltrl.serving.engine import Engine, SamplingParams
 from voltrl.serving.engine import core as engine_module
@@ -37,21 +48,62 @@ def two_threads() -> Iterator[None]:
     torch.set_num_threads(before)
 
 
-def test_decide_threads_explicit_then_environment_then_half_the_cpus(monkeypatch):
+def test_threads_are_given_then_from_the_environment_then_the_cpus_others_leave(monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    assert decide_threads() == max(1, usable_cpus() // 2)
-    assert decide_threads(3) == 3
+    monkeypatch.setattr(threads_module, "usable_cpus", lambda: 2)
+    monkeypatch.setattr(threads_module.os, "cpu_count", lambda: 2)
+    # the run is the only big job: every CPU; a process busy on one core: the other one
+    assert choose_threads(busy=0.2) == ThreadChoice(2, "every usable CPU")
+    assert choose_threads(busy=1.0) == ThreadChoice(1, "1.0 of 2 CPUs busy with other processes")
+    assert choose_threads(busy=2.0).threads == 1  # at least one
+    assert choose_threads(3, busy=2.0) == ThreadChoice(3, "given")
     monkeypatch.setenv("OMP_NUM_THREADS", "5")
-    assert decide_threads() == 5 and decide_threads(2) == 2
+    assert choose_threads(busy=0.0) == ThreadChoice(5, "$OMP_NUM_THREADS")
+    assert decide_threads(2) == 2
     monkeypatch.setenv("OMP_NUM_THREADS", "lots")
-    assert decide_threads() == max(1, usable_cpus() // 2)
+    assert choose_threads(busy=1.0).threads == 1
     with pytest.raises(ValueError, match="at least 1"):
         decide_threads(0)
 
 
-def test_use_threads_sets_and_reports(capsys):
+def test_a_machine_with_free_cpus_beyond_a_containers_quota_gives_the_quota(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(threads_module, "usable_cpus", lambda: 2)
+    monkeypatch.setattr(threads_module.os, "cpu_count", lambda: 64)  # other containers' load
+    assert choose_threads(busy=30.0).threads == 2
+
+
+def test_the_cpu_time_of_the_runs_own_processes_is_not_counted_as_busy_elsewhere():
+    """A worker process the run starts burns CPU: it is the run's, so it does not lower the
+    count (the measure subtracts this process's and its descendants' time)."""
+    burn = (
+        "import os, sys\n"
+        "while sum(os.times()[:2]) < 0.3: pass\n"  # 0.3 s of CPU, then wait
+        "print('done', flush=True); sys.stdin.read()"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", burn], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "done\n"
+        fields = Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        child_ticks = int(fields[11]) + int(fields[12])
+        ticks = cpu_ticks()
+        assert ticks is not None and child_ticks >= 0.3 * os.sysconf("SC_CLK_TCK") - 1
+        assert ticks[1] >= child_ticks  # counted as the run's own
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_use_threads_sets_and_reports_why_when_fewer_than_the_cpus(capsys):
     assert use_threads(1, report=True) == 1 and torch.get_num_threads() == 1
     assert capsys.readouterr().out == f"torch: 1 intra-op thread(s), {usable_cpus()} CPUs usable\n"
+    busy = ThreadChoice(1, "1.0 of 2 CPUs busy with other processes")
+    use_threads(busy, report=True)
+    out = capsys.readouterr().out
+    if usable_cpus() > 1:
+        assert "(1.0 of 2 CPUs busy with other processes; compute.threads or" in out
 
 
 def test_supervised_warmup_runs_with_its_threads():
@@ -98,7 +150,7 @@ def test_engine_thread_applies_its_threads(monkeypatch):
 def test_local_rl_applies_records_and_reports_its_threads(tmp_path: Path, capsys):
     algo = make_algorithm(schedule={"steps": 0}, compute={"threads": 1})
     assert algo.config()["compute"]["threads"] == 1
-    assert make_algorithm().config()["compute"]["threads"] == decide_threads()
+    assert make_algorithm().config()["compute"]["threads"] is None  # decided at the start
     vl.Trainer(algo, n_runners=1, inline=True, run_dir=tmp_path, name="t").fit(two_turn_agent, ROWS)
     assert capsys.readouterr().out.count("torch: 1 intra-op thread(s)") == 1
     assert torch.get_num_threads() == 1

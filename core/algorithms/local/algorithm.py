@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import functools
 import threading
 import time
 from pathlib import Path
@@ -81,6 +82,7 @@ if TYPE_CHECKING:
     from voltrl.algorithms.local.sft import SFT
     from voltrl.algorithms.local.update import PolicyTrainer, PolicyUpdateConfig
     from voltrl.gateway import Gateway
+    from voltrl.models.threads import ThreadChoice
     from voltrl.retry import GatewayRetry
     from voltrl.runtime import TrainContext
     from voltrl.serving.engine import Engine
@@ -162,7 +164,7 @@ class LocalRL(Algorithm):
     ) -> None:
         try:
             from voltrl.algorithms.local.update_config import implied_update
-            from voltrl.models.threads import decide_threads
+            from voltrl.models.threads import choose_threads
         except ModuleNotFoundError as exc:
             if exc.name not in LOCAL_EXTRA:
                 raise
@@ -205,8 +207,8 @@ class LocalRL(Algorithm):
         checked_dtype(self.compute.dtype, training=True)
         if self.serving.dtype is not None:
             checked_dtype(self.serving.dtype)
-        self.threads = decide_threads(self.compute.threads)
-        """torch's threads: ``compute.threads``, else what the machine decides."""
+        if self.compute.threads is not None:
+            choose_threads(self.compute.threads)  # a bad count fails here, not at setup
         checked_engine(self.serving.engine, self.serving.engine_args, lora_adapters is not None)
         if warm_start is not None and warm_start.model is not None:
             raise ValueError("warm_start=SFT(...) trains LocalRL's model: leave its model out")
@@ -225,6 +227,20 @@ class LocalRL(Algorithm):
         self._stops: list[Any] = []
         self._versions = WeightVersions()
 
+    @functools.cached_property
+    def thread_choice(self) -> ThreadChoice:
+        """torch's threads and why: ``compute.threads``, else what the machine shows when
+        first asked (the run's setup): every usable CPU unless other processes keep some
+        busy."""
+        from voltrl.models.threads import choose_threads
+
+        return choose_threads(self.compute.threads)
+
+    @property
+    def threads(self) -> int:
+        """torch's intra-op threads (:attr:`thread_choice`)."""
+        return self.thread_choice.threads
+
     @property
     def resume(self) -> bool:
         """Whether this run continues from its latest checkpoint (``checkpoints.resume``)."""
@@ -240,7 +256,8 @@ class LocalRL(Algorithm):
         """The settings recorded with the run, in groups: every argument but ``tokenizer``, as
         ``voltrl train``'s ``algorithm:`` section takes them (a local model directory as its
         absolute path; a model object by its class name, which no config can load; torch's
-        threads and the validation sampling as they are in effect)."""
+        threads as given, None where the machine decides at the start, and the validation
+        sampling as it is in effect)."""
         from voltrl.models.loading import model_name
 
         validation = {**self.validation.model_dump(), "sampling": self.val_sampling}
@@ -253,7 +270,7 @@ class LocalRL(Algorithm):
             "update": self.update.model_dump(),
             "trajectory": self.trajectory.model_dump(exclude={"retokenizer"}),
             "serving": self.serving.model_dump(),
-            "compute": {**self.compute.model_dump(), "threads": self.threads},
+            "compute": self.compute.model_dump(),
             "checkpoints": self.checkpoints.model_dump(),
             "warm_start": self.warm_start and self.warm_start.config(),
             "lora_adapters": self.adapters and self.adapters.config(),
@@ -283,7 +300,7 @@ class LocalRL(Algorithm):
         from voltrl.serving.engine import start_engine
         from voltrl.serving.openai_api import serve_engine
 
-        use_threads(self.threads, report=ctx.progress)
+        use_threads(self.thread_choice, report=ctx.progress)
         model, tokenizer = await asyncio.to_thread(self._load)
         check_memory(model, self, report=ctx.progress)
         # The dashboard and ``voltrl show`` decode the run's token ids with it.

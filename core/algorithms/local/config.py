@@ -83,7 +83,8 @@ class Compute(Settings):
     """Where and how fast: ``device`` (default: CUDA if available, else CPU); ``dtype``, the
     weights' precision (``"auto"``: bfloat16 on a CUDA device that supports it, else float32;
     ``"float32"``, ``"bfloat16"``; logprobs and the optimizer stay float32); ``threads``,
-    torch's intra-op threads (default: ``$OMP_NUM_THREADS``, else half the usable CPUs)."""
+    torch's intra-op threads (default: ``$OMP_NUM_THREADS``, else the usable CPUs other
+    processes leave free, decided at the start: :mod:`voltrl.models.threads`)."""
 
     device: str | None = None
     dtype: str = "auto"

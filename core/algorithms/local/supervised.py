@@ -43,8 +43,8 @@ def supervised_warmup(
     :func:`fit_rows`: AdamW with linear warm-up and cosine decay, ``batch_size`` rows per
     step in a fresh shuffled order each epoch (fewer conversations than ``batch_size``
     repeat within a step). torch runs ``threads`` intra-op threads (default:
-    :func:`~voltrl.models.threads.decide_threads`'s, half the usable CPUs), set for the calling
-    thread.
+    :func:`~voltrl.models.threads.decide_threads`'s, the usable CPUs other processes leave
+    free), set for the calling thread.
     """
     each = None if log is None else lambda step, values: log(step, values["loss"])
     return fit_rows(
