@@ -23,9 +23,9 @@ Parts:
    whose clients may find connections open).
 3. ``--demo-steps N``: the demo's agent (``samples/calculator``, whose client was ``own pool``)
    trained by LocalRL on the built-in tiny model for N steps of 64 rollouts (as
-   ``benchmarks/step_timeline.py --run`` does), a run with ``own pool`` then one with
-   ``openai_client``, ``--demo-repeats`` pairs; seconds per step (tasks queued to the last
-   rollout done, plus the update) from the run's store, each run's first step left out.
+   ``benchmarks/step_timeline.py --run`` does), a run with each way in turn,
+   ``--demo-repeats`` times; seconds per step (tasks queued to the last rollout done, plus the
+   update) from the run's store, each run's first step left out.
 
 Ratios are against the baseline measured in the same run; medians over the repeats, the ways
 taking turns within each repeat.
@@ -328,21 +328,23 @@ def main(argv: list[str] | None = None) -> int:
             f"\n3. the demo's agent: runs of {args.demo_steps} LocalRL steps of 64 rollouts "
             f"(tiny model), {args.demo_repeats} pairs"
         )
-        steps: dict[str, list[list[float]]] = {"own pool": [], "openai_client": []}
-        ratios = []
+        steps: dict[str, list[list[float]]] = {way: [] for way in WAYS}
         for _ in range(args.demo_repeats):
             for way in steps:
                 report["load_average"].append(load_average())
                 steps[way].append(demo_steps(way, args.demo_steps, args.out))
-            pair = [median(steps[way][-1][1:]) for way in steps]
-            ratios.append(pair[0] / pair[1])
         report["demo"] = steps
         for way, runs_of_way in steps.items():
             shown = "; ".join(", ".join(f"{v:.1f}" for v in run) for run in runs_of_way)
             every = [v for run in runs_of_way for v in run[1:]]
-            print(f"  {way:14s} median {median(every):6.2f} s/step   ({shown})")
-        shown = ", ".join(f"{r:.2f}" for r in ratios)
-        print(f"  own pool / openai_client per pair: {shown}; median {median(ratios):.2f}x")
+            ratios = [
+                median(base[1:]) / median(run[1:])
+                for base, run in zip(steps[BASELINE], runs_of_way, strict=True)
+            ]
+            print(
+                f"  {way:14s} median {median(every):5.2f} s/step, baseline / this per run: "
+                f"{', '.join(f'{r:.2f}x' for r in ratios)}   (s/step: {shown})"
+            )
 
     print(f"\nload average (1 min) at each repeat: {', '.join(report['load_average'])}")
     if args.json_out:
