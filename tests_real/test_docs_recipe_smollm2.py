@@ -36,7 +36,8 @@ def test_the_pages_recipe_warms_smollm2_up_and_takes_an_rl_step(
     )
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-8000:]
-    assert "the teacher solved 100% of its tasks" in done.stdout, output[-8000:]
+    solved = re.search(r"the teacher solved (\d+)% of its tasks", done.stdout)
+    assert solved and 40 <= int(solved[1]) <= 75, output[-8000:]  # it errs on purpose
     found = re.search(r"held-out: (\d+)% after the warm-up, (\d+)% after RL", done.stdout)
     assert found, output[-8000:]
     print(done.stdout)  # the figures, with pytest -s or -rP

@@ -78,7 +78,8 @@ def test_the_pages_recipe_runs_as_written_on_the_tiny_model(tmp_path: Path) -> N
     )
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-6000:]
-    assert "the teacher solved 100% of its tasks" in done.stdout, output[-6000:]
+    solved = re.search(r"the teacher solved (\d+)% of its tasks", done.stdout)
+    assert solved and 40 <= int(solved[1]) <= 75, output[-6000:]  # it errs on purpose
     assert re.search(r"held-out: \d+% after the warm-up, \d+% after RL", done.stdout), output
     assert (tmp_path / "runs" / "convert-teacher" / "store.sqlite").is_file()
     assert (tmp_path / "runs" / "convert-rl" / "final" / "config.json").is_file()
