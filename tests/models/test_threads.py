@@ -175,7 +175,7 @@ def test_threads_come_from_the_yaml_config(tmp_path: Path):
     }
     (tmp_path / "train.jsonl").write_text('{"x": 1}\n')  # voltrl train checks it exists
     trainer, *_ = build_from_config(config)
-    assert trainer.algorithm.threads == 1
+    assert trainer.algorithm.threads.threads == 1
 
 
 def test_a_container_cpu_quota_bounds_the_usable_cpus(tmp_path):

@@ -28,6 +28,9 @@ the ids of a run still training with it).
 **A LoRA adapter per agent role** (``lora_adapters=``, :mod:`voltrl.models.lora`): one base
 model, one adapter per name, served at once; each step trains each adapter on its own rows
 only (its own GRPO groups and optimizer), and metrics are logged per adapter.
+
+The module stays whole past 600 lines so that a step reads top to bottom in one place; what
+each part does lives in its own module (config, schedule, update, checkpoints, memory, reports).
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ from voltrl.algorithms.local.config import (
     grouped,
     upgraded,
 )
+from voltrl.algorithms.local.memory import check_memory, peak_memory, say_activations
 from voltrl.algorithms.local.reports import (
     adapters_summary,
     draw_reward_curve,
@@ -215,6 +219,7 @@ class LocalRL(Algorithm):
         self.warm_start = warm_start
         self.history: list[dict[str, Any]] = []
         self._warned_same_reward = False
+        self._said_activations = False
         self._warned_untrained = False
         self._policy_lock = threading.Lock()
         self._steps_done = 0
@@ -228,18 +233,12 @@ class LocalRL(Algorithm):
         self._versions = WeightVersions()
 
     @functools.cached_property
-    def thread_choice(self) -> ThreadChoice:
+    def threads(self) -> ThreadChoice:
         """torch's threads and why: ``compute.threads``, else what the machine shows when
-        first asked (the run's setup): every usable CPU unless other processes keep some
-        busy."""
+        first asked (the run's setup): every usable CPU unless other processes keep some busy."""
         from voltrl.models.threads import choose_threads
 
         return choose_threads(self.compute.threads)
-
-    @property
-    def threads(self) -> int:
-        """torch's intra-op threads (:attr:`thread_choice`)."""
-        return self.thread_choice.threads
 
     @property
     def resume(self) -> bool:
@@ -294,13 +293,12 @@ class LocalRL(Algorithm):
 
     async def setup(self, ctx: TrainContext) -> None:
         """Load the model, start the engine and a gateway in front of it, publish the LLM."""
-        from voltrl.algorithms.local.memory import check_memory
         from voltrl.algorithms.local.update import PolicyTrainer
         from voltrl.models.threads import use_threads
         from voltrl.serving.engine import start_engine
         from voltrl.serving.openai_api import serve_engine
 
-        use_threads(self.thread_choice, report=ctx.progress)
+        use_threads(self.threads, report=ctx.progress)
         model, tokenizer = await asyncio.to_thread(self._load)
         check_memory(model, self, report=ctx.progress)
         # The dashboard and ``voltrl show`` decode the run's token ids with it.
@@ -316,7 +314,7 @@ class LocalRL(Algorithm):
                 tokenizer,
                 resumed=resume_from is not None,
                 keep_base=self.update.use_lora,
-                threads=self.threads,
+                threads=self.threads.threads,
             )
         if self.adapters is None:
             served = copy.deepcopy(model)  # a plain copy: with LoRA, peft wraps ``model``
@@ -558,6 +556,9 @@ class LocalRL(Algorithm):
         stats = summarize(rollouts)
         trained: dict[str | None, dict[str, Any]] = {}
         if parts and stats.succeeded:  # rows of failed rollouts alone teach nothing
+            if not self._said_activations:  # the first update: its rows' lengths are known
+                self._said_activations = True
+                say_activations(self._policies, self.update, parts, ctx.progress)
             trained = await asyncio.to_thread(self._update, parts, step)
         t2 = time.perf_counter()
         metrics = {_metric_name(key, k): v for key, m in trained.items() for k, v in m.items()}
@@ -576,6 +577,7 @@ class LocalRL(Algorithm):
             update_s=t2 - t1,
             resources_version=queued.version,
             weights_version=weights,
+            **peak_memory(self._policies),
         )  # logged before the swap: a run stopped during it has the line of the step it saves
         if trained:
             await self._serve_new_weights(ctx, list(trained))

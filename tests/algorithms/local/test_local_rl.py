@@ -209,6 +209,9 @@ def test_steps_whose_groups_all_share_a_reward_say_nothing_was_trained(tmp_path:
     # no row ran: no tokens-per-second point (it was the batch's tokens over ~0 s, a spike)
     steps = [m for m in result.metrics if "update/tokens" in m]
     assert len(steps) == 2 and not any("update/tokens_per_s" in m for m in steps)
+    # the update's activations are said once, at the first update; each step logs the peak
+    assert out.count("memory: the update's activations, about ") == 1
+    assert all(m["memory/peak_gib"] > 0 for m in steps)
 
 
 def test_validation_sampling_inherits_the_training_sampling_unless_overridden():

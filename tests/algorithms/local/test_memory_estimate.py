@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 from helpers import ROOT
-from tiny_batches import tiny_model
+from tiny_batches import tiny_model, varied_batch
 
 from voltrl.algorithms.local.memory import (
     MemoryEstimate,
@@ -30,7 +30,7 @@ def test_full_fine_tuning_counts_weights_twice_gradients_masters_adam_and_the_kv
     model = tiny_model().to(dtype)
     n = sum(p.numel() for p in model.parameters())
     width = 4 if dtype == torch.float32 else 2
-    found = estimate(model, PolicyUpdateConfig(), max_batch_size=8, context_tokens=100)
+    found = estimate(model, PolicyUpdateConfig(), max_batch_size=8, sequence_tokens=100)
     c = model.config
     kv = 2 * c.num_hidden_layers * c.num_key_value_heads * (c.hidden_size // 4) * width * 800
     assert found.parts == {
@@ -49,7 +49,7 @@ def test_full_fine_tuning_counts_weights_twice_gradients_masters_adam_and_the_kv
         model,
         PolicyUpdateConfig(),
         max_batch_size=8,
-        context_tokens=100,
+        sequence_tokens=100,
         served_dtype=torch.bfloat16,
     )
     assert served.parts["engine copy"] == n * 2 and served.parts["KV cache"] == kv * 2 // width
@@ -74,13 +74,16 @@ def test_a_run_that_cannot_fit_is_a_warning_on_a_cpu_saying_what_would_fit() -> 
     warning = check_fits(too_big, "cpu", loaded=10) or ""
     assert re.match(r"warning: this LocalRL run needs about .* GiB more on cpu ", warning)
     assert "'use_lora': True" in warning and "dtype='bfloat16'" in warning
+    kv_heavy = MemoryEstimate({"weights": 10, "KV cache": free * 2})
+    warning = check_fits(kv_heavy, "cpu", loaded=10) or ""
+    assert "the KV cache: lower serving.max_batch_size or the sampling's max_tokens" in warning
 
 
 def test_an_sft_warm_start_before_lora_is_the_peak_when_it_is_larger() -> None:
     model = tiny_model().to(torch.bfloat16)
     n = sum(p.numel() for p in model.parameters())
     lora = PolicyUpdateConfig(use_lora=True)
-    found = estimate(model, lora, max_batch_size=1, context_tokens=1, warm_start=True)
+    found = estimate(model, lora, max_batch_size=1, sequence_tokens=1, warm_start=True)
     assert found.note == "the SFT warm-up's full fine-tuning"
     assert found.parts == {"weights": 2 * n, "gradients": 4 * n, "optimizer": 8 * n,
                            "master weights": 4 * n}  # fmt: skip
@@ -119,3 +122,54 @@ def test_with_vllm_on_a_cpu_its_weights_and_kv_cache_replace_the_built_in_cache(
     assert "KV cache" not in vllm.parts
     assert vllm.parts["engine copy"] == found.parts["engine copy"]  # LocalRL's copy for final/
     assert vllm.parts["vLLM (weights and KV cache)"] == found.parts["weights"] + 1000
+
+
+def test_the_kv_cache_is_sized_to_the_runs_prompt_and_max_tokens() -> None:
+    from voltrl.algorithms.local.memory import PROMPT_TOKENS, sequence_tokens
+
+    assert sequence_tokens({"max_tokens": 64}) == PROMPT_TOKENS + 64
+    assert sequence_tokens({"max_completion_tokens": 32}) == PROMPT_TOKENS + 32
+    assert sequence_tokens({}) == 4096  # no limit: the model's context, up to 4,096
+    model = tiny_model()
+    found = estimate(model, PolicyUpdateConfig(), max_batch_size=8, sequence_tokens=100)
+    assert "KV cache: 8 sequences of 100 tokens" in found.line()
+
+
+def test_the_activation_estimate_is_what_smollm2s_update_measured() -> None:
+    """The fit's data points (SmolLM2-135M, float32, LoRA on every linear layer: ``VmHWM``
+    less the model's, measured by a forward and backward of ``token_logprobs``)."""
+    from types import SimpleNamespace
+
+    from voltrl.algorithms.local.memory import GB, activation_bytes
+
+    smollm2 = SimpleNamespace(
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        vocab_size=49152,
+    )
+    for rows, tokens, measured in ((4, 300, 2.78), (16, 300, 11.11), (8, 150, 3.06)):
+        found = activation_bytes(smollm2, rows, tokens, 64) / GB
+        assert abs(found - measured) / measured < 0.15, (rows, tokens, found)
+    checkpointed = activation_bytes(smollm2, 16, 300, 64, checkpointing=True) / GB
+    assert abs(checkpointed - 4.39) / 4.39 < 0.15
+
+
+def test_micro_batches_that_cannot_fit_get_a_warning_with_the_size_that_would() -> None:
+    from voltrl.algorithms.local.memory import check_activations, micro_batch_activations
+
+    batch = varied_batch()
+    model = tiny_model()
+    small = check_activations(model, PolicyUpdateConfig(micro_batch_size=2), batch)
+    assert small.startswith("memory: the update's activations, about ")
+    assert "micro-batches of 2 rows of up to" in small
+    _, rows, _, _ = micro_batch_activations(model, PolicyUpdateConfig(), batch)
+    assert rows == min(4, len(batch))  # the default micro_batch_size
+    huge = PolicyUpdateConfig(micro_batch_size=10**9)
+    long_first = [[1] * 10**6, *batch.attention_mask[1:]]  # one row of a million tokens
+    big = type(batch)(**{**batch.__dict__, "attention_mask": long_first})
+    warning = check_activations(model, huge, big)
+    assert warning.startswith("warning: memory: the update's activations, about ")
+    assert "set update.micro_batch_size to 1" in warning
+    assert "or update.gradient_checkpointing=True" in warning
