@@ -272,43 +272,56 @@ def activation_bytes(
     return int(4 * floats * (CHECKPOINTED if checkpointing else 1.0))
 
 
-def micro_batch_activations(model: Any, update: Any, batch: Any) -> tuple[int, int, int, int]:
-    """``(bytes, rows, tokens, response tokens)`` of the update's largest micro-batch of
-    ``batch`` (a ``TrainingBatch``): ``micro_batch_size`` rows (fewer under
-    ``max_tokens_per_micro_batch``) as long as its longest row."""
+def micro_batch_activations(
+    model: Any,
+    batch: Any,
+    micro_batch_size: int,
+    max_tokens: int | None = None,
+    checkpointing: bool = False,
+) -> tuple[int, int, int]:
+    """``(bytes, rows, tokens)`` of the largest micro-batch of ``batch`` (a
+    ``TrainingBatch``): ``micro_batch_size`` rows (fewer under ``max_tokens`` a micro-batch) as
+    long as its longest row (:func:`activation_bytes`)."""
     longest = max((sum(mask) for mask in batch.attention_mask), default=0)
-    rows = min(update.micro_batch_size, len(batch))
-    if update.max_tokens_per_micro_batch:
-        rows = max(1, min(rows, update.max_tokens_per_micro_batch // max(longest, 1)))
-    config = model.config
+    rows = min(micro_batch_size, len(batch))
+    if max_tokens:
+        rows = max(1, min(rows, max_tokens // max(longest, 1)))
     found = activation_bytes(
-        config,
-        rows,
-        longest,
-        batch.response_length,
-        checkpointing=update.gradient_checkpointing,
+        model.config, rows, longest, batch.response_length, checkpointing=checkpointing
     )
-    return found, rows, longest, batch.response_length
+    return found, rows, longest
 
 
-def check_activations(model: Any, update: Any, batch: Any) -> str:
-    """One line on the update's activations for ``batch``; a warning, with the
-    ``micro_batch_size`` that would fit, when they exceed what ``model``'s device has free."""
-    found, rows, longest, _ = micro_batch_activations(model, update, batch)
+def check_activations(
+    model: Any,
+    batch: Any,
+    micro_batch_size: int,
+    *,
+    max_tokens: int | None = None,
+    checkpointing: bool | None = None,
+    what: str = "update",
+) -> str:
+    """One line on the activations of ``what`` for ``batch``: LocalRL's ``update``
+    (``checkpointing``: its ``gradient_checkpointing``), or ``"SFT"``'s warm-up (``None``: it
+    has no such setting). A warning, with the ``micro_batch_size`` that would fit, when they
+    exceed what ``model``'s device has free."""
+    found, rows, longest = micro_batch_activations(
+        model, batch, micro_batch_size, max_tokens, bool(checkpointing)
+    )
+    owner = "the update's" if what == "update" else f"{what}'s"
     line = (
-        f"memory: the update's activations, about {found / GB:.2f} GiB for micro-batches of "
+        f"memory: {owner} activations, about {found / GB:.2f} GiB for micro-batches of "
         f"{rows} rows of up to {longest:,} tokens"
     )
     free = free_bytes(next(model.parameters()).device)
     if free is None or found <= free:
         return line
     fits = max(1, int(rows * free * 0.8 / found))
-    checkpointing = (
-        "" if update.gradient_checkpointing else ", or update.gradient_checkpointing=True"
-    )
+    hint = ", or update.gradient_checkpointing=True" if checkpointing is False else ""
+    setting = "update.micro_batch_size" if what == "update" else f"{what}(micro_batch_size=...)"
     return (
-        f"warning: {line}, and {free / GB:.2f} GiB is free: set update.micro_batch_size to "
-        f"{fits} (micro-batches add up to the same gradient){checkpointing}"
+        f"warning: {line}, and {free / GB:.2f} GiB is free: set {setting} to "
+        f"{fits} (micro-batches add up to the same gradient){hint}"
     )
 
 
@@ -318,7 +331,13 @@ def say_activations(
     """Print :func:`check_activations` for LocalRL's first update (``parts``: each trainer's
     batch; the largest counts): always when it is a warning, else when ``progress``."""
     key, part = max(parts.items(), key=lambda kv: len(kv[1]))
-    line = check_activations(policies[key].model, update, part)
+    line = check_activations(
+        policies[key].model,
+        part,
+        update.micro_batch_size,
+        max_tokens=update.max_tokens_per_micro_batch,
+        checkpointing=update.gradient_checkpointing,
+    )
     if progress or line.startswith("warning"):
         print(line, flush=True)
 

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from voltrl.algorithms.base import Algorithm
 from voltrl.algorithms.local.conversations import conversation_batch, tokenize_conversation
+from voltrl.algorithms.local.memory import check_activations
 from voltrl.algorithms.local.supervised import cosine_schedule, fit_rows, supervised_warmup
 from voltrl.errors import VoltRLError
 from voltrl.models.precision import checked_dtype
@@ -298,6 +299,9 @@ class SFT(Algorithm):
                 f"{self.summary['agents']})",
                 flush=True,
             )
+        activations = check_activations(model, batch, self.micro_batch_size, what="SFT")
+        if ctx.progress or activations.startswith("warning"):
+            print(activations, flush=True)
         every = max(1, self.steps // 10)
 
         def log(step: int, values: dict[str, float]) -> None:

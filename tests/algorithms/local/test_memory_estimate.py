@@ -161,15 +161,19 @@ def test_micro_batches_that_cannot_fit_get_a_warning_with_the_size_that_would() 
 
     batch = varied_batch()
     model = tiny_model()
-    small = check_activations(model, PolicyUpdateConfig(micro_batch_size=2), batch)
+    small = check_activations(model, batch, 2, checkpointing=False)
     assert small.startswith("memory: the update's activations, about ")
     assert "micro-batches of 2 rows of up to" in small
-    _, rows, _, _ = micro_batch_activations(model, PolicyUpdateConfig(), batch)
-    assert rows == min(4, len(batch))  # the default micro_batch_size
-    huge = PolicyUpdateConfig(micro_batch_size=10**9)
+    _, rows, _ = micro_batch_activations(model, batch, 4)
+    assert rows == min(4, len(batch))
+    _, rows, _ = micro_batch_activations(model, batch, 4, max_tokens=1)
+    assert rows == 1  # a micro-batch's token bound leaves one row
     long_first = [[1] * 10**6, *batch.attention_mask[1:]]  # one row of a million tokens
     big = type(batch)(**{**batch.__dict__, "attention_mask": long_first})
-    warning = check_activations(model, huge, big)
+    warning = check_activations(model, big, 10**9, checkpointing=False)
     assert warning.startswith("warning: memory: the update's activations, about ")
     assert "set update.micro_batch_size to 1" in warning
     assert "or update.gradient_checkpointing=True" in warning
+    sft = check_activations(model, big, 10**9, what="SFT")
+    assert "memory: SFT's activations" in sft and "set SFT(micro_batch_size=...) to 1" in sft
+    assert "checkpointing" not in sft
