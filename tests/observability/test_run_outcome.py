@@ -6,6 +6,7 @@ mean leaves out (failed, cancelled, unrewarded rollouts) is said beside it."""
 from __future__ import annotations
 
 import asyncio
+import re
 from pathlib import Path
 
 import httpx
@@ -104,5 +105,9 @@ def test_the_runs_page_gives_the_result_and_no_point_for_an_interrupted_step(
         httpx.Client(base_url=server.url) as client,
     ):
         page = client.get("/").text
+        run_id = re.search(r'data-run-id="([^"]+)"', page).group(1)
+        run_page = client.get(f"/runs/{run_id}").text
     assert "data-values='[0.5]'" in page  # step 2's lone finished rollout is not its reward
     assert 'title="result: reward 0.500 at the last step (2 rollouts)">0.500' in page
+    assert "result: reward 0.500 at the last step (2 rollouts)" in run_page
+    assert run_page.count("(cut short)") == 1  # version 2's mean, of its one finished rollout
