@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=3, help="chat calls per rollout")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--demo-steps", type=int, default=0, help="0: skip the demo's steps")
-    parser.add_argument("--demo-repeats", type=int, default=2, help="pairs of demo runs")
+    parser.add_argument("--demo-repeats", type=int, default=2, help="demo runs per way")
     parser.add_argument("--out", type=Path, default=Path("runs/benchmarks"))
     parser.add_argument("--json-out", type=Path)
     args = parser.parse_args(argv)
@@ -326,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.demo_steps:
         print(
             f"\n3. the demo's agent: runs of {args.demo_steps} LocalRL steps of 64 rollouts "
-            f"(tiny model), {args.demo_repeats} pairs"
+            f"(tiny model), {args.demo_repeats} per way"
         )
         steps: dict[str, list[list[float]]] = {way: [] for way in WAYS}
         for _ in range(args.demo_repeats):
