@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from voltrl.cli.options import add_token_args, bearer_token
 from voltrl.errors import VoltRLError
+from voltrl.models.toolcalls import TOOL_PARSER_CHOICES  # the standard library alone
 
 if TYPE_CHECKING:
     from voltrl.cli.options import Subparsers
@@ -68,6 +69,15 @@ def register(sub: Subparsers) -> None:
         default=DEFAULT_MAX_TOKENS,
         help="caps a chat reply whose request sets no max_tokens (default %(default)s; 0: up "
         "to the context, which a small model may fill for minutes on a CPU)",
+    )
+    model_serve.add_argument(
+        "--tool-parser",
+        choices=TOOL_PARSER_CHOICES,
+        default=None,
+        help="the format the model writes tool calls in, parsed into OpenAI tool_calls: "
+        "hermes (<tool_call> tags), json (bare or fenced JSON objects), pythonic "
+        "([f(a=1)]), or auto (tries hermes, json, pythonic in that order; default: the packaged "
+        "model's, else hermes)",
     )
     add_token_args(model_serve)
     model_serve.set_defaults(func=_serve_command)
@@ -135,6 +145,7 @@ def _serve_command(args: argparse.Namespace) -> int:
         from voltrl.models.packaged import PACKAGED_MODELS
         from voltrl.models.threads import use_threads
         from voltrl.models.tiny import TINY
+        from voltrl.models.toolcalls import default_tool_parser
         from voltrl.serving.engine import Engine
     except ModuleNotFoundError as exc:
         raise VoltRLError(
@@ -155,13 +166,22 @@ def _serve_command(args: argparse.Namespace) -> int:
     check_bindable(args.host, args.port)  # before the model loads, which may take minutes
     model, tokenizer = load_model(args.model, dtype=args.dtype)
     name = args.served_name or (args.model if named else path.resolve().name)
+    parser = args.tool_parser or default_tool_parser(args.model)
     engine = Engine(model, tokenizer, max_batch_size=args.max_batch_size, threads=threads)
     try:
         key = _token_hint(args) if token else None
         cap = args.max_tokens or None
         run(
             _serve_model(
-                engine, args.host, args.port, name, token, key, cap, tiny=args.model == TINY
+                engine,
+                args.host,
+                args.port,
+                name,
+                token,
+                key,
+                cap,
+                tiny=args.model == TINY,
+                tool_parser=parser,
             )
         )
     finally:
@@ -188,16 +208,24 @@ async def _serve_model(
     max_tokens: int | None,
     *,
     tiny: bool,
+    tool_parser: str = "hermes",
 ) -> None:
     """Serve ``engine`` as ``name``, print how to use it (``key_hint``: how the printed
     command passes the token; ``max_tokens``: the cap of a chat reply whose request sets
-    none), and stop on SIGTERM or SIGINT."""
+    none; ``tool_parser``: the format of the model's tool calls), and stop on SIGTERM or
+    SIGINT."""
     from voltrl._http.serving import cannot_listen, reachable_url, wait_for_signal
     from voltrl.serving.openai_api import serve_engine
 
     try:
         url, stop = await serve_engine(
-            engine, host, port, model_name=name, token=token, default_max_tokens=max_tokens
+            engine,
+            host,
+            port,
+            model_name=name,
+            token=token,
+            default_max_tokens=max_tokens,
+            tool_parser=tool_parser,
         )
     except OSError as exc:
         raise cannot_listen(host, port, exc) from None
@@ -209,6 +237,7 @@ async def _serve_model(
         print(f"voltrl model serve: model {name} at {endpoint} (OpenAI-compatible; auth: {auth})")
         cap = f"at most {max_tokens} tokens" if max_tokens else "up to the context"
         print(f"a chat reply whose request sets no max_tokens gets {cap} (--max-tokens)")
+        print(f"tool calls are parsed as {tool_parser} (--tool-parser)")
         if tiny:
             print("the tiny model has random weights: rewards stay ~0 (it proves the plumbing)")
         print(

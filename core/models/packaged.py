@@ -68,6 +68,10 @@ class PackagedModel:
     prompt. The fetched directory then gets :data:`CHATML_TOOLS` with it, which renders chats
     without tools exactly as the model's own template does and describes tools Hermes-style.
     None keeps the model's own template."""
+    tool_parser: str = "hermes"
+    """The format the model writes tool calls in, as the engine parses them: a name in
+    :data:`voltrl.models.toolcalls.TOOL_PARSERS` (or ``"auto"``); ``--tool-parser`` and
+    ``serving.tool_parser`` override it."""
 
 
 PACKAGED_MODELS: dict[str, PackagedModel] = {
@@ -85,6 +89,7 @@ PACKAGED_MODELS: dict[str, PackagedModel] = {
             chatml_default_system=(
                 "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
             ),
+            tool_parser="hermes",  # CHATML_TOOLS asks for <tool_call> tags
         ),
     ]
 }

@@ -1,12 +1,13 @@
 """An OpenAI-compatible server on top of the LocalRL :class:`~..engine.Engine`, vLLM-flavoured.
 
-``/v1/chat/completions`` (chat template with ``tools``, Hermes ``<tool_call>`` parsing into
-OpenAI ``tool_calls``), ``/v1/completions``, ``/v1/models`` and ``/health``. Responses carry
-what the gateway records, under vLLM's field names: with ``return_token_ids`` the prompt's ids
-(``prompt_token_ids``: top level for chat, per choice for completions) and each choice's sampled
-``token_ids``, on every streamed chunk too; ``logprobs`` as OpenAI shapes them. Logprobs are
-the raw model logprobs at temperature 1 unless the app is built with
-``logprobs_mode="processed"`` (see :mod:`.sampling`).
+``/v1/chat/completions`` (chat template with ``tools``; tool calls parsed from the decoded
+text into OpenAI ``tool_calls`` by the model's parser, ``tool_parser``: Hermes tags, JSON,
+pythonic or ``auto``, :mod:`voltrl.models.toolcalls`), ``/v1/completions``, ``/v1/models``
+and ``/health``. Responses carry what the gateway records, under vLLM's field names: with
+``return_token_ids`` the prompt's ids (``prompt_token_ids``: top level for chat, per choice for
+completions) and each choice's sampled ``token_ids``, on every streamed chunk too;
+``logprobs`` as OpenAI shapes them. Logprobs are the raw model logprobs at temperature 1
+unless the app is built with ``logprobs_mode="processed"`` (see :mod:`.sampling`).
 
 Any ``model`` name is accepted (the gateway forces its own); ``/v1/models`` reports the served
 name. An engine serving LoRA adapters serves each under its own name, as vLLM's multi-LoRA

@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.types import ASGIApp
 
 from voltrl._http.serving import BackgroundServer, serve, serve_in_thread
+from voltrl.models.toolcalls import DEFAULT_TOOL_PARSER, checked_tool_parser
 from voltrl.serving.engine import Engine, EngineError
 from voltrl.serving.openai_api.handlers import Handlers, LogprobsMode, error_body
 from voltrl.serving.openai_api.params import BadRequest
@@ -47,18 +48,22 @@ def create_app(
     model_name: str = "voltrl-local",
     logprobs_mode: LogprobsMode = "raw",
     default_max_tokens: int | None = None,
+    tool_parser: str = DEFAULT_TOOL_PARSER,
 ) -> FastAPI:
     """The OpenAI-compatible FastAPI app serving ``engine`` (started here) as ``model_name``.
     ``default_max_tokens`` caps a chat reply whose request sets no ``max_tokens`` (None: up
-    to the context; a completion's default stays OpenAI's 16).
+    to the context; a completion's default stays OpenAI's 16). ``tool_parser``: the format
+    the model writes tool calls in (:data:`voltrl.models.toolcalls.TOOL_PARSER_CHOICES`; a
+    ``ValueError`` names them).
 
     Mount it or run it with :func:`serve_engine` / :func:`serve_engine_in_thread`; closing the
     engine stays the caller's job.
     """
     if logprobs_mode not in ("raw", "processed"):
         raise ValueError(f"logprobs_mode must be 'raw' or 'processed', not {logprobs_mode!r}")
+    checked_tool_parser(tool_parser)  # before the engine starts
     engine.start()
-    server = Handlers(engine, model_name, logprobs_mode)
+    server = Handlers(engine, model_name, logprobs_mode, tool_parser)
     app = FastAPI(title="VoltRL local engine", docs_url=None, redoc_url=None)
     app.state.engine_server = server
 
@@ -117,19 +122,21 @@ async def serve_engine(
     log_level: str = "warning",
     token: str | None = None,
     default_max_tokens: int | None = None,
+    tool_parser: str = DEFAULT_TOOL_PARSER,
 ) -> tuple[str, Callable[[], Awaitable[None]]]:
     """Serve ``engine`` on the running event loop (``port=0``: a free port).
 
     With a ``token`` every route but ``/health`` requires ``Authorization: Bearer <token>``
     (clients pass it as their API key). Returns the server's base URL (the OpenAI base URL is
     that plus ``/v1``) and an async ``stop``; see :func:`voltrl._http.serving.serve`.
-    ``default_max_tokens``: see :func:`create_app`.
+    ``default_max_tokens``, ``tool_parser``: see :func:`create_app`.
     """
     app: ASGIApp = create_app(
         engine,
         model_name=model_name,
         logprobs_mode=logprobs_mode,
         default_max_tokens=default_max_tokens,
+        tool_parser=tool_parser,
     )
     if token:
         from voltrl._http.auth import BearerAuth
@@ -146,7 +153,10 @@ def serve_engine_in_thread(
     model_name: str = "voltrl-local",
     logprobs_mode: LogprobsMode = "raw",
     log_level: str = "warning",
+    tool_parser: str = DEFAULT_TOOL_PARSER,
 ) -> BackgroundServer:
     """Serve ``engine`` from a background thread (:func:`voltrl._http.serving.serve_in_thread`)."""
-    app = create_app(engine, model_name=model_name, logprobs_mode=logprobs_mode)
+    app = create_app(
+        engine, model_name=model_name, logprobs_mode=logprobs_mode, tool_parser=tool_parser
+    )
     return serve_in_thread(app, host, port, log_level=log_level)
