@@ -122,7 +122,7 @@ class LocalRL(Algorithm):
         trajectory: how calls become training rows (transition or trajectory mode, credit):
             :class:`~voltrl.trajectory.TrajectoryConfig`.
         serving: the engine (built-in or vLLM), its batch, the served name, the gateway's
-            retries and reasoning split (:class:`Serving`).
+            retries and reasoning split, the tool-call parser (:class:`Serving`).
         compute: device, dtype, torch threads (:class:`Compute`).
         checkpoints: how often, how many kept, resume (:class:`Checkpoints`).
         warm_start: a :class:`~voltrl.SFT` (without ``model``) that fine-tunes the model on
@@ -251,6 +251,14 @@ class LocalRL(Algorithm):
         trainer's)."""
         return self.serving.gateway_retry
 
+    @property
+    def tool_parser(self) -> str:
+        """The format the engine parses the model's tool calls in (``serving.tool_parser``;
+        None: the packaged model's, else ``"hermes"``)."""
+        from voltrl.models.toolcalls import default_tool_parser
+
+        return self.serving.tool_parser or default_tool_parser(self.model)
+
     def config(self) -> dict[str, object]:
         """The settings recorded with the run, in groups: every argument but ``tokenizer``, as
         ``voltrl train``'s ``algorithm:`` section takes them (a local model directory as its
@@ -315,6 +323,7 @@ class LocalRL(Algorithm):
                 resumed=resume_from is not None,
                 keep_base=self.update.use_lora,
                 threads=self.threads.threads,
+                tool_parser=self.tool_parser,
             )
         if self.adapters is None:
             served = copy.deepcopy(model)  # a plain copy: with LoRA, peft wraps ``model``
@@ -351,7 +360,10 @@ class LocalRL(Algorithm):
         )
         self.tokenizer = tokenizer
         engine_url, stop_engine = await serve_engine(
-            self._engine, model_name=self.serving.served_name, logprobs_mode="raw"
+            self._engine,
+            model_name=self.serving.served_name,
+            logprobs_mode="raw",
+            tool_parser=self.tool_parser,
         )
         self._stops.append(stop_engine)
         adapters = self.adapters

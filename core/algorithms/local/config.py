@@ -19,9 +19,10 @@ import copy
 import warnings
 from typing import Any
 
-from pydantic import ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field, ValidationError, field_validator
 
 from voltrl._dotted import section
+from voltrl.models.toolcalls import checked_tool_parser
 from voltrl.retry import GatewayRetry
 from voltrl.types import Model
 
@@ -68,7 +69,10 @@ class Serving(Settings):
     sees every token). ``gateway_retry``: how the gateway retries engine calls (default: the
     trainer's). ``dtype``: the served weights' precision, when it is not the trained weights'
     (``compute.dtype``): ``"bfloat16"`` serves a float32 policy as vLLM serves an FSDP one,
-    with the logprob mismatch ``update.rollout_correction`` corrects (docs/fidelity.md)."""
+    with the logprob mismatch ``update.rollout_correction`` corrects (docs/fidelity.md).
+    ``tool_parser``: the format the model writes tool calls in, which the engine parses into
+    OpenAI ``tool_calls`` (``"hermes"``, ``"json"``, ``"pythonic"`` or ``"auto"``:
+    :mod:`voltrl.models.toolcalls`; None: the packaged model's, else ``"hermes"``)."""
 
     engine: str = "local"
     engine_args: dict[str, Any] | None = None
@@ -77,6 +81,12 @@ class Serving(Settings):
     served_name: str = "voltrl-local"
     reasoning_split: bool = False
     gateway_retry: GatewayRetry | None = None
+    tool_parser: str | None = None
+
+    @field_validator("tool_parser")
+    @classmethod
+    def _known_parser(cls, value: str | None) -> str | None:
+        return None if value is None else checked_tool_parser(value)
 
 
 class Compute(Settings):
@@ -214,13 +224,15 @@ ADDED: dict[str, Any] = {
     "update.rollout_correction": None,
     "update.rollout_correction_cap": 2.0,
     "serving.dtype": None,
+    "serving.tool_parser": None,
     "trajectory.group_by_agent": None,
     "trajectory.audit": "warn",
 }
 """Settings added after runs were first recorded, each with the value a run recorded before
 it ran with: a resume compares them as if the run had recorded it. (A run before
 ``max_staleness`` was synchronous; the cap only acts with ``old_logprobs="decoupled"``, which
-did not exist; there was no rollout correction; rows were grouped by task alone.)"""
+did not exist; there was no rollout correction; rows were grouped by task alone; tool calls
+were Hermes tags, which None still means for every model that ran then.)"""
 
 RENAMED_VALUES: dict[str, dict[Any, Any]] = {
     "update.behaviour_weight_mode": {"clamp": "tis", "mask": "mis"},

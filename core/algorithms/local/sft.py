@@ -26,6 +26,7 @@ of this module keep their old path here for one release (``__all__``).
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -39,10 +40,17 @@ from voltrl.algorithms.local.supervised import cosine_schedule, fit_rows, superv
 from voltrl.errors import VoltRLError
 from voltrl.models.precision import checked_dtype
 from voltrl.models.threads import use_threads
+from voltrl.models.toolcalls import checked_tool_parser
 from voltrl.store import open_store
 from voltrl.store.spec import absolute_spec
-from voltrl.trajectory import TrainingBatch, TrajectoryConfig, collate, trajectories_from_store
-from voltrl.types import Rollout, Task
+from voltrl.trajectory import (
+    Retokenizer,
+    TrainingBatch,
+    TrajectoryConfig,
+    collate,
+    trajectories_from_store,
+)
+from voltrl.types import LLMCall, Rollout, Task
 
 __all__ = [  # the functions that moved keep their old path here for one release
     "SFT",
@@ -79,6 +87,13 @@ class SFT(Algorithm):
         agents: only calls whose agent name this regex fully matches (``"write|rewrite"``).
         retokenize: calls recorded without token ids (a hosted API) are re-tokenised with the
             student's chat template; without it they are an error, never silently dropped.
+        tool_parser: the tool-call parser the student will be served with
+            (:mod:`voltrl.models.toolcalls`; under ``LocalRL(warm_start=...)``, LocalRL's
+            ``serving.tool_parser`` unless given). With ``retokenize``, each re-tokenised call
+            with tool calls is checked: its rendered answer, parsed by it, gives the recorded
+            calls; else an error names the call and the parser that would read it, since the
+            student would learn to write calls its engine leaves as text. None (alone): no
+            check. Recorded token ids are trained as they are, whatever their format.
         trajectory: the builder's settings (default ``mode="trajectory"``: a multi-turn agent's
             calls merge into one row); ``agents`` and ``retokenize`` override its filter and
             ``missing_token_ids``.
@@ -105,6 +120,7 @@ class SFT(Algorithm):
         min_reward: float | None = None,
         agents: str | None = None,
         retokenize: bool = False,
+        tool_parser: str | None = None,
         trajectory: TrajectoryConfig | dict[str, Any] | None = None,
         steps: int = 200,
         batch_size: int = 16,
@@ -137,6 +153,7 @@ class SFT(Algorithm):
         self.min_reward = min_reward
         self.agents = agents
         self.retokenize = retokenize
+        self.tool_parser = None if tool_parser is None else checked_tool_parser(tool_parser)
         base = (
             TrajectoryConfig.model_validate(trajectory)
             if isinstance(trajectory, dict)
@@ -173,6 +190,8 @@ class SFT(Algorithm):
             "min_reward": self.min_reward,
             "agents": self.agents,
             "retokenize": self.retokenize,
+            # only when set: a run recorded before the setting resumes as it was
+            **({"tool_parser": self.tool_parser} if self.tool_parser is not None else {}),
             "trajectory": self.trajectory.model_dump(),
             "steps": self.steps,
             "batch_size": self.batch_size,
@@ -217,6 +236,10 @@ class SFT(Algorithm):
 
             update["missing_token_ids"] = "retokenize"
             update["retokenizer"] = chat_retokenizer(tokenizer)
+            if self.tool_parser is not None:
+                update["retokenizer"] = _reads_back(
+                    update["retokenizer"], tokenizer, self.tool_parser
+                )
             if self.trajectory.audit == "warn":  # re-tokenized rows are what it asks for
                 update["audit"] = "off"
         config = self.trajectory.model_copy(update=update)
@@ -342,18 +365,21 @@ class SFT(Algorithm):
         resumed: bool,
         keep_base: bool,
         threads: int,
+        tool_parser: str | None = None,
     ) -> None:
         """Warm up LocalRL's ``model`` (every weight) with :meth:`run`, unless the run resumes:
         a full checkpoint holds the warmed weights; LoRA checkpoints (``keep_base``) hold the
         adapters only, so the warmed model is kept in ``<run dir>/warm_start`` (with its
         tokenizer: a model directory that serves and loads on its own) and loaded again.
-        ``threads``: LocalRL's, used unless this SFT was given its own."""
+        ``threads``, ``tool_parser``: LocalRL's, used unless this SFT was given its own."""
         from voltrl.models.loading import quiet_transformers
 
         warmed = ctx.run_dir / "warm_start"
         if not resumed:
             if self.threads is None:
                 self.threads = threads
+            if self.tool_parser is None and tool_parser is not None:
+                self.tool_parser = checked_tool_parser(tool_parser)
             await self.run(ctx, model, tokenizer)
             if keep_base:  # a model directory of its own: `voltrl model serve` serves it
                 with quiet_transformers():
@@ -400,3 +426,46 @@ class SFT(Algorithm):
         await asyncio.to_thread(self.tokenizer.save_pretrained, final)
         if ctx.progress:
             print(f"SFT: model saved to {final}", flush=True)
+
+
+def _reads_back(retokenize: Retokenizer, tokenizer: Any, parser: str) -> Retokenizer:
+    """``retokenize``, refusing a call whose re-rendered tool calls ``parser`` does not read
+    back as the recorded ones (names and arguments): the student would learn a format its
+    engine leaves as text."""
+    from voltrl.models.toolcalls import AUTO_ORDER, parse_tool_calls
+    from voltrl.trajectory import assistant_message
+
+    def same(calls: Any, wanted: list[tuple[str, Any]]) -> bool:
+        return [(c["function"]["name"], _arguments(c)) for c in calls] == wanted
+
+    def checked(call: LLMCall) -> tuple[list[int], list[int]]:
+        prompt, response = retokenize(call)
+        recorded = assistant_message(call).get("tool_calls") or []
+        if not recorded:
+            return prompt, response
+        wanted = [(c["function"]["name"], _arguments(c)) for c in recorded]
+        text = tokenizer.decode(response, skip_special_tokens=True)  # as the engine decodes
+        tools = call.request.get("tools")
+        if same(parse_tool_calls(text, parser, tools)[1], wanted):
+            return prompt, response
+        readers = [p for p in AUTO_ORDER if same(parse_tool_calls(text, p, tools)[1], wanted)]
+        hint = f"the {readers[0]!r} parser reads it" if readers else "no parser reads it"
+        raise VoltRLError(
+            f"SFT: call {call.call_id}'s tool calls, rendered with the student's chat template "
+            f"as {text[:200]!r}, are not read back by tool parser {parser!r} ({hint}): the "
+            "student would learn to write calls its engine leaves as text; serve it with the "
+            "parser its template writes (tool_parser=, serving.tool_parser, --tool-parser)"
+        )
+
+    return checked
+
+
+def _arguments(call: dict[str, Any]) -> Any:
+    """A call's arguments as a value (OpenAI gives a JSON string; a teacher may give a dict)."""
+    args = call["function"].get("arguments")
+    if isinstance(args, str):
+        try:
+            return json.loads(args)
+        except ValueError:
+            return args
+    return args

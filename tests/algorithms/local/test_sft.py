@@ -411,3 +411,28 @@ def test_a_relative_source_is_recorded_absolute_so_train_yaml_runs_from_anywhere
         "memory",
         "http://127.0.0.1:9/",
     ]
+
+
+def test_sft_checks_that_the_students_tool_parser_reads_back_the_calls_it_learns(tmp_path):
+    run_dir = record_teacher_run(tmp_path)
+    tok = build_tiny_tokenizer()  # its template writes calls in Hermes tags
+    for parser in ("hermes", "auto"):
+        sft = vl.SFT("tiny", source=run_dir, retokenize=True, tool_parser=parser)
+        assert asyncio.run(sft.build_batch(tok)).stats["retokenized"] > 0
+        assert sft.config()["tool_parser"] == parser
+    json_parser = vl.SFT("tiny", source=run_dir, retokenize=True, tool_parser="json")
+    with pytest.raises(VoltRLError) as refused:
+        asyncio.run(json_parser.build_batch(tok))
+    said = str(refused.value)
+    assert '\'<tool_call>\\n{"name": "add"' in said
+    assert "are not read back by tool parser 'json' (the 'hermes' parser reads it)" in said
+    with pytest.raises(ValueError, match=r"unknown tool parser 'xml' \(choose one of: auto, "):
+        vl.SFT("tiny", source=run_dir, tool_parser="xml")
+    assert "tool_parser" not in vl.SFT("tiny", source=run_dir).config()  # as recorded before
+
+    # under LocalRL, the parser LocalRL serves with
+    warm = vl.SFT(source=run_dir, retokenize=True, steps=1, batch_size=2)
+    algorithm = vl.LocalRL("tiny", warm_start=warm, serving={"tool_parser": "json"})
+    trainer = vl.Trainer(algorithm, run_dir=tmp_path / "runs", name="rl", progress=False)
+    with pytest.raises(VoltRLError, match="not read back by tool parser 'json'"):
+        trainer.fit(adding_agent, TASKS[:2])
