@@ -42,7 +42,7 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 Calls = list[dict[str, Any]]
-ToolParser = Callable[[str, "Collection[str] | None"], tuple["str | None", Calls]]
+ToolParser = Callable[[str, Collection[str] | None], tuple[str | None, Calls]]
 """``parse(text, names)``: the content before the calls and the OpenAI ``tool_calls``, or
 ``(text, [])``; ``names``: the request's tool names (None: any name)."""
 
