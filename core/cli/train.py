@@ -45,8 +45,8 @@ def build_from_config(config: dict[str, Any]) -> tuple[Any, Any, str, str | None
 
     The config has ``agent`` (MODULE:AGENT), ``data`` (``train``, optional ``val``: files),
     ``algorithm`` (``name``: ``local_rl``, ``sft``, ``apo`` or ``baseline``, and that algorithm's
-    arguments; LocalRL's ``update``, ``trajectory`` and ``warm_start`` (SFT's arguments)
-    sections are their configs) and ``trainer``
+    arguments; LocalRL's ``update``, ``trajectory``, ``warm_start`` (SFT's arguments) and
+    ``prompt_search`` (APO's arguments) sections are their configs) and ``trainer``
     (:class:`~voltrl.Trainer` arguments; ``resources`` maps names to LLM fields; ``runners``
     is ``ray`` or ``{ray: {...}}``, :class:`~voltrl.RayRunners`' settings).
     Raises :class:`VoltRLError` naming the field (``algorithm.model``, ``data.train``...)
@@ -150,29 +150,37 @@ def _algorithm(algo_cfg: dict[str, Any]) -> Any:
         warm = {k: v for k, v in warm.items() if k != "model"}
         _check_sft("algorithm.warm_start", warm)
         algo_cfg["warm_start"] = _built(SFT, "algorithm.warm_start", warm)
+    if (search := algo_cfg.get("prompt_search")) is not None:  # null in a recorded config
+        if not isinstance(search, dict):
+            raise VoltRLError("algorithm.prompt_search: expected APO's settings (a mapping)")
+        search = {k: v for k, v in search.items() if k != "name"}
+        algo_cfg["prompt_search"] = _apo(search, "algorithm.prompt_search", optimizer=False)
     return _built(LocalRL, "algorithm", algo_cfg)
 
 
-def _apo(algo_cfg: dict[str, Any]) -> Any:
+def _apo(algo_cfg: dict[str, Any], where: str = "algorithm", optimizer: bool = True) -> Any:
     """APO from its section: ``prompt`` (a template string, or ``{template, engine}``),
-    ``optimizer_llm`` (LLM fields), the optimizer prompts like ``prompt``, and the rest."""
+    ``optimizer_llm`` (LLM fields; under LocalRL's ``prompt_search``, not ``optimizer``, it
+    may be null: the model being trained), the optimizer prompts like ``prompt``, and the
+    rest."""
     from voltrl.algorithms.apo import APO
     from voltrl.resources import LLM, PromptTemplate
 
-    _check_fields("algorithm", algo_cfg, APO)
-    for key in ("prompt", "optimizer_llm"):
+    _check_fields(where, algo_cfg, APO)
+    for key in ("prompt", "optimizer_llm") if optimizer else ("prompt",):
         if algo_cfg.get(key) is None:
-            raise VoltRLError(f"algorithm.{key}: APO needs it")
-    algo_cfg["optimizer_llm"] = _validated(
-        LLM, "algorithm.optimizer_llm", algo_cfg["optimizer_llm"]
-    )
+            raise VoltRLError(f"{where}.{key}: APO needs it")
+    if algo_cfg.get("optimizer_llm") is not None:
+        algo_cfg["optimizer_llm"] = _validated(
+            LLM, f"{where}.optimizer_llm", algo_cfg["optimizer_llm"]
+        )
     for key in ("prompt", "critique_prompt", "rewrite_prompt"):
         if isinstance(algo_cfg.get(key), dict):
-            algo_cfg[key] = _validated(PromptTemplate, f"algorithm.{key}", algo_cfg[key])
+            algo_cfg[key] = _validated(PromptTemplate, f"{where}.{key}", algo_cfg[key])
     try:
         return APO(**algo_cfg)
     except (TypeError, ValueError, VoltRLError) as exc:
-        raise VoltRLError(f"algorithm: {exc}") from None
+        raise VoltRLError(f"{where}: {exc}") from None
 
 
 def _check_fields(

@@ -56,6 +56,9 @@ class PromptSearch(Model):
     best_score: float | None = None
     stopped: str | None = None
     """Why the search ended (None while it runs)."""
+    finished: bool = False
+    """Whether it ended on its own (its rounds done, or its patience out), not interrupted or
+    failed: a resumed ``LocalRL(prompt_search=...)`` run does not search again then."""
 
     @property
     def start(self) -> Candidate:

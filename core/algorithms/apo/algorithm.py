@@ -14,6 +14,10 @@ A beam search over templates, each round:
 It stops after ``rounds``, or once ``patience`` rounds in a row found nothing better. The run
 directory gets ``prompt_search.json`` (every candidate, its score and fate; what ``voltrl
 show`` and the dashboard show), ``prompt_search.png`` and ``final/prompt_template.json``.
+
+As ``LocalRL(prompt_search=APO(...))`` it runs before LocalRL's steps, on the model being
+trained (:mod:`voltrl.algorithms.local.prompt_phase`); without ``optimizer_llm`` that model
+writes the rewrites too.
 """
 
 from __future__ import annotations
@@ -49,6 +53,11 @@ if TYPE_CHECKING:
 
 FINAL = Path("final") / "prompt_template.json"
 
+NO_OPTIMIZER = (
+    "APO needs optimizer_llm=vl.LLM(...), the model that rewrites the prompt; it may be left "
+    "out only as LocalRL(prompt_search=APO(...)), where the model being trained writes them"
+)
+
 
 class APO(Algorithm):
     """Improves the prompt template an agent receives, with an optimizer LLM.
@@ -61,6 +70,8 @@ class APO(Algorithm):
             (its key as for any :class:`~voltrl.LLM`: ``api_key`` or ``api_key_env``). Its calls
             go through a gateway of the run, recorded in rollouts of mode ``optimizer`` under
             the agent name ``apo-optimizer``, and retried on backend errors like any call.
+            None only as ``LocalRL(prompt_search=APO(...))``: the model being trained then
+            writes the rewrites, through LocalRL's gateway.
         resource: the name the template is published under.
         rounds: rounds of critique and rewrite at most.
         beam_width: templates kept from round to round.
@@ -96,7 +107,7 @@ class APO(Algorithm):
         self,
         prompt: PromptTemplate | str,
         *,
-        optimizer_llm: LLM,
+        optimizer_llm: LLM | None = None,
         resource: str = "prompt_template",
         rounds: int = 3,
         beam_width: int = 2,
@@ -128,7 +139,7 @@ class APO(Algorithm):
             raise ValueError(
                 f"APO: val_batch_size must be at least 1 or None, got {val_batch_size}"
             )
-        if optimizer_llm.gateway:
+        if optimizer_llm is not None and optimizer_llm.gateway:
             raise ValueError(
                 "APO: optimizer_llm must be the model's own endpoint, not a VoltRL gateway (APO "
                 "records its calls through a gateway of its own)"
@@ -164,25 +175,40 @@ class APO(Algorithm):
         config.pop("publishes")
         for key in ("prompt", "critique_prompt", "rewrite_prompt"):
             config[key] = config[key].model_dump(exclude={"kind"})
-        config["optimizer_llm"] = self.optimizer_llm.model_dump(exclude={"kind"})
+        llm = self.optimizer_llm
+        config["optimizer_llm"] = llm and llm.model_dump(exclude={"kind"})
         return config
 
     # ---- the algorithm interface ----------------------------------------------------------
     async def setup(self, ctx: TrainContext) -> None:
         """Publish the starting template; serve a gateway in front of the optimizer LLM."""
+        if self.optimizer_llm is None:
+            raise VoltRLError(NO_OPTIMIZER)
         await ctx.publish({self.resource: self.prompt})
-        llm = ApiKeys().fill("optimizer_llm", self.optimizer_llm)
-        served = await ctx.serve_gateway(
-            [llm.endpoint],
-            backend_api_key=None if llm.api_key == "EMPTY" else llm.api_key,
-            request_token_ids=False,  # never trained; hosted APIs reject the field
-        )
-        sampling = {**llm.sampling_parameters, **self.optimizer_sampling}
+        await self.start_optimizer(ctx)
+
+    async def start_optimizer(self, ctx: TrainContext, policy: LLM | None = None) -> None:
+        """Get ready to call the optimizer: ``optimizer_llm`` behind a gateway of the run
+        served here, or without one ``policy``, a run gateway's LLM (LocalRL's: the model
+        it trains writes the rewrites)."""
+        if self.optimizer_llm is None:
+            if policy is None or not policy.gateway:
+                raise VoltRLError(NO_OPTIMIZER)
+            url, model, sampling = policy.endpoint, policy.model, dict(self.optimizer_sampling)
+        else:
+            llm = ApiKeys().fill("optimizer_llm", self.optimizer_llm)
+            served = await ctx.serve_gateway(
+                [llm.endpoint],
+                backend_api_key=None if llm.api_key == "EMPTY" else llm.api_key,
+                request_token_ids=False,  # never trained; hosted APIs reject the field
+            )
+            url, model = served.url, llm.model
+            sampling = {**llm.sampling_parameters, **self.optimizer_sampling}
         self._optimizer = Optimizer(
             ctx.store,
             ctx.run.run_id,
-            served.url,
-            llm.model,
+            url,
+            model,
             ctx.token,
             sampling,
             self.optimizer_timeout_s,
@@ -230,6 +256,7 @@ class APO(Algorithm):
                     break
             else:
                 search.stopped = f"{self.rounds} round(s) done"
+            search.finished = True
         except BaseException as exc:
             stopped = isinstance(exc, KeyboardInterrupt | asyncio.CancelledError | SystemExit)
             search.stopped = "interrupted" if stopped else f"failed: {exc}"

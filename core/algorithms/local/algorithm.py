@@ -63,6 +63,7 @@ from voltrl.algorithms.local.config import (
     upgraded,
 )
 from voltrl.algorithms.local.memory import check_memory, peak_memory, say_activations
+from voltrl.algorithms.local.prompt_phase import PromptPhase
 from voltrl.algorithms.local.reports import (
     adapters_summary,
     draw_reward_curve,
@@ -83,6 +84,7 @@ from voltrl.trajectory import TrainingBatch, TrajectoryConfig, collate, trajecto
 from voltrl.types import Rollout, Task
 
 if TYPE_CHECKING:
+    from voltrl.algorithms.apo import APO
     from voltrl.algorithms.local.sft import SFT
     from voltrl.algorithms.local.update import PolicyTrainer, PolicyUpdateConfig
     from voltrl.gateway import Gateway
@@ -130,6 +132,10 @@ class LocalRL(Algorithm):
             measures the student after warm-up. It trains every weight, LoRA or not (the KL
             reference is then the warmed model). A resumed run skips it: a full checkpoint has
             the warmed weights; with LoRA they are kept in ``<run dir>/warm_start``.
+        prompt_search: an :class:`~voltrl.APO` run before the first step, on this model: it
+            chooses the agent's prompt template, which every version LocalRL publishes then
+            carries (:mod:`.prompt_phase`; without ``optimizer_llm`` this model writes the
+            rewrites). A resumed run whose search finished skips it.
         lora_adapters: a LoRA adapter per agent role, ``{adapter name: agent-name regex}``: a
             call is served by, and trains, the first adapter whose regex fully matches its
             agent name; calls matching none are served by the base model and not trained
@@ -164,6 +170,7 @@ class LocalRL(Algorithm):
         checkpoints: Checkpoints | dict[str, Any] | None = None,
         warm_start: SFT | None = None,
         lora_adapters: dict[str, str] | None = None,
+        prompt_search: APO | None = None,
         **flat: Any,
     ) -> None:
         try:
@@ -217,6 +224,10 @@ class LocalRL(Algorithm):
         if warm_start is not None and warm_start.model is not None:
             raise ValueError("warm_start=SFT(...) trains LocalRL's model: leave its model out")
         self.warm_start = warm_start
+        self.prompt_search = prompt_search
+        self._prompt = None if prompt_search is None else PromptPhase(prompt_search)
+        if prompt_search is not None:
+            self.publishes = ("main_llm", prompt_search.resource)
         self.history: list[dict[str, Any]] = []
         self._warned_same_reward = False
         self._said_activations = False
@@ -281,6 +292,7 @@ class LocalRL(Algorithm):
             "checkpoints": self.checkpoints.model_dump(),
             "warm_start": self.warm_start and self.warm_start.config(),
             "lora_adapters": self.adapters and self.adapters.config(),
+            "prompt_search": self.prompt_search and self.prompt_search.config(),
         }
 
     def upgraded_config(self, recorded: dict[str, Any]) -> dict[str, Any]:
@@ -306,6 +318,8 @@ class LocalRL(Algorithm):
         from voltrl.serving.engine import start_engine
         from voltrl.serving.openai_api import serve_engine
 
+        if self._prompt is not None:  # every version carries the template
+            ctx = self._prompt.view(ctx, self.resume)
         use_threads(self.threads, report=ctx.progress)
         model, tokenizer = await asyncio.to_thread(self._load)
         check_memory(model, self, report=ctx.progress)
@@ -421,7 +435,10 @@ class LocalRL(Algorithm):
         ahead (``schedule.max_staleness``) are cancelled or left untrained: a resumed run queues
         those steps again, so no rollout trains twice.
         """
-        assert self._policies and self._engine is not None
+        assert self._policies and self._engine is not None and self._llm is not None
+        if self._prompt is not None:  # the prompt search first, on the model as it is
+            ctx = self._prompt.view(ctx, self.resume)
+            await self._prompt.run(ctx, self._llm, self.val_sampling, self._versions, train, val)
         stream = step_tasks(
             train,
             per_step=self.schedule.tasks_per_step,

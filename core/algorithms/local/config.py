@@ -1,8 +1,8 @@
 """LocalRL's settings, in groups: what a newcomer reads in its signature.
 
 ``LocalRL(model, *, seed, schedule, sampling, validation, update, trajectory, serving, compute,
-checkpoints, warm_start, lora_adapters)``: each group is a model below (or its fields as a
-dict, as ``train.yaml`` gives them); the update's is
+checkpoints, warm_start, lora_adapters, prompt_search)``: each group is a model below (or its
+fields as a dict, as ``train.yaml`` gives them); the update's is
 :class:`~voltrl.algorithms.local.update_config.PolicyUpdateConfig`, the trajectories'
 :class:`~voltrl.trajectory.TrajectoryConfig`. A run records them in this shape
 (``LocalRL.config()``, ``algorithm:`` in its ``train.yaml``).
@@ -212,10 +212,11 @@ RESUMABLE: tuple[str, ...] = (
     "serving.max_batch_size",
     "serving.gateway_retry",
     "trajectory.audit",
+    "prompt_search.optimizer_llm.endpoint",
 )
 """The settings (dotted paths in ``LocalRL.config()``) a resumed run may change: more steps,
 how often to validate or checkpoint, where and how fast to compute, what the token-drift audit
-does. None alters the data or the model."""
+does, where the prompt search's optimizer is served. None alters the data or the model."""
 
 ADDED: dict[str, Any] = {
     "schedule.max_staleness": 0,
@@ -227,12 +228,14 @@ ADDED: dict[str, Any] = {
     "serving.tool_parser": None,
     "trajectory.group_by_agent": None,
     "trajectory.audit": "warn",
+    "prompt_search": None,
 }
 """Settings added after runs were first recorded, each with the value a run recorded before
 it ran with: a resume compares them as if the run had recorded it. (A run before
 ``max_staleness`` was synchronous; the cap only acts with ``old_logprobs="decoupled"``, which
 did not exist; there was no rollout correction; rows were grouped by task alone; tool calls
-were Hermes tags, which None still means for every model that ran then.)"""
+were Hermes tags, which None still means for every model that ran then; no prompt was
+searched.)"""
 
 RENAMED_VALUES: dict[str, dict[Any, Any]] = {
     "update.behaviour_weight_mode": {"clamp": "tis", "mask": "mis"},
