@@ -1,6 +1,7 @@
 """A review classifier whose only lever is its prompt: it renders the ``prompt_template``
-resource with the review, asks the model once (greedy, a few tokens), and is right when the
-label its reply names first is the review's. APO (``run.py``) improves the template."""
+resource with the review, asks the model once (greedy, a few tokens, unless its LLM's sampling
+says otherwise), and is right when the label its reply names first is the review's. APO
+(``run.py``) improves the template; ``benchmarks/prompt_and_weights.py`` adds LocalRL."""
 
 from __future__ import annotations
 
@@ -12,6 +13,11 @@ import voltrl as vl
 START = "{text}"
 """A deliberately poor starting template: the review alone, with no question and no format,
 so the model comments on the review instead of labelling it."""
+
+
+SAMPLING = {"temperature": 0.0, "max_tokens": 12}
+"""How the classifier asks: greedy, a few tokens, unless its LLM says otherwise (LocalRL
+samples its training rollouts at temperature 1 and validates greedily)."""
 
 
 def label_of(reply: str) -> str | None:
@@ -30,7 +36,6 @@ async def classify(task: dict[str, Any], resources: vl.Resources) -> float:
     reply = await client.chat.completions.create(
         model=llm.model,
         messages=[{"role": "user", "content": template.format(text=task["text"])}],
-        max_tokens=12,
-        temperature=0.0,
+        **{**SAMPLING, **llm.sampling_parameters},
     )
     return float(label_of(reply.choices[0].message.content or "") == task["label"])

@@ -4,6 +4,9 @@ this sample; balanced in each split."""
 
 from __future__ import annotations
 
+import json
+import sys
+from pathlib import Path
 from typing import Any
 
 LABELS = ("positive", "negative")
@@ -67,3 +70,20 @@ def rows(split: str = "train") -> list[dict[str, Any]]:
     """The rows of ``split`` (``train`` or ``val``): ``{"text": ..., "label": ...}``."""
     pairs = {"train": TRAIN, "val": VAL}[split]
     return [{"text": text, "label": label} for text, label in pairs]
+
+
+def write(folder: Path) -> tuple[Path, Path]:
+    """Write the splits as ``folder/train.jsonl`` and ``folder/val.jsonl`` (what a ``voltrl
+    train`` config names: ``prompt_and_weights.yaml``); returns their paths."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for split in ("train", "val"):
+        path = folder / f"{split}.jsonl"
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows(split)))
+        paths.append(path)
+    return paths[0], paths[1]
+
+
+if __name__ == "__main__":  # python samples/prompt_search/data.py [FOLDER]
+    folder = Path(sys.argv[1] if len(sys.argv) > 1 else "runs/prompt-search-data")
+    print("wrote", *write(folder))

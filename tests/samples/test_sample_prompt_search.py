@@ -86,3 +86,26 @@ def test_run_py_finds_a_template_that_asks_for_the_label(tmp_path: Path) -> None
     assert [c["status"] for c in search["candidates"]] == ["dropped", "kept", "rejected"]
     assert f"voltrl show {run_dir}" in done.stdout
     assert (run_dir / "prompt_search.png").stat().st_size > 0
+
+
+def test_the_prompt_and_weights_yaml_builds_apo_then_local_rl(tmp_path: Path) -> None:
+    """``prompt_and_weights.yaml`` (APO, then LocalRL, on SmolLM2) is a config ``voltrl train``
+    takes whole, with the data ``data.py`` writes."""
+    import yaml
+
+    import voltrl as vl
+    from voltrl.cli.train import build_from_config
+
+    config = yaml.safe_load((SAMPLES / "prompt_search" / "prompt_and_weights.yaml").read_text())
+    train, val = data.write(tmp_path / "data")
+    assert [json.loads(x) for x in train.read_text().splitlines()] == data.rows("train")
+    config["agent"] = f"{SAMPLES / 'prompt_search' / 'agent.py'}:classify"
+    config["data"] = {"train": str(train), "val": str(val)}
+    trainer, agent_, _, _ = build_from_config(config)
+    algo = trainer.algorithm
+    assert isinstance(algo, vl.LocalRL) and isinstance(algo.prompt_search, vl.APO)
+    assert (
+        algo.prompt_search.optimizer_llm is None and algo.prompt_search.prompt.template == "{text}"
+    )
+    assert algo.publishes == ("main_llm", "prompt_template")
+    assert agent_.fn.__name__ == "classify"

@@ -127,7 +127,7 @@ class PromptPhase:
         view.carried[apo.resource] = chosen
         await versions.publish(ctx, llm)  # LocalRL's first steps: its sampling, the template
         if ctx.progress:
-            print("training the weights with the best template", flush=True)
+            print("LocalRL's validations and steps get the best template", flush=True)
 
 
 def finished_template(run_dir: Path) -> PromptTemplate | None:
