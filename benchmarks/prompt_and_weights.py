@@ -36,7 +36,12 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "samples" / "prompt_search"))
+SAMPLE = ROOT / "samples" / "prompt_search"
+sys.path.insert(0, str(SAMPLE))
+for _name in ("agent", "data"):  # another sample's, imported by the same plain name (the tests)
+    _module = sys.modules.get(_name)
+    if _module is not None and Path(getattr(_module, "__file__", "") or "/").parent != SAMPLE:
+        del sys.modules[_name]
 
 import data  # noqa: E402
 from agent import START, classify  # noqa: E402
