@@ -120,6 +120,7 @@ def test_tools_and_calls_render_hermes_style_through_the_real_tokenizer(served):
     # rarely does, see benchmarks/learning.py)
 
 
+@pytest.mark.timeout(900)  # SFT, two validations and an RL step of the real model
 def test_the_calculator_recipe_warms_up_trains_a_lora_adapter_and_saves_the_model(
     model_dir: Path, tmp_path: Path
 ):
