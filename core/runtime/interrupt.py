@@ -8,19 +8,20 @@ the run is marked ``interrupted``, which ``resume`` continues. The run then ends
 status 143) after SIGTERM. A second signal of either kind kills the workers and exits at once,
 with ``128 + signal``.
 
-Neither prints a traceback when a script leaves it uncaught (both are also ``SystemExit``s):
-the run has already said why it stopped and where its state is, and the stack of
-``asyncio.run`` would say nothing more.
+Neither prints a traceback when a script leaves it uncaught: the run has already said why it
+stopped and where its state is, and the stack of ``asyncio.run`` would say nothing more.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import os
 import signal
 import sys
 import threading
 from collections.abc import Awaitable, Callable
+from types import TracebackType
 from typing import TypeVar
 
 _T = TypeVar("_T")
@@ -39,14 +40,53 @@ class Terminated(SystemExit):
         super().__init__(128 + signal.SIGTERM)
 
 
-class Interrupted(KeyboardInterrupt, SystemExit):
-    """Ctrl-C stopped the run (its state saved, the run marked ``interrupted``). A
-    ``KeyboardInterrupt``, caught as one; and a :class:`SystemExit` with status 130 (128 +
-    SIGINT), so that a script that leaves it uncaught ends as a program stopped by Ctrl-C,
-    without a traceback (the run has printed why it stopped and where it is)."""
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C stopped the run (its state saved, the run marked ``interrupted``): a
+    ``KeyboardInterrupt``. Left uncaught by a script, it prints one line, not the stack of
+    ``asyncio.run``, and the process still ends as Python ends one stopped by Ctrl-C: killed
+    by SIGINT, so that a shell loop running the script stops too (:func:`quiet_when_uncaught`)."""
 
     def __init__(self) -> None:
-        SystemExit.__init__(self, 128 + signal.SIGINT)
+        super().__init__("the run was stopped by Ctrl-C")
+
+    def __reduce__(self) -> tuple[type[Interrupted], tuple[()]]:
+        return (Interrupted, ())
+
+
+_uncaught = threading.Event()
+"""Set when an :class:`Interrupted` ended the program (not in an interactive session)."""
+
+
+def _die_of_sigint() -> None:
+    """At exit, after an uncaught :class:`Interrupted`: be killed by SIGINT, as CPython does
+    after an uncaught ``KeyboardInterrupt`` (registered when this module is imported, so it
+    runs after the exit handlers registered later: the run's and its libraries')."""
+    if _uncaught.is_set():
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+
+
+atexit.register(_die_of_sigint)
+
+
+def quiet_when_uncaught() -> None:
+    """Install, once per process, an exception hook that prints an uncaught
+    :class:`Interrupted` as one line (every other exception goes to the hook in place
+    before)."""
+    previous = sys.excepthook
+    if getattr(previous, "voltrl_quiet", False):
+        return
+
+    def hook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+        if not isinstance(value, Interrupted):
+            previous(kind, value, tb)
+            return
+        print(f"KeyboardInterrupt: {value}", file=sys.stderr, flush=True)
+        if not sys.flags.interactive and not hasattr(sys, "ps1"):
+            _uncaught.set()
+
+    hook.voltrl_quiet = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
 
 
 async def interruptible(main: Awaitable[_T], kill: Callable[[], None]) -> _T:
@@ -88,6 +128,7 @@ async def interruptible(main: Awaitable[_T], kill: Callable[[], None]) -> _T:
         if received[0] == signal.SIGTERM:
             print("terminated by SIGTERM", file=sys.stderr, flush=True)
             raise Terminated from None
+        quiet_when_uncaught()
         raise Interrupted from None
     finally:
         for sig, handler in previous.items():
