@@ -68,7 +68,7 @@ def _render(rows: list[tuple[Any, ...]], args: argparse.Namespace) -> None:
 
     from voltrl._console import printable
     from voltrl._console import text as console_text
-    from voltrl.observability.metrics import run_outcome
+    from voltrl.observability.metrics import outcome_of
 
     if not rows:
         print(printable(f"no runs found in {args.store or args.run_dir}"))
@@ -82,7 +82,7 @@ def _render(rows: list[tuple[Any, ...]], args: argparse.Namespace) -> None:
     for col in columns + (["algorithm", "run id", "store", "error"] if wide else []):
         table.add_column(col, overflow="fold")
     for path, run, counts in rows:
-        outcome = run_outcome(counts)
+        outcome = outcome_of(run, counts)
         reward = "-"
         if outcome is not None and outcome.reward_mean is not None:
             reward = f"{outcome.reward_mean:.3f}"
@@ -105,9 +105,9 @@ def _render(rows: list[tuple[Any, ...]], args: argparse.Namespace) -> None:
     console = Console(width=100_000 if wide else None)
     console.print(table)
     console.print(
-        "reward: the mean of the last validation, else of the dev rollouts, else of the last "
-        "step; (6/8): 6 of the 8 rollouts there had a reward (the others failed, were "
-        "cancelled or returned none)",
+        "reward: the mean of the last validation (a prompt search's best), else of the dev "
+        "rollouts, else of the last step; (6/8): 6 of the 8 rollouts there had a reward (the "
+        "others failed, were cancelled, are running or returned none)",
         style="dim",
     )
 

@@ -13,7 +13,7 @@ from typing import Any, TextIO
 from pydantic import BaseModel
 
 from voltrl.store.browse import RolloutCount
-from voltrl.types import Rollout
+from voltrl.types import Rollout, Run
 
 
 class RewardStats(BaseModel):
@@ -60,20 +60,23 @@ class Outcome:
     for a run (:func:`run_outcome`)."""
 
     of: str
-    """Which rollouts: ``"the last validation"``, ``"the dev rollouts"``, ``"the last
-    step"`` (of a training run that never validated) or ``"every rollout"``."""
+    """Which rollouts: ``"the last validation"``, ``"the best validation"`` (a prompt search),
+    ``"the dev rollouts"``, ``"the last step"`` (of a training run without a validation after
+    its last step) or ``"every rollout"``."""
     rollouts: int
     rewarded: int
     """Those with a reward: succeeded and rewarded (the mean is theirs)."""
     failed: int
     cancelled: int
+    running: int
+    """Queued or running still (a run in progress)."""
     reward_mean: float | None
 
     @property
     def unrewarded(self) -> int:
         """Succeeded rollouts without a final reward (the agent returned None and emitted none
         for the whole rollout)."""
-        return self.rollouts - self.rewarded - self.failed - self.cancelled
+        return self.rollouts - self.rewarded - self.failed - self.cancelled - self.running
 
     def left_out(self) -> str:
         """What the mean does not count, e.g. ``"6 of 8 rewarded: 2 failed"``; empty when it
@@ -85,6 +88,7 @@ class Outcome:
             for n, what in (
                 (self.failed, "failed"),
                 (self.cancelled, "cancelled"),
+                (self.running, "still running"),
                 (self.unrewarded, "without a final reward"),
             )
             if n > 0
@@ -95,40 +99,61 @@ class Outcome:
         """``result: reward 0.950 at the last validation (40 rollouts)``, with what the mean
         leaves out in place of the count."""
         mean = "-" if self.reward_mean is None else f"{self.reward_mean:.3f}"
-        where = "at" if self.of.startswith("the last") else "over"
+        where = "over" if self.of in ("the dev rollouts", "every rollout") else "at"
         counted = self.left_out() or f"{self.rollouts} rollout{'s' * (self.rollouts != 1)}"
         return f"result: reward {mean} {where} {self.of} ({counted})"
 
 
-def run_outcome(counts: Iterable[RolloutCount]) -> Outcome | None:
-    """The :class:`Outcome` of a run from its rollout counts: its last validation when it
-    validated, else its dev rollouts, else its last training step; a validation or step that
-    an interrupt cut short (some of its rollouts cancelled) is not the last one when an
-    earlier one ran whole. None for a run without rollouts."""
+_UNFINISHED = ("queued", "running", "cancelled")
+
+
+def run_outcome(counts: Iterable[RolloutCount], *, best: bool = False) -> Outcome | None:
+    """The :class:`Outcome` of a run from its rollout counts: its last validation, unless it
+    trained after it (then its last step); else its dev rollouts; else its last training
+    step. ``best``: the best validation instead of the last (a prompt search's, whose last
+    validation is its last candidate's). A validation or step still running, or cut short by
+    an interrupt, is passed over for the last whole one before it. None without rollouts."""
     counts = list(counts)
     if not counts:
         return None
-    for mode, of in (("val", "the last validation"), ("dev", "the dev rollouts"),
-                     ("train", "the last step")):  # fmt: skip
-        cells = [c for c in counts if c.mode == mode]
-        if not cells:
-            continue
-        if mode != "dev":
-            cells = _last_whole(cells)
-        return _outcome(of, cells)
+    val = _by_version([c for c in counts if c.mode == "val"])
+    train = _by_version([c for c in counts if c.mode == "train"])
+    if val and best:
+        whole = {v: cells for v, cells in val.items() if _whole(cells)} or val
+        top = max(whole, key=lambda v: (_outcome("", whole[v]).reward_mean or 0.0, v))
+        return _outcome("the best validation", whole[top])
+    if val and (not train or _last(val) >= max(train)):
+        return _outcome("the last validation", val[_last(val)])
+    if dev := [c for c in counts if c.mode == "dev"]:
+        return _outcome("the dev rollouts", dev)
+    if train:
+        return _outcome("the last step", train[_last(train)])
     return _outcome("every rollout", counts)
 
 
-def _last_whole(cells: list[RolloutCount]) -> list[RolloutCount]:
-    """The cells of the latest resources version none of whose rollouts were cancelled (else
-    of the latest version)."""
+def outcome_of(run: Run, counts: Iterable[RolloutCount]) -> Outcome | None:
+    """:func:`run_outcome` of ``run``: its best validation for a prompt search (APO), else
+    the last."""
+    return run_outcome(counts, best=run.algorithm == "apo")
+
+
+def _by_version(cells: list[RolloutCount]) -> dict[int, list[RolloutCount]]:
     versions: dict[int, list[RolloutCount]] = {}
     for c in cells:
         versions.setdefault(-1 if c.resources_version is None else c.resources_version, []).append(
             c
         )
-    whole = [v for v, group in versions.items() if not any(c.status == "cancelled" for c in group)]
-    return versions[max(whole or versions)]
+    return versions
+
+
+def _whole(cells: list[RolloutCount]) -> bool:
+    """Whether every rollout of these cells has finished, and none was cancelled."""
+    return not any(c.status in _UNFINISHED for c in cells)
+
+
+def _last(versions: dict[int, list[RolloutCount]]) -> int:
+    """The latest version whose rollouts are whole (else the latest)."""
+    return max([v for v, cells in versions.items() if _whole(cells)] or versions)
 
 
 def _outcome(of: str, cells: list[RolloutCount]) -> Outcome:
@@ -139,6 +164,7 @@ def _outcome(of: str, cells: list[RolloutCount]) -> Outcome:
         rewarded=rewarded,
         failed=sum(c.count for c in cells if c.status == "failed"),
         cancelled=sum(c.count for c in cells if c.status == "cancelled"),
+        running=sum(c.count for c in cells if c.status in ("queued", "running")),
         reward_mean=sum(c.reward_sum for c in cells) / rewarded if rewarded else None,
     )
 

@@ -34,7 +34,7 @@ from voltrl.observability.failures import agent_frames, traceback_frames
 from voltrl.observability.metrics import (
     format_stats_table,
     metric_series,
-    run_outcome,
+    outcome_of,
     summarize,
     summary_rows,
 )
@@ -184,7 +184,7 @@ def render_run(view: RunView, console: Console, *, full: bool = False) -> None:
     if len({r.mode for r in rollouts}) > 1:
         stats["all"] = summarize(rollouts)
     console.print(format_stats_table("rollouts", stats) if stats else "no rollouts")
-    if (outcome := run_outcome(counts_of(rollouts))) is not None:
+    if (outcome := outcome_of(run, counts_of(rollouts))) is not None:
         console.print(Text(outcome.line()), soft_wrap=True)
     columns = ("metric", "curve", "first → last", "min", "max", "over")
     table = _table(None, *columns, box=None, pad_edge=False)

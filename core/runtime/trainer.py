@@ -37,9 +37,10 @@ from voltrl.errors import VoltRLError
 from voltrl.observability.failures import FailureReport
 from voltrl.observability.metrics import (
     MetricsLog,
+    Outcome,
     RewardStats,
     format_stats_table,
-    run_outcome,
+    outcome_of,
     summarize,
     summary_rows,
 )
@@ -83,6 +84,9 @@ class RunResult:
     stats: RewardStats
     by_mode: dict[str, RewardStats]
     metrics: list[dict[str, Any]] = field(default_factory=list)
+    outcome: Outcome | None = None
+    """The run's result (:func:`~voltrl.observability.metrics.run_outcome`): the reward of
+    its last validation, else of its dev rollouts, else of its last step."""
 
     @property
     def rewards(self) -> list[float | None]:
@@ -452,6 +456,7 @@ class Trainer:
             stats=summarize(rollouts),
             by_mode=by_mode,
             metrics=list(ctx.metrics.records),
+            outcome=outcome_of(ctx.run, counts_of(rollouts)),
         )
         if self.progress:
             from rich.console import Console
@@ -459,8 +464,8 @@ class Trainer:
             console = Console()
             table = format_stats_table(console_text(f"run {ctx.run.name}"), summary_rows(rollouts))
             console.print(table)
-            if (outcome := run_outcome(counts_of(rollouts))) is not None:
-                console.print(console_text(outcome.line()), soft_wrap=True)
+            if result.outcome is not None:
+                console.print(console_text(result.outcome.line()), soft_wrap=True)
             console.print(console_text(f"run directory: {ctx.run_dir}"))
         return result
 

@@ -63,6 +63,38 @@ def test_a_validation_or_step_cut_short_by_an_interrupt_is_not_the_result() -> N
     )
 
 
+def test_training_after_the_last_validation_makes_the_last_step_the_result() -> None:
+    """A run stopped after step 7 that last validated at step 5 ended on its step 7."""
+    counts = [
+        cell("val", 0, "succeeded", 4, [0.0] * 4),
+        cell("val", 6, "succeeded", 4, [0.5] * 4),
+        cell("train", 5, "succeeded", 4, [0.5] * 4),
+        cell("train", 7, "succeeded", 4, [0.75] * 4),
+        cell("train", 8, "succeeded", 4, [1.0] * 4),
+    ]
+    assert run_outcome(counts).line() == "result: reward 1.000 at the last step (4 rollouts)"
+
+
+def test_a_prompt_search_gives_its_best_validation_and_a_running_step_is_passed_over() -> None:
+    candidates = [
+        cell("val", 1, "succeeded", 2, [0.5, 0.5]),
+        cell("val", 3, "succeeded", 2, [1.0, 1.0]),
+        cell("val", 5, "succeeded", 2, [0.0, 0.5]),  # the last candidate, refused
+    ]
+    assert run_outcome(candidates).reward_mean == 0.25
+    best = run_outcome(candidates, best=True)
+    assert best.line() == "result: reward 1.000 at the best validation (2 rollouts)"
+    running = [
+        cell("train", 1, "succeeded", 4, [0.5] * 4),
+        cell("train", 2, "succeeded", 2, [1.0, 1.0]),
+        cell("train", 2, "running", 6),
+    ]
+    assert run_outcome(running).reward_mean == 0.5  # step 1: step 2 is still running
+    assert run_outcome(running[1:]).line() == (
+        "result: reward 1.000 at the last step (2 of 8 rewarded: 6 still running)"
+    )
+
+
 def test_failed_and_unrewarded_rollouts_are_said_beside_the_mean() -> None:
     counts = [
         cell("dev", None, "succeeded", 7, [1.0] * 5),  # two returned None, emitted nothing

@@ -62,7 +62,7 @@ from voltrl.observability.metrics import (
     METRIC_NOTES,
     Series,
     metric_series,
-    run_outcome,
+    outcome_of,
 )
 from voltrl.store.browse import RolloutPage, RolloutQuery, duration
 from voltrl.trajectory.audit import percent
@@ -455,7 +455,7 @@ def _run_row(entry: data.RunEntry, counts: list[Any]) -> dict[str, Any]:
         "steps": len(versions),
         "by_status": by_status,
         "rollouts": sum(by_status.values()),
-        "outcome": run_outcome(counts),
+        "outcome": outcome_of(entry.run, counts),
         "duration": None if end is None else end - entry.run.created_at,
         "spark": _spark([c for c in counts if c.mode in ("train", "dev")], stopped),
     }
