@@ -55,7 +55,7 @@ LIMITS = httpx2.Limits(max_connections=1000, max_keepalive_connections=256, keep
 #: so one pool of 192 connections cost more CPU than it saved (benchmarks/client_start.py).
 SHARDS = 16
 SHARD_LIMITS = httpx2.Limits(
-    max_connections=LIMITS.max_connections,
+    max_connections=LIMITS.max_connections // SHARDS,
     max_keepalive_connections=LIMITS.max_keepalive_connections // SHARDS,
     keepalive_expiry=LIMITS.keepalive_expiry,
 )

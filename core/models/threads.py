@@ -53,16 +53,25 @@ class ThreadChoice:
     CPU"``, ``"1.0 of 2 CPUs busy with other processes"``)."""
 
 
-def cpu_ticks() -> tuple[int, int] | None:
-    """``(busy ticks of the whole machine, ticks of this process and its descendants)`` from
-    ``/proc`` (busy: user, nice, system, irq, softirq and steal time; a process: the user and
-    system time of all its threads), or None where ``/proc`` is not there. The descendants are
-    the run's own: its worker processes, a server it started."""
+def cpu_ticks(cpus: set[int] | None = None) -> tuple[int, int] | None:
+    """``(busy ticks of the CPUs ``cpus`` (default: the machine's), ticks of this process and
+    its descendants)`` from ``/proc`` (busy: user, nice, system, irq, softirq and steal time;
+    a process: its threads' user and system time, and that of the children it has reaped), or
+    None where ``/proc`` is not there. The descendants are the run's own: its worker
+    processes, a server it started."""
     try:
-        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+        lines = Path("/proc/stat").read_text().splitlines()
     except OSError:
         return None
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+    busy = 0
+    for line in lines:
+        name, *fields = line.split()
+        if not name.startswith("cpu") or name == "cpu":
+            continue
+        if cpus is not None and int(name[3:]) not in cpus:
+            continue
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+        busy += user + nice + system + irq + softirq + steal
     parent: dict[int, int] = {}
     ticks: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
@@ -73,29 +82,32 @@ def cpu_ticks() -> tuple[int, int] | None:
         except (OSError, IndexError):
             continue  # it ended meanwhile
         pid = int(entry.name)
-        parent[pid], ticks[pid] = int(stat[1]), int(stat[11]) + int(stat[12])
+        parent[pid] = int(stat[1])
+        ticks[pid] = sum(int(x) for x in stat[11:15])  # utime, stime, cutime, cstime
     ours, frontier = {os.getpid()}, [os.getpid()]
     while frontier:
         me = frontier.pop()
         for pid in [p for p, pp in parent.items() if pp == me and p not in ours]:
             ours.add(pid)
             frontier.append(pid)
-    return user + nice + system + irq + softirq + steal, sum(ticks.get(p, 0) for p in ours)
+    return busy, sum(ticks.get(p, 0) for p in ours)
 
 
 def busy_elsewhere(window_s: float = 0.2) -> float | None:
-    """How many CPUs other processes keep busy, measured over ``window_s`` seconds (the
-    machine's busy time less that of this process and its descendants); None where it cannot
-    be told."""
-    before = cpu_ticks()
+    """How many of the CPUs this process may run on other processes keep busy, measured over
+    ``window_s`` seconds (their busy time less that of this process and its descendants);
+    None where it cannot be told."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    cpus = set(affinity(0)) if affinity else None
+    before = cpu_ticks(cpus)
     start = time.monotonic()
     time.sleep(window_s)
-    after = cpu_ticks()
+    after = cpu_ticks(cpus)
     if before is None or after is None:
         return None
     ticks = (time.monotonic() - start) * os.sysconf("SC_CLK_TCK")
     busy = ((after[0] - before[0]) - (after[1] - before[1])) / ticks
-    return min(max(0.0, busy), float(os.cpu_count() or 1))
+    return min(max(0.0, busy), float(len(cpus) if cpus else os.cpu_count() or 1))
 
 
 def choose_threads(threads: int | None = None, *, busy: float | None = None) -> ThreadChoice:
@@ -111,8 +123,9 @@ def choose_threads(threads: int | None = None, *, busy: float | None = None) -> 
         return ThreadChoice(int(env), f"${THREADS_ENV}")
     usable = usable_cpus()
     busy = busy_elsewhere() if busy is None else busy
-    cpus = os.cpu_count() or usable
-    free = usable if busy is None else min(usable, round(cpus - busy))
+    affinity = getattr(os, "sched_getaffinity", None)
+    cpus = len(affinity(0)) if affinity else (os.cpu_count() or usable)
+    free = usable if busy is None else min(usable, int(cpus - busy + 0.5))
     if free >= usable:
         return ThreadChoice(usable, "every usable CPU")
     return ThreadChoice(max(1, free), f"{busy:.1f} of {cpus} CPUs busy with other processes")

@@ -51,11 +51,12 @@ def two_threads() -> Iterator[None]:
 def test_threads_are_given_then_from_the_environment_then_the_cpus_others_leave(monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(threads_module, "usable_cpus", lambda: 2)
-    monkeypatch.setattr(threads_module.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(threads_module.os, "sched_getaffinity", lambda pid: {0, 1})
     # the run is the only big job: every CPU; a process busy on one core: the other one
     assert choose_threads(busy=0.2) == ThreadChoice(2, "every usable CPU")
     assert choose_threads(busy=1.0) == ThreadChoice(1, "1.0 of 2 CPUs busy with other processes")
     assert choose_threads(busy=2.0).threads == 1  # at least one
+    assert choose_threads(busy=0.5).threads == 2 and choose_threads(busy=1.5).threads == 1
     assert choose_threads(3, busy=2.0) == ThreadChoice(3, "given")
     monkeypatch.setenv("OMP_NUM_THREADS", "5")
     assert choose_threads(busy=0.0) == ThreadChoice(5, "$OMP_NUM_THREADS")
@@ -69,7 +70,8 @@ def test_threads_are_given_then_from_the_environment_then_the_cpus_others_leave(
 def test_a_machine_with_free_cpus_beyond_a_containers_quota_gives_the_quota(monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(threads_module, "usable_cpus", lambda: 2)
-    monkeypatch.setattr(threads_module.os, "cpu_count", lambda: 64)  # other containers' load
+    # 64 CPUs in its mask, 30 kept busy by other containers; its quota allows 2
+    monkeypatch.setattr(threads_module.os, "sched_getaffinity", lambda pid: set(range(64)))
     assert choose_threads(busy=30.0).threads == 2
 
 

@@ -138,13 +138,15 @@ def estimate(
 
 
 def free_bytes(device: Any) -> int | None:
-    """Memory ``device`` has free now (CUDA: the driver's figure; CPU: the kernel's
-    ``MemAvailable``), or None where it cannot be told."""
+    """Memory ``device`` has free now (CUDA: the driver's figure, plus what torch's allocator
+    holds cached but unused, which it hands out again; CPU: the kernel's ``MemAvailable``), or
+    None where it cannot be told."""
     import torch
 
     device = torch.device(device)
     if device.type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0])
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return int(torch.cuda.mem_get_info(device)[0]) + cached
     if device.type == "cpu":
         try:
             for line in Path("/proc/meminfo").read_text().splitlines():
