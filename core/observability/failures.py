@@ -7,9 +7,10 @@ code (frames of VoltRL, the standard library and installed packages are hidden; 
 frame is always kept). Errors are the same when they have the same type and raising line, or,
 without a traceback (timeouts, expired leases), the same message up to numbers and ids.
 
-It also counts the rollouts that succeeded without a reward (the agent returned None and
-emitted none, for the whole rollout or any agent of it): they train nothing and no reward mean
-counts them, so :meth:`FailureReport.warn_unrewarded` says so once, with their count.
+It also counts the rollouts that succeeded without any reward (the agent returned None and
+emitted none, neither for the whole rollout nor for any of its agents): they train nothing and
+no reward mean counts them, so :meth:`FailureReport.warn_unrewarded` says so once, with their
+count.
 
 The report also decides when a run has failed too often: :meth:`FailureReport.check` raises
 :class:`~voltrl.errors.TooManyFailuresError` once the failed share of the rollouts finished so

@@ -30,8 +30,9 @@ other request), and it gets two more arguments by naming them (keyword):
 (``with serve_teacher(policy) as url:``); ``voltrl teacher serve module:function`` from the shell;
 :func:`load_policy` finds ``module:function`` or ``path/to/file.py:function``. Tool calls get
 ids derived from the request, so a re-run records the same conversations. A policy that raises,
-or returns something else, answers 500 with the reason and the server keeps serving: a teacher
-bug shows up as the rollout's error, not as a silent default reply.
+or returns something else, answers 500 with the reason (and ``x-should-retry: false``: OpenAI
+clients do not call it again) and the server keeps serving: a teacher bug shows up as the
+rollout's error, not as a silent default reply.
 """
 
 from __future__ import annotations
@@ -238,8 +239,10 @@ EXPECTED = (
 
 
 def _error(message: str, kind: str, code: int) -> JSONResponse:
+    """An OpenAI-style error; ``x-should-retry: false`` tells OpenAI clients not to call a
+    policy that failed again (it would fail the same way, and run its side effects twice)."""
     body = {"error": {"message": message, "type": kind, "param": None, "code": code}}
-    return JSONResponse(body, status_code=code)
+    return JSONResponse(body, status_code=code, headers={"x-should-retry": "false"})
 
 
 def teacher_app(

@@ -131,6 +131,7 @@ def test_a_policy_that_raises_answers_500_with_its_message_and_the_server_keeps_
     with pytest.raises(openai.InternalServerError) as raised:
         ask(teacher, "raise please")
     assert "teacher policy failed: ValueError: no idea what to do" in str(raised.value)
+    assert raised.value.response.headers["x-should-retry"] == "false"  # not run again
     with pytest.raises(openai.InternalServerError) as raised:
         ask(teacher, "bad shape")
     message = str(raised.value)
