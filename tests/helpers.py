@@ -226,11 +226,19 @@ def chatml_ids(fb: FakeBackend) -> None:
 
 
 class Served:
-    """A ``voltrl model serve`` process and the lines it printed up to "Ctrl-C stops it"."""
+    """A ``voltrl model serve`` process (``command``: another serving command, ``("teacher",
+    "serve")``), run in ``cwd``, and the lines it printed up to "Ctrl-C stops it"."""
 
-    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        *args: str,
+        env: dict[str, str] | None = None,
+        command: tuple[str, ...] = ("model", "serve"),
+        cwd: Path | None = None,
+    ) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "voltrl.cli", "model", "serve", *args],
+            [sys.executable, "-m", "voltrl.cli", *command, *args],
+            cwd=cwd,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

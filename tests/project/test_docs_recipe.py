@@ -14,8 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import ROOT
-from teacher_process import TeacherServe
+from helpers import ROOT, Served
 
 PAGE = ROOT / "docs" / "own_agent_real_model.md"
 FILES = ("convert_agent.py", "convert_teacher.py", "train.py")
@@ -95,7 +94,7 @@ def test_the_shells_teacher_answers_the_pages_client(tmp_path: Path) -> None:
         for line in code.splitlines()
         if line.startswith("voltrl teacher serve")
     ]
-    served = TeacherServe(*command[3:], "--port", "0", cwd=tmp_path)
+    served = Served(*command[3:], "--port", "0", command=("teacher", "serve"), cwd=tmp_path)
     try:
         (client,) = [c for lang, title, c in code_blocks() if lang == "python" and not title]
         assert "http://127.0.0.1:8001/v1" in client  # the default port, as the page says

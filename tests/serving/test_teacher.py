@@ -19,9 +19,8 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from helpers import ROOT, load_sample, voltrl
+from helpers import ROOT, Served, load_sample, voltrl
 from openai import OpenAI
-from teacher_process import TeacherServe
 
 from voltrl.errors import VoltRLError
 from voltrl.serving.teacher import episode_rng, load_policy, serve_teacher, teacher_app
@@ -283,7 +282,9 @@ def test_voltrl_teacher_serve_serves_a_files_policy_to_an_openai_client(tmp_path
         "        return 'It is ' + messages[-1]['content']\n"
         "    return {'name': 'convert', 'arguments': {'value': 1, 'unit': 'ft'}}\n"
     )
-    served = TeacherServe("convert_teacher.py:teacher", "--port", "0", cwd=tmp_path)
+    served = Served(
+        "convert_teacher.py:teacher", "--port", "0", command=("teacher", "serve"), cwd=tmp_path
+    )
     try:
         assert "as model teacher (OpenAI-compatible; auth: none)" in served.lines[0]
         c = client(served.endpoint)
@@ -293,9 +294,9 @@ def test_voltrl_teacher_serve_serves_a_files_policy_to_an_openai_client(tmp_path
             ask(c, "raise")
         assert ask(c, "How many feet?").choices[0].finish_reason == "tool_calls"
     finally:
-        code, stderr = served.stop()
+        code = served.stop()
     assert code == 0
-    assert "KeyError: 'unit'" in stderr  # the traceback, for whoever runs the server
+    assert "KeyError: 'unit'" in served.stderr()  # the traceback, for whoever runs the server
 
 
 def test_voltrl_teacher_serve_errors_are_one_line(tmp_path: Path) -> None:
