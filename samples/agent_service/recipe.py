@@ -17,7 +17,6 @@ then LocalRL training a LoRA adapter.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,7 +25,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 from client import ServiceAgent  # noqa: E402
-from recipe_runner import Recipe, Rows  # noqa: E402
+from recipe_runner import Recipe, Rows, smollm2  # noqa: E402
 from run import service_process  # noqa: E402
 from units import make_tasks  # noqa: E402
 
@@ -80,32 +79,7 @@ def smollm2_tasks(seed: int) -> tuple[Rows, Rows, Rows]:
 
 # The tool call is about 40 tokens with SmolLM2's tokenizer and the answer ("5.2 inches is
 # 0.433333 feet.") under 20; a reply that rambles stops at 64.
-SMOLLM2_SAMPLING = {"temperature": 1.0, "max_tokens": 64}
-
-SMOLLM2 = dataclasses.replace(
-    RECIPE,
-    model="smollm2-135m-instruct",
-    tasks=smollm2_tasks,
-    # micro-batches of 8 rows, not 16 (the same gradient): 16 rows of ~350 tokens took the
-    # process to 13.6 GB and the out-of-memory killer, on a machine shared with other runs
-    sft={
-        "steps": 24,
-        "batch_size": 16,
-        "micro_batch_size": 8,
-        "lr": 1e-4,
-        "warmup_steps": 4,
-        "threads": 2,
-    },
-    rl={
-        "schedule": {"steps": 12, "tasks_per_step": 8, "group_size": 8},
-        "validation": {"sampling": SMOLLM2_SAMPLING, "every": 12, "n": 1},
-        "compute": {"threads": 2},
-        "sampling": SMOLLM2_SAMPLING,
-        "update": {"use_lora": True, "lr": 2e-4, "micro_batch_size": 8, "clip_eps": 0.2},
-        "trajectory": {"mode": "trajectory"},
-    },
-    concurrency=64,
-)
+SMOLLM2 = smollm2(RECIPE, smollm2_tasks)
 
 RECIPES = {"smollm2-135m-instruct": SMOLLM2}
 """This sample's recipes for other models than the tiny one (``RECIPE``)."""

@@ -15,7 +15,6 @@ then LocalRL training a LoRA adapter.
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from pathlib import Path
 
@@ -24,7 +23,7 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 from agent import autogen_calc_agent  # noqa: E402
 from data import make_problems  # noqa: E402
-from recipe_runner import Recipe, Rows, word_problem_sets  # noqa: E402
+from recipe_runner import Recipe, Rows, smollm2, word_problem_sets  # noqa: E402
 
 MAX_NUMBER = 20
 """The problems' numbers go up to 20, not 200: what limits a 2-layer student is copying the
@@ -68,32 +67,7 @@ def sample_tasks(seed: int) -> tuple[Rows, Rows, Rows]:
 
 # The tool call is about 30 tokens with SmolLM2's tokenizer and the answer (the number only)
 # under 5; a reply that rambles stops at 64.
-SMOLLM2_SAMPLING = {"temperature": 1.0, "max_tokens": 64}
-
-SMOLLM2 = dataclasses.replace(
-    RECIPE,
-    model="smollm2-135m-instruct",
-    tasks=sample_tasks,
-    # micro-batches of 8 rows, not 16 (the same gradient): 16 rows of ~350 tokens took the
-    # process to 13.6 GB and the out-of-memory killer, on a machine shared with other runs
-    sft={
-        "steps": 24,
-        "batch_size": 16,
-        "micro_batch_size": 8,
-        "lr": 1e-4,
-        "warmup_steps": 4,
-        "threads": 2,
-    },
-    rl={
-        "schedule": {"steps": 12, "tasks_per_step": 8, "group_size": 8},
-        "validation": {"sampling": SMOLLM2_SAMPLING, "every": 12, "n": 1},
-        "compute": {"threads": 2},
-        "sampling": SMOLLM2_SAMPLING,
-        "update": {"use_lora": True, "lr": 2e-4, "micro_batch_size": 8, "clip_eps": 0.2},
-        "trajectory": {"mode": "trajectory"},
-    },
-    concurrency=64,
-)
+SMOLLM2 = smollm2(RECIPE, sample_tasks)
 
 RECIPES = {"smollm2-135m-instruct": SMOLLM2}
 """This sample's recipes for other models than the tiny one (``RECIPE``)."""
