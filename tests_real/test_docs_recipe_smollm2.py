@@ -6,9 +6,7 @@ About 10 minutes on 2 CPU cores."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "project"))
 
-from test_docs_recipe import write_recipe  # noqa: E402  (the page's files, as the main suite)
+from test_docs_recipe import run_train, write_recipe  # noqa: E402  (as the main suite does)
 
 
 @pytest.mark.timeout(3600)
@@ -25,16 +23,7 @@ def test_the_pages_recipe_warms_smollm2_up_and_takes_an_rl_step(
     model_dir: Path, tmp_path: Path
 ) -> None:
     write_recipe(tmp_path, {"RL_STEPS": "1"})
-    env = {k: v for k, v in os.environ.items() if k != "VOLTRL_TOKEN"}
-    done = subprocess.run(
-        [sys.executable, "train.py"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=3500,
-        env=env,
-    )
-    output = done.stdout + done.stderr
+    done, output = run_train(tmp_path, 3500)
     assert done.returncode == 0, output[-8000:]
     solved = re.search(r"the teacher solved (\d+)% of its tasks", done.stdout)
     assert solved and 40 <= int(solved[1]) <= 75, output[-8000:]  # it errs on purpose

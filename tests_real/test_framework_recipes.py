@@ -7,12 +7,11 @@ every weight, a LoRA step, validation before and after, and the final model save
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from real_recipes import one_step_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "smollm2-135m-instruct"
@@ -23,29 +22,7 @@ MODEL = "smollm2-135m-instruct"
 def test_the_samples_recipe_warms_up_trains_a_lora_adapter_and_saves_the_model(
     sample: str, model_dir: Path, tmp_path: Path
 ):
-    sys.path[:0] = [str(ROOT / "samples"), str(ROOT / "benchmarks")]
-    from learning import load_recipe
-    from recipe_runner import run_recipe
-
-    recipe = load_recipe(sample, MODEL)
-    tasks = recipe.tasks
-
-    def few(seed: int) -> tuple[list, list, list]:
-        teacher, train, val = tasks(seed)
-        return teacher[:16], train[:8], val[:4]
-
-    recipe = dataclasses.replace(
-        recipe,
-        tasks=few,
-        sft={**recipe.sft, "steps": 2, "batch_size": 4},
-        rl=recipe.rl
-        | {
-            "schedule": {"steps": 1, "tasks_per_step": 2, "group_size": 2},
-            "validation": {**recipe.rl["validation"], "every": 1},
-        },
-        concurrency=4,
-    )
-    row = run_recipe(recipe, 0, tmp_path)
+    row = one_step_recipe(sample, tmp_path)
     assert row["model"] == MODEL and row["sample"] == sample
     # 16 episodes, one row each: every call's prompt extends the previous call's prompt and
     # answer as SmolLM2's template renders them (tool calls and tool results included)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from openai import OpenAI
+from real_recipes import one_step_recipe
 
 from voltrl.models.loading import load_model
 from voltrl.models.toolcalls import parse_tool_calls
@@ -127,33 +128,7 @@ def test_the_calculator_recipe_warms_up_trains_a_lora_adapter_and_saves_the_mode
     """``make demo-real``'s recipe, shrunk to one RL step: the teacher's rollouts re-tokenised
     with SmolLM2's template, SFT of every weight, a LoRA step, validation before and after, and
     the final model saved (a config still marked as GGUF-quantized refused that)."""
-    import dataclasses
-    import sys
-
-    root = Path(__file__).resolve().parents[1]
-    sys.path[:0] = [str(root / "samples"), str(root / "benchmarks")]
-    from learning import load_recipe
-    from recipe_runner import run_recipe
-
-    recipe = load_recipe("calculator", MODEL)
-    tasks = recipe.tasks
-
-    def few(seed: int) -> tuple[list, list, list]:
-        teacher, train, val = tasks(seed)
-        return teacher[:16], train[:8], val[:4]
-
-    recipe = dataclasses.replace(
-        recipe,
-        tasks=few,
-        sft={**recipe.sft, "steps": 2, "batch_size": 4},
-        rl=recipe.rl
-        | {
-            "schedule": {"steps": 1, "tasks_per_step": 2, "group_size": 2},
-            "validation": {**recipe.rl["validation"], "every": 1},
-        },
-        concurrency=4,
-    )
-    row = run_recipe(recipe, 0, tmp_path)
+    row = one_step_recipe("calculator", tmp_path)
     assert row["model"] == MODEL and row["sft_rows"] >= 16  # 16 episodes: a row or more each
     assert row["after_sft"] is not None and row["after_rl"] is not None
     final = Path(row["run_dir"]) / "final"  # the merged model, and the adapter beside it

@@ -51,6 +51,20 @@ def write_recipe(folder: Path, settings: dict[str, str]) -> None:
         (folder / name).write_text(with_settings(code, settings) if name == "train.py" else code)
 
 
+def run_train(folder: Path, timeout_s: int) -> tuple[subprocess.CompletedProcess[str], str]:
+    """``python train.py`` in ``folder`` as a user runs it; the process and its output."""
+    env = {k: v for k, v in os.environ.items() if k != "VOLTRL_TOKEN"}
+    done = subprocess.run(
+        [sys.executable, "train.py"],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env=env,
+    )
+    return done, done.stdout + done.stderr
+
+
 def test_the_page_says_how_to_try_the_plumbing_as_this_test_does() -> None:
     text = PAGE.read_text()
     for name, value in TRY_THE_PLUMBING.items():
@@ -66,16 +80,7 @@ def test_the_page_says_how_to_try_the_plumbing_as_this_test_does() -> None:
 @pytest.mark.timeout(900)
 def test_the_pages_recipe_runs_as_written_on_the_tiny_model(tmp_path: Path) -> None:
     write_recipe(tmp_path, TRY_THE_PLUMBING)
-    env = {k: v for k, v in os.environ.items() if k != "VOLTRL_TOKEN"}
-    done = subprocess.run(
-        [sys.executable, "train.py"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=840,
-        env=env,
-    )
-    output = done.stdout + done.stderr
+    done, output = run_train(tmp_path, 840)
     assert done.returncode == 0, output[-6000:]
     solved = re.search(r"the teacher solved (\d+)% of its tasks", done.stdout)
     assert solved and 40 <= int(solved[1]) <= 75, output[-6000:]  # it errs on purpose
