@@ -1,6 +1,7 @@
 """The report a werewolf run ends with: per group of games (``train``, ``val before``,
-``val after``) the winners, the wolves' win rate with its 95% interval, the draw rate, and per
-game the rounds, choices, calls, tokens, invalid answers and refused prompts."""
+``val after``) the winners, the wolves' win rate with its 95% interval, the village's, the draw
+rate, the legal answers' share, and per game the rounds, choices, calls, tokens, invalid
+answers and refused prompts."""
 
 from __future__ import annotations
 
@@ -73,8 +74,9 @@ def wilson(wins: int, games: int, z: float = 1.96) -> tuple[float, float]:
 
 def print_report(result: vl.RunResult) -> None:
     """Per group of games: winners (and the draws: games the round cap ended), the wolves' win
-    rate with its interval, rounds, choices, calls and tokens per game, invalid answers,
-    refused prompts and history dropped; games not played to their end are named, not
+    rate with its interval, the village's, the share of the choices' answers that were legal
+    (a fallback's tries were all invalid), rounds, choices, calls and tokens per game, invalid
+    answers, refused prompts and history dropped; games not played to their end are named, not
     counted."""
     games = asyncio.run(game_report(result.run_dir / "store.sqlite", result.rollouts))
     when_played(games)
@@ -87,10 +89,14 @@ def print_report(result: vl.RunResult) -> None:
             continue
         winners = Counter(g["winner"] for g in some)
         low, high = wilson(winners["wolves"], len(some))
+        legal = sum(g.get("decisions", 0) - g.get("fallbacks", 0) for g in some)
+        answers = legal + sum(g.get("invalid_outputs", 0) for g in some)
         print(
             f"{mode}: {len(some)} game(s){skipped}, winners {dict(winners)}: the wolves won "
-            f"{winners['wolves'] / len(some):.0%} (95% CI {low:.0%}-{high:.0%}), draw rate "
-            f"{winners['draw'] / len(some):.0%} (ended by the round cap); per game "
+            f"{winners['wolves'] / len(some):.0%} (95% CI {low:.0%}-{high:.0%}), the village "
+            f"{winners['village'] / len(some):.0%}, draw rate "
+            f"{winners['draw'] / len(some):.0%} (ended by the round cap); legal answers "
+            f"{legal / max(answers, 1):.0%} ({legal} of {answers}); per game "
             f"{mean(g.get('rounds', 0) for g in some):.1f} rounds, "
             f"{mean(g.get('decisions', 0) for g in some):.1f} choices "
             f"({mean(g.get('fallbacks', 0) for g in some):.1f} played at random), "

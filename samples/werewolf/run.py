@@ -4,6 +4,7 @@ Every run ends with a report of the games (winners, calls and tokens per game, i
 answers, refused prompts); ``train`` can train one side or both with LocalRL.
 
     python samples/werewolf/run.py dev --endpoint URL --model NAME [--games 4]
+    python samples/werewolf/run.py dev --teacher --games 100       # every seat on teacher.py
     python samples/werewolf/run.py train [--name N [--resume]]   # tiny model, village trained
     python samples/werewolf/run.py train --loggers tensorboard   # also to TensorBoard
     python samples/werewolf/run.py train --train wolves \\
@@ -15,6 +16,7 @@ answers, refused prompts); ``train`` can train one side or both with LocalRL.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 
@@ -55,31 +57,44 @@ def external_of(args: argparse.Namespace, train: str) -> dict | None:
 
 
 def dev(args: argparse.Namespace) -> vl.RunResult:
-    """``--games`` games against ``--endpoint`` (and ``--opponent-endpoint``)."""
-    resources = {
-        "main_llm": vl.LLM(
-            endpoint=args.endpoint,
-            model=args.model,
-            api_key_env=args.api_key_env,
-            sampling_parameters={"temperature": args.temperature, "max_tokens": args.max_tokens},
+    """``--games`` games against ``--endpoint`` (and ``--opponent-endpoint``), or with
+    ``--teacher`` against the scripted teacher (``teacher.py``) served on loopback."""
+    with contextlib.ExitStack() as stack:
+        endpoint, model, token_ids = args.endpoint, args.model, not args.no_token_ids
+        if args.teacher:
+            from teacher import policy
+
+            from voltrl.serving.teacher import serve_teacher
+
+            endpoint = stack.enter_context(serve_teacher(policy, seed=args.seed))
+            model, token_ids = "teacher", False  # it answers like a hosted API: no token ids
+        resources = {
+            "main_llm": vl.LLM(
+                endpoint=endpoint,
+                model=model,
+                api_key_env=args.api_key_env,
+                sampling_parameters={
+                    "temperature": args.temperature,
+                    "max_tokens": args.max_tokens,
+                },
+            )
+        }
+        check_llm(resources["main_llm"], "the players' endpoint")
+        if (other := opponent(args)) is not None:
+            check_llm(other, "the opponent's endpoint")
+            resources["opponent_llm"] = other
+        trainer = vl.Trainer(
+            resources=resources,
+            n_runners=1,
+            max_concurrency=args.concurrency,
+            request_token_ids=token_ids,
+            rollout_timeout_s=3600,
+            **cli.trainer_args(args),
         )
-    }
-    check_llm(resources["main_llm"], "the players' endpoint")
-    if (other := opponent(args)) is not None:
-        check_llm(other, "the opponent's endpoint")
-        resources["opponent_llm"] = other
-    trainer = vl.Trainer(
-        resources=resources,
-        n_runners=1,
-        max_concurrency=args.concurrency,
-        request_token_ids=not args.no_token_ids,
-        rollout_timeout_s=3600,
-        **cli.trainer_args(args),
-    )
-    rows = game_rows(
-        args.games, args.seed, external=external_of(args, "village"), **game_settings(args)
-    )
-    return trainer.dev(werewolf_game, rows)
+        rows = game_rows(
+            args.games, args.seed, external=external_of(args, "village"), **game_settings(args)
+        )
+        return trainer.dev(werewolf_game, rows)
 
 
 def game_settings(args: argparse.Namespace) -> dict:
@@ -186,8 +201,12 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
 
     d = cli.subcommand(sub, "dev", "play games against endpoints", [common])
-    d.add_argument("--endpoint", required=True, help="OpenAI-compatible base URL (.../v1)")
-    d.add_argument("--model", required=True, help="model name the endpoint serves")
+    d.add_argument("--endpoint", help="OpenAI-compatible base URL (.../v1)")
+    d.add_argument("--model", help="model name the endpoint serves")
+    d.add_argument(
+        "--teacher", action="store_true",
+        help="instead of --endpoint: the scripted teacher (teacher.py), served on loopback",
+    )  # fmt: skip
     d.add_argument("--api-key-env", default=None, help="env var with the endpoint's key")
     d.add_argument("--games", type=int, default=2, help="games to play")
     d.add_argument("--temperature", type=float, default=0.7, help="the players' sampling")
@@ -212,11 +231,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """The opponent's options go together, and the game's numbers are positive: a usage
-    error otherwise."""
+    """``dev``'s players are on ``--endpoint`` and ``--model`` or on ``--teacher``, the
+    opponent's options go together, and the game's numbers are positive: a usage error
+    otherwise."""
     for option in ("max_rounds", "history_tokens"):
         if (value := getattr(args, option)) is not None and value < 1:
             parser.error(f"--{option.replace('_', '-')} must be at least 1 (got {value})")
+    if args.run is dev and args.teacher and (args.endpoint or args.model):
+        parser.error("--teacher plays instead of --endpoint and --model: give one or the other")
+    if args.run is dev and not args.teacher and not (args.endpoint and args.model):
+        parser.error("dev needs --endpoint and --model (or --teacher)")
     if bool(args.opponent_endpoint) != bool(args.opponent_model):
         parser.error("--opponent-endpoint and --opponent-model go together")
     if args.external_fraction is not None and not args.opponent_endpoint:
