@@ -9,6 +9,12 @@ once before anything trains and once at the end. The arms:
 - ``rl``: LocalRL's steps with the starting template (the trainer's ``prompt_template``);
 - ``apo+rl``: ``LocalRL(prompt_search=APO(...))``: APO, then the steps with its template.
 
+An arm not asked for is read from another's first validation where that is the same thing:
+``start`` from ``rl``'s (the start template before any step) and ``apo`` from ``apo+rl``'s (APO's
+best template, after the search, before any step), so ``--arms rl apo+rl`` gives all four rows
+at half the cost. APO scores its candidates on the same held-out reviews, so its rows are the
+score of the best of several tries on them (optimistic by selection); LocalRL's are not.
+
 The table gives each arm's held-out score per seed, the mean and a 95% interval over seeds
 (Student's t), and the mean change against ``start``; a closing line says whether ``apo+rl``
 beat the better single phase by more than the intervals' overlap. APO's optimizer is the model
@@ -94,7 +100,8 @@ def algorithm(arm: str, seed: int, args: argparse.Namespace) -> vl.LocalRL:
             beam_width=args.beam_width,
             branch_factor=args.branch_factor,
             train_batch_size=args.train_batch,
-            optimizer_sampling={"temperature": 0.8, "max_tokens": 256},
+            optimizer_sampling={"temperature": 0.7, "max_tokens": 256},
+            answer_key="label",  # the review's label: quoted as the expected answer
             seed=seed,
         )
     steps = args.steps if arm.endswith("rl") else 0
@@ -123,7 +130,7 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     # without a search the agent still needs its template: the trainer's resource
     resources = {} if algo.prompt_search else {"prompt_template": vl.PromptTemplate(template=START)}
     val = data.rows("val")[: args.val_size]
-    t0 = time.perf_counter()
+    t0, started = time.perf_counter(), time.time()
     result = vl.Trainer(
         algo,
         resources=resources,
@@ -133,9 +140,10 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
         name=name,
     ).fit(classify, data.rows("train"), val_dataset=val)
     scores = [m["val/reward_mean"] for m in result.metrics if "val/reward_mean" in m]
-    best = None
+    best, search = None, {}
     if algo.prompt_search:
         best = json.loads((result.run_dir / "final" / "prompt_template.json").read_text())
+        search = search_summary(result.run_dir, result.metrics, started)
     row = {
         "arm": arm,
         "seed": seed,
@@ -144,11 +152,48 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
         "template": best["template"] if best else START,
         "minutes": (time.perf_counter() - t0) / 60,
         "val_rows": len(val),
+        **search,
         "settings": {k: v for k, v in vars(args).items() if k not in ("arms", "seeds", "out")},
     }
     if not args.keep_runs:
         shutil.rmtree(result.run_dir, ignore_errors=True)
     return row
+
+
+def search_summary(run_dir: Path, metrics: list[dict[str, Any]], started: float) -> dict[str, Any]:
+    """APO's search in an arm's run: the best score after each round, the refusals by reason,
+    the repaired rewrites, and the minutes from the run's start (``started``, epoch seconds;
+    the model's loading included) to the search's end."""
+    found = json.loads((run_dir / "prompt_search.json").read_text())
+    cands = found["candidates"]
+    refused: dict[str, int] = {}
+    for c in cands:
+        if c["status"] in ("rejected", "failed"):
+            refused[c["reason"]] = refused.get(c["reason"], 0) + 1
+    rounds = [m["apo/best_score"] for m in metrics if m.get("apo/best_score") is not None]
+    stamps = [
+        m["time/elapsed_s"] for m in metrics if "apo/best_score" in m and "time/elapsed_s" in m
+    ]
+    return {
+        "search_best_per_round": rounds,
+        "search_rewrites": sum(1 for c in cands if c["round"] > 0),
+        "search_refused": refused,
+        "search_repaired": sum(1 for c in cands if c.get("repaired")),
+        "search_minutes": (stamps[-1] - started) / 60 if stamps else None,
+    }
+
+
+def derived(rows: list[dict[str, Any]], arms: list[str]) -> list[dict[str, Any]]:
+    """``start`` rows from ``rl``'s first validations and ``apo`` rows from ``apo+rl``'s, for
+    the arms not run themselves."""
+    extra = []
+    for arm, source in (("start", "rl"), ("apo", "apo+rl")):
+        if arm in arms:
+            continue
+        for r in rows:
+            if r["arm"] == source:
+                extra.append({**r, "arm": arm, "score": r["first_validation"], "from": source})
+    return extra
 
 
 def interval(values: list[float]) -> tuple[float, float]:
@@ -196,14 +241,26 @@ def main(argv: list[str] | None = None) -> int:
     if args.val_size is not None and args.val_size < 1:
         raise SystemExit("--val-size must be at least 1")
     args.out.mkdir(parents=True, exist_ok=True)
-    rows = [run_arm(arm, seed, args) for seed in args.seeds for arm in args.arms]
+    rows = []
+    for seed in args.seeds:
+        for arm in args.arms:
+            rows.append(run_arm(arm, seed, args))
+            # written as each arm ends: a long sweep stopped half-way keeps what it measured
+            (args.out / "prompt_and_weights.json").write_text(json.dumps(rows, indent=2) + "\n")
+    rows += derived(rows, args.arms)
     (args.out / "prompt_and_weights.json").write_text(json.dumps(rows, indent=2) + "\n")
-    lines = table(rows, args.arms)
+    shown = [a for a in ARMS if any(r["arm"] == a for r in rows)]
+    lines = table(rows, shown)
     (args.out / "prompt_and_weights.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     for r in rows:
-        if r["arm"].startswith("apo"):
-            print(f"{r['arm']} seed {r['seed']}: template {r['template']!r}")
+        if r["arm"].startswith("apo") and "from" not in r:
+            print(
+                f"{r['arm']} seed {r['seed']}: best after each round {r['search_best_per_round']}, "
+                f"{r['search_rewrites']} rewrites, {r['search_repaired']} repaired, refused "
+                f"{r['search_refused'] or 'none'}, search {r['search_minutes'] or 0:.1f} min, "
+                f"template {r['template']!r}"
+            )
     return 0
 
 

@@ -41,6 +41,9 @@ class Candidate(Model):
     """The optimizer's critique of its parent that it answers."""
     reason: str | None = None
     """Why it was rejected or failed."""
+    repaired: str | None = None
+    """What APO changed in the optimizer's rewrite before checking it (placeholders it had
+    left out, appended), or None."""
     optimizer_rollout: str | None = None
     """The rollout holding the optimizer's calls that wrote it (mode ``optimizer``)."""
 

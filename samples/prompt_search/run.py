@@ -123,7 +123,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             branch_factor=args.branch_factor,
             train_batch_size=args.train_batch,
             seed=args.seed,
-            optimizer_sampling={"temperature": 0.8, "max_tokens": 256},
+            optimizer_sampling={"temperature": 0.7, "max_tokens": 256},
+            answer_key="label",  # the review's label: quoted as the expected answer
         )
         trainer = vl.Trainer(
             apo, resources={"main_llm": llm}, max_concurrency=8, **trainer_args(args, name)

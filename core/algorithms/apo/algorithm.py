@@ -34,10 +34,14 @@ from voltrl._console import printable
 from voltrl.algorithms.apo.optimizer import Optimizer, OptimizerError
 from voltrl.algorithms.apo.templates import (
     CRITIQUE,
+    INDUCE,
     REWRITE,
     example_block,
     extract,
+    pair_block,
     refusal,
+    repair,
+    same_rewards,
     variable_list,
     variables,
 )
@@ -83,8 +87,23 @@ class APO(Algorithm):
         patience: rounds in a row without a better template before the search stops.
         examples: runs quoted per critique: the worst half and the best half of the batch.
         example_chars: characters at most per quoted run.
-        critique_prompt: the critique request, with ``{template}``, ``{variables}`` and
-            ``{examples}`` (default :data:`~voltrl.algorithms.apo.templates.CRITIQUE`).
+        show_task: whether a quoted run starts with its task's input (JSON): the optimizer
+            then sees what each task asked for, and a known answer in it (a label, an expected
+            result) shows it what a right reply looks like. False for inputs it must not see.
+        answer_key: the task field holding the answer a task expects (``"label"``), if any.
+            Then ``{examples}`` are the training batch as input and expected-output pairs,
+            and the default critique is instruction induction
+            (:data:`~voltrl.algorithms.apo.templates.INDUCE`): the optimizer names the
+            instruction that maps the inputs to their answers, which small optimizers manage
+            where a critique of transcripts fails (``docs/apo.md``).
+        repair: whether a rewrite that leaves out placeholders of the starting template gets
+            them appended (each on a line of its own; the candidate's ``repaired`` says so)
+            instead of being refused: small optimizers often write a good instruction and
+            drop the input's placeholder.
+        critique_prompt: the critique request, with ``{examples}`` and optionally
+            ``{template}`` and ``{variables}`` (default
+            :data:`~voltrl.algorithms.apo.templates.CRITIQUE`, or ``INDUCE`` with
+            ``answer_key``).
         rewrite_prompt: the rewrite request, with ``{template}``, ``{variables}`` and
             ``{critique}``; the answer's template is read between ``<prompt>`` tags, else from
             a fenced block, else the whole answer (default ``REWRITE``).
@@ -117,7 +136,10 @@ class APO(Algorithm):
         patience: int = 2,
         examples: int = 4,
         example_chars: int = 2000,
-        critique_prompt: PromptTemplate | str = CRITIQUE,
+        show_task: bool = True,
+        answer_key: str | None = None,
+        repair: bool = True,
+        critique_prompt: PromptTemplate | str | None = None,
         rewrite_prompt: PromptTemplate | str = REWRITE,
         optimizer_sampling: Mapping[str, Any] | None = None,
         optimizer_timeout_s: float = 600.0,
@@ -150,9 +172,9 @@ class APO(Algorithm):
             raise VoltRLError(
                 f"APO: the starting template is not a valid template: {exc}"
             ) from None
-        self.critique_prompt = _request(
-            critique_prompt, "critique_prompt", {"template", "examples"}
-        )
+        if critique_prompt is None:
+            critique_prompt = INDUCE if answer_key is not None else CRITIQUE
+        self.critique_prompt = _request(critique_prompt, "critique_prompt", {"examples"})
         self.rewrite_prompt = _request(rewrite_prompt, "rewrite_prompt", {"template", "critique"})
         self.optimizer_llm = optimizer_llm
         self.resource = resource
@@ -160,6 +182,7 @@ class APO(Algorithm):
         self.rounds, self.beam_width, self.branch_factor = rounds, beam_width, branch_factor
         self.train_batch_size, self.val_batch_size = train_batch_size, val_batch_size
         self.patience, self.examples, self.example_chars = patience, examples, example_chars
+        self.show_task, self.answer_key, self.repair = show_task, answer_key, repair
         self.optimizer_sampling = dict(
             optimizer_sampling or {"temperature": 1.0, "max_tokens": 1024}
         )
@@ -284,6 +307,8 @@ class APO(Algorithm):
         children = [c for task in asked for c in task.result()]
         for c in children:  # checked in turn: a rewrite repeating a sibling's is refused too
             if c.status == "pending":
+                if self.repair:
+                    c.template, c.repaired = repair(c.template, self.prompt)
                 tried = [t.template for t in search.candidates if t.status != "failed"]
                 if reason := refusal(c.template, self.prompt, tried):
                     c.status, c.reason = "rejected", reason
@@ -305,6 +330,8 @@ class APO(Algorithm):
         refused = [c for c in children if c.status in ("rejected", "failed")]
         reasons = "; ".join(dict.fromkeys(str(c.reason) for c in refused))
         note = f", {len(refused)} refused ({reasons})" if refused else ""
+        if fixed := sum(1 for c in children if c.repaired):
+            note += f", {fixed} repaired (placeholders appended)"
         line = f"round {r}: {len(fresh)} new template(s){note}; best {beam[0].score:.3f} "
         print(printable(line + f"(v{beam[0].version}, round {beam[0].round})"), flush=True)
         return beam
@@ -398,7 +425,12 @@ class APO(Algorithm):
         return sum(rewards) / len(rewards)
 
     async def _examples(self, ctx: TrainContext, runs: list[Rollout]) -> str:
-        """The worst and the best of ``runs`` as the critique quotes them."""
+        """The worst and the best of ``runs`` as the critique quotes them; with
+        ``answer_key``, every run's task as an input and expected-output pair."""
+        if self.answer_key is not None:
+            return "\n\n".join(
+                pair_block(r.task.input, self.answer_key, self.example_chars) for r in runs
+            )
         ranked = sorted(runs, key=lambda r: r.reward if r.reward is not None else float("-inf"))
         worst = ranked[: (self.examples + 1) // 2]
         best = [r for r in ranked[::-1][: self.examples // 2] if r not in worst]
@@ -407,7 +439,10 @@ class APO(Algorithm):
             calls = []
             if rollout.final_attempt_id or rollout.attempt_count:
                 calls = await ctx.store.get_llm_calls(rollout.rollout_id, rollout.final_attempt_id)
-            blocks.append(example_block(i, rollout.reward, calls, self.example_chars))
+            task = rollout.task.input if self.show_task else None
+            blocks.append(example_block(i, rollout.reward, calls, self.example_chars, task))
+        if same := same_rewards([r.reward for r in worst + best]):
+            blocks.append(same)
         return "\n\n".join(blocks)
 
     def _failed(self, r: int, parent: Candidate, rollout_id: str, error: str) -> Candidate:
@@ -507,7 +542,7 @@ def _request(prompt: PromptTemplate | str, name: str, needed: set[str]) -> Promp
         raise VoltRLError(f"APO: {name} is not a valid template: {exc}") from None
     if missing := sorted(needed - found):
         raise VoltRLError(f"APO: {name} must use {', '.join('{' + m + '}' for m in missing)}")
-    if extra := sorted(found - needed - {"variables"}):
+    if extra := sorted(found - needed - {"template", "variables"}):
         raise VoltRLError(f"APO: {name} uses {extra}, which APO does not fill in")
     return template
 

@@ -10,6 +10,7 @@ import string
 from collections.abc import Sequence
 from typing import Any
 
+from voltrl.errors import VoltRLError
 from voltrl.resources import PromptTemplate
 from voltrl.types import LLMCall
 
@@ -21,15 +22,31 @@ is between <prompt> tags; its placeholders ({variables}) are filled in for each 
 {template}
 </prompt>
 
-Here are some of the agent's runs with this template, each with the reward it got (higher is \
-better):
+Here are some of the agent's runs with this template: the task it was given, what it saw \
+and said, and the reward it got (higher is better).
 
 {examples}
 
-In a few sentences, say what the template makes the agent get wrong in the low-reward runs, \
-quoting them, and what the high-reward runs did right. Do not write a new template yet."""
+Compare the agent's replies with what the tasks expected. In a few sentences, quoting the \
+runs, say what the agent got wrong in the low-reward runs, what the high-reward runs did \
+right, and what instruction the template lacks. Do not write a new template yet."""
 )
-"""The default critique prompt: ``{template}``, ``{variables}`` and ``{examples}``."""
+"""The default critique prompt: ``{template}``, ``{variables}`` and ``{examples}`` (the runs'
+transcripts)."""
+
+INDUCE = PromptTemplate(
+    template="""I gave a friend an instruction and some inputs. The friend read the instruction \
+and wrote an output for every one of the inputs. Here are the input-output pairs:
+
+{examples}
+
+The instruction was"""
+)
+"""The default critique prompt when the tasks carry their answers (``APO(answer_key=...)``):
+instruction induction (APE, Zhou et al. 2022). ``{examples}`` are the batch's tasks as input and
+expected-output pairs; the answer, an instruction that maps the one to the other, is what the
+rewrite builds the next template from. Small optimizers that cannot critique a transcript can
+still do this."""
 
 REWRITE = PromptTemplate(
     template="""You are improving the prompt template that an AI agent is given. The current \
@@ -39,17 +56,19 @@ template:
 {template}
 </prompt>
 
-A critique of it, from the agent's runs:
+What the agent's runs say about it:
 
 {critique}
 
-Write an improved template that fixes what the critique points out. Keep every placeholder \
-exactly as written ({variables}) and add no other placeholder in curly braces. Answer with the \
-new template alone, between <prompt> and </prompt>."""
+Write an improved template that fixes what the critique points out: first the instructions \
+the agent needs, then its input. Keep every placeholder exactly as written ({variables}), \
+where the input goes, and add no other text in curly braces. Answer with the new template \
+alone, between <prompt> and </prompt>."""
 )
 """The default rewrite prompt: ``{template}``, ``{variables}`` and ``{critique}``."""
 
 _TAGGED = re.compile(r"<prompt>\s*(.*?)\s*</prompt>", re.DOTALL | re.IGNORECASE)
+_OPENED = re.compile(r"<prompt>", re.IGNORECASE)
 _FENCED = re.compile(r"```[a-zA-Z]*\n(.*?)\n?```", re.DOTALL)
 
 
@@ -104,6 +123,24 @@ def refusal(candidate: str, start: PromptTemplate, seen: Sequence[str]) -> str |
     return None
 
 
+def repair(candidate: str, start: PromptTemplate) -> tuple[str, str | None]:
+    """``candidate`` with the starting template's variables it left out appended, each on a
+    line of its own, and a note saying so; unchanged (note None) when it has them all, or when
+    it is not a valid template. A small optimizer often writes a good instruction and drops the
+    input's placeholder (``Classify the review as positive or negative.``): appended, the
+    instruction can run."""
+    try:
+        found = variables(candidate, start.engine)
+    except ValueError:
+        return candidate, None
+    missing = sorted(variables(start.template, start.engine) - found)
+    if not missing or not candidate.strip():
+        return candidate, None
+    fields = ["{{ " + m + " }}" if start.engine == "jinja" else "{" + m + "}" for m in missing]
+    note = f"appended {', '.join(fields)}, which the rewrite left out"
+    return candidate.rstrip() + "\n\n" + "\n".join(fields), note
+
+
 _NAME = re.compile(r"[A-Za-z_]\w*")
 
 
@@ -117,10 +154,13 @@ def _fields(template: str) -> list[tuple[str, str | None, str]]:
 
 
 def extract(answer: str) -> str:
-    """The template in a rewrite answer: between ``<prompt>`` tags (the last such block),
-    else in a fenced code block, else the whole answer."""
+    """The template in a rewrite answer: between ``<prompt>`` tags (the last such block), else
+    after an opening tag never closed (an answer cut off by ``max_tokens``), else in a fenced
+    code block, else the whole answer."""
     if tagged := _TAGGED.findall(answer):
         return tagged[-1]
+    if opened := _OPENED.split(answer)[1:]:
+        return opened[-1].strip()
     if fenced := _FENCED.findall(answer):
         return fenced[-1].strip()
     return answer.strip()
@@ -169,7 +209,40 @@ def _text(message: dict[str, Any]) -> str:
     return text
 
 
-def example_block(index: int, reward: float | None, calls: Sequence[LLMCall], limit: int) -> str:
-    """One quoted rollout for the critique prompt."""
+def example_block(
+    index: int, reward: float | None, calls: Sequence[LLMCall], limit: int, task: Any = None
+) -> str:
+    """One quoted rollout for the critique prompt: its task's input (JSON) when given, then
+    its transcript."""
     shown = "failed" if reward is None else json.dumps(round(reward, 3))
-    return f"--- run {index} (reward {shown}) ---\n{transcript(calls, limit)}"
+    text = transcript(calls, limit)
+    if task is not None:
+        given = json.dumps(task, ensure_ascii=False, default=str)
+        text = f"task: {given[: limit // 2]}\n{text}"
+    return f"--- run {index} (reward {shown}) ---\n{text}"
+
+
+def pair_block(task: Any, answer_key: str, limit: int) -> str:
+    """A task as an input and expected-output pair (:data:`INDUCE`): its fields other than
+    ``answer_key`` (a single field's value alone, else ``name: value`` lines), then the answer."""
+    if not isinstance(task, dict) or answer_key not in task:
+        raise VoltRLError(f"APO: answer_key {answer_key!r} is not a field of the task {task!r}")
+    rest = {k: v for k, v in task.items() if k != answer_key}
+    if len(rest) == 1:
+        given = _plain(next(iter(rest.values())))
+    else:
+        given = "\n".join(f"{k}: {_plain(v)}" for k, v in rest.items())
+    return f"Input: {given[:limit]}\nOutput: {_plain(task[answer_key])[:limit]}"
+
+
+def _plain(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+
+
+def same_rewards(rewards: Sequence[float | None]) -> str | None:
+    """A line saying every quoted run got the same reward (then there are no "high-reward
+    runs" to learn from, which a small optimizer otherwise invents), or None."""
+    if len(rewards) > 1 and len(set(rewards)) == 1:
+        shown = "failed" if rewards[0] is None else json.dumps(round(rewards[0], 3))
+        return f"Every one of these runs got the same reward ({shown}): none did better yet."
+    return None

@@ -19,7 +19,7 @@ from helpers import voltrl
 import voltrl as vl
 from voltrl._http.serving import serve_in_thread
 from voltrl.algorithms.apo import best_template
-from voltrl.algorithms.apo.templates import extract, refusal, variables
+from voltrl.algorithms.apo.templates import extract, refusal, repair, variables
 from voltrl.cli.train import build_from_config
 from voltrl.observability.dashboard import Catalog, dashboard_app
 from voltrl.observability.prompt_search import load
@@ -162,7 +162,7 @@ async def test_a_rewrite_that_would_break_the_agent_is_refused_before_it_runs(
 ) -> None:
     async with FakeBackend() as optimizer:
         optimizer.script = optimizer_model("Reply with the number only.", "Q: {q} {hint}", GOOD)
-        result = await fit(tmp_path, optimizer, branch_factor=3)
+        result = await fit(tmp_path, optimizer, branch_factor=3, repair=False)
 
     search = load(tmp_path / "apo")
     assert search is not None
@@ -174,6 +174,70 @@ async def test_a_rewrite_that_would_break_the_agent_is_refused_before_it_runs(
     assert search.best is not None and search.best.template == GOOD
     assert [m["apo/rejected"] for m in result.metrics if "apo/rejected" in m] == [0, 2]
     assert not [r for r in result.rollouts if r.status == "failed"]
+
+
+async def test_a_rewrite_that_drops_the_input_placeholder_gets_it_appended_and_runs(
+    tmp_path: Path,
+) -> None:
+    async with FakeBackend() as optimizer:
+        optimizer.script = optimizer_model("Reply with the number only.")
+        await fit(tmp_path, optimizer)
+
+    search = load(tmp_path / "apo")
+    assert search is not None and search.best is not None
+    assert search.best.template == "Reply with the number only.\n\n{q}"
+    assert search.best.repaired == "appended {q}, which the rewrite left out"
+    assert (search.best.status, search.best.score) == ("kept", 1.0)
+
+
+async def test_with_an_answer_key_the_critique_induces_the_instruction_from_input_output_pairs(
+    tmp_path: Path,
+) -> None:
+    async with FakeBackend() as optimizer:
+        optimizer.script = optimizer_model(GOOD)
+        await fit(tmp_path, optimizer, answer_key="answer")
+
+    [(_, calls)] = await optimizer_rollouts(tmp_path)
+    critique = calls[0].request["messages"][0]["content"]
+    assert critique.startswith("I gave a friend an instruction") and critique.endswith(
+        "The instruction was"
+    )
+    pairs = re.findall(r"Input: (\d+) \+ (\d+)\nOutput: (\d+)", critique)
+    assert len(pairs) == 2 and all(int(a) + int(b) == int(c) for a, b, c in pairs)
+    assert "assistant:" not in critique  # pairs, not transcripts
+
+
+async def test_an_answer_key_the_tasks_lack_stops_the_run_naming_it(tmp_path: Path) -> None:
+    async with FakeBackend() as optimizer:
+        optimizer.script = optimizer_model(GOOD)
+        with pytest.raises(vl.VoltRLError, match="answer_key 'label' is not a field of the task"):
+            await fit(tmp_path, optimizer, answer_key="label")
+
+
+async def test_a_critique_of_runs_that_all_tied_says_so_and_shows_each_task(
+    tmp_path: Path,
+) -> None:
+    async with FakeBackend() as optimizer:
+        optimizer.script = optimizer_model(GOOD)
+        await fit(tmp_path, optimizer)
+
+    [(_, calls)] = await optimizer_rollouts(tmp_path)
+    critique = calls[0].request["messages"][0]["content"]
+    assert "Every one of these runs got the same reward (0.0)" in critique
+    assert len(re.findall(r'task: \{"q": "\d+ \+ \d+", "answer": \d+\}\nuser: Q: ', critique)) == 2
+
+
+async def test_without_show_task_the_critique_quotes_only_what_the_agent_saw(
+    tmp_path: Path,
+) -> None:
+    async with FakeBackend() as optimizer:
+        optimizer.script = optimizer_model(GOOD)
+        await fit(tmp_path, optimizer, show_task=False)
+
+    [(_, calls)] = await optimizer_rollouts(tmp_path)
+    critique = calls[0].request["messages"][0]["content"]
+    assert "task: " not in critique and "expected answer" not in critique
+    assert "user: Q: " in critique
 
 
 async def test_an_optimizer_that_keeps_failing_is_retried_then_stops_the_run_saying_why(
@@ -213,6 +277,18 @@ def test_refusal_names_what_would_break(candidate: str, reason: str | None) -> N
     assert (found or "").startswith(reason or "") and (found is None) == (reason is None)
 
 
+def test_a_repair_appends_only_the_placeholders_left_out_and_leaves_broken_ones_alone() -> None:
+    start = vl.PromptTemplate(template="{a} and {b}")
+    assert repair("Say it: {a}", start) == (
+        "Say it: {a}\n\n{b}",
+        "appended {b}, which the rewrite left out",
+    )
+    assert repair("{b} {a}", start) == ("{b} {a}", None)
+    assert repair("Broken {", start) == ("Broken {", None)  # refused later, as it is
+    jinja = vl.PromptTemplate(template="Q: {{ q }}", engine="jinja")
+    assert repair("Answer briefly.", jinja)[0] == "Answer briefly.\n\n{{ q }}"
+
+
 def test_jinja_templates_are_checked_with_jinja() -> None:
     start = vl.PromptTemplate(template="Q: {{ q }}", engine="jinja")
     assert variables(start.template, "jinja") == {"q"}
@@ -223,6 +299,7 @@ def test_jinja_templates_are_checked_with_jinja() -> None:
 
 def test_the_rewrite_is_read_from_tags_then_a_fenced_block_then_the_whole_answer() -> None:
     assert extract("Sure.\n<prompt>\nA {q}\n</prompt>\nDone") == "A {q}"
+    assert extract("<prompt>\n<Prompt>\nA {q} and then it was cut") == "A {q} and then it was cut"
     assert extract("```text\nB {q}\n```") == "B {q}"
     assert extract("  C {q}  ") == "C {q}"
 
