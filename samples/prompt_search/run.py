@@ -123,7 +123,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             branch_factor=args.branch_factor,
             train_batch_size=args.train_batch,
             seed=args.seed,
-            optimizer_sampling={"temperature": 0.7, "max_tokens": 256},
+            optimizer_sampling={
+                "temperature": 0.3,
+                "max_tokens": 256,
+            },  # small optimizers ramble hotter
             answer_key="label",  # the review's label: quoted as the expected answer
         )
         trainer = vl.Trainer(

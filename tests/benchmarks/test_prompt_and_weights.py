@@ -49,6 +49,20 @@ def test_the_table_gives_intervals_over_seeds_and_says_when_one_phase_is_as_good
     assert "n/a (1 seed)" in lines[2] and lines[-1].endswith("one seed: no verdict.")
 
 
+def test_arms_not_run_are_read_from_the_first_validations_of_those_that_contain_them() -> None:
+    b = bench()
+    ran = [
+        {"arm": "rl", "seed": 0, "score": 0.3, "first_validation": 0.0},
+        {"arm": "apo+rl", "seed": 0, "score": 0.7, "first_validation": 0.5},
+    ]
+    extra = b.derived(ran, ["rl", "apo+rl"])
+    assert [(r["arm"], r["score"], r["from"]) for r in extra] == [
+        ("start", 0.0, "rl"),
+        ("apo", 0.5, "apo+rl"),
+    ]
+    assert b.derived(ran, ["start", "apo", "rl", "apo+rl"]) == []  # run themselves
+
+
 @pytest.mark.slow
 def test_the_four_arms_run_on_the_tiny_model(tmp_path: Path, capsys) -> None:
     b = bench()
@@ -59,6 +73,9 @@ def test_the_four_arms_run_on_the_tiny_model(tmp_path: Path, capsys) -> None:
     found = json.loads((tmp_path / "prompt_and_weights.json").read_text())
     assert [r["arm"] for r in found] == ["start", "apo", "rl", "apo+rl"]
     assert all(r["val_rows"] == 2 and 0.0 <= r["score"] <= 1.0 for r in found)
+    for r in found[1::2]:  # the search's summary, for the arms that searched
+        assert len(r["search_best_per_round"]) == 2 and r["search_rewrites"] == 1
+        assert r["search_minutes"] > 0
     assert not list((tmp_path / "runs").iterdir())  # deleted without --keep-runs
     out = capsys.readouterr().out
     assert "| arm | held-out score per seed |" in out and "one seed: no verdict." in out

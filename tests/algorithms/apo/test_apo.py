@@ -181,13 +181,19 @@ async def test_a_rewrite_that_drops_the_input_placeholder_gets_it_appended_and_r
 ) -> None:
     async with FakeBackend() as optimizer:
         optimizer.script = optimizer_model("Reply with the number only.")
-        await fit(tmp_path, optimizer)
+        result = await fit(tmp_path, optimizer)
 
     search = load(tmp_path / "apo")
     assert search is not None and search.best is not None
     assert search.best.template == "Reply with the number only.\n\n{q}"
     assert search.best.repaired == "appended {q}, which the rewrite left out"
     assert (search.best.status, search.best.score) == ("kept", 1.0)
+    with (
+        serve_in_thread(dashboard_app(Catalog([tmp_path]))) as server,
+        httpx.Client(base_url=server.url) as client,
+    ):
+        page = client.get(f"/runs/{result.run.run_id}").text
+    assert "repaired: appended {q}, which the rewrite left out" in page
 
 
 async def test_with_an_answer_key_the_critique_induces_the_instruction_from_input_output_pairs(
