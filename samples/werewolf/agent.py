@@ -181,5 +181,7 @@ async def werewolf_game(row: dict, resources: vl.Resources) -> float:
         context_overflows=table.overflows,
         external_seats=sorted(external),
         roles={p.name: p.role for p in state.players},
+        answers=table.answers,  # per player: choices, invalid answers, played at random
+        log=table.log,  # speeches by day and every vote, for the report's statistics
     )
     return outcome["village" if row.get("train", "village") == "both" else row["train"]]

@@ -11,7 +11,9 @@
   the most voted is eliminated (a tie: lots, or nobody) after last words.
 
 Every choice is structured output whose schema lists only the legal answers (:func:`decide`);
-what each player must remember is written to its pinned note (:mod:`memory`).
+what each player must remember is written to its pinned note (:mod:`memory`). What is public
+(the speeches by day, every vote with who was alive) and each player's answers are kept on
+the :class:`Table` for the game's record (``log``, ``answers``), which the report reads.
 """
 
 from __future__ import annotations
@@ -35,8 +37,8 @@ INVALID_PENALTY = -0.2
 
 @dataclass
 class Table:
-    """A game being played: the state, the rules, each player's agent and pinned note, and
-    what went wrong."""
+    """A game being played: the state, the rules, each player's agent and pinned note, what
+    went wrong, and the record the report reads (``answers``, ``log``)."""
 
     state: GameState
     rules: Rules
@@ -49,6 +51,13 @@ class Table:
     decisions: int = 0
     fallbacks: int = 0
     lots_drawn: int = 0
+    answers: dict[str, list[int]] = field(default_factory=dict)
+    """Per player: ``[choices, invalid answers, choices played at random]``."""
+    log: list[dict] = field(default_factory=list)
+    """What happened, in order: ``{"kind": "speech", "when", "who", "text"}`` for each
+    speech by day (last words included) and ``{"kind": "vote", "when", "ballots", "out",
+    "alive"}`` for each vote, the werewolves' by night too (``out``: their victim; ``alive``:
+    who was alive when they voted)."""
 
     async def tell(self, names: list[str], text: str) -> None:
         """The moderator says ``text`` to ``names`` (into their memory, no model call)."""
@@ -73,8 +82,11 @@ class Table:
         self.history.trim(self.agents[name].state.context, budget)
 
 
-async def say(table: Table, name: str, prompt: str, audience: list[str]) -> str:
-    """``name`` speaks; ``audience`` hears it."""
+async def say(
+    table: Table, name: str, prompt: str, audience: list[str], public: str | None = None
+) -> str:
+    """``name`` speaks; ``audience`` hears it. ``public`` (``"Day N"``): a speech by day,
+    kept in the game's log."""
     table.trim(name)
     try:
         msg = await table.agents[name].reply(UserMsg("moderator", prompt))
@@ -87,6 +99,8 @@ async def say(table: Table, name: str, prompt: str, audience: list[str]) -> str:
     for other in audience:
         if other != name:
             await table.agents[other].observe(AssistantMsg(name, text))
+    if public:
+        table.log.append({"kind": "speech", "when": public, "who": name, "text": text[:300]})
     return text
 
 
@@ -102,6 +116,8 @@ async def decide(table: Table, name: str, prompt: str, choices: list[str], retri
     )
     hint, budget = "", table.history.budget
     table.decisions += 1
+    counts = table.answers.setdefault(name, [0, 0, 0])  # choices, invalid, at random
+    counts[0] += 1
     for _ in range(retries + 1):
         table.trim(name, budget)
         try:
@@ -122,8 +138,10 @@ async def decide(table: Table, name: str, prompt: str, choices: list[str], retri
             return target
         vl.emit_reward(INVALID_PENALTY, name="invalid_output")  # on the call just made
         table.invalid += 1
+        counts[1] += 1
         hint = " Your last answer was not one of the choices."
     table.fallbacks += 1
+    counts[2] += 1
     return table.rng.choice(choices)
 
 
@@ -133,12 +151,14 @@ async def vote(
     """Each player ``choices`` names votes (none hears another's ballot before voting; each
     pins its own); returns who is out and the moderator's reading of the ballots and tally."""
     prompt = f"{when}: {question}"
+    alive = table.state.names()
     ballots = {voter: await decide(table, voter, prompt, legal) for voter, legal in choices.items()}
     for voter, name in ballots.items():
         table.note(voter, f"{when}: you voted {name}.")
     count = count_votes(ballots)
     out, drawn = outcome(count, tie, table.rng)
     table.lots_drawn += drawn
+    table.log.append({"kind": "vote", "when": when, "ballots": ballots, "out": out, "alive": alive})
     text = f"The votes: {count.public()}."
     if len(count.top) > 1:
         tied = f"{', '.join(count.top[:-1])} and {count.top[-1]}"
@@ -236,18 +256,20 @@ async def day(table: Table, dead: list[str], bitten: str | None) -> None:
     state, n = table.state, table.state.round
     news = f"Day {n}. " + (f"Died last night: {', '.join(dead)}." if dead else "Nobody died.")
     await table.tell(state.names(), news)
+    when = f"Day {n}"
     if n == 1 and bitten and table.rules.first_night_last_words:
-        await say(table, bitten, "You died in the night: your last words.", state.names())
+        last_words = "You died in the night: your last words."
+        await say(table, bitten, last_words, state.names(), public=when)
     alive = state.names()
     for name in alive:
-        await say(table, name, f"Day {n}: your turn to speak.", alive)
+        await say(table, name, f"{when}: your turn to speak.", alive, public=when)
     choices = {name: [x for x in alive if x != name] for name in alive}
     out, text = await vote(table, f"Day {n}", "vote to eliminate.", choices, table.rules.day_tie)
     await table.tell(alive, f"Day {n}: {text}" + (f" {out} is eliminated." if out else ""))
     if out is None:
         return
     state.kill(out)
-    await say(table, out, "You are eliminated: your last words.", alive)
+    await say(table, out, "You are eliminated: your last words.", alive, public=when)
     if state.player(out).role == "hunter":
         shot = await hunter_shoots(table, out)
         await table.tell(state.names(), f"The hunter shot {', '.join(shot) or 'nobody'}.")

@@ -1,15 +1,19 @@
 """The report a werewolf run ends with: per group of games (``train``, ``val before``,
 ``val after``) the winners, the wolves' win rate with its 95% interval, the village's, the draw
-rate, the legal answers' share, and per game the rounds, choices, calls, tokens, invalid
-answers and refused prompts."""
+rate, the legal answers' share (overall and per role of the seats on the run's model), what
+the players did (:func:`behaviour`), and per game the rounds, choices, calls, tokens, invalid
+answers and refused prompts; and the statistics the learning recipe reports with them
+(:func:`wilson`, :func:`two_proportions`, :func:`summary`)."""
 
 from __future__ import annotations
 
 import asyncio
 import math
+import re
 from collections import Counter
 from pathlib import Path
 from statistics import mean
+from typing import Any
 
 import voltrl as vl
 from voltrl.store import open_store
@@ -17,7 +21,8 @@ from voltrl.store import open_store
 
 async def game_report(store_path: Path, rollouts: list[vl.types.Rollout]) -> list[dict]:
     """Per game: its ``game`` event (None for a game not played to its end: cancelled or
-    failed), its status, the number and tokens of its calls, and when it was played:
+    failed), its status, its deal's seed, the number and tokens of its calls, and when it was
+    played:
     ``mode`` (``train`` or ``val``) and the trained weights it was played with (``weights``,
     the updates LocalRL had served; None where unknown)."""
     store = open_store(store_path)
@@ -38,6 +43,7 @@ async def game_report(store_path: Path, rollouts: list[vl.types.Rollout]) -> lis
                     "game": next((s.attributes for s in spans if s.name == "game"), None),
                     "status": r.status,
                     "mode": r.mode,
+                    "deal": r.task.input.get("seed"),
                     "version": version,
                     "weights": weights[version],
                     "calls": len(calls),
@@ -70,6 +76,102 @@ def wilson(wins: int, games: int, z: float = 1.96) -> tuple[float, float]:
     centre = (p + z * z / (2 * games)) / (1 + z * z / games)
     half = z * math.sqrt(p * (1 - p) / games + z * z / (4 * games * games)) / (1 + z * z / games)
     return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def two_proportions(wins_a: int, games_a: int, wins_b: int, games_b: int) -> tuple[float, float]:
+    """The two-proportion z-test of ``wins_a / games_a`` against ``wins_b / games_b`` (pooled
+    variance): ``(z, two-sided p)``; z > 0 when b is higher. ``(0.0, 1.0)`` when either has no
+    games or both rates are 0 or 1 (nothing to tell apart)."""
+    if not games_a or not games_b:
+        return 0.0, 1.0
+    pooled = (wins_a + wins_b) / (games_a + games_b)
+    se = math.sqrt(pooled * (1 - pooled) * (1 / games_a + 1 / games_b))
+    if se == 0:
+        return 0.0, 1.0
+    z = (wins_b / games_b - wins_a / games_a) / se
+    return z, math.erfc(abs(z) / math.sqrt(2))
+
+
+def legal_by_role(games: list[dict]) -> dict[str, tuple[int, int]]:
+    """Per role, ``(legal answers, answers)`` of the seats on the run's model (``main_llm``;
+    external seats are left out), from each game's ``answers``: a choice played at random had
+    no legal answer, every other had one, and each invalid answer counts too."""
+    out: dict[str, list[int]] = {}
+    for g in games:
+        external = set(g.get("external_seats") or ())
+        for player, (choices, invalid, fallbacks) in (g.get("answers") or {}).items():
+            if player in external:
+                continue
+            counts = out.setdefault(g["roles"][player], [0, 0])
+            counts[0] += choices - fallbacks
+            counts[1] += choices - fallbacks + invalid
+    return {role: (legal, answers) for role, (legal, answers) in sorted(out.items())}
+
+
+SEER_CLAIM = re.compile(r"\bI am the seer\b", re.IGNORECASE)
+WEREWOLF_NAMED = re.compile(r"\b(\w+) is a werewolf\b", re.IGNORECASE)
+
+
+def behaviour(games: list[dict]) -> dict[str, tuple[int, int]]:
+    """What the players did, from each game's ``log``, as ``(times, out of)``:
+
+    - ``seer revealed``: games in which the seer said ``I am the seer`` by day;
+    - ``wolves bite the revealed seer``: nights the werewolves voted to attack the seer, of the
+      nights she was alive after saying so;
+    - ``village votes a revealed werewolf``: day ballots of the village naming a werewolf the
+      seer had named by day (``PlayerN is a werewolf``), of the ballots cast while one such
+      werewolf was alive.
+    """
+    revealed_games = bites = nights = hits = ballots = 0
+    for g in games:
+        roles = g["roles"]
+        seer = next((p for p, r in roles.items() if r == "seer"), None)
+        claimed, named = False, set()
+        for entry in g.get("log") or ():
+            if entry["kind"] == "speech" and entry["who"] == seer:
+                claimed = claimed or bool(SEER_CLAIM.search(entry["text"]))
+                named |= {
+                    w for w in WEREWOLF_NAMED.findall(entry["text"]) if roles.get(w) == "werewolf"
+                }
+            elif entry["kind"] == "vote" and entry["when"].startswith("Night"):
+                if claimed and seer in entry["alive"]:
+                    nights += 1
+                    bites += entry["out"] == seer
+            elif entry["kind"] == "vote":
+                wolves = named & set(entry["alive"])
+                for voter, target in entry["ballots"].items() if wolves else ():
+                    if roles[voter] != "werewolf":
+                        ballots += 1
+                        hits += target in wolves
+        revealed_games += claimed
+    return {
+        "seer revealed": (revealed_games, len(games)),
+        "wolves bite the revealed seer": (bites, nights),
+        "village votes a revealed werewolf": (hits, ballots),
+    }
+
+
+def summary(games: list[dict], side: str) -> dict[str, Any]:
+    """A group of games played to their end (``game_report``'s rows with their ``game``
+    event merged in) for the side ``side``: its wins, win rate and 95% Wilson interval, the
+    draws, the legal answers overall and per role (:func:`legal_by_role`) and
+    :func:`behaviour`."""
+    wins = sum(g["winner"] == side for g in games)
+    draws = sum(g["winner"] == "draw" for g in games)
+    roles = legal_by_role(games)
+    legal, answers = (sum(x[i] for x in roles.values()) for i in (0, 1))
+    return {
+        "games": len(games),
+        "wins": wins,
+        "win_rate": wins / len(games) if games else None,
+        "ci95": list(wilson(wins, len(games))),
+        "draws": draws,
+        "draw_rate": draws / len(games) if games else None,
+        "legal": legal / answers if answers else None,
+        "legal_by_role": {r: (a / b if b else None) for r, (a, b) in roles.items()},
+        "answers_by_role": {r: [a, b] for r, (a, b) in roles.items()},
+        "behaviour": {k: list(v) for k, v in behaviour(games).items()},
+    }
 
 
 def print_report(result: vl.RunResult) -> None:
@@ -108,3 +210,14 @@ def print_report(result: vl.RunResult) -> None:
             f"{mean(g.get('history_dropped', 0) for g in some):.0f} messages dropped from "
             "histories"
         )
+        if roles := legal_by_role(some):
+            shown = ", ".join(
+                f"{r} {a / max(b, 1):.0%} ({a} of {b})" for r, (a, b) in roles.items()
+            )
+            print(f"  legal answers by role (the seats on the run's model): {shown}")
+        if any(g.get("log") is not None for g in some):
+            facts = ", ".join(
+                f"{what} {k / n:.0%} ({k} of {n})" if n else f"{what}: no occasion"
+                for what, (k, n) in behaviour(some).items()
+            )
+            print(f"  {facts}")
