@@ -76,6 +76,18 @@ class Recipe:
     (``agent_service`` starts its service here, ``calc_mcp`` its one MCP server)."""
     simplified: str = ""
     """How the CPU recipe's tasks differ from the sample's own (empty: they don't)."""
+    variant: str = ""
+    """Which of the sample's recipes this is, when it has several (``werewolf``: the side
+    trained): in the run names and the learning table (``werewolf-wolves``)."""
+    resources_in: Callable[[int], contextlib.AbstractContextManager[dict[str, Any]]] | None = None
+    """When set, ``resources_in(seed)`` yields the trainer's ``resources`` for the RL run
+    (``werewolf`` serves its scripted teacher there, as the side not trained)."""
+    measure: Callable[[Any, list[dict[str, Any]]], dict[str, Any]] | None = None
+    """When set, ``measure(run result, LocalRL's history)`` gives more fields for the seed's
+    row (``werewolf``: win rates with their intervals, the test between them, legal answers)."""
+    table_lines: Callable[[list[dict[str, Any]]], list[str]] | None = None
+    """When set, the lines ``benchmarks/learning.py`` prints and writes for this recipe's rows
+    after the learning table (``werewolf``: the figures ``measure`` added)."""
 
 
 SMOLLM2_SFT = {
@@ -149,7 +161,7 @@ def record_teacher(recipe: Recipe, out: Path, seed: int) -> Path:
         json.dumps([tasks, seed], sort_keys=True, default=str).encode()
         + b"".join(p.read_bytes() for p in code)
     ).hexdigest()[:10]
-    run_dir = out / f"{recipe.sample}-teacher{seed}-{key}"
+    run_dir = out / f"{label(recipe)}-teacher{seed}-{key}"
     if (run_dir / "teacher.done").exists():
         print(f"teacher: using the recorded run {run_dir}", flush=True)
         return run_dir
@@ -181,6 +193,12 @@ def _agent(recipe: Recipe, run_dir: Path) -> Iterator[Any]:
     else:
         with recipe.agent_in(run_dir) as agent:
             yield agent
+
+
+def label(recipe: Recipe) -> str:
+    """The recipe's name in run names and the learning table: the sample, and its variant if
+    it has one (``werewolf-wolves``)."""
+    return f"{recipe.sample}-{recipe.variant}" if recipe.variant else recipe.sample
 
 
 def student(recipe: Recipe, seed: int, cache: Path = Path("runs") / ".cache") -> dict[str, Any]:
@@ -222,11 +240,17 @@ def run_recipe(recipe: Recipe, seed: int, out: Path = Path("runs")) -> dict[str,
     algorithm = vl.LocalRL(**model, warm_start=sft, seed=seed, **recipe.rl)
     # the trainer would name it the same; known now, the agent's side files go there too
     which = "recipe" if isinstance(recipe.model, dict) else recipe.model
-    name = free_run_name(out, f"{recipe.sample}-{which}-seed{seed}")
+    name = free_run_name(out, f"{label(recipe)}-{which}-seed{seed}")
     started = time.time()
-    with _agent(recipe, out / name) as agent:
+    resources = recipe.resources_in(seed) if recipe.resources_in else contextlib.nullcontext()
+    with _agent(recipe, out / name) as agent, resources as extra:
         trainer = vl.Trainer(
-            algorithm, n_runners=1, max_concurrency=recipe.concurrency, run_dir=out, name=name
+            algorithm,
+            n_runners=1,
+            max_concurrency=recipe.concurrency,
+            run_dir=out,
+            name=name,
+            resources=extra,
         )
         result = trainer.fit(agent, train, val)
     minutes = (time.time() - started) / 60
@@ -237,6 +261,7 @@ def run_recipe(recipe: Recipe, seed: int, out: Path = Path("runs")) -> dict[str,
     failures = sum(h.get("batch/merge_failures", 0) for h in steps)
     row = {
         "sample": recipe.sample,
+        **({"variant": recipe.variant} if recipe.variant else {}),
         "framework": recipe.framework,
         "model": recipe.model if isinstance(recipe.model, str) else "tiny",
         "recipe": recipe_key(recipe),
@@ -255,5 +280,7 @@ def run_recipe(recipe: Recipe, seed: int, out: Path = Path("runs")) -> dict[str,
         "run_dir": str(result.run_dir),
         "teacher_solved": [json.loads((d / "teacher.done").read_text()) for d in teacher_dirs],
     }
+    if recipe.measure is not None:
+        row |= recipe.measure(result, history)
     (Path(result.run_dir) / "recipe.json").write_text(json.dumps(row, indent=1))
     return row
