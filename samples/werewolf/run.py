@@ -9,8 +9,13 @@ answers, refused prompts); ``train`` can train one side or both with LocalRL.
     python samples/werewolf/run.py train --loggers tensorboard   # also to TensorBoard
     python samples/werewolf/run.py train --train wolves \\
         --opponent-endpoint URL --opponent-model NAME             # the village on another model
+    python samples/werewolf/run.py train --train wolves --opponent-teacher \\
+        --warm-start runs/teacher                                 # warmed up, vs the teacher
 
-``voltrl train runs/<name>/train.yaml`` runs a ``train`` again.
+``voltrl train runs/<name>/train.yaml`` runs a ``train`` again (not one whose opponent was
+``--opponent-teacher``: that server ends with the run). The learning recipe (the teacher's
+games, the warm start, RL, the win rates before and after) is ``recipe.py``:
+``benchmarks/learning.py werewolf --side wolves``.
 """
 
 from __future__ import annotations
@@ -32,6 +37,13 @@ from rules import RULESETS  # noqa: E402
 import voltrl as vl  # noqa: E402
 from voltrl.cli.endpoints import check_llm  # noqa: E402
 
+RECIPE_HINT = (
+    "The learning recipe (the scripted teacher's games, a warm start on them, RL against the "
+    "teacher, the win rates before and after with 95% intervals), in the AgentScope "
+    "environment: benchmarks/learning.py werewolf --side wolves|village "
+    "[--model smollm2-135m-instruct] [--seeds 0 1 2]; see samples/werewolf/README.md."
+)
+
 
 def opponent(args: argparse.Namespace) -> vl.LLM | None:
     """The external players' model (``--opponent-endpoint``): any OpenAI-compatible server;
@@ -47,9 +59,9 @@ def opponent(args: argparse.Namespace) -> vl.LLM | None:
 
 
 def external_of(args: argparse.Namespace, train: str) -> dict | None:
-    """Who the opponent model plays: the side not trained (``dev``: the wolves), or
-    ``--external-fraction`` of the seats."""
-    if not args.opponent_endpoint:
+    """Who the opponent model (or ``--opponent-teacher``) plays: the side not trained
+    (``dev``: the wolves), or ``--external-fraction`` of the seats."""
+    if not (args.opponent_endpoint or getattr(args, "opponent_teacher", False)):
         return None
     if args.external_fraction is not None:
         return {"fraction": args.external_fraction}
@@ -110,13 +122,45 @@ def game_settings(args: argparse.Namespace) -> dict:
 
 
 def train(args: argparse.Namespace) -> vl.RunResult:
-    """LocalRL on ``--model`` (default: the tiny model), training ``--train``'s calls."""
+    """LocalRL on ``--model`` (default: the tiny model), training ``--train``'s calls; the
+    opponent's side on ``--opponent-endpoint`` or on the scripted teacher
+    (``--opponent-teacher``), the model first warmed up on a teacher run (``--warm-start``)."""
+    with contextlib.ExitStack() as stack:
+        other = opponent(args)
+        if args.opponent_teacher:
+            from teacher import policy
+
+            from voltrl.serving.teacher import serve_teacher
+
+            url = stack.enter_context(serve_teacher(policy, seed=args.seed))
+            other = vl.LLM(endpoint=url, model="teacher")
+        elif other is not None:
+            check_llm(other, "the opponent's endpoint")
+        return train_against(args, other)
+
+
+def warm_start(args: argparse.Namespace) -> vl.SFT | None:
+    """``--warm-start``: SFT on the ``--train`` side's calls of those runs (the teacher's, from
+    ``dev --teacher``), one row per call, re-tokenised with the student's chat template."""
+    if not args.warm_start:
+        return None
+    return vl.SFT(
+        source=args.warm_start,
+        agents=side_filter(args.train),
+        retokenize=True,  # the teacher answers like a hosted API: no token ids
+        trajectory={"mode": "transition"},
+        steps=args.sft_steps,
+        batch_size=16,
+        lr=args.sft_lr,
+        seed=args.seed,
+    )
+
+
+def train_against(args: argparse.Namespace, other: vl.LLM | None) -> vl.RunResult:
+    """``train`` with the opponent's model ``other`` (None: every seat on the trained one)."""
     from voltrl.algorithms.local.update import PolicyUpdateConfig
     from voltrl.trajectory import TrajectoryConfig
 
-    other = opponent(args)
-    if other is not None:
-        check_llm(other, "the opponent's endpoint")
     if args.train == "both":
         print(
             "warning: --train both trains the werewolves and the village on one model. The "
@@ -140,6 +184,7 @@ def train(args: argparse.Namespace) -> vl.RunResult:
         args.games_per_step,
         update=PolicyUpdateConfig(lr=args.lr, seed=args.seed),
         trajectory=trajectory,
+        warm_start=warm_start(args),
     )
     trainer = vl.Trainer(
         algorithm,
@@ -214,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     d.set_defaults(run=dev)
 
     t = cli.subcommand(sub, "train", "train one side, or both, with LocalRL", [common])
+    t.epilog = RECIPE_HINT
     cli.add_resume(t)
     t.add_argument("--model", default=None, help="path or hub name (default: the tiny model)")
     t.add_argument(
@@ -226,6 +272,17 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--max-calls", type=int, default=64, help="trained calls kept per game")
     t.add_argument("--max-prompt-length", type=int, default=4000, help="longer calls dropped")
     t.add_argument("--lr", type=float, default=1e-5, help="learning rate")
+    t.add_argument(
+        "--opponent-teacher", action="store_true",
+        help="the side not trained on the scripted teacher (teacher.py), served on loopback, "
+        "instead of --opponent-endpoint",
+    )  # fmt: skip
+    t.add_argument(
+        "--warm-start", metavar="RUN_DIR", nargs="+", default=None,
+        help="first SFT on the trained side's calls of these runs (e.g. of dev --teacher)",
+    )  # fmt: skip
+    t.add_argument("--sft-steps", type=int, default=200, help="--warm-start's steps of 16 calls")
+    t.add_argument("--sft-lr", type=float, default=1e-4, help="--warm-start's learning rate")
     t.set_defaults(run=train)
     return cli.main_with(parser, argv, run, check=check_options)
 
@@ -243,10 +300,13 @@ def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         parser.error("dev needs --endpoint and --model (or --teacher)")
     if bool(args.opponent_endpoint) != bool(args.opponent_model):
         parser.error("--opponent-endpoint and --opponent-model go together")
-    if args.external_fraction is not None and not args.opponent_endpoint:
+    if getattr(args, "opponent_teacher", False) and args.opponent_endpoint:
+        parser.error("--opponent-teacher plays instead of --opponent-endpoint: give one")
+    has_opponent = bool(args.opponent_endpoint or getattr(args, "opponent_teacher", False))
+    if args.external_fraction is not None and not has_opponent:
         parser.error("--external-fraction needs an opponent (--opponent-endpoint)")
     train_both = getattr(args, "train", None) == "both"
-    if train_both and args.opponent_endpoint and args.external_fraction is None:
+    if train_both and has_opponent and args.external_fraction is None:
         parser.error("--train both leaves no side to the opponent: give --external-fraction")
 
 
