@@ -19,6 +19,13 @@ fetch``), warmed up on the teacher's rollouts and trained with LoRA; its table a
 ``table-<model>.md`` and ``<sample>-<model>.json``. A sample's rows keep the latest run of
 each seed measured with the same settings: ``--seeds 1 2`` after ``--seeds 0`` gives a
 table of three.
+
+``werewolf`` runs only when named, in the AgentScope environment, one side a run (``--side
+wolves|village``, default wolves); its rows are ``werewolf-<side>[-<model>].json`` and its
+figures (win rates with 95% intervals, the two-proportion test, draws, legal answers, what
+the players did) ``werewolf[-<model>].md`` besides the table::
+
+    .venv-agentscope/bin/python benchmarks/learning.py werewolf --side wolves --seeds 0 1 2
 """
 
 from __future__ import annotations
@@ -44,24 +51,30 @@ SAMPLES_OF = {
         "sql_agent",
     ),
 }
-"""Which samples have a recipe for each model."""
+"""Which samples have a recipe for each model (run when no sample is named)."""
+NAMED_ONLY = {"werewolf": ("wolves", "village")}
+"""Samples run only when named, and their variants (``--side``): werewolf needs AgentScope's
+environment, where the other samples' frameworks are not installed."""
 sys.path.insert(0, str(ROOT / "samples"))
 
 
-def load_recipe(sample: str, model: str = TINY) -> Any:
+def load_recipe(sample: str, model: str = TINY, side: str | None = None) -> Any:
     """The recipe of ``samples/<sample>/recipe.py`` for ``model``: ``RECIPES[model]``, or
-    ``RECIPE`` for the tiny model.
+    ``RECIPE`` for the tiny model; ``side``: the module's ``with_side(recipe, side)``
+    (werewolf's side trained).
 
     Samples import their siblings by plain names (``agent``, ``data``), so the modules another
     sample loaded under those names are dropped from ``sys.modules`` first: several samples'
     recipes can load in one process (the table of every sample, the tests).
     """
+    if side is not None and sample not in NAMED_ONLY:
+        raise SystemExit(f"--side is for {' and '.join(NAMED_ONLY)}'s recipes; {sample} has none")
     path = ROOT / "samples" / sample / "recipe.py"
     for name, module in list(sys.modules.items()):
         origin = Path(getattr(module, "__file__", None) or "/").resolve()
         if origin.parent.parent == ROOT / "samples" and origin.parent.name != sample:
             del sys.modules[name]
-    known = ", ".join(SAMPLES_OF.get(model, ()))
+    known = ", ".join((*SAMPLES_OF.get(model, ()), *NAMED_ONLY))
     if not path.exists():
         raise SystemExit(f"no recipe for {sample!r} ({path}); samples: {known}")
     spec = importlib.util.spec_from_file_location(f"{sample}_recipe", path)
@@ -78,7 +91,13 @@ def load_recipe(sample: str, model: str = TINY) -> Any:
             f"{sample} has no recipe for the model {model!r} (it has: {', '.join(recipes)}); "
             f"samples with one: {known or 'none'}"
         )
-    return recipes[model]
+    return recipes[model] if side is None else module.with_side(recipes[model], side)
+
+
+def name_of(row: dict[str, Any]) -> str:
+    """A row's recipe as the table names it: the sample, and its variant (``werewolf
+    (wolves)``)."""
+    return f"{row['sample']} ({row['variant']})" if row.get("variant") else row["sample"]
 
 
 def pct(x: float | None) -> str:
@@ -94,7 +113,7 @@ def table_lines(rows: list[dict[str, Any]]) -> list[str]:
     lines = [head, "|" + "---|" * 9]
     by_sample: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
-        by_sample.setdefault(r["sample"], []).append(r)
+        by_sample.setdefault(name_of(r), []).append(r)
     for sample, runs in by_sample.items():
         for r in runs:
             if r["after_sft"] is None or r["after_rl"] is None:
@@ -155,17 +174,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--model", default=TINY, choices=sorted(SAMPLES_OF), help="the student (default: tiny)"
     )
+    parser.add_argument(
+        "--side", choices=NAMED_ONLY["werewolf"], default=None,
+        help="werewolf: the side trained (default: its recipe's, the wolves)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
-    from recipe_runner import run_recipe
+    from recipe_runner import label, run_recipe
 
-    samples = SAMPLES_OF[args.model]
-    args.samples = args.samples or list(samples)
+    samples = (*SAMPLES_OF[args.model], *NAMED_ONLY)
+    args.samples = args.samples or list(SAMPLES_OF[args.model])
     suffix = "" if args.model == TINY else f"-{args.model}"
     report = args.out / "learning"
     report.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
+    extra: dict[str, Any] = {}  # sample -> its recipe's table_lines, for its rows
     for sample in args.samples:
-        recipe = load_recipe(sample, args.model)
+        recipe = load_recipe(sample, args.model, args.side if sample in NAMED_ONLY else None)
+        if recipe.table_lines is not None:
+            extra[sample] = recipe.table_lines
         done = [run_recipe(recipe, seed, args.out) for seed in args.seeds]
         for r in done:
             print(
@@ -175,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         # the sample's rows: this run's seeds, and the latest of seeds run before with the
         # same recipe settings
-        path = report / f"{sample}{suffix}.json"
+        path = report / f"{label(recipe)}{suffix}.json"
         ran = {r["seed"] for r in done}
         before = json.loads(path.read_text()) if path.exists() else []
         earlier = [r for r in before if r["seed"] not in ran]
@@ -185,17 +211,23 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{sample}: dropped the rows of seeds {seeds}: measured with other settings")
         kept = sorted(same + done, key=lambda r: r["seed"])
         path.write_text(json.dumps(kept, indent=1))
-        plot(sample, kept, report / f"{sample}{suffix}.png")
+        plot(name_of(kept[0]), kept, report / f"{label(recipe)}{suffix}.png")
         rows += kept
     # the table: this run's samples, and the latest rows of samples run before
     for sample in samples:
-        path = report / f"{sample}{suffix}.json"
-        if sample not in args.samples and path.exists():
-            rows += json.loads(path.read_text())
-    rows.sort(key=lambda r: (samples.index(r["sample"]), r["seed"]))
+        for variant in NAMED_ONLY.get(sample, ("",)):
+            path = report / f"{sample}{'-' * bool(variant)}{variant}{suffix}.json"
+            ran = {(r["sample"], r.get("variant", "")) for r in rows}
+            if (sample, variant) not in ran and path.exists():
+                rows += json.loads(path.read_text())
+    rows.sort(key=lambda r: (samples.index(r["sample"]), r.get("variant", ""), r["seed"]))
     lines = table_lines(rows)
     (report / f"table{suffix}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+    for sample, lines_of in extra.items():  # a recipe's own figures, its rows of both variants
+        lines = lines_of([r for r in rows if r["sample"] == sample])
+        (report / f"{sample}{suffix}.md").write_text("\n".join(lines) + "\n")
+        print("\n".join(lines))
     print(f"table and curves in {report}/")
     return 0
 
