@@ -81,7 +81,15 @@ def load_recipe(sample: str, model: str = TINY, side: str | None = None) -> Any:
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except ModuleNotFoundError as exc:  # werewolf's AgentScope is not in the main environment
+        if sample not in NAMED_ONLY:
+            raise
+        raise SystemExit(
+            f"{sample}'s recipe needs {exc.name}, not installed here: run it in the AgentScope "
+            "environment (.venv-agentscope/bin/python benchmarks/learning.py ...)"
+        ) from None
     recipes = {
         **getattr(module, "RECIPES", {}),
         **({TINY: module.RECIPE} if hasattr(module, "RECIPE") else {}),
@@ -179,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
         help="werewolf: the side trained (default: its recipe's, the wolves)",
     )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.side and not set(args.samples) & set(NAMED_ONLY):
+        parser.error(f"--side is for {', '.join(NAMED_ONLY)}: name it")
     from recipe_runner import label, run_recipe
 
     samples = (*SAMPLES_OF[args.model], *NAMED_ONLY)
