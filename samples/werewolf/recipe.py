@@ -276,8 +276,8 @@ SMOLLM2_SAMPLING = {"temperature": 1.0, "max_tokens": 64}
 at most 39."""
 
 SMOLLM2_VAL_DEALS = 32
-"""Held-out deals of the SmolLM2 recipe, before and after (the issue asks for 200; on 2 CPU
-cores a SmolLM2 game of one side costs about 20-55 seconds, so 200 + 200 would take 2.5-6
+"""Held-out deals of the SmolLM2 recipe, before and after (200 were asked for; on 2 CPU cores
+a SmolLM2 game of one side costs about 20-70 seconds, estimated, so 200 + 200 would take 2-8
 hours: README.md, "The learning recipe")."""
 
 
