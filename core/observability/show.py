@@ -235,8 +235,9 @@ def _render_search(search: PromptSearch, console: Console, full: bool) -> None:
     table = _table(title, "round", "version", "parent", "score", "status", "template or reason")
     for c in search.candidates:
         shown = c.reason if c.status in ("rejected", "failed") else c.template
-        if c.repaired:
-            shown = f"{shown}\n(repaired: {c.repaired})"
+        cell = _fold(shown or "", full, lines=3, chars=160)
+        if c.repaired:  # after the fold: never folded away
+            cell.append(f"\nrepaired: {c.repaired}", style="dim")
         best = c.version is not None and c.version == search.best_version
         table.add_row(
             str(c.round),
@@ -244,7 +245,7 @@ def _render_search(search: PromptSearch, console: Console, full: bool) -> None:
             f"v{c.parent}" if c.parent is not None else "-",
             _num(c.score),
             Text(c.status + (" (best)" if best else ""), style=_CANDIDATE[c.status]),
-            _fold(shown or "", full, lines=3, chars=160),
+            cell,
         )
     console.print(table)
     best = search.best

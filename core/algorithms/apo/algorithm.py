@@ -40,10 +40,10 @@ from voltrl.algorithms.apo.templates import (
     extract,
     pair_block,
     refusal,
-    repair,
     same_rewards,
     variable_list,
     variables,
+    with_placeholders,
 )
 from voltrl.algorithms.base import Algorithm
 from voltrl.errors import VoltRLError
@@ -91,22 +91,26 @@ class APO(Algorithm):
             then sees what each task asked for, and a known answer in it (a label, an expected
             result) shows it what a right reply looks like. False for inputs it must not see.
         answer_key: the task field holding the answer a task expects (``"label"``), if any.
-            Then ``{examples}`` are the training batch as input and expected-output pairs,
-            and the default critique is instruction induction
+            Then ``{examples}`` are the whole training batch as input and expected-output
+            pairs (``examples`` does not apply; each pair at most ``example_chars``), not
+            transcripts, and the default critique is instruction induction
             (:data:`~voltrl.algorithms.apo.templates.INDUCE`): the optimizer names the
             instruction that maps the inputs to their answers, which small optimizers manage
-            where a critique of transcripts fails (``docs/apo.md``).
+            where a critique of transcripts fails (``docs/apo.md``). Every beam template then
+            gets the same question (its batch's pairs): the rewrites differ by sampling and by
+            the template they rewrite. Every training task must have the field.
         repair: whether a rewrite that leaves out placeholders of the starting template gets
-            them appended (each on a line of its own; the candidate's ``repaired`` says so)
+            the start's lines that hold them appended (the candidate's ``repaired`` says so)
             instead of being refused: small optimizers often write a good instruction and
-            drop the input's placeholder.
+            drop the input's placeholder. A rewrite of fewer than 3 words is not repaired.
         critique_prompt: the critique request, with ``{examples}`` and optionally
             ``{template}`` and ``{variables}`` (default
             :data:`~voltrl.algorithms.apo.templates.CRITIQUE`, or ``INDUCE`` with
             ``answer_key``).
         rewrite_prompt: the rewrite request, with ``{template}``, ``{variables}`` and
-            ``{critique}``; the answer's template is read between ``<prompt>`` tags, else from
-            a fenced block, else the whole answer (default ``REWRITE``).
+            ``{critique}``; the answer's template is read between ``<prompt>`` tags, else after
+            an opening tag never closed (an answer cut off), else from a fenced block, else the
+            whole answer (default ``REWRITE``).
         optimizer_sampling: sampling parameters of the optimizer's calls (over the LLM's own).
         optimizer_timeout_s: longest one optimizer call may take.
         failed_reward: what a failed rollout (the agent raised, timed out) counts as in a
@@ -114,9 +118,9 @@ class APO(Algorithm):
             a template that breaks the agent never outscores one that works.
         seed: the batches' sampling.
 
-    A candidate that drops a variable of the starting template, adds one, has broken syntax
-    or repeats an earlier one is refused before it runs (``apo/rejected``). A score is the mean
-    validation reward, a failed rollout counting ``failed_reward``.
+    A candidate that drops a variable of the starting template (unless repaired), adds one,
+    has broken syntax or repeats an earlier one is refused before it runs (``apo/rejected``).
+    A score is the mean validation reward, a failed rollout counting ``failed_reward``.
     """
 
     name = "apo"
@@ -241,6 +245,16 @@ class APO(Algorithm):
         """The beam search (see the module docstring)."""
         if not train:
             raise VoltRLError("APO needs training tasks: the critiques quote their runs")
+        if self.answer_key is not None:
+            lacking = [t.task_id for t in train if self.answer_key not in t.input]
+            if lacking:
+                shown = ", ".join(lacking[:5]) + (
+                    f" and {len(lacking) - 5} more" if len(lacking) > 5 else ""
+                )
+                raise VoltRLError(
+                    f"APO: answer_key {self.answer_key!r} is not a field of {len(lacking)} "
+                    f"training task(s): {shown}"
+                )
         rng = random.Random(self.seed)
         scored_on = list(val or train)
         if self.val_batch_size is not None and self.val_batch_size < len(scored_on):
@@ -308,7 +322,7 @@ class APO(Algorithm):
         for c in children:  # checked in turn: a rewrite repeating a sibling's is refused too
             if c.status == "pending":
                 if self.repair:
-                    c.template, c.repaired = repair(c.template, self.prompt)
+                    c.template, c.repaired = with_placeholders(c.template, self.prompt)
                 tried = [t.template for t in search.candidates if t.status != "failed"]
                 if reason := refusal(c.template, self.prompt, tried):
                     c.status, c.reason = "rejected", reason
@@ -428,9 +442,8 @@ class APO(Algorithm):
         """The worst and the best of ``runs`` as the critique quotes them; with
         ``answer_key``, every run's task as an input and expected-output pair."""
         if self.answer_key is not None:
-            return "\n\n".join(
-                pair_block(r.task.input, self.answer_key, self.example_chars) for r in runs
-            )
+            limit = self.example_chars // 2
+            return "\n\n".join(pair_block(r.task.input, self.answer_key, limit) for r in runs)
         ranked = sorted(runs, key=lambda r: r.reward if r.reward is not None else float("-inf"))
         worst = ranked[: (self.examples + 1) // 2]
         best = [r for r in ranked[::-1][: self.examples // 2] if r not in worst]

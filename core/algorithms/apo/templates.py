@@ -1,6 +1,8 @@
-"""What APO says to its optimizer and how it reads the answers: the default critique and
-rewrite prompts, the transcripts of rollouts it quotes, the template it extracts from a
-rewrite, and the guard rails a candidate passes before it is run (:func:`refusal`)."""
+"""What APO says to its optimizer and how it reads the answers: the default critique prompts
+(:data:`CRITIQUE` of transcripts, :data:`INDUCE` of input/answer pairs) and rewrite prompt,
+the runs it quotes, the template it extracts from a rewrite, the placeholders it puts back
+(:func:`with_placeholders`), and the guard rails a candidate passes before it is run
+(:func:`refusal`)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import string
 from collections.abc import Sequence
 from typing import Any
 
-from voltrl.errors import VoltRLError
+from voltrl._redact import without_secrets
 from voltrl.resources import PromptTemplate
 from voltrl.types import LLMCall
 
@@ -123,22 +125,39 @@ def refusal(candidate: str, start: PromptTemplate, seen: Sequence[str]) -> str |
     return None
 
 
-def repair(candidate: str, start: PromptTemplate) -> tuple[str, str | None]:
-    """``candidate`` with the starting template's variables it left out appended, each on a
-    line of its own, and a note saying so; unchanged (note None) when it has them all, or when
-    it is not a valid template. A small optimizer often writes a good instruction and drops the
-    input's placeholder (``Classify the review as positive or negative.``): appended, the
-    instruction can run."""
+MIN_REPAIRED_WORDS = 3
+"""Words a rewrite must have of its own to be repaired: less is a misread answer (``and``,
+from "between <prompt> and </prompt>"), refused as it is."""
+
+
+def with_placeholders(candidate: str, start: PromptTemplate) -> tuple[str, str | None]:
+    """``candidate`` with the lines of the starting template that hold the variables it left
+    out appended, in the start's order (``Q: {q}``: the label and a format spec kept), and a
+    note saying so; unchanged (note None) when it has them all, is not a valid template, has
+    fewer than :data:`MIN_REPAIRED_WORDS` words, or left out a variable the start uses only
+    inside a block of several lines (a Jinja loop). A small optimizer often writes a good
+    instruction and drops the input's placeholder (``Classify the review as positive or
+    negative.``): repaired, the instruction can run."""
     try:
         found = variables(candidate, start.engine)
     except ValueError:
         return candidate, None
-    missing = sorted(variables(start.template, start.engine) - found)
-    if not missing or not candidate.strip():
+    missing = variables(start.template, start.engine) - found
+    if not missing or len(candidate.split()) < MIN_REPAIRED_WORDS:
         return candidate, None
-    fields = ["{{ " + m + " }}" if start.engine == "jinja" else "{" + m + "}" for m in missing]
-    note = f"appended {', '.join(fields)}, which the rewrite left out"
-    return candidate.rstrip() + "\n\n" + "\n".join(fields), note
+    lines, left = [], set(missing)
+    for line in start.template.splitlines():
+        try:
+            held = variables(line, start.engine) & left
+        except ValueError:  # a line of a block that spans several (Jinja): not appended alone
+            continue
+        if held:
+            lines.append(line.strip())
+            left -= held
+    if left:  # used only inside a block of several lines (Jinja): no line to put back
+        return candidate, None
+    note = f"appended {' / '.join(lines)!r} from the start, which the rewrite left out"
+    return candidate.rstrip() + "\n\n" + "\n".join(lines), note
 
 
 _NAME = re.compile(r"[A-Za-z_]\w*")
@@ -212,21 +231,21 @@ def _text(message: dict[str, Any]) -> str:
 def example_block(
     index: int, reward: float | None, calls: Sequence[LLMCall], limit: int, task: Any = None
 ) -> str:
-    """One quoted rollout for the critique prompt: its task's input (JSON) when given, then
-    its transcript."""
+    """One quoted rollout for the critique prompt: its task's input (JSON, secrets redacted, at
+    most a third of ``limit``) when given, then its transcript, ``limit`` characters in all."""
     shown = "failed" if reward is None else json.dumps(round(reward, 3))
-    text = transcript(calls, limit)
-    if task is not None:
-        given = json.dumps(task, ensure_ascii=False, default=str)
-        text = f"task: {given[: limit // 2]}\n{text}"
-    return f"--- run {index} (reward {shown}) ---\n{text}"
+    if task is None:
+        return f"--- run {index} (reward {shown}) ---\n{transcript(calls, limit)}"
+    given = json.dumps(without_secrets(task), ensure_ascii=False, default=str)[: limit // 3]
+    text = transcript(calls, limit - len(given))
+    return f"--- run {index} (reward {shown}) ---\ntask: {given}\n{text}"
 
 
-def pair_block(task: Any, answer_key: str, limit: int) -> str:
+def pair_block(task: dict[str, Any], answer_key: str, limit: int) -> str:
     """A task as an input and expected-output pair (:data:`INDUCE`): its fields other than
-    ``answer_key`` (a single field's value alone, else ``name: value`` lines), then the answer."""
-    if not isinstance(task, dict) or answer_key not in task:
-        raise VoltRLError(f"APO: answer_key {answer_key!r} is not a field of the task {task!r}")
+    ``answer_key`` (a single field's value alone, else ``name: value`` lines), then the answer;
+    each part at most ``limit`` characters."""
+    task = without_secrets(task)
     rest = {k: v for k, v in task.items() if k != answer_key}
     if len(rest) == 1:
         given = _plain(next(iter(rest.values())))

@@ -229,13 +229,16 @@ ADDED: dict[str, Any] = {
     "trajectory.group_by_agent": None,
     "trajectory.audit": "warn",
     "prompt_search": None,
+    "prompt_search.show_task": False,
+    "prompt_search.answer_key": None,
+    "prompt_search.repair": False,
 }
 """Settings added after runs were first recorded, each with the value a run recorded before
 it ran with: a resume compares them as if the run had recorded it. (A run before
 ``max_staleness`` was synchronous; the cap only acts with ``old_logprobs="decoupled"``, which
 did not exist; there was no rollout correction; rows were grouped by task alone; tool calls
 were Hermes tags, which None still means for every model that ran then; no prompt was
-searched.)"""
+searched; a search quoted no task and repaired no rewrite.)"""
 
 RENAMED_VALUES: dict[str, dict[Any, Any]] = {
     "update.behaviour_weight_mode": {"clamp": "tis", "mask": "mis"},

@@ -19,7 +19,7 @@ from helpers import voltrl
 import voltrl as vl
 from voltrl._http.serving import serve_in_thread
 from voltrl.algorithms.apo import best_template
-from voltrl.algorithms.apo.templates import extract, refusal, repair, variables
+from voltrl.algorithms.apo.templates import extract, refusal, variables, with_placeholders
 from voltrl.cli.train import build_from_config
 from voltrl.observability.dashboard import Catalog, dashboard_app
 from voltrl.observability.prompt_search import load
@@ -185,15 +185,19 @@ async def test_a_rewrite_that_drops_the_input_placeholder_gets_it_appended_and_r
 
     search = load(tmp_path / "apo")
     assert search is not None and search.best is not None
-    assert search.best.template == "Reply with the number only.\n\n{q}"
-    assert search.best.repaired == "appended {q}, which the rewrite left out"
+    assert search.best.template == "Reply with the number only.\n\nQ: {q}"
+    assert search.best.repaired == "appended 'Q: {q}' from the start, which the rewrite left out"
     assert (search.best.status, search.best.score) == ("kept", 1.0)
     with (
         serve_in_thread(dashboard_app(Catalog([tmp_path]))) as server,
         httpx.Client(base_url=server.url) as client,
     ):
         page = client.get(f"/runs/{result.run.run_id}").text
-    assert "repaired: appended {q}, which the rewrite left out" in page
+    assert "repaired: appended &#39;Q: {q}&#39; from the start, which the rewrite left out" in page
+    shown = voltrl("show", "apo", "--run-dir", str(tmp_path), cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    # the note is outside the folded template: it shows however long the template is
+    assert "repaired: appended 'Q: {q}' from the start" in re.sub(r"\s*│\s*", " ", shown.stdout)
 
 
 async def test_with_an_answer_key_the_critique_induces_the_instruction_from_input_output_pairs(
@@ -216,7 +220,9 @@ async def test_with_an_answer_key_the_critique_induces_the_instruction_from_inpu
 async def test_an_answer_key_the_tasks_lack_stops_the_run_naming_it(tmp_path: Path) -> None:
     async with FakeBackend() as optimizer:
         optimizer.script = optimizer_model(GOOD)
-        with pytest.raises(vl.VoltRLError, match="answer_key 'label' is not a field of the task"):
+        with pytest.raises(
+            vl.VoltRLError, match=r"answer_key 'label' is not a field of 4 training task\(s\): "
+        ):
             await fit(tmp_path, optimizer, answer_key="label")
 
 
@@ -242,7 +248,7 @@ async def test_without_show_task_the_critique_quotes_only_what_the_agent_saw(
 
     [(_, calls)] = await optimizer_rollouts(tmp_path)
     critique = calls[0].request["messages"][0]["content"]
-    assert "task: " not in critique and "expected answer" not in critique
+    assert "task: " not in critique
     assert "user: Q: " in critique
 
 
@@ -283,16 +289,26 @@ def test_refusal_names_what_would_break(candidate: str, reason: str | None) -> N
     assert (found or "").startswith(reason or "") and (found is None) == (reason is None)
 
 
-def test_a_repair_appends_only_the_placeholders_left_out_and_leaves_broken_ones_alone() -> None:
-    start = vl.PromptTemplate(template="{a} and {b}")
-    assert repair("Say it: {a}", start) == (
-        "Say it: {a}\n\n{b}",
-        "appended {b}, which the rewrite left out",
+def test_a_repair_appends_the_starts_lines_holding_what_was_left_out_in_the_starts_order() -> None:
+    start = vl.PromptTemplate(template="Context: {c}\nScore: {s:.2f}\nQ: {q}")
+    assert with_placeholders("Answer the question below.", start) == (
+        "Answer the question below.\n\nContext: {c}\nScore: {s:.2f}\nQ: {q}",
+        "appended 'Context: {c} / Score: {s:.2f} / Q: {q}' from the start, which the rewrite "
+        "left out",
     )
-    assert repair("{b} {a}", start) == ("{b} {a}", None)
-    assert repair("Broken {", start) == ("Broken {", None)  # refused later, as it is
-    jinja = vl.PromptTemplate(template="Q: {{ q }}", engine="jinja")
-    assert repair("Answer briefly.", jinja)[0] == "Answer briefly.\n\n{{ q }}"
+    fixed, note = with_placeholders("Use the context: {c}, then answer.", start)
+    assert fixed.endswith("then answer.\n\nScore: {s:.2f}\nQ: {q}") and note
+    assert with_placeholders("{q} {c} {s:.2f}", start) == ("{q} {c} {s:.2f}", None)
+    assert with_placeholders("Broken { here too", start) == ("Broken { here too", None)
+    assert with_placeholders("and", start) == ("and", None)  # a misread answer: refused as is
+    jinja = vl.PromptTemplate(
+        template="{% for m in msgs %}\n{{ m }}\n{% endfor %}\nQ: {{ q }}", engine="jinja"
+    )
+    loop_only = "Answer in one word: {{ q }}"  # msgs lives only in the loop: not put back
+    assert with_placeholders(loop_only, jinja) == (loop_only, None)
+    plain = vl.PromptTemplate(template="Context: {{ c }}\nQ: {{ q }}", engine="jinja")
+    fixed, _ = with_placeholders("Answer in one word, please.", plain)
+    assert fixed == "Answer in one word, please.\n\nContext: {{ c }}\nQ: {{ q }}"
 
 
 def test_jinja_templates_are_checked_with_jinja() -> None:
