@@ -38,6 +38,7 @@ import shutil
 import statistics
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -149,7 +150,7 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     best, search = None, {}
     if algo.prompt_search:
         best = json.loads((result.run_dir / "final" / "prompt_template.json").read_text())
-        search = search_summary(result.run_dir, result.metrics, started)
+        search = search_summary(result.run_dir, started)
     row = {
         "arm": arm,
         "seed": seed,
@@ -166,25 +167,21 @@ def run_arm(arm: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     return row
 
 
-def search_summary(run_dir: Path, metrics: list[dict[str, Any]], started: float) -> dict[str, Any]:
-    """APO's search in an arm's run: the best score after each round, the refusals by reason,
-    the repaired rewrites, and the minutes from the run's start (``started``, epoch seconds;
-    the model's loading included) to the search's end."""
-    found = json.loads((run_dir / "prompt_search.json").read_text())
-    cands = found["candidates"]
-    refused: dict[str, int] = {}
-    for c in cands:
-        if c["status"] in ("rejected", "failed"):
-            refused[c["reason"]] = refused.get(c["reason"], 0) + 1
-    rounds = [m["apo/best_score"] for m in metrics if m.get("apo/best_score") is not None]
+def search_summary(run_dir: Path, started: float) -> dict[str, Any]:
+    """APO's search in an arm's run (its ``prompt_search.json`` and ``metrics.jsonl``): the
+    best score after each round, the refusals by reason, the repaired rewrites, and the minutes
+    from the run's start (``started``, epoch seconds; the model's loading included) to the
+    search's end."""
+    cands = json.loads((run_dir / "prompt_search.json").read_text())["candidates"]
     logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    stamps = [m["time"] for m in logged if "apo/best_score" in m and "time" in m]
+    rounds = [m for m in logged if m.get("apo/best_score") is not None]
+    refused = Counter(c["reason"] for c in cands if c["status"] in ("rejected", "failed"))
     return {
-        "search_best_per_round": rounds,
+        "search_best_per_round": [m["apo/best_score"] for m in rounds],
         "search_rewrites": sum(1 for c in cands if c["round"] > 0),
-        "search_refused": refused,
+        "search_refused": dict(refused),
         "search_repaired": sum(1 for c in cands if c.get("repaired")),
-        "search_minutes": (stamps[-1] - started) / 60 if stamps else None,
+        "search_minutes": (rounds[-1]["time"] - started) / 60 if rounds else None,
     }
 
 
