@@ -32,7 +32,7 @@ VERL_VERSION := 0.9.1
 AS_VENV := .venv-agentscope
 AS_PY   := $(AS_VENV)/bin/python
 
-.PHONY: test test-main test-quick stress test-envs system-deps test-verl test-ray test-vllm test-agentscope test-real docs docs-serve demo demo-seeds demo-real learn dist lint format clean postgres chromium bench-peer-store bench-dashboard bench-lora-adapters bench-lora-learning bench-ray
+.PHONY: test test-main test-quick stress test-envs system-deps test-verl test-ray test-vllm test-agentscope test-real docs docs-serve demo demo-seeds demo-real learn dist lint format clean postgres chromium bench-peer-store bench-dashboard bench-lora-adapters bench-lora-learning bench-lora-learning-real bench-ray
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -111,6 +111,12 @@ bench-lora-adapters: $(VENV)/.test-deps
 ## adapter vs full fine-tuning, from one SFT warm-up per seed (SEEDS="0 1 2"; ~35 min a seed)
 bench-lora-learning: $(VENV)/.test-deps
 	$(RUN) $(PY) benchmarks/lora_adapters_learning.py --seeds $(SEEDS) --rl-steps 20 --evaluate 8
+
+## make bench-lora-learning-real: the same on SmolLM2 with its recipe: one shared adapter vs two
+## adapters vs the checker frozen (SEEDS="0 1 2"; the model fetched once; run it alone)
+bench-lora-learning-real: $(VENV)/.test-deps
+	$(RUN) $(PY) -m voltrl.cli model fetch $(REAL_MODEL)
+	$(RUN) $(PY) benchmarks/lora_adapters_learning.py --model $(REAL_MODEL) --seeds $(SEEDS)
 
 ## make bench-ray: Ray runners (actors on simulated Ray nodes) vs this machine's worker processes
 ## at 1, 4, 16 and 64 runners: rollouts/s, claim-to-start p50/p99, and a node removed mid-run

@@ -1,22 +1,34 @@
-"""Per-role LoRA adapters against one shared adapter and full fine-tuning, on the SQL agent.
+"""Per-role LoRA adapters against one shared adapter (and a frozen role, or full
+fine-tuning), on the SQL agent.
 
 The LangGraph SQL agent has three roles: ``write`` and ``rewrite`` produce the query,
-``check`` reviews its result and decides whether to rewrite. Its CPU recipe
-(``samples/sql_agent/recipe.py``) records a scripted teacher through the real graph, warms a
-tiny student up on it with SFT, then trains it with LocalRL. Here, per seed, one warm-up is
-shared by three RL arms that start from the same warmed weights and train every role's calls
-(no agent filter) with the recipe's RL settings:
+``check`` reviews its result and decides whether to rewrite. Its CPU recipes
+(``samples/sql_agent/recipe.py``: ``RECIPE`` for a tiny student, ``RECIPES[model]`` for a
+pretrained one) record a scripted teacher through the real graph, warm the student up on it
+with SFT, then train it with LocalRL. Here, per seed, one warm-up is shared by the RL arms,
+which start from the same warmed weights with the recipe's RL settings and differ in how the
+roles' calls are served and trained:
 
-- **two adapters**: ``lora_adapters={"writer": "write|rewrite", "checker": "check"}``;
-- **one shared adapter**: plain LoRA (``use_lora=True``), every role on the same adapter;
-- **full fine-tuning**: every weight.
+- **two adapters**: ``lora_adapters={"writer": "write|rewrite", "checker": "check"}``, every
+  role trained on its own adapter;
+- **one shared adapter**: plain LoRA (``use_lora=True``), every role's calls trained on the
+  same adapter (no agent filter);
+- **checker frozen**: ``lora_adapters={"writer": "write|rewrite"}``: the writer's adapter
+  trained, the checker's calls served by the warmed model and not trained;
+- **full fine-tuning**: every weight, every role.
+
+``--model tiny`` (the default) runs two adapters, one shared adapter and full fine-tuning;
+``--model smollm2-135m-instruct`` runs one shared adapter, two adapters and checker frozen.
+A LoRA arm's learning rate is the recipe's when the recipe trains LoRA (SmolLM2), ten times
+the recipe's full-fine-tuning rate otherwise (tiny).
 
 Held-out reward is measured after the warm-up (the arms of a seed share it) and after RL.
-The table (arm, seed, after warm-up, after RL, change, minutes) and a plot of the held-out
-curves go to ``<out>/lora_adapters/``, with every row run so far (one JSON file per arm and
-seed, so seeds can run in parallel processes).
+The table (arm, seed, after warm-up, after RL, change, minutes, peak memory, tokens trained)
+and a plot of the held-out curves go to ``<out>/lora_adapters[-<model>]/``, with every row run
+so far (one JSON file per arm and seed, so seeds can run in parallel processes).
 
     python benchmarks/lora_adapters_learning.py --seeds 0 1 2
+    python benchmarks/lora_adapters_learning.py --model smollm2-135m-instruct --seeds 0 1 2
     make bench-lora-learning SEEDS="0 1 2"
 """
 
@@ -36,29 +48,43 @@ import voltrl as vl
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "samples"), str(ROOT / "benchmarks")]
+from intervals import interval  # noqa: E402
 
 ROLES = {"writer": "write|rewrite", "checker": "check"}
 LORA = {"use_lora": True, "lora_r": 16, "lora_alpha": 32}
 ARMS: dict[str, dict[str, Any]] = {
     "two adapters": {"lora_adapters": ROLES, "update": LORA},
     "one shared adapter": {"update": LORA},
+    "checker frozen": {"lora_adapters": {"writer": ROLES["writer"]}, "update": LORA},
     "full fine-tuning": {"update": {}},
 }
+TINY = "tiny"
+ARMS_OF = {
+    TINY: ("two adapters", "one shared adapter", "full fine-tuning"),
+    "smollm2-135m-instruct": ("one shared adapter", "two adapters", "checker frozen"),
+}
+"""The arms run by default for each model."""
+
+
+def tag(model: str) -> str:
+    """The model's part of run and report names: none for the tiny model (its runs of
+    2026-11-23 are named without one)."""
+    return "" if model == TINY else f"-{model}"
 
 
 def warm_up(
-    recipe: Any, seed: int, out: Path, steps: int | None, threads: int | None
+    recipe: Any, model: str, seed: int, out: Path, steps: int | None, threads: int | None
 ) -> tuple[Path, float]:
     """The seed's SFT warm-up on the recorded teacher runs, saved to ``<run>/final``
     (reused when it exists); returns that directory and the minutes it took."""
     from recipe_runner import record_teacher, student
 
-    name = f"sql_agent-adapters-warm-seed{seed}-{steps or recipe.sft['steps']}"
+    name = f"sql_agent{tag(model)}-adapters-warm-seed{seed}-{steps or recipe.sft['steps']}"
     final = out / name / "final"
     if (final / "config.json").exists():
         print(f"warm-up: using {final}", flush=True)
         return final, 0.0
-    teachers = [record_teacher(recipe, out, s) for s in recipe.teacher_seeds]
+    teachers = [record_teacher(recipe, out, s).resolve() for s in recipe.teacher_seeds]
     sft = {**recipe.sft, **({"steps": steps} if steps else {})}
     if threads:
         sft["threads"] = threads
@@ -68,8 +94,21 @@ def warm_up(
     return final, (time.time() - started) / 60
 
 
+def arm_update(recipe_update: dict[str, Any], arm: str) -> dict[str, Any]:
+    """The arm's ``update`` settings from the recipe's: LoRA on or off, and the learning
+    rate for it (a recipe that trains LoRA gives a LoRA rate; one that trains every weight a
+    rate ten times smaller than LoRA wants)."""
+    lora_arm = bool(ARMS[arm]["update"].get("use_lora"))
+    lora_recipe = bool(recipe_update.get("use_lora"))
+    scale = 1.0 if lora_arm == lora_recipe else (10.0 if lora_arm else 0.1)
+    update = {k: v for k, v in recipe_update.items() if k != "use_lora"}
+    lora = {k: update.pop(k, v) for k, v in LORA.items() if k != "use_lora"}
+    return {**update, **(LORA | lora if lora_arm else {}), "lr": recipe_update["lr"] * scale}
+
+
 def run_arm(
     recipe: Any,
+    model: str,
     arm: str,
     seed: int,
     warmed: Path,
@@ -83,18 +122,17 @@ def run_arm(
     rl["trajectory"] = {k: v for k, v in rl["trajectory"].items() if k != "agent_filter"}
     if rl_steps:
         rl["schedule"] = {**rl["schedule"], "steps": rl_steps}
-    options = ARMS[arm]
-    lr = rl["update"]["lr"] * (10 if options["update"].get("use_lora") else 1)
-    rl["update"] = {**rl["update"], **options["update"], "lr": lr}
+    rl["update"] = arm_update(rl["update"], arm)
+    if threads:
+        rl["compute"] = {**rl.get("compute", {}), "threads": threads}
     algorithm = vl.LocalRL(
         str(warmed),
         tokenizer=AutoTokenizer.from_pretrained(warmed),
         seed=seed,
-        compute={"threads": threads},
-        lora_adapters=options.get("lora_adapters"),
+        lora_adapters=ARMS[arm].get("lora_adapters"),
         **rl,
     )
-    name = f"sql_agent-{arm.replace(' ', '-')}-seed{seed}"
+    name = f"sql_agent{tag(model)}-{arm.replace(' ', '-')}-seed{seed}"
     started = time.time()
     trainer = vl.Trainer(
         algorithm, n_runners=1, max_concurrency=recipe.concurrency, run_dir=out, name=name
@@ -109,22 +147,25 @@ def run_arm(
             if parts[0] == "update" and parts[-1] == "adv_tokens":
                 who = parts[1] if len(parts) == 3 else "all"
                 tokens[who] = tokens.get(who, 0.0) + value
+    peaks = [h["memory/peak_gib"] for h in history if "memory/peak_gib" in h]
     return {
         "arm": arm,
+        "model": model,
         "seed": seed,
         "after_sft": val_points[0][1],
         "after_rl": val_points[-1][1],
         "val_curve": val_points,
         "minutes": (time.time() - started) / 60,
+        "peak_gib": max(peaks) if peaks else None,
         "tokens": tokens,
-        "lr": lr,
+        "lr": rl["update"]["lr"],
     }
 
 
-def final_of(out: Path, arm: str, seed: int) -> Path:
+def final_of(out: Path, model: str, arm: str, seed: int) -> Path:
     """The newest ``final/`` of the arm's runs for ``seed``."""
     found = sorted(
-        out.glob(f"sql_agent-{arm.replace(' ', '-')}-seed{seed}*/final/config.json"),
+        out.glob(f"sql_agent{tag(model)}-{arm.replace(' ', '-')}-seed{seed}*/final/config.json"),
         key=lambda p: p.stat().st_mtime,
     )
     if not found:
@@ -132,7 +173,15 @@ def final_of(out: Path, arm: str, seed: int) -> Path:
     return found[-1].parent
 
 
-def evaluate(recipe: Any, seed: int, out: Path, repeats: int, threads: int | None) -> None:
+def evaluate(
+    recipe: Any,
+    model_name: str,
+    arms: list[str],
+    seed: int,
+    out: Path,
+    repeats: int,
+    threads: int | None,
+) -> None:
     """Held-out reward of the warmed model and of each arm's final weights, each held-out
     task sampled ``repeats`` times (sampled once, each of n held-out tasks moves the figure by
     100/n points): LocalRL with ``steps=0`` validates once."""
@@ -141,22 +190,25 @@ def evaluate(recipe: Any, seed: int, out: Path, repeats: int, threads: int | Non
 
     _, _, val = recipe.tasks(seed)
     sampling = recipe.rl["validation"]["sampling"]
-    warm = out / f"sql_agent-adapters-warm-seed{seed}-{recipe.sft['steps']}" / "final"
+    warm = (
+        out / f"sql_agent{tag(model_name)}-adapters-warm-seed{seed}-{recipe.sft['steps']}" / "final"
+    )
     models: dict[str, Any] = {"after warm-up": (str(warm), None)}
-    for arm in ARMS:
-        final = final_of(out, arm, seed)
-        if arm != "two adapters":
+    for arm in arms:
+        final = final_of(out, model_name, arm, seed)
+        roles = ARMS[arm].get("lora_adapters")
+        if not roles:
             models[arm] = (str(final), None)  # full weights (LoRA merged in)
             continue
         model: Any = AutoModelForCausalLM.from_pretrained(final)
-        for k, name in enumerate(ROLES):
+        for k, name in enumerate(roles):
             path = final / "adapters" / name
             if k == 0:
                 model = PeftModel.from_pretrained(model, path, adapter_name=name)
             else:
                 model.load_adapter(path, adapter_name=name)
-        models[arm] = (model, ROLES)
-    report = out / "lora_adapters"
+        models[arm] = (model, roles)
+    report = out / f"lora_adapters{tag(model_name)}"
     for label, (model, roles) in models.items():
         algorithm = vl.LocalRL(
             model,
@@ -168,7 +220,7 @@ def evaluate(recipe: Any, seed: int, out: Path, repeats: int, threads: int | Non
             lora_adapters=roles,
             seed=seed,
         )
-        name = f"sql_agent-eval-{label.replace(' ', '-')}-seed{seed}"
+        name = f"sql_agent{tag(model_name)}-eval-{label.replace(' ', '-')}-seed{seed}"
         trainer = vl.Trainer(
             algorithm, n_runners=1, max_concurrency=recipe.concurrency, run_dir=out, name=name
         )
@@ -179,15 +231,15 @@ def evaluate(recipe: Any, seed: int, out: Path, repeats: int, threads: int | Non
         print(f"{label}, seed {seed}: {reward:.1%} of {len(val) * repeats} samples", flush=True)
 
 
-def eval_table(out: Path) -> list[str]:
+def eval_table(report: Path, held_out: int) -> list[str]:
     """The evaluations: one column per seed, then the mean."""
-    rows = [json.loads(p.read_text()) for p in (out / "lora_adapters").glob("eval-*.json")]
+    rows = [json.loads(p.read_text()) for p in report.glob("eval-*.json")]
     if not rows:
         return []
     seeds = sorted({r["seed"] for r in rows})
+    repeats = rows[0]["samples"] / held_out
     lines = [
-        "| held-out, sampled "
-        f"{rows[0]['samples'] // 26 if rows[0]['samples'] % 26 == 0 else '?'}x | "
+        f"| held-out, sampled {repeats:g}x | "
         + " | ".join(f"seed {s}" for s in seeds)
         + " | mean |",
         "|---|" + "---|" * (len(seeds) + 1),
@@ -203,33 +255,39 @@ def eval_table(out: Path) -> list[str]:
     return lines
 
 
-def table(rows: list[dict[str, Any]]) -> list[str]:
-    """One line per arm and seed, then each arm's mean."""
+def table(rows: list[dict[str, Any]], arms: list[str]) -> list[str]:
+    """One line per arm and seed, then each arm's mean with its 95% interval over seeds."""
     lines = [
-        "| arm | seed | after warm-up | after RL | change | RL minutes | tokens trained |",
-        "|---|---|---|---|---|---|---|",
+        "| arm | seed | after warm-up | after RL | change | RL minutes | peak memory "
+        "| tokens trained |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for arm in ARMS:
+    for arm in arms:
         runs = [r for r in rows if r["arm"] == arm]
         for r in runs:
             tokens = ", ".join(f"{k} {v:,.0f}" for k, v in r["tokens"].items())
+            peak = f"{r['peak_gib']:.1f} GiB" if r.get("peak_gib") else "-"
             lines.append(
                 f"| {arm} | {r['seed']} | {r['after_sft']:.1%} | {r['after_rl']:.1%} "
                 f"| {(r['after_rl'] - r['after_sft']) * 100:+.1f} pts | {r['minutes']:.1f} "
-                f"| {tokens} |"
+                f"| {peak} | {tokens} |"
             )
         if len(runs) > 1:
             before = statistics.mean(r["after_sft"] for r in runs)
-            after = statistics.mean(r["after_rl"] for r in runs)
+            after, half = interval([r["after_rl"] for r in runs])
+            change, change_half = interval([r["after_rl"] - r["after_sft"] for r in runs])
+            peaks = [r["peak_gib"] for r in runs if r.get("peak_gib")]
             lines.append(
-                f"| **{arm}** | mean of {len(runs)} | {before:.1%} | {after:.1%} "
-                f"| **{(after - before) * 100:+.1f} pts** "
-                f"| {statistics.mean(r['minutes'] for r in runs):.1f} | |"
+                f"| **{arm}** | mean of {len(runs)} | {before:.1%} "
+                f"| {after:.1%} ± {half * 100:.1f} "
+                f"| **{change * 100:+.1f} ± {change_half * 100:.1f} pts** "
+                f"| {statistics.mean(r['minutes'] for r in runs):.1f} "
+                f"| {f'{max(peaks):.1f} GiB' if peaks else '-'} | |"
             )
     return lines
 
 
-def plot(rows: list[dict[str, Any]], path: Path) -> None:
+def plot(rows: list[dict[str, Any]], arms: list[str], title: str, path: Path) -> None:
     """Held-out reward per update, one colour per arm, one line per seed."""
     import matplotlib
 
@@ -237,20 +295,21 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for colour, arm in zip(("C0", "C1", "C2"), ARMS, strict=True):
+    for k_arm, arm in enumerate(arms):
         for k, r in enumerate(r for r in rows if r["arm"] == arm):
             ax.plot(
                 *zip(*r["val_curve"], strict=True),
                 "o-",
-                color=colour,
+                color=f"C{k_arm}",
                 alpha=0.8,
                 label=arm if k == 0 else None,
             )
+    top = max((y for r in rows for _, y in r["val_curve"]), default=0.0)
     ax.set(
         xlabel="policy update (0: after the shared SFT warm-up)",
         ylabel="held-out execution match",
-        title="SQL agent (LangGraph): per-role adapters vs shared vs full FT",
-        ylim=(-0.02, max(0.3, max(y for r in rows for _, y in r["val_curve"]) + 0.05)),
+        title=title,
+        ylim=(-0.02, min(1.02, max(0.3, top + 0.05))),
     )
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
@@ -262,7 +321,15 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
+    parser.add_argument(
+        "--model",
+        default=TINY,
+        choices=list(ARMS_OF),
+        help="the student: the sample's tiny recipe, or a pretrained model's (default: tiny)",
+    )
+    parser.add_argument(
+        "--arms", nargs="+", choices=list(ARMS), help="default: the model's (see above)"
+    )
     parser.add_argument("--sft-steps", type=int, help="default: the recipe's")
     parser.add_argument("--rl-steps", type=int, help="default: the recipe's")
     parser.add_argument("--out", type=Path, default=Path("runs"))
@@ -281,13 +348,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from learning import load_recipe
 
-    recipe = load_recipe("sql_agent")
-    report = args.out / "lora_adapters"
+    recipe = load_recipe("sql_agent", args.model)
+    arms = args.arms or list(ARMS_OF[args.model])
+    report = args.out / f"lora_adapters{tag(args.model)}"
     report.mkdir(parents=True, exist_ok=True)
     for seed in [] if args.evaluate_only else args.seeds:
-        warmed, warm_minutes = warm_up(recipe, seed, args.out, args.sft_steps, args.threads)
-        for arm in args.arms:
-            row = run_arm(recipe, arm, seed, warmed, args.out, args.rl_steps, args.threads)
+        warmed, warm_minutes = warm_up(
+            recipe, args.model, seed, args.out, args.sft_steps, args.threads
+        )
+        for arm in arms:
+            row = run_arm(
+                recipe, args.model, arm, seed, warmed, args.out, args.rl_steps, args.threads
+            )
             row["warm_minutes"] = warm_minutes
             # one file per arm and seed: several seeds may run at once, in separate processes
             (report / f"{arm.replace(' ', '-')}-seed{seed}.json").write_text(json.dumps(row))
@@ -298,13 +370,17 @@ def main(argv: list[str] | None = None) -> int:
             )
     if args.evaluate or args.evaluate_only:
         for seed in args.seeds:
-            evaluate(recipe, seed, args.out, args.evaluate or 8, args.threads)
+            evaluate(recipe, args.model, arms, seed, args.out, args.evaluate or 8, args.threads)
     rows = [json.loads(p.read_text()) for p in sorted(report.glob("*-seed*.json"))]
     rows = [r for r in rows if "arm" in r]
-    rows.sort(key=lambda r: (list(ARMS).index(r["arm"]), r["seed"]))
-    lines = [*table(rows), "", *eval_table(args.out)]
+    shown = [a for a in ARMS if any(r["arm"] == a for r in rows)]
+    rows.sort(key=lambda r: (shown.index(r["arm"]), r["seed"]))
+    held_out = len(recipe.tasks(0)[2])
+    lines = [*table(rows, shown), "", *eval_table(report, held_out)]
     (report / "table.md").write_text("\n".join(lines) + "\n")
-    plot(rows, report / "held_out.png")
+    student = "tiny student" if args.model == TINY else args.model
+    title = f"SQL agent (LangGraph, {student}): adapters per role or shared"
+    plot(rows, shown, title, report / "held_out.png")
     print("\n".join(lines))
     print(f"table and plot in {report}/")
     return 0

@@ -44,7 +44,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "samples" / "prompt_search"
-sys.path.insert(0, str(SAMPLE))
+sys.path[:0] = [str(SAMPLE), str(ROOT / "benchmarks")]
 for _name in ("agent", "data"):  # another sample's, imported by the same plain name (the tests)
     _module = sys.modules.get(_name)
     if _module is not None and Path(getattr(_module, "__file__", "") or "/").parent != SAMPLE:
@@ -52,12 +52,11 @@ for _name in ("agent", "data"):  # another sample's, imported by the same plain 
 
 import data  # noqa: E402
 from agent import START, classify  # noqa: E402
+from intervals import interval  # noqa: E402
 
 import voltrl as vl  # noqa: E402
 
 ARMS = ("start", "apo", "rl", "apo+rl")
-T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
-"""Student's t, 97.5th percentile, by degrees of freedom (10 and more: 2.228 and less)."""
 
 
 def parser() -> argparse.ArgumentParser:
@@ -196,15 +195,6 @@ def derived(rows: list[dict[str, Any]], arms: list[str]) -> list[dict[str, Any]]
             if r["arm"] == source:
                 extra.append({**r, "arm": arm, "score": r["first_validation"], "from": source})
     return extra
-
-
-def interval(values: list[float]) -> tuple[float, float]:
-    """Mean and the half-width of its 95% interval over seeds (0 with one seed: unknown)."""
-    mean = statistics.fmean(values)
-    if len(values) < 2:
-        return mean, math.nan
-    t = T_975.get(len(values) - 1, 2.228)
-    return mean, t * statistics.stdev(values) / math.sqrt(len(values))
 
 
 def table(rows: list[dict[str, Any]], arms: list[str]) -> list[str]:
