@@ -38,18 +38,14 @@ rollout's error, not as a silent default reply.
 from __future__ import annotations
 
 import hashlib
-import importlib
-import importlib.util
 import inspect
 import itertools
 import json
 import logging
 import random
-import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
@@ -59,6 +55,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
+from voltrl._imports import import_named
 from voltrl.errors import VoltRLError
 
 Reply = str | dict[str, Any] | list[dict[str, Any]]
@@ -80,45 +77,13 @@ def load_policy(target: str) -> Policy:
     """The function ``target`` names: ``package.module:function`` (imported with the current
     directory on ``sys.path``) or ``path/to/file.py:function`` (its folder on ``sys.path``, so
     it may import the files beside it). Raises :class:`VoltRLError` saying what is wrong."""
-    module_name, sep, attr = target.rpartition(":")
-    if not sep or not module_name or not attr:
-        raise VoltRLError(
-            f"expected MODULE:FUNCTION or FILE.py:FUNCTION (e.g. my_teacher.py:policy), got "
-            f"{target!r}"
-        )
-    if module_name.endswith(".py") or "/" in module_name or "\\" in module_name:
-        path = Path(module_name).resolve()
-        if not path.is_file():
-            raise VoltRLError(f"teacher file {module_name} does not exist")
-        if str(path.parent) not in sys.path:
-            sys.path.insert(0, str(path.parent))
-        # a name of its own: two samples' teacher.py files load side by side
-        name = f"voltrl_teacher_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}_{path.stem}"
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # dataclasses look their module up there
-        try:
-            spec.loader.exec_module(module)
-        except Exception as exc:
-            sys.modules.pop(name, None)
-            raise VoltRLError(
-                f"importing {module_name} failed: {type(exc).__name__}: {exc}"
-            ) from exc
-    else:
-        if "" not in sys.path and str(Path.cwd()) not in sys.path:
-            sys.path.insert(0, str(Path.cwd()))
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            raise VoltRLError(f"cannot import module {module_name!r}: {exc}") from exc
-        except Exception as exc:
-            raise VoltRLError(
-                f"importing {module_name!r} failed: {type(exc).__name__}: {exc}"
-            ) from exc
-    policy = getattr(module, attr, None)
-    if policy is None:
-        raise VoltRLError(f"{module_name} has no {attr!r}")
+    policy = import_named(
+        target,
+        kind="teacher",
+        noun="FUNCTION",
+        example="my_teacher.py:policy",
+        own_module_name=True,  # two samples' teacher.py files load side by side
+    )
     if not callable(policy):
         raise VoltRLError(f"{target} is {_a(policy)}, not a function")
     return policy

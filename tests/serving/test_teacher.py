@@ -218,7 +218,7 @@ def test_load_policy_finds_a_module_function_or_a_file_function(
         ("my_teacher.policy", "expected MODULE:FUNCTION"),
         ("missing.py:policy", "teacher file missing.py does not exist"),
         ("no_such_module_here:policy", "cannot import module 'no_such_module_here'"),
-        ("my_teacher.py:nope", "has no 'nope'"),
+        ("my_teacher.py:nope", "has no attribute 'nope'"),
         ("my_teacher.py:NOT_A_FUNCTION", "is an int, not a function"),
     ]:
         with pytest.raises(VoltRLError, match=re.escape(said)):
@@ -303,7 +303,7 @@ def test_voltrl_teacher_serve_errors_are_one_line(tmp_path: Path) -> None:
     (tmp_path / "t.py").write_text("def two(messages):\n    return 'x'\n")
     for args, said in [
         (["missing.py:policy"], "teacher file missing.py does not exist"),
-        (["t.py:nope"], "t.py has no 'nope'"),
+        (["t.py:nope"], "t.py has no attribute 'nope'"),
         (["t.py:two"], "cannot be called as policy(messages, tools)"),
         (["t.py:two", "--host", "0.0.0.0"], "exposes the server beyond this machine"),
     ]:
