@@ -226,7 +226,13 @@ def evaluate(
         )
         trainer.fit(recipe.agent, val[:1], val * repeats)
         (reward,) = [h["val/reward_mean"] for h in algorithm.history if "val/reward_mean" in h]
-        row = {"model": label, "seed": seed, "held_out": reward, "samples": len(val) * repeats}
+        row = {
+            "model": label,
+            "seed": seed,
+            "held_out": reward,
+            "samples": len(val) * repeats,
+            "repeats": repeats,
+        }
         (report / f"eval-{label.replace(' ', '-')}-seed{seed}.json").write_text(json.dumps(row))
         print(f"{label}, seed {seed}: {reward:.1%} of {len(val) * repeats} samples", flush=True)
 
@@ -237,7 +243,7 @@ def eval_table(report: Path, held_out: int) -> list[str]:
     if not rows:
         return []
     seeds = sorted({r["seed"] for r in rows})
-    repeats = rows[0]["samples"] / held_out
+    repeats = rows[0].get("repeats") or rows[0]["samples"] / held_out
     lines = [
         f"| held-out, sampled {repeats:g}x | "
         + " | ".join(f"seed {s}" for s in seeds)

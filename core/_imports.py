@@ -104,7 +104,7 @@ def _import_module(
 ) -> ModuleType:
     from voltrl.runtime.script_guard import ScriptStopped
 
-    if "" not in sys.path and str(Path.cwd()) not in sys.path:
+    if str(Path.cwd()) not in sys.path:  # by its path, not "": Ray's workers drop ""
         sys.path.insert(0, str(Path.cwd()))
     try:
         with _guarded(script_guard, target):

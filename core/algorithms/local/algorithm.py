@@ -62,7 +62,12 @@ from voltrl.algorithms.local.config import (
     grouped,
     upgraded,
 )
-from voltrl.algorithms.local.memory import check_memory, peak_memory, say_activations
+from voltrl.algorithms.local.memory import (
+    check_memory,
+    peak_memory,
+    reset_peak,
+    say_activations,
+)
 from voltrl.algorithms.local.prompt_phase import PromptPhase
 from voltrl.algorithms.local.reports import (
     adapters_summary,
@@ -323,6 +328,7 @@ class LocalRL(Algorithm):
         choice = await asyncio.to_thread(lambda: self.threads)  # measures 0.2 s: off the loop
         use_threads(choice, report=ctx.progress)
         model, tokenizer = await asyncio.to_thread(self._load)
+        reset_peak(next(model.parameters()).device)  # memory/peak_gib: this run's
         check_memory(model, self, report=ctx.progress)
         # The dashboard and ``voltrl show`` decode the run's token ids with it.
         await asyncio.to_thread(tokenizer.save_pretrained, ctx.run_dir / TOKENIZER_DIR)

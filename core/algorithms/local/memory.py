@@ -25,6 +25,7 @@ warning. Each step logs the process's measured peak (``memory/peak_gib``).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -349,6 +350,21 @@ def peak_memory(policies: dict[str | None, Any]) -> dict[str, float]:
     device), or nothing where it cannot be told."""
     peak = peak_gib(next(iter(policies.values())).device)
     return {} if peak is None else {"memory/peak_gib": peak}
+
+
+def reset_peak(device: Any) -> None:
+    """Start the process's peak memory (:func:`peak_gib`) over from what it holds now, so a
+    run's ``memory/peak_gib`` is its own, not an earlier run's in the same process (a
+    benchmark's arms, a notebook): on CUDA the allocator's peak, elsewhere ``VmHWM`` (Linux's
+    ``clear_refs``; left as it is where that cannot be written)."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")
 
 
 def peak_gib(device: Any) -> float | None:

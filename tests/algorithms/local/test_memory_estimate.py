@@ -3,6 +3,7 @@ what peft really adds, and a run that cannot fit its device is refused with what
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 
@@ -177,3 +178,18 @@ def test_micro_batches_that_cannot_fit_get_a_warning_with_the_size_that_would() 
     sft = check_activations(model, big, 10**9, what="SFT")
     assert "memory: SFT's activations" in sft and "set SFT(micro_batch_size=...) to 1" in sft
     assert "checkpointing" not in sft
+
+
+@pytest.mark.skipif(
+    not os.access("/proc/self/clear_refs", os.W_OK), reason="Linux's clear_refs resets VmHWM"
+)
+def test_a_runs_peak_memory_starts_from_what_the_process_holds_not_an_earlier_peak() -> None:
+    from voltrl.algorithms.local.memory import peak_gib, reset_peak
+
+    reset_peak("cpu")
+    before = peak_gib("cpu")
+    block = bytearray(512 * 2**20)  # 512 MiB, touched: an earlier run's peak
+    del block
+    assert before is not None and peak_gib("cpu") >= before + 0.45
+    reset_peak("cpu")
+    assert peak_gib("cpu") < before + 0.25
