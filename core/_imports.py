@@ -1,7 +1,15 @@
 """Importing what a command names as ``MODULE:NAME``: a dotted module (imported with the
 current directory on ``sys.path``) or a ``path/to/file.py`` (its folder on ``sys.path``, so it
 imports the files beside it). ``voltrl train``/``dev``/``runner`` load agents this way, ``voltrl
-teacher serve`` a teacher policy."""
+teacher serve`` a teacher policy.
+
+A script a command loads its agent from does not run its own training. A script written to be
+run (no ``if __name__ == "__main__":`` guard, as the quick start has it) calls ``Trainer.fit``
+at its top level: imported, it would start a run of its own before the command's. While a
+command imports it (:func:`loading_agent_from`), ``Trainer.fit`` and ``Trainer.dev`` raise
+:class:`ScriptStopped` (:func:`stop_if_loading`) instead, which ends the import there: what the
+script defined above the call (the agent) is loaded, and the command's run is the only one.
+"""
 
 from __future__ import annotations
 
@@ -10,11 +18,36 @@ import hashlib
 import importlib
 import importlib.util
 import sys
+from collections.abc import Iterator
+from contextvars import ContextVar
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from voltrl.errors import VoltRLError
+
+_LOADING: ContextVar[str | None] = ContextVar("voltrl_loading_agent", default=None)
+
+
+class ScriptStopped(BaseException):
+    """A script's own ``fit`` or ``dev``, stopped while a command loads its agent (a
+    ``BaseException``: a script's ``except Exception`` does not swallow it)."""
+
+
+@contextlib.contextmanager
+def loading_agent_from(where: str) -> Iterator[None]:
+    """Within the block, ``Trainer.fit`` and ``Trainer.dev`` raise :class:`ScriptStopped`."""
+    token = _LOADING.set(where)
+    try:
+        yield
+    finally:
+        _LOADING.reset(token)
+
+
+def stop_if_loading() -> None:
+    """Raise :class:`ScriptStopped` when a command is importing the caller's script."""
+    if (where := _LOADING.get()) is not None:
+        raise ScriptStopped(where)
 
 
 def import_named(
@@ -35,7 +68,7 @@ def import_named(
     get the same module), or, with ``own_module_name``, under a name of its own (two
     ``teacher.py`` files load side by side). With ``script_guard``, a script that starts a run
     of its own at its top level (``Trainer.fit``) is stopped there
-    (:mod:`voltrl.runtime.script_guard`): a file keeps what it defined above the call, a
+    (:func:`stop_if_loading`): a file keeps what it defined above the call, a
     dotted module is refused. Raises ``error`` saying what is wrong.
     """
     module_name, sep, attr = target.rpartition(":")
@@ -54,11 +87,7 @@ def import_named(
 
 
 def _guarded(script_guard: bool, target: str) -> contextlib.AbstractContextManager[None]:
-    if not script_guard:
-        return contextlib.nullcontext()
-    from voltrl.runtime.script_guard import loading_agent_from
-
-    return loading_agent_from(target)
+    return loading_agent_from(target) if script_guard else contextlib.nullcontext()
 
 
 def _import_file(
@@ -69,8 +98,6 @@ def _import_file(
     script_guard: bool,
     target: str,
 ) -> ModuleType:
-    from voltrl.runtime.script_guard import ScriptStopped
-
     path = Path(name).resolve()
     if not path.is_file():
         raise error(f"{kind} file {name} does not exist")
@@ -102,8 +129,6 @@ def _import_file(
 def _import_module(
     name: str, error: type[VoltRLError], script_guard: bool, target: str
 ) -> ModuleType:
-    from voltrl.runtime.script_guard import ScriptStopped
-
     if str(Path.cwd()) not in sys.path:  # by its path, not "": Ray's workers drop ""
         sys.path.insert(0, str(Path.cwd()))
     try:

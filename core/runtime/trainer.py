@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from voltrl._console import text as console_text
+from voltrl._imports import stop_if_loading
 from voltrl.agent import FunctionAgent, LitAgent, rollout
 from voltrl.algorithms.base import Algorithm
 from voltrl.errors import VoltRLError
@@ -60,7 +61,6 @@ from voltrl.runtime.run_dir import (
 )
 from voltrl.runtime.run_setup import check_resume, run_setup, write_setup
 from voltrl.runtime.runner import RunnerConfig
-from voltrl.runtime.script_guard import stop_if_loading
 from voltrl.runtime.services import Services, runner_command
 from voltrl.store.base import Store
 from voltrl.store.browse import counts_of

@@ -16,7 +16,7 @@ lower layer; imports under ``if TYPE_CHECKING:`` are type-only and free):
     serving
     store, models            the vocabulary and the agent side
     vocabulary               types, errors, resources, retry, tracing, agent, otel, _redact,
-                             _console, _http, _moved, _dotted
+                             _console, _http, _moved, _dotted, _imports
 """
 
 from __future__ import annotations
