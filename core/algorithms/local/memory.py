@@ -20,7 +20,8 @@ the ``micro_batch_size`` that would. Not counted anywhere: the transient copy th
 adapters for the engine makes, and the allocator's slack.
 
 On a GPU a run the estimate says cannot fit is refused; on a CPU (the kernel can swap) it is a
-warning. Each step logs the process's measured peak (``memory/peak_gib``).
+warning. Each step logs the run's measured peak (``memory/peak_gib``, reset when the run loads
+its model).
 """
 
 from __future__ import annotations

@@ -181,7 +181,8 @@ def test_micro_batches_that_cannot_fit_get_a_warning_with_the_size_that_would() 
 
 
 @pytest.mark.skipif(
-    not os.access("/proc/self/clear_refs", os.W_OK), reason="Linux's clear_refs resets VmHWM"
+    not os.access("/proc/self/clear_refs", os.W_OK),
+    reason="resetting VmHWM needs Linux's /proc/self/clear_refs, writable (not on macOS/Windows)",
 )
 def test_a_runs_peak_memory_starts_from_what_the_process_holds_not_an_earlier_peak() -> None:
     from voltrl.algorithms.local.memory import peak_gib, reset_peak
