@@ -67,9 +67,12 @@ async def test_external_players_use_the_opponent_model_and_are_never_trained(
 async def test_each_side_gets_its_outcome_and_penalties_land_on_their_call(tmp_path: Path):
     """Player1 answers every choice outside the legal ones: each of those calls is
     penalised, no other call is, and each team's calls carry the team's outcome (a lost game
-    costs -1 here: the outcome's values are the row's)."""
+    costs -1 here and an invalid answer -1.5: the outcome's values and the penalty are the
+    row's)."""
     lost = {"loss": -1.0}
-    [row] = agent.game_rows(1, seed=3, max_rounds=8, outcome={"wolves": lost, "village": lost})
+    [row] = agent.game_rows(
+        1, seed=3, max_rounds=8, outcome={"wolves": lost, "village": lost}, invalid_penalty=-1.5
+    )
     result, store, *_ = await play(tmp_path, [row], legal(invalid_from="Player1"))
     [rollout] = result.rollouts
     game = await game_event(store, rollout.rollout_id)
@@ -87,11 +90,16 @@ async def test_each_side_gets_its_outcome_and_penalties_land_on_their_call(tmp_p
     for row_ in traj.transitions:
         side, player = row_.agent_name.split("/")[1], row_.agent_name.split("/")[3]
         outcome = outcome_of(side)
-        assert row_.reward in (outcome, pytest.approx(outcome + agent.INVALID_PENALTY))
+        assert row_.reward in (outcome, pytest.approx(outcome - 1.5))
         if row_.reward != outcome:
             assert player == "Player1"
     penalised = [r for r in traj.transitions if r.reward != outcome_of(r.agent_name.split("/")[1])]
     assert len(penalised) == game["invalid_outputs"]
+
+
+def test_a_positive_invalid_penalty_is_refused_when_the_rows_are_made() -> None:
+    with pytest.raises(ValueError, match=r"invalid_penalty must be at most 0, not 0\.5"):
+        agent.game_rows(1, invalid_penalty=0.5)
 
 
 async def test_a_refused_prompt_is_an_invalid_choice_and_the_game_goes_on(tmp_path: Path):

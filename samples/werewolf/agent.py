@@ -89,12 +89,16 @@ def game_rows(
     the rules'), ``history_tokens`` (each player's history budget, default
     :data:`memory.HISTORY_TOKENS`), ``tokenizer`` (the model whose tokenizer counts it, as
     LocalRL names models; default: about 4 characters a token), ``outcome`` (per side, the
-    rewards of a win, loss or draw, over :data:`OUTCOME`, e.g. ``{"wolves": {"win": 2.0}}``)."""
+    rewards of a win, loss or draw, over :data:`OUTCOME`, e.g. ``{"wolves": {"win": 2.0}}``),
+    ``invalid_penalty`` (the reward of a call whose answer is not a legal choice, at most 0;
+    default :data:`INVALID_PENALTY`)."""
     ruleset(extra.get("rules"))  # an unknown rule set or tokenizer fails here, not every game
     token_counter(extra.get("tokenizer"))
     for key in ("max_rounds", "history_tokens"):
         if extra.get(key) is not None and int(extra[key]) < 1:
             raise ValueError(f"{key} must be at least 1, not {extra[key]}")
+    if extra.get("invalid_penalty") is not None and float(extra["invalid_penalty"]) > 0:
+        raise ValueError(f"invalid_penalty must be at most 0, not {extra['invalid_penalty']}")
     return [
         {"seed": seed * 100_000 + i, "train": train, "external": external, **extra}
         for i in range(n)
@@ -160,7 +164,8 @@ async def werewolf_game(row: dict, resources: vl.Resources) -> float:
     external = external_seats(state, row.get("external"), rng)
     count = token_counter(row.get("tokenizer"))
     history = History(count, int(row.get("history_tokens") or HISTORY_TOKENS))
-    table = Table(state, rules, {}, rng, history)
+    penalty = row.get("invalid_penalty")
+    table = Table(state, rules, {}, rng, history, INVALID_PENALTY if penalty is None else penalty)
     table.agents = _agents(table, resources, external)
     winner = await play(table)
     outcome = {}

@@ -32,7 +32,8 @@ import voltrl as vl
 from voltrl.gateway import is_context_overflow
 
 INVALID_PENALTY = -0.2
-"""The reward put on a call whose answer was not one of the legal choices."""
+"""The reward put on a call whose answer was not one of the legal choices (a game's rows
+may set their own: ``agent.game_rows(invalid_penalty=...)``)."""
 
 
 @dataclass
@@ -45,6 +46,8 @@ class Table:
     agents: dict[str, Agent]
     rng: random.Random
     history: History
+    invalid_penalty: float = INVALID_PENALTY
+    """The reward put on each call whose answer was not a legal choice."""
     notes: dict[str, list[str]] = field(default_factory=dict)
     invalid: int = 0
     overflows: int = 0
@@ -106,7 +109,7 @@ async def say(
 
 async def decide(table: Table, name: str, prompt: str, choices: list[str], retries: int = 1) -> str:
     """``name`` picks one of ``choices`` as structured output (the schema allows only them).
-    Each invalid answer costs ``INVALID_PENALTY`` on the call that gave it; a prompt the
+    Each invalid answer costs ``table.invalid_penalty`` on the call that gave it; a prompt the
     backend refused for its length (no call was made: no penalty) is retried on half the
     memory. After ``retries`` more tries a random legal choice is played."""
     schema = create_model(
@@ -136,7 +139,7 @@ async def decide(table: Table, name: str, prompt: str, choices: list[str], retri
             target = None
         if target in choices:
             return target
-        vl.emit_reward(INVALID_PENALTY, name="invalid_output")  # on the call just made
+        vl.emit_reward(table.invalid_penalty, name="invalid_output")  # on the call just made
         table.invalid += 1
         counts[1] += 1
         hint = " Your last answer was not one of the choices."

@@ -29,7 +29,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 import sample_cli as cli  # noqa: E402
-from agent import SIDE_GROUPS, game_rows, side_filter, werewolf_game  # noqa: E402
+from agent import INVALID_PENALTY, SIDE_GROUPS, game_rows, side_filter, werewolf_game  # noqa: E402
 from memory import HISTORY_TOKENS  # noqa: E402
 from report import print_report  # noqa: E402
 from rules import RULESETS  # noqa: E402
@@ -111,9 +111,13 @@ def dev(args: argparse.Namespace) -> vl.RunResult:
 
 def game_settings(args: argparse.Namespace) -> dict:
     """The rows' game settings: the rule set, its round cap unless ``--max-rounds`` gives
-    one, and each player's history budget in tokens of ``--tokenizer`` (``train``: the
-    trained model's)."""
-    settings = {"rules": args.rules, "history_tokens": args.history_tokens}
+    one, each player's history budget in tokens of ``--tokenizer`` (``train``: the trained
+    model's) and the invalid-answer penalty."""
+    settings = {
+        "rules": args.rules,
+        "history_tokens": args.history_tokens,
+        "invalid_penalty": args.invalid_penalty,
+    }
     if args.max_rounds is not None:
         settings["max_rounds"] = args.max_rounds
     if tokenizer := args.tokenizer or (args.model or "tiny" if args.run is train else None):
@@ -236,6 +240,10 @@ def main(argv: list[str] | None = None) -> int:
         "(default: train, the trained model's; dev, about 4 characters a token)",
     )  # fmt: skip
     common.add_argument("--max-tokens", type=int, default=64, help="per model call")
+    common.add_argument(
+        "--invalid-penalty", type=float, default=INVALID_PENALTY,
+        help="the reward of a call whose answer is not a legal choice (at most 0)",
+    )  # fmt: skip
     common.add_argument("--opponent-endpoint", help="OpenAI-compatible URL of the opponent")
     common.add_argument("--opponent-model", help="the opponent's model name")
     common.add_argument("--opponent-api-key-env", default=None, help="env var with its key")
@@ -289,11 +297,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """``dev``'s players are on ``--endpoint`` and ``--model`` or on ``--teacher``, the
-    opponent's options go together, and the game's numbers are positive: a usage error
-    otherwise."""
+    opponent's options go together, the game's numbers are positive and its penalty is not: a
+    usage error otherwise."""
     for option in ("max_rounds", "history_tokens"):
         if (value := getattr(args, option)) is not None and value < 1:
             parser.error(f"--{option.replace('_', '-')} must be at least 1 (got {value})")
+    if args.invalid_penalty > 0:
+        parser.error(f"--invalid-penalty must be at most 0 (got {args.invalid_penalty})")
     if args.run is dev and args.teacher and (args.endpoint or args.model):
         parser.error("--teacher plays instead of --endpoint and --model: give one or the other")
     if args.run is dev and not args.teacher and not (args.endpoint and args.model):
