@@ -147,3 +147,23 @@ def test_every_voltrl_path_the_docs_name_exists() -> None:
                 if not old and not resolves(dotted):
                     wrong.append(f"{where}: {dotted}")
     assert wrong == []
+
+
+def test_the_cli_pages_table_lists_every_voltrl_command() -> None:
+    """Each command ``voltrl --help`` lists (a group's, like ``model serve``, one by one) has a
+    row in the table at the top of ``docs/cli.md``, the map of the commands."""
+    import argparse
+
+    from voltrl.cli.main import build_parser
+
+    def commands(parser: argparse.ArgumentParser, prefix: str) -> list[str]:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs:
+            return [prefix]
+        return [c for name, p in subs[0].choices.items() for c in commands(p, f"{prefix} {name}")]
+
+    table = [line for line in (DOCS / "cli.md").read_text().splitlines() if line.startswith("| `")]
+    missing = [c for c in commands(build_parser(), "voltrl") if not any(
+        row.startswith(f"| `{c}`") or row.startswith(f"| `{c} ") for row in table
+    )]  # fmt: skip
+    assert missing == []
