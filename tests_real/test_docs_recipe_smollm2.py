@@ -7,6 +7,7 @@ About 10 minutes on 2 CPU cores."""
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "project"))
 
-from test_docs_recipe import run_train, write_recipe  # noqa: E402  (as the main suite does)
+from test_docs_recipe import PAGE, code_blocks, run_train, write_recipe  # noqa: E402  (as the main suite does)
 
 
 @pytest.mark.timeout(3600)
@@ -34,3 +35,17 @@ def test_the_pages_recipe_warms_smollm2_up_and_takes_an_rl_step(
     assert (tmp_path / "runs" / "convert-rl" / "final" / "adapter").is_dir() or (
         tmp_path / "runs" / "convert-rl" / "final" / "config.json"
     ).is_file()
+
+
+def test_the_pages_token_count_of_a_tool_call_is_what_it_prints(model_dir: Path) -> None:
+    """The page's snippet that counts a reply's tokens, run as written, prints the number its
+    comment and the settings' text give (47 for the ``convert`` call)."""
+    (snippet,) = [c for lang, _, c in code_blocks() if lang == "python" and "load_tokenizer(" in c]
+    claimed = re.search(r"# (\d+): the reply's tokens", snippet)
+    assert claimed, "the snippet no longer says what it prints"
+    assert f"call is {claimed[1]} SmolLM2 tokens" in " ".join(PAGE.read_text().split())
+    done = subprocess.run(
+        [sys.executable, "-c", snippet], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.stdout.split()[-1] == claimed[1]

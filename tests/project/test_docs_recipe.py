@@ -101,7 +101,9 @@ def test_the_shells_teacher_answers_the_pages_client(tmp_path: Path) -> None:
     ]
     served = Served(*command[3:], "--port", "0", command=("teacher", "serve"), cwd=tmp_path)
     try:
-        (client,) = [c for lang, title, c in code_blocks() if lang == "python" and not title]
+        (client,) = [
+            c for lang, title, c in code_blocks() if lang == "python" and "OpenAI(" in c
+        ]  # fmt: skip
         assert "http://127.0.0.1:8001/v1" in client  # the default port, as the page says
         client = client.replace("http://127.0.0.1:8001/v1", served.endpoint)
         done = subprocess.run(
