@@ -39,7 +39,7 @@ def test_the_pages_recipe_warms_smollm2_up_and_takes_an_rl_step(
 
 def test_the_pages_token_count_of_a_tool_call_is_what_it_prints(model_dir: Path) -> None:
     """The page's snippet that counts a reply's tokens, run as written, prints the number its
-    comment and the settings' text give (47 for the ``convert`` call)."""
+    comment and the settings' text give (46 for the ``convert`` call)."""
     (snippet,) = [c for lang, _, c in code_blocks() if lang == "python" and "load_tokenizer(" in c]
     claimed = re.search(r"# (\d+): the reply's tokens", snippet)
     assert claimed, "the snippet no longer says what it prints"

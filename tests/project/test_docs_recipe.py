@@ -2,7 +2,8 @@
 (the code blocks titled ``convert_agent.py``, ``convert_teacher.py`` and ``train.py``) are
 copied out of the page into a folder and run there, ``train.py`` with the settings the page
 gives to try the plumbing first (the built-in tiny model, 2 warm-up steps, 1 RL step); the
-shell's ``voltrl teacher serve`` answers the page's client snippet. ``make test-real`` runs the
+shell's ``voltrl teacher serve`` answers the page's client snippet and its plumbing check
+(``voltrl dev`` on a few tasks). ``make test-real`` runs the
 same files on SmolLM2 (``tests_real/test_docs_recipe_smollm2.py``)."""
 
 from __future__ import annotations
@@ -109,8 +110,33 @@ def test_the_shells_teacher_answers_the_pages_client(tmp_path: Path) -> None:
         done = subprocess.run(
             [sys.executable, "-c", client], cwd=tmp_path, capture_output=True, text=True, timeout=60
         )
+        plumbing = [run_line(line, served.endpoint, tmp_path) for line in plumbing_lines()]
     finally:
         served.stop()
     assert done.returncode == 0, done.stderr
     said = re.findall(r"^# (Function\(.*\))$", client, flags=re.M)
     assert said and done.stdout.strip() == said[0]  # what the page says it prints
+    # the plumbing check: a few tasks written, the agent run on them against the teacher
+    wrote, dev = plumbing
+    assert wrote.returncode == 0 and len((tmp_path / "few.jsonl").read_text().splitlines()) == 8
+    assert dev.returncode == 0, dev.stdout[-3000:] + dev.stderr[-3000:]  # none failed
+    result = re.search(r"result: reward ([\d.]+) over the dev rollouts \(8 rollouts\)", dev.stdout)
+    assert result and 0 < float(result[1]) < 1, dev.stdout[-3000:]  # the teacher errs on purpose
+
+
+def plumbing_lines() -> list[str]:
+    """The shell lines of the page's "try the plumbing first" block."""
+    (block,) = [c for lang, _, c in code_blocks() if lang == "bash" and "few.jsonl" in c]
+    return block.strip().splitlines()
+
+
+def run_line(line: str, endpoint: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """A page's shell line run as a user would: ``python`` and ``voltrl`` this environment's,
+    the teacher's default address replaced with ``endpoint``."""
+    import shlex
+
+    words = shlex.split(line.replace("http://127.0.0.1:8001/v1", endpoint))
+    head = {"python": [sys.executable], "voltrl": [sys.executable, "-m", "voltrl.cli"]}
+    return subprocess.run(
+        [*head[words[0]], *words[1:]], cwd=cwd, capture_output=True, text=True, timeout=120
+    )
