@@ -98,8 +98,9 @@ async def test_each_side_gets_its_outcome_and_penalties_land_on_their_call(tmp_p
 
 
 def test_a_positive_invalid_penalty_is_refused_when_the_rows_are_made() -> None:
-    with pytest.raises(ValueError, match=r"invalid_penalty must be at most 0, not 0\.5"):
-        agent.game_rows(1, invalid_penalty=0.5)
+    for bad in (0.5, float("nan")):
+        with pytest.raises(ValueError, match=rf"invalid_penalty must be at most 0, not {bad}"):
+            agent.game_rows(1, invalid_penalty=bad)
 
 
 async def test_a_refused_prompt_is_an_invalid_choice_and_the_game_goes_on(tmp_path: Path):

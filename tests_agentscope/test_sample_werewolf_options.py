@@ -4,13 +4,51 @@ AgentScope, so its check runs here)."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import sample_options as options
+
+RUN_PY = Path(__file__).resolve().parents[1] / "samples" / "werewolf" / "run.py"
 
 
 @pytest.mark.timeout(300)
 def test_the_werewolf_run_py_takes_the_trainers_options_from_the_shared_parser():
     defaults = {"--steps": "1", "--rules": "agentscope", "--lr": "1e-05", "--train": "village"}
     options.check_sample_options("werewolf", defaults, python=sys.executable)
+
+
+@pytest.mark.parametrize("penalty", ["0.5", "nan"])
+def test_an_invalid_penalty_above_zero_is_a_usage_error(penalty: str) -> None:
+    done = subprocess.run(
+        [sys.executable, str(RUN_PY), "train", "--invalid-penalty", penalty],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert f"--invalid-penalty must be at most 0 (got {penalty})" in done.stderr
+
+
+def test_the_invalid_penalty_option_reaches_the_games_rows(tmp_path: Path) -> None:
+    """``dev --teacher --invalid-penalty -1.5``: the game played is a row with that penalty."""
+    import asyncio
+
+    from voltrl.store.sql import SQLStore
+
+    done = subprocess.run(
+        [sys.executable, str(RUN_PY), "dev", "--teacher", "--games", "1", "--rules", "short",
+         "--max-rounds", "1", "--invalid-penalty", "-1.5", "--run-dir", str(tmp_path),
+         "--name", "penalty"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+    async def rows() -> list[dict]:
+        store = SQLStore(tmp_path / "penalty" / "store.sqlite")
+        try:
+            return [r.task.input for r in await store.query_rollouts()]
+        finally:
+            await store.close()
+
+    assert [row["invalid_penalty"] for row in asyncio.run(rows())] == [-1.5]

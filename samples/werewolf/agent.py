@@ -97,7 +97,7 @@ def game_rows(
     for key in ("max_rounds", "history_tokens"):
         if extra.get(key) is not None and int(extra[key]) < 1:
             raise ValueError(f"{key} must be at least 1, not {extra[key]}")
-    if extra.get("invalid_penalty") is not None and float(extra["invalid_penalty"]) > 0:
+    if extra.get("invalid_penalty") is not None and not float(extra["invalid_penalty"]) <= 0:
         raise ValueError(f"invalid_penalty must be at most 0, not {extra['invalid_penalty']}")
     return [
         {"seed": seed * 100_000 + i, "train": train, "external": external, **extra}
@@ -165,7 +165,8 @@ async def werewolf_game(row: dict, resources: vl.Resources) -> float:
     count = token_counter(row.get("tokenizer"))
     history = History(count, int(row.get("history_tokens") or HISTORY_TOKENS))
     penalty = row.get("invalid_penalty")
-    table = Table(state, rules, {}, rng, history, INVALID_PENALTY if penalty is None else penalty)
+    penalty = INVALID_PENALTY if penalty is None else float(penalty)
+    table = Table(state, rules, {}, rng, history, invalid_penalty=penalty)
     table.agents = _agents(table, resources, external)
     winner = await play(table)
     outcome = {}

@@ -302,7 +302,7 @@ def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
     for option in ("max_rounds", "history_tokens"):
         if (value := getattr(args, option)) is not None and value < 1:
             parser.error(f"--{option.replace('_', '-')} must be at least 1 (got {value})")
-    if args.invalid_penalty > 0:
+    if not args.invalid_penalty <= 0:  # nan too
         parser.error(f"--invalid-penalty must be at most 0 (got {args.invalid_penalty})")
     if args.run is dev and args.teacher and (args.endpoint or args.model):
         parser.error("--teacher plays instead of --endpoint and --model: give one or the other")
