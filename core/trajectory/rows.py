@@ -75,7 +75,9 @@ def turns(
 ) -> list[Turn]:
     """The calls to train on, with token ids resolved per ``missing_token_ids``. A call
     outside ``agent_filter``, or with no final reward (``finals[i]`` None: no reward of the
-    rollout and none addressed to its agent), is left out and counted."""
+    rollout and none addressed to its agent), is left out and counted. The calls kept are
+    counted as ``calls``, those whose reply stopped at ``max_tokens`` (``finish_reason``
+    ``"length"``: cut off) also as ``stopped/max_tokens``."""
     out = []
     for i, call in enumerate(calls):
         if not config.trains_agent(call.agent_name):
@@ -104,6 +106,9 @@ def turns(
             logprobs = call.response_logprobs
         if logprobs is None:
             stats["missing_logprobs"] += 1
+        stats["calls"] += 1
+        if call.finish_reason == "length":
+            stats["stopped/max_tokens"] += 1
         out.append(Turn(i, call, list(prompt), list(response), logprobs, retokenized))
     return out
 

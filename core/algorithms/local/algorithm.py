@@ -72,6 +72,7 @@ from voltrl.algorithms.local.prompt_phase import PromptPhase
 from voltrl.algorithms.local.reports import (
     adapters_summary,
     draw_reward_curve,
+    max_tokens_warning,
     same_reward_warning,
     step_line,
     stopped_line,
@@ -235,6 +236,7 @@ class LocalRL(Algorithm):
             self.publishes = ("main_llm", prompt_search.resource)
         self.history: list[dict[str, Any]] = []
         self._warned_same_reward = False
+        self._warned_max_tokens = False
         self._said_activations = False
         self._warned_untrained = False
         self._policy_lock = threading.Lock()
@@ -628,6 +630,10 @@ class LocalRL(Algorithm):
         if trained and not adv_tokens and not self._warned_same_reward:
             self._warned_same_reward = True
             print(same_reward_warning(step), flush=True)
+        cut = max_tokens_warning(batch.stats, step, self.sampling.get("max_tokens"))
+        if cut and not self._warned_max_tokens:
+            self._warned_max_tokens = True
+            print(cut, flush=True)
         return record
 
     async def validate(self, ctx: TrainContext, tasks: list[Task], step: int) -> list[Rollout]:

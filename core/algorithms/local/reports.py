@@ -61,6 +61,27 @@ def same_reward_warning(step: int) -> str:
     )
 
 
+MAX_TOKENS_WARNING_SHARE = 0.1
+"""The share of a step's trained replies stopped at ``max_tokens`` that gets a warning."""
+
+
+def max_tokens_warning(stats: Mapping[str, int], step: int, max_tokens: int | None) -> str | None:
+    """The warning for step ``step`` (0-based) when at least :data:`MAX_TOKENS_WARNING_SHARE`
+    of its trained replies (the batch's ``stats``: ``calls``) stopped at ``max_tokens``
+    (``stopped/max_tokens``; ``max_tokens`` None: the backend's or the gateway's cap); None
+    otherwise."""
+    stopped, calls = stats.get("stopped/max_tokens", 0), stats.get("calls", 0)
+    if not calls or stopped < MAX_TOKENS_WARNING_SHARE * calls:
+        return None
+    cap = f"max_tokens ({max_tokens})" if max_tokens else "the backend's token cap"
+    return (
+        f"warning: in step {step + 1}, {stopped} of {calls} trained replies stopped at {cap}, "
+        "cut off mid-reply (a tool call cut off is broken). If they should have finished, "
+        'raise LocalRL(sampling={"max_tokens": ...}); if they ramble, the cap is doing its '
+        "job (this warning is shown once)"
+    )
+
+
 def untrained_warning(
     batch: TrainingBatch, untrained: Sequence[int], step: int, patterns: Mapping[str, str]
 ) -> str:
