@@ -37,6 +37,7 @@ from voltrl.observability.trackers import LOGGERS
 from voltrl.resources import LLM, Resources
 from voltrl.runtime.dataset import Dataset
 from voltrl.runtime.run_setup import jsonl_text
+from voltrl.store.spec import absolute_spec
 from voltrl.types import Run, Task
 
 if TYPE_CHECKING:
@@ -201,7 +202,7 @@ def trainer_section(trainer: Trainer, run_dir: Path) -> dict[str, Any]:
         "port": trainer.port,
     }
     if isinstance(trainer.store, str | Path):
-        config["store"] = str(trainer.store)
+        config["store"] = absolute_spec(trainer.store)  # the same store from any directory
     if trainer.runners is not None:
         config["runners"] = {"ray": trainer.runners.config()}
     if trainer.gateway_retry is not None:

@@ -75,9 +75,10 @@ def turns(
 ) -> list[Turn]:
     """The calls to train on, with token ids resolved per ``missing_token_ids``. A call
     outside ``agent_filter``, or with no final reward (``finals[i]`` None: no reward of the
-    rollout and none addressed to its agent), is left out and counted. The calls kept are
-    counted as ``calls``, those whose reply stopped at ``max_tokens`` (``finish_reason``
-    ``"length"``: cut off) also as ``stopped/max_tokens``."""
+    rollout and none addressed to its agent), is left out and counted. The calls selected are
+    counted as ``calls`` (before the length limits and the cap), those whose reply was cut off
+    at its token cap or the context's end (``finish_reason`` ``"length"``) also as
+    ``stopped/length``."""
     out = []
     for i, call in enumerate(calls):
         if not config.trains_agent(call.agent_name):
@@ -108,7 +109,7 @@ def turns(
             stats["missing_logprobs"] += 1
         stats["calls"] += 1
         if call.finish_reason == "length":
-            stats["stopped/max_tokens"] += 1
+            stats["stopped/length"] += 1
         out.append(Turn(i, call, list(prompt), list(response), logprobs, retokenized))
     return out
 

@@ -720,15 +720,15 @@ async def test_trajectories_from_store_build_the_winning_attempt_of_each_rollout
     assert traj.transitions[0].metadata["call_ids"] == [c.call_id for c in calls]
 
 
-def test_trained_calls_and_those_cut_off_at_max_tokens_are_counted() -> None:
-    """``calls`` counts the calls kept for training, ``stopped/max_tokens`` those of them whose
-    reply stopped at the cap (``finish_reason`` ``"length"``); a call the agent filter left out
-    counts in neither."""
+def test_selected_calls_and_those_cut_off_are_counted() -> None:
+    """``calls`` counts the calls selected for training, ``stopped/length`` those of them whose
+    reply was cut off (``finish_reason`` ``"length"``); a call the agent filter left out counts
+    in neither."""
     a, b, c = (call(i, [1, 2, 3 + i], [9], agent=name) for i, name in enumerate("aab"))
     a = a.model_copy(update={"finish_reason": "length"})
     c = c.model_copy(update={"finish_reason": "length"})
     traj = build_trajectory(rollout(), [a, b, c], config=TrajectoryConfig(agent_filter="a"))
-    assert traj.stats["calls"] == 2 and traj.stats["stopped/max_tokens"] == 1
+    assert traj.stats["calls"] == 2 and traj.stats["stopped/length"] == 1
     assert traj.stats["dropped/agent_filter"] == 1
 
 

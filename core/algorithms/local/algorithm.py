@@ -70,9 +70,10 @@ from voltrl.algorithms.local.memory import (
 )
 from voltrl.algorithms.local.prompt_phase import PromptPhase
 from voltrl.algorithms.local.reports import (
+    CUT_OFF_COUNTS,
     adapters_summary,
+    cut_off_warning,
     draw_reward_curve,
-    max_tokens_warning,
     same_reward_warning,
     step_line,
     stopped_line,
@@ -236,7 +237,7 @@ class LocalRL(Algorithm):
             self.publishes = ("main_llm", prompt_search.resource)
         self.history: list[dict[str, Any]] = []
         self._warned_same_reward = False
-        self._warned_max_tokens = False
+        self._warned_cut_off = False
         self._said_activations = False
         self._warned_untrained = False
         self._policy_lock = threading.Lock()
@@ -609,7 +610,7 @@ class LocalRL(Algorithm):
             step + 1,
             **stats.flat("train/"),
             **metrics,
-            **{f"batch/{k}": v for k, v in batch.stats.items()},
+            **{f"batch/{k}": v for k, v in {**CUT_OFF_COUNTS, **batch.stats}.items()},
             **staleness,
             rollout_s=t1 - t0,
             update_s=t2 - t1,
@@ -630,9 +631,9 @@ class LocalRL(Algorithm):
         if trained and not adv_tokens and not self._warned_same_reward:
             self._warned_same_reward = True
             print(same_reward_warning(step), flush=True)
-        cut = max_tokens_warning(batch.stats, step, self.sampling.get("max_tokens"))
-        if cut and not self._warned_max_tokens:
-            self._warned_max_tokens = True
+        cap = self.sampling.get("max_tokens") or self.sampling.get("max_completion_tokens")
+        if (cut := cut_off_warning(batch.stats, step, cap)) and not self._warned_cut_off:
+            self._warned_cut_off = True
             print(cut, flush=True)
         return record
 

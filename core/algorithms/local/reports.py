@@ -61,22 +61,32 @@ def same_reward_warning(step: int) -> str:
     )
 
 
-MAX_TOKENS_WARNING_SHARE = 0.1
-"""The share of a step's trained replies stopped at ``max_tokens`` that gets a warning."""
+CUT_OFF_COUNTS = {"calls": 0, "stopped/length": 0}
+"""The batch counts every step logs, 0 when the batch has none (a curve with no gaps)."""
+
+CUT_OFF_WARNING_SHARE = 0.1
+"""The share of a step's selected replies cut off (``stopped/length``) that gets a warning."""
 
 
-def max_tokens_warning(stats: Mapping[str, int], step: int, max_tokens: int | None) -> str | None:
-    """The warning for step ``step`` (0-based) when at least :data:`MAX_TOKENS_WARNING_SHARE`
-    of its trained replies (the batch's ``stats``: ``calls``) stopped at ``max_tokens``
-    (``stopped/max_tokens``; ``max_tokens`` None: the backend's or the gateway's cap); None
-    otherwise."""
-    stopped, calls = stats.get("stopped/max_tokens", 0), stats.get("calls", 0)
-    if not calls or stopped < MAX_TOKENS_WARNING_SHARE * calls:
+def cut_off_warning(stats: Mapping[str, int], step: int, max_tokens: int | None) -> str | None:
+    """The warning for step ``step`` (0-based) when at least :data:`CUT_OFF_WARNING_SHARE` of
+    the replies its trajectories selected (the batch's ``stats``: ``calls``) stopped at their
+    token cap (``stopped/length``): ``max_tokens``, LocalRL's sampling cap, or with none the
+    end of the model's context. None otherwise."""
+    cut, calls = stats.get("stopped/length", 0), stats.get("calls", 0)
+    if not calls or cut < CUT_OFF_WARNING_SHARE * calls:
         return None
-    cap = f"max_tokens ({max_tokens})" if max_tokens else "the backend's token cap"
+    head = f"warning: in step {step + 1}, {cut} of {calls} sampled replies were cut off"
+    if max_tokens is None:
+        return (
+            f"{head} at the end of the model's context (no sampling max_tokens): the prompts "
+            "leave the replies too little room. Shorten them (a smaller history), or set "
+            'LocalRL(sampling={"max_tokens": ...}) so that a reply that rambles stops sooner '
+            "(this warning is shown once)"
+        )
     return (
-        f"warning: in step {step + 1}, {stopped} of {calls} trained replies stopped at {cap}, "
-        "cut off mid-reply (a tool call cut off is broken). If they should have finished, "
+        f"{head} at their max_tokens (LocalRL's sampling: {max_tokens}, unless the agent's "
+        "request set its own); a tool call cut off is broken. If they should have finished, "
         'raise LocalRL(sampling={"max_tokens": ...}); if they ramble, the cap is doing its '
         "job (this warning is shown once)"
     )

@@ -200,31 +200,35 @@ def test_a_step_whose_rollouts_all_failed_is_not_trained_on(tmp_path: Path, caps
 
 
 def test_replies_cut_off_at_max_tokens_are_counted_per_step_and_warned_once(tmp_path: Path, capsys):
-    """The tiny model never ends a reply within 6 tokens: each step counts its trained calls
-    and those stopped at ``max_tokens`` (as the store records them), and the run says so
-    once, naming the setting."""
+    """The tiny model seldom ends a reply within 6 tokens: each step counts its selected calls
+    and those cut off (as the store records them), and the run warns once, naming the cap,
+    though both steps cross the threshold."""
     algo = make_algorithm(validation={"every": 0}, checkpoints={"every": 0})
     trainer = vl.Trainer(algo, n_runners=1, inline=True, run_dir=tmp_path, name="cut")
     result = trainer.fit(two_turn_agent, ROWS)
     out = capsys.readouterr().out
-    assert out.count("trained replies stopped at max_tokens (6), cut off mid-reply") == 1
+    assert out.count("sampled replies were cut off at their max_tokens (LocalRL's sampling: 6") == 1
     assert 'raise LocalRL(sampling={"max_tokens": ...})' in out
     rollouts, calls = stored(tmp_path / "cut" / "store.sqlite")
     recorded = [c for r in rollouts if r.mode == "train" for c in calls[r.rollout_id]]
     steps = [m for m in result.metrics if "batch/rows" in m]
-    assert sum(m["batch/calls"] for m in steps) == len(recorded) == 16
-    cut = sum(c.finish_reason == "length" for c in recorded)
-    assert cut > 0 and sum(m.get("batch/stopped/max_tokens", 0) for m in steps) == cut
+    assert [m["batch/calls"] for m in steps] == [8, 8] and len(recorded) == 16
+    assert all(m["batch/stopped/length"] >= 0.1 * m["batch/calls"] for m in steps)
+    assert sum(m["batch/stopped/length"] for m in steps) == sum(
+        c.finish_reason == "length" for c in recorded
+    )
 
 
-def test_the_max_tokens_warning_needs_a_tenth_of_the_steps_replies_cut_off() -> None:
-    from voltrl.algorithms.local.reports import max_tokens_warning
+def test_the_cut_off_warning_needs_a_tenth_of_the_replies_and_names_what_cut_them() -> None:
+    from voltrl.algorithms.local.reports import cut_off_warning
 
-    assert max_tokens_warning({"calls": 20, "stopped/max_tokens": 1}, 0, 64) is None
-    assert max_tokens_warning({"rows": 3}, 0, 64) is None  # no call (explicit transitions)
-    said = max_tokens_warning({"calls": 20, "stopped/max_tokens": 2}, 4, None)
-    assert said and said.startswith("warning: in step 5, 2 of 20 trained replies stopped at")
-    assert "the backend's token cap" in said
+    assert cut_off_warning({"calls": 20, "stopped/length": 1}, 0, 64) is None
+    assert cut_off_warning({"rows": 3}, 0, 64) is None  # no call (explicit transitions)
+    capped = cut_off_warning({"calls": 20, "stopped/length": 2}, 4, 64)
+    assert capped and capped.startswith("warning: in step 5, 2 of 20 sampled replies were cut")
+    assert "at their max_tokens (LocalRL's sampling: 64," in capped
+    uncapped = cut_off_warning({"calls": 20, "stopped/length": 2}, 0, None)
+    assert uncapped and "at the end of the model's context (no sampling max_tokens)" in uncapped
 
 
 def test_steps_whose_groups_all_share_a_reward_say_nothing_was_trained(tmp_path: Path, capsys):
