@@ -1,6 +1,6 @@
-"""A run's ``train.yaml`` runs it again: it names the model as the run got it (a local path
-made absolute), a model object or an agent built with arguments leaves a field to fill in,
-and ``voltrl train`` refuses a config that cannot run in one line naming the field, before
+"""A run's ``train.yaml`` runs it again: it names the model and the store as the run got them
+(a local path made absolute), a model object or an agent built with arguments leaves a field to
+fill in, and ``voltrl train`` refuses a config that cannot run in one line naming the field, before
 any run directory exists."""
 
 from __future__ import annotations
@@ -146,6 +146,27 @@ def test_a_train_yaml_names_a_local_model_by_its_absolute_path_and_runs_as_a_new
     # "tiny" and hub names stay names
     _, config = written_yaml(tmp_path / "b", vl.LocalRL("tiny"), calls_once)
     assert config["algorithm"]["model"] == "tiny"
+
+
+def test_a_train_yaml_names_a_relative_store_by_its_absolute_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    from serving_agents import calls_once
+
+    monkeypatch.chdir(tmp_path)
+    algorithm = vl.LocalRL("tiny", schedule={"steps": 1})
+    for store, recorded in [
+        ("shared.sqlite", str(tmp_path / "shared.sqlite")),
+        ("sqlite:///runs/shared.sqlite", str(tmp_path / "runs" / "shared.sqlite")),
+        ("http://127.0.0.1:9/", "http://127.0.0.1:9/"),
+    ]:
+        trainer = vl.Trainer(algorithm, store=store, run_dir=tmp_path / "runs", name="written")
+        run_dir = tmp_path / "runs" / "written"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        path = trainer.write_config(
+            run_dir, calls_once, ([{"q": 1}], load_tasks([{"q": 1}])), (None, None)
+        )
+        assert path is not None and yaml.safe_load(path.read_text())["trainer"]["store"] == recorded
 
 
 def test_an_agent_bound_to_a_module_name_is_named_by_it(tmp_path: Path):
