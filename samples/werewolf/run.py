@@ -39,9 +39,11 @@ from voltrl.cli.endpoints import check_llm  # noqa: E402
 
 RECIPE_HINT = (
     "The learning recipe (the scripted teacher's games, a warm start on them, RL against the "
-    "teacher, the win rates before and after with 95% intervals), in the AgentScope "
-    "environment: benchmarks/learning.py werewolf --side wolves|village "
-    "[--model smollm2-135m-instruct] [--seeds 0 1 2]; see samples/werewolf/README.md."
+    "teacher, the win rates before and after with 95% intervals; its settings are its own, "
+    "not these options' defaults): .venv-agentscope/bin/python benchmarks/learning.py "
+    "werewolf --side wolves|village [--model smollm2-135m-instruct] [--seeds 0 1 2], about "
+    "40 minutes a seed of the tiny student on 2 CPU cores; results in runs/learning/, the run "
+    "in runs/werewolf-<side>-recipe-seed<N>/. See samples/werewolf/README.md."
 )
 
 
@@ -264,6 +266,10 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--games", type=int, default=2, help="games to play")
     d.add_argument("--temperature", type=float, default=0.7, help="the players' sampling")
     d.add_argument("--no-token-ids", action="store_true", help="for hosted APIs")
+    d.epilog = (
+        "With --teacher the scripted teacher plays every seat: its games warm a student up "
+        "(train --warm-start RUN_DIR). " + RECIPE_HINT
+    )
     d.set_defaults(run=dev)
 
     t = cli.subcommand(sub, "train", "train one side, or both, with LocalRL", [common])
