@@ -77,6 +77,37 @@ def test_the_outcome_comes_first_and_the_spans_are_folded(client: httpx.Client, 
     assert tree.count('<tr class="span') == 2 * game.calls + 1
 
 
+def test_each_penalty_is_marked_on_the_call_it_follows(client: httpx.Client, game: Game) -> None:
+    """A reward emitted for no agent (the game's ``invalid_output`` penalties, each 0.05 s
+    after its call ended) shows under that call, where per-step credit puts it; the outcome
+    says so; the sides' outcomes, addressed to agents, mark no call."""
+    rollout_id = game.train[1]
+
+    async def penalised() -> set[int]:
+        store = SQLStore(game.run_dir / "store.sqlite")
+        try:
+            calls = {c.ended_at: c.sequence_id for c in await store.get_llm_calls(rollout_id)}
+            rewards = await store.get_rewards(rollout_id)
+        finally:
+            await store.close()
+        ends = sorted(calls)
+        return {
+            calls[max(e for e in ends if e <= r.timestamp)]
+            for r in rewards
+            if r.name == "invalid_output"
+        }
+
+    expected = {k for k in asyncio.run(penalised()) if k < 100}  # the page's first 100 calls
+    page = client.get(f"/rollouts/{rollout_id}").text
+    sections = re.findall(r'<section class="call" id="call-\d+-(\d+)">(.*?)</section>', page, re.S)
+    marked = {int(k) for k, body in sections if 'class="reward-marks"' in body}
+    assert expected and marked == expected
+    body = dict(sections)[str(min(expected))]
+    assert "-0.2" in body and "<code>invalid_output</code>" in body
+    assert "emitted after this call" in body and "outcome/" not in body
+    assert "per-step credit gives it to the call it follows (marked below)" in page
+
+
 def test_token_views_come_when_opened_the_response_first(client: httpx.Client, game: Game) -> None:
     page = client.get(f"/rollouts/{game.train[0]}").text
     call = next(p for p in parts(page) if p.endswith("/tokens") and p.startswith("calls/"))

@@ -5,7 +5,9 @@ conversation. Plain data for the templates: no HTML here.
 its events (:func:`voltrl.emit_event` makes a zero-length span, e.g. tau2's ``episode`` with
 its termination and score, werewolf's ``game`` with its winner) and its rewards by name, with
 what each was credited to (the whole rollout, or the agents a regex matches: each werewolf
-side's outcome).
+side's outcome). A reward emitted for no agent is also marked in the conversation, on the call
+it follows, where per-step credit puts it (:func:`reward_marks`: a werewolf penalty on the
+answer that earned it).
 
 **The conversation** is every call's request and response, each message shown once: a call
 whose messages continue an earlier call's (its request and response, or its request alone)
@@ -24,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from voltrl.trajectory.credit import owner_turn
 from voltrl.types import LLMCall, Reward, Span
 
 CALLS_PER_PAGE = 100
@@ -83,6 +86,21 @@ def reward_lines(rewards: Sequence[Reward]) -> list[RewardLine]:
             line.last = r.value
             line.total += r.value
     return list(lines.values())
+
+
+def reward_marks(calls: Sequence[LLMCall], rewards: Sequence[Reward]) -> list[list[Reward]]:
+    """For each of ``calls``, the rewards that follow it: each reward emitted for no agent
+    (not the rollout's returned one) goes to the call of its attempt that ended last before it,
+    the call per-step credit gives it to (:func:`voltrl.trajectory.credit.owner_turn`)."""
+    marks: list[list[Reward]] = [[] for _ in calls]
+    by_attempt: dict[str, list[int]] = {}
+    for i, call in enumerate(calls):
+        by_attempt.setdefault(call.attempt_id, []).append(i)
+    for reward in rewards:
+        own = by_attempt.get(reward.attempt_id)
+        if own and reward.agents is None and reward.source != "return":
+            marks[own[owner_turn([calls[i] for i in own], reward.timestamp)]].append(reward)
+    return marks
 
 
 # ---- the conversation ---------------------------------------------------------------------------
@@ -150,6 +168,8 @@ class Turn:
     reasoning: str | None
     tools: list[str] | None
     """The names of the tools offered, when they differ from the agent's previous call."""
+    rewards: list[Reward] = field(default_factory=list)
+    """The rewards that follow the call (:func:`reward_marks`)."""
 
 
 def clip_length(calls: int) -> int:

@@ -201,8 +201,11 @@ async def _page_data(store: Store, ro: Rollout) -> tuple[list[Attempt], Shown]:
         store.get_rewards(ro.rollout_id),
     )
     final = ro.final_attempt_id
+    turns = await asyncio.to_thread(conversation.thread, calls)
+    for turn, marks in zip(turns, conversation.reward_marks(calls, rewards), strict=True):
+        turn.rewards = marks
     shown = Shown(
-        turns=await asyncio.to_thread(conversation.thread, calls),
+        turns=turns,
         events=conversation.events([s for s in spans if final in (None, s.attempt_id)]),
         reward_lines=conversation.reward_lines(
             [w for w in rewards if final in (None, w.attempt_id)]
