@@ -177,8 +177,14 @@ def plot(sample: str, rows: list[dict[str, Any]], path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("samples", nargs="*", help="default: every sample with a recipe")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--out", type=Path, default=Path("runs"))
+    parser.add_argument(
+        "--seeds", type=int, nargs="+", default=[0],
+        help="one run per seed (default: 0); each replaces that seed's row",
+    )  # fmt: skip
+    parser.add_argument(
+        "--out", type=Path, default=Path("runs"),
+        help="where the runs go; the rows, tables and plots go to OUT/learning (default: runs)",
+    )  # fmt: skip
     parser.add_argument(
         "--model", default=TINY, choices=sorted(SAMPLES_OF), help="the student (default: tiny)"
     )
