@@ -93,13 +93,15 @@ def reward_marks(calls: Sequence[LLMCall], rewards: Sequence[Reward]) -> list[li
     (not the rollout's returned one) goes to the call of its attempt that ended last before it,
     the call per-step credit gives it to (:func:`voltrl.trajectory.credit.owner_turn`)."""
     marks: list[list[Reward]] = [[] for _ in calls]
-    by_attempt: dict[str, list[int]] = {}
+    by_attempt: dict[str, tuple[list[int], list[LLMCall]]] = {}
     for i, call in enumerate(calls):
-        by_attempt.setdefault(call.attempt_id, []).append(i)
+        indices, own = by_attempt.setdefault(call.attempt_id, ([], []))
+        indices.append(i)
+        own.append(call)
     for reward in rewards:
-        own = by_attempt.get(reward.attempt_id)
+        indices, own = by_attempt.get(reward.attempt_id, ([], []))
         if own and reward.agents is None and reward.source != "return":
-            marks[own[owner_turn([calls[i] for i in own], reward.timestamp)]].append(reward)
+            marks[indices[owner_turn(own, reward.timestamp)]].append(reward)
     return marks
 
 
