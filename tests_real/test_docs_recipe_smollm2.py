@@ -1,5 +1,5 @@
 """The real-model recipe of ``docs/own_agent_real_model.md`` as written, on SmolLM2: the page's
-three files copied out and ``python train.py`` run with one RL step (``RL_STEPS = 1``), the
+files copied out and ``python train.py`` run with one RL step (``RL_STEPS = 1``), the
 teacher recording and the warm-up in full. The warm-up is what makes RL possible (zero-shot,
 the model never calls the tool), so it must leave a model that solves some held-out questions.
 About 10 minutes on 2 CPU cores."""

@@ -1,9 +1,10 @@
-"""The real-model recipe of ``docs/own_agent_real_model.md`` runs as written: its three files
-(the code blocks titled ``convert_agent.py``, ``convert_teacher.py`` and ``train.py``) are
-copied out of the page into a folder and run there, ``train.py`` with the settings the page
-gives to try the plumbing first (the built-in tiny model, 2 warm-up steps, 1 RL step); the
-shell's ``voltrl teacher serve`` answers the page's client snippet and its plumbing check
-(``voltrl dev`` on a few tasks). ``make test-real`` runs the
+"""The real-model recipe of ``docs/own_agent_real_model.md`` runs as written: its four files
+(the code blocks titled ``convert_agent.py``, ``test_convert_agent.py``, ``convert_teacher.py``
+and ``train.py``) are copied out of the page into a folder and run there: the reward's tests
+pass, the offline look at the teacher prints what the page says, and ``train.py`` runs with
+the settings the page gives to try the plumbing first (the built-in tiny model, 2 warm-up
+steps, 1 RL step); the shell's ``voltrl teacher serve`` answers the page's client snippet and
+its plumbing check (``voltrl dev`` on a few tasks). ``make test-real`` runs the
 same files on SmolLM2 (``tests_real/test_docs_recipe_smollm2.py``)."""
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import pytest
 from helpers import ROOT, Served
 
 PAGE = ROOT / "docs" / "own_agent_real_model.md"
-FILES = ("convert_agent.py", "convert_teacher.py", "train.py")
+FILES = ("convert_agent.py", "test_convert_agent.py", "convert_teacher.py", "train.py")
 TRY_THE_PLUMBING = {"MODEL": '"tiny"', "SFT_STEPS": "2", "RL_STEPS": "1"}
 """The settings the page gives to try the plumbing first."""
 
@@ -47,7 +48,7 @@ def with_settings(code: str, settings: dict[str, str]) -> str:
 
 
 def write_recipe(folder: Path, settings: dict[str, str]) -> None:
-    """The page's three files in ``folder``, ``train.py``'s ``settings`` changed."""
+    """The page's files in ``folder``, ``train.py``'s ``settings`` changed."""
     for name, code in recipe_files().items():
         (folder / name).write_text(with_settings(code, settings) if name == "train.py" else code)
 
@@ -75,6 +76,28 @@ def test_the_page_says_how_to_try_the_plumbing_as_this_test_does() -> None:
     for setting in ('"use_lora": True', '"lora_r": 16', '"lr": 2e-4', '"mode": "trajectory"'):
         assert setting in train, setting
     assert "batch_size=16" in train and "SFT_STEPS = 24" in train
+
+
+def test_the_pages_reward_tests_pass_and_its_offline_teacher_prints_what_it_says(
+    tmp_path: Path,
+) -> None:
+    write_recipe(tmp_path, {})
+    tests = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_convert_agent.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert tests.returncode == 0, tests.stdout[-3000:] + tests.stderr[-3000:]
+    assert re.search(r"\b10 passed\b", tests.stdout), tests.stdout[-3000:]
+    (offline,) = [c for lang, _, c in code_blocks() if lang == "python" and "episode_rng(" in c]
+    done = subprocess.run(
+        [sys.executable, "-c", offline], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    said = re.findall(r"^# (the teacher calls .*)$", offline, flags=re.M)
+    assert said and done.stdout.strip() == said[0]
 
 
 @pytest.mark.slow
