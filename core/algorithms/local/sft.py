@@ -315,11 +315,12 @@ class SFT(Algorithm):
             "agents": sorted({a or "" for a in batch.agent_names}),
         }
         if ctx.progress:
+            named = ", ".join(a for a in self.summary["agents"] if a)  # unnamed: a plain client
             print(
                 f"SFT: {self.summary['rows']} rows from {self.summary['rollouts']} rollouts "
                 f"({trained} trained tokens, {self.summary['retokenized_calls']} calls "
-                f"re-tokenised, {self.summary['merge_failures']} merge failures, agents "
-                f"{self.summary['agents']})",
+                f"re-tokenised, {self.summary['merge_failures']} merge failures"
+                f"{f'; agents {named}' if named else ''})",
                 flush=True,
             )
         activations = check_activations(model, batch, self.micro_batch_size, what="SFT")
