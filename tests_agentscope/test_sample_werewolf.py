@@ -97,6 +97,23 @@ async def test_each_side_gets_its_outcome_and_penalties_land_on_their_call(tmp_p
     assert len(penalised) == game["invalid_outputs"]
 
 
+async def test_a_failed_answer_leaves_the_players_memory(tmp_path: Path) -> None:
+    """Player1 answers every choice outside the legal ones: each question of his is asked
+    with none of his failed answers (nor AgentScope's tool errors about them) before it."""
+    [row] = agent.game_rows(1, seed=3, max_rounds=8)
+    result, _, fb, _ = await play(tmp_path, [row], legal(invalid_from="Player1"))
+    assert result.rollouts[0].status == "succeeded", result.rollouts[0].error
+    questions = [
+        b for b in (r["body"] for r in fb.requests)
+        if player_of(b) == "Player1" and choices_offered(b) is not None
+    ]  # fmt: skip
+    assert len(questions) >= 3
+    for body in questions:
+        said = [json.dumps(m) for m in body["messages"]]
+        asked = max(i for i, m in enumerate(said) if "Choose one of:" in m)
+        assert not [m for m in said[:asked] if "Nobody99" in m or "validation failed" in m]
+
+
 def test_a_positive_invalid_penalty_is_refused_when_the_rows_are_made() -> None:
     for bad in (0.5, float("nan")):
         with pytest.raises(ValueError, match=rf"invalid_penalty must be at most 0, not {bad}"):

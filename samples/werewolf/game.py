@@ -111,7 +111,10 @@ async def decide(table: Table, name: str, prompt: str, choices: list[str], retri
     """``name`` picks one of ``choices`` as structured output (the schema allows only them).
     Each invalid answer costs ``table.invalid_penalty`` on the call that gave it; a prompt the
     backend refused for its length (no call was made: no penalty) is retried on half the
-    memory. After ``retries`` more tries a random legal choice is played."""
+    memory. After ``retries`` more tries a random legal choice is played. A try that gave no
+    legal answer leaves the player's memory (the question, the answer and AgentScope's own
+    retries inside it, with their tool errors): the next try asks afresh, and no later call
+    sees the failed one."""
     schema = create_model(
         "Choice",
         target=(Literal[tuple(choices)], ...),  # type: ignore[valid-type]
@@ -123,6 +126,8 @@ async def decide(table: Table, name: str, prompt: str, choices: list[str], retri
     counts[0] += 1
     for _ in range(retries + 1):
         table.trim(name, budget)
+        context = table.agents[name].state.context
+        asked_at = len(context)
         try:
             msg = await table.agents[name].reply(
                 UserMsg("moderator", f"{prompt}{hint} Choose one of: {', '.join(choices)}."),
@@ -130,6 +135,7 @@ async def decide(table: Table, name: str, prompt: str, choices: list[str], retri
             )
             target = (msg.structured_output or {}).get("target")
         except Exception as e:
+            del context[asked_at:]
             if is_context_overflow(e):
                 table.overflows += 1
                 budget //= 2
@@ -139,6 +145,7 @@ async def decide(table: Table, name: str, prompt: str, choices: list[str], retri
             target = None
         if target in choices:
             return target
+        del context[asked_at:]
         vl.emit_reward(table.invalid_penalty, name="invalid_output")  # on the call just made
         table.invalid += 1
         counts[1] += 1
