@@ -232,3 +232,19 @@ async def test_a_refused_choice_costs_no_penalty_and_is_retried_on_less_memory(t
     rewards = await store.get_rewards(rollout.rollout_id)
     assert not [r for r in rewards if r.name == "invalid_output"]
     assert game["winner"] in ("wolves", "village")
+
+
+def test_legal_answers_count_every_try_and_legal_choices_every_choice() -> None:
+    """A seat that met 4 choices, gave 3 invalid answers and had one choice played at random:
+    3 legal answers of 6, 3 choices of 4 answered legally; an external seat is left out."""
+    from report import summary
+
+    game = {
+        "winner": "wolves",
+        "roles": {"Player1": "werewolf", "Player2": "seer"},
+        "answers": {"Player1": [4, 3, 1], "Player2": [5, 5, 5]},
+        "external_seats": ["Player2"],
+    }
+    figures = summary([game], "wolves")
+    assert figures["legal"] == 3 / 6 and figures["legal_choices"] == 3 / 4
+    assert figures["answers_by_role"] == {"werewolf": [3, 6]}

@@ -182,10 +182,11 @@ def table_lines(rows: list[dict[str, Any]]) -> list[str]:
     told their games apart."""
     head = (
         "| side | model | seed | held-out deals | win rate before (95% CI) | after (95% CI) "
-        "| z, p | draws before / after | legal before / after (weakest role) "
+        "| z, p | draws before / after | legal answers before / after (weakest role) "
+        "| choices answered legally before / after "
         "| behaviour before → after | groups mixed |"
     )
-    lines = [head, "|" + "---|" * 11]
+    lines = [head, "|" + "---|" * 12]
     for r in rows:
         if "before" not in r:
             continue
@@ -208,7 +209,8 @@ def table_lines(rows: list[dict[str, Any]]) -> list[str]:
             f"| {r['side']} | {r['model']} | {r['seed']} | {b['games']} / {a['games']} "
             f"| {rate(b)} | {rate(a)} | {r['z']:+.2f}, {r['p_value']:.2f} "
             f"| {pct(b['draw_rate'])} / {pct(a['draw_rate'])} "
-            f"| {pct(b['legal'])} / {pct(a['legal'])}{weak} | {acts} "
+            f"| {pct(b['legal'])} / {pct(a['legal'])}{weak} "
+            f"| {pct(b.get('legal_choices'))} / {pct(a.get('legal_choices'))} | {acts} "
             f"| {groups['groups_mixed']} of {groups['groups']} |"
         )
     return lines

@@ -92,20 +92,22 @@ def two_proportions(wins_a: int, games_a: int, wins_b: int, games_b: int) -> tup
     return z, math.erfc(abs(z) / math.sqrt(2))
 
 
-def legal_by_role(games: list[dict]) -> dict[str, tuple[int, int]]:
-    """Per role, ``(legal answers, answers)`` of the seats on the run's model (``main_llm``;
-    external seats are left out), from each game's ``answers``: a choice played at random had
-    no legal answer, every other had one, and each invalid answer counts too."""
+def legal_by_role(games: list[dict]) -> dict[str, tuple[int, int, int]]:
+    """Per role, ``(legal answers, answers, choices)`` of the seats on the run's model
+    (``main_llm``; external seats are left out), from each game's ``answers``: a choice played
+    at random had no legal answer, every other had one (at the first try or a retry), and each
+    invalid answer counts too."""
     out: dict[str, list[int]] = {}
     for g in games:
         external = set(g.get("external_seats") or ())
         for player, (choices, invalid, fallbacks) in (g.get("answers") or {}).items():
             if player in external:
                 continue
-            counts = out.setdefault(g["roles"][player], [0, 0])
+            counts = out.setdefault(g["roles"][player], [0, 0, 0])
             counts[0] += choices - fallbacks
             counts[1] += choices - fallbacks + invalid
-    return {role: (legal, answers) for role, (legal, answers) in sorted(out.items())}
+            counts[2] += choices
+    return {role: (counts[0], counts[1], counts[2]) for role, counts in sorted(out.items())}
 
 
 SEER_CLAIM = re.compile(r"\bI am the seer\b", re.IGNORECASE)
@@ -154,12 +156,13 @@ def behaviour(games: list[dict]) -> dict[str, tuple[int, int]]:
 def summary(games: list[dict], side: str) -> dict[str, Any]:
     """A group of games played to their end (``game_report``'s rows with their ``game``
     event merged in) for the side ``side``: its wins, win rate and 95% Wilson interval, the
-    draws, the legal answers overall and per role (:func:`legal_by_role`) and
-    :func:`behaviour`."""
+    draws, the legal answers overall and per role (:func:`legal_by_role`), the choices answered
+    legally (``legal_choices``: at the first try or the retry; the others were played at
+    random) and :func:`behaviour`."""
     wins = sum(g["winner"] == side for g in games)
     draws = sum(g["winner"] == "draw" for g in games)
     roles = legal_by_role(games)
-    legal, answers = (sum(x[i] for x in roles.values()) for i in (0, 1))
+    legal, answers, choices = (sum(x[i] for x in roles.values()) for i in (0, 1, 2))
     return {
         "games": len(games),
         "wins": wins,
@@ -168,8 +171,9 @@ def summary(games: list[dict], side: str) -> dict[str, Any]:
         "draws": draws,
         "draw_rate": draws / len(games) if games else None,
         "legal": legal / answers if answers else None,
-        "legal_by_role": {r: (a / b if b else None) for r, (a, b) in roles.items()},
-        "answers_by_role": {r: [a, b] for r, (a, b) in roles.items()},
+        "legal_choices": legal / choices if choices else None,
+        "legal_by_role": {r: (a / b if b else None) for r, (a, b, _) in roles.items()},
+        "answers_by_role": {r: [a, b] for r, (a, b, _) in roles.items()},
         "behaviour": {k: list(v) for k, v in behaviour(games).items()},
     }
 
@@ -212,7 +216,7 @@ def print_report(result: vl.RunResult) -> None:
         )
         if roles := legal_by_role(some):
             shown = ", ".join(
-                f"{r} {a / max(b, 1):.0%} ({a} of {b})" for r, (a, b) in roles.items()
+                f"{r} {a / max(b, 1):.0%} ({a} of {b})" for r, (a, b, _) in roles.items()
             )
             print(f"  legal answers by role (the seats on the run's model): {shown}")
         if any(g.get("log") is not None for g in some):
