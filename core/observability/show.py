@@ -223,6 +223,9 @@ def render_run(view: RunView, console: Console, *, full: bool = False) -> None:
             cells = (_status(r.status), _num(r.reward), str(r.attempt_count), Text(r.error or ""))
             table.add_row(r.rollout_id, r.mode, *cells)
         console.print(table)
+        if len(latest) < len(rollouts):
+            shown = f"{len(latest)} of the run's {len(rollouts)} rollouts shown"
+            console.print(Text(f"{shown}: voltrl dashboard lists them all", style="dim"))
 
 
 def _render_search(search: PromptSearch, console: Console, full: bool) -> None:

@@ -158,6 +158,8 @@ def test_a_run_shows_its_summary_reward_statistics_and_metric_curves(runs: Path,
     assert "update/kl" in metrics
     assert "runs/demo/metrics.jsonl" in out
     assert "RuntimeError" not in out  # the flaky rollout succeeded on its second attempt
+    # five of the nine rollouts listed, and said so
+    assert "5 of the run's 9 rollouts shown: voltrl dashboard lists them all" in out
 
 
 def test_a_run_directory_shows_that_run(runs: Path, capsys, monkeypatch) -> None:
