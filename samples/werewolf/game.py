@@ -135,8 +135,8 @@ async def decide(table: Table, name: str, prompt: str, choices: list[str], retri
             )
             target = (msg.structured_output or {}).get("target")
         except Exception as e:
-            del context[asked_at:]
             if is_context_overflow(e):
+                del context[asked_at:]
                 table.overflows += 1
                 budget //= 2
                 continue
