@@ -1,12 +1,14 @@
 """The dashboard's token-drift audit over HTTP: the run page fetches the audit once loaded and
-the audit is kept per run; a call's token view says what each check found and marks the prompt
-position where one diverges; the run's mismatch curves come right after its reward. (In a real
-browser: test_dashboard_browser.py.)"""
+the audit is kept per run; a split continuation is flagged only in trajectory mode; a call's
+token view says what each check found and marks the prompt position where one diverges; the
+run's mismatch curves come right after its reward. (In a real browser:
+test_dashboard_browser.py.)"""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -53,6 +55,26 @@ def test_the_run_page_fetches_its_audit_once_loaded(client: httpx.Client, drift:
     assert f"continuation diverges at {SPLIT_AT}" in part.text
     assert f'href="/rollouts/{drift.drift}"' in part.text and drift.altered in part.text
     assert "explicit transition 0" in part.text
+
+
+def test_a_split_continuation_is_flagged_only_where_it_costs_a_merge(
+    client: httpx.Client, drift: DriftRun, tmp_path: Path
+) -> None:
+    """In trajectory mode the writer's answer sent back changed splits its row: flagged. In
+    transition mode every call is a row of its own, so the same split costs nothing: counted,
+    not flagged, and the page says why."""
+    flagged = '<tr class="bad"><th>diverging</th>'
+    part = client.get(f"/runs/{drift.run_id}/audit").text
+    assert flagged in part and 'data-note="transition"' not in part
+    plain = make_drift_run(tmp_path, mode="transition")
+    with (
+        serve_in_thread(dashboard_app(Catalog([plain.run_dir.parent]))) as server,
+        httpx.Client(base_url=server.url, timeout=60) as c,
+    ):
+        part = c.get(f"/runs/{plain.run_id}/audit").text
+    assert counts(part)["diverging"] == "1"
+    assert flagged not in part and "<tr><th>diverging</th>" in part
+    assert 'data-note="transition"' in part and "a split costs it nothing" in part
 
 
 async def test_a_runs_audit_is_kept_while_none_of_its_rollouts_changes(drift: DriftRun) -> None:

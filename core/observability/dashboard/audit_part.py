@@ -32,11 +32,14 @@ SHOWN = 10
 
 @dataclass
 class RunAuditPart:
-    """What the part shows: the summary, how the prompts were re-rendered, how long it took."""
+    """What the part shows: the summary, how the prompts were re-rendered, how long it took,
+    and the run's ``trajectory.mode`` (in transition mode a split continuation costs nothing:
+    every call trains as its own row)."""
 
     summary: AuditSummary
     tokenizer_note: str
     seconds: float
+    mode: str
 
 
 _AUDITS: OrderedDict[tuple[str, tuple[Any, ...]], RunAuditPart] = OrderedDict()
@@ -70,7 +73,8 @@ async def run_audit_of(entry: data.RunEntry) -> RunAuditPart:
     else:
         note = f"prompts re-rendered with the tokenizer in {path}"
     rollouts = await entry.store.query_rollouts(run_id=entry.run.run_id)
-    audits = await audit_rollouts(entry.store, rollouts, tokenizer, trajectory_settings(entry.run))
-    found = RunAuditPart(summarize(audits), note, loop.time() - start)
+    settings = trajectory_settings(entry.run)
+    audits = await audit_rollouts(entry.store, rollouts, tokenizer, settings)
+    found = RunAuditPart(summarize(audits), note, loop.time() - start, settings.mode)
     data.keep_newest(_AUDITS, key, found, AUDITS_KEPT)
     return found
