@@ -115,14 +115,18 @@ def run_arm(
     out: Path,
     rl_steps: int | None,
     threads: int | None,
+    micro_batch_size: int | None = None,
 ) -> dict[str, Any]:
-    """One RL arm from the warmed model; its row of the table."""
+    """One RL arm from the warmed model; its row of the table. ``micro_batch_size``: the
+    update's, when not the recipe's (the same gradient in less memory)."""
     _, train, val = recipe.tasks(seed)
     rl = dict(recipe.rl)
     rl["trajectory"] = {k: v for k, v in rl["trajectory"].items() if k != "agent_filter"}
     if rl_steps:
         rl["schedule"] = {**rl["schedule"], "steps": rl_steps}
     rl["update"] = arm_update(rl["update"], arm)
+    if micro_batch_size:
+        rl["update"]["micro_batch_size"] = micro_batch_size
     if threads:
         rl["compute"] = {**rl.get("compute", {}), "threads": threads}
     algorithm = vl.LocalRL(
@@ -159,6 +163,7 @@ def run_arm(
         "peak_gib": max(peaks) if peaks else None,
         "tokens": tokens,
         "lr": rl["update"]["lr"],
+        "micro_batch_size": rl["update"].get("micro_batch_size"),
     }
 
 
@@ -343,6 +348,12 @@ def main(argv: list[str] | None = None) -> int:
         "--threads", type=int, help="torch threads (1 when seeds run in parallel processes)"
     )
     parser.add_argument(
+        "--micro-batch-size",
+        type=int,
+        help="the RL update's micro-batch (default: the recipe's; smaller takes less memory "
+        "for the same gradient, as seeds in parallel processes need)",
+    )
+    parser.add_argument(
         "--evaluate",
         type=int,
         metavar="N",
@@ -364,7 +375,15 @@ def main(argv: list[str] | None = None) -> int:
         )
         for arm in arms:
             row = run_arm(
-                recipe, args.model, arm, seed, warmed, args.out, args.rl_steps, args.threads
+                recipe,
+                args.model,
+                arm,
+                seed,
+                warmed,
+                args.out,
+                args.rl_steps,
+                args.threads,
+                args.micro_batch_size,
             )
             row["warm_minutes"] = warm_minutes
             # one file per arm and seed: several seeds may run at once, in separate processes
