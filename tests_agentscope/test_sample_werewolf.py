@@ -101,8 +101,12 @@ async def test_a_failed_answer_leaves_the_players_memory(tmp_path: Path) -> None
     """Player1 answers every choice outside the legal ones: each question of his is asked
     with none of his failed answers (nor AgentScope's tool errors about them) before it."""
     [row] = agent.game_rows(1, seed=3, max_rounds=8)
-    result, _, fb, _ = await play(tmp_path, [row], legal(invalid_from="Player1"))
+    result, store, fb, _ = await play(tmp_path, [row], legal(invalid_from="Player1"))
     assert result.rollouts[0].status == "succeeded", result.rollouts[0].error
+    game = await game_event(store, result.rollouts[0].rollout_id)
+    choices, _, at_random = (sum(a[i] for a in game["answers"].values()) for i in (0, 1, 2))
+    assert at_random > 0  # Player1's choices, played at random
+    assert game["legal_choices"] == (choices - at_random) / choices  # the charted share
     questions = [
         b for b in (r["body"] for r in fb.requests)
         if player_of(b) == "Player1" and choices_offered(b) is not None

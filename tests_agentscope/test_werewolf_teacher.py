@@ -128,6 +128,7 @@ def test_every_choice_is_a_legal_structured_answer(games: list[Game]) -> None:
         assert game.status == "succeeded"
         assert game.event["winner"] in ("wolves", "village", "draw")
         assert game.event["invalid_outputs"] == 0 and game.event["fallbacks"] == 0
+        assert game.event["legal_choices"] == 1.0
         assert game.event["context_overflows"] == 0
         choices = [c for c in game.calls if c.view.choices is not None]
         assert len(choices) == game.event["decisions"] > 0

@@ -174,6 +174,9 @@ async def werewolf_game(row: dict, resources: vl.Resources) -> float:
         values = {**OUTCOME, **(row.get("outcome") or {}).get(side, {})}
         outcome[side] = values["draw" if winner is None else "win" if winner == side else "loss"]
         vl.emit_reward(outcome[side], name=f"outcome/{side}", agents=rf"[^/]+/{side}/.*")
+    mine = [table.answers.get(p.name) for p in state.players if p.name not in external]
+    choices = sum(a[0] for a in mine if a)
+    at_random = sum(a[2] for a in mine if a)
     vl.emit_event(
         "game",
         winner=winner or "draw",
@@ -187,6 +190,8 @@ async def werewolf_game(row: dict, resources: vl.Resources) -> float:
         context_overflows=table.overflows,
         external_seats=sorted(external),
         roles={p.name: p.role for p in state.players},
+        # the share of the run's model's choices it answered legally (a charted metric)
+        legal_choices=(choices - at_random) / choices if choices else None,
         answers=table.answers,  # per player: choices, invalid answers, played at random
         log=table.log,  # speeches by day and every vote, for the report's statistics
     )

@@ -1,11 +1,13 @@
-"""The rollout page over HTTP: the outcome first, the calls as one conversation, token views
-and spans only when asked for, pages of a long game under a megabyte; the rollouts list's
-event filter; steps of a resumed run; what an anonymous visitor's pages show. (In a real
-browser: test_dashboard_browser.py.)"""
+"""The rollout page over HTTP: the outcome first (a long event value whole on a click), the
+calls as one conversation, token views and spans only when asked for, pages of a long game
+under a megabyte; the rollouts list's event filter; steps of a resumed run; what an anonymous
+visitor's pages show. (In a real browser: test_dashboard_browser.py.)"""
 
 from __future__ import annotations
 
 import asyncio
+import html
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -182,6 +184,10 @@ DONE = {"role": "assistant", "content": "It is cancelled."}
 TOOLS = [{"type": "function", "function": {"name": "get_reservation", "parameters": {}}}]
 
 
+LONG = [{"turn": i, "said": f"line {i}"} for i in range(40)]
+"""An event value too long for its line: the page cuts it, and shows it whole on a click."""
+
+
 def chat_store(path: Path) -> str:
     """A store of one rollout of a tool-using chat: a tool call with no content, the tool's
     result, an answer, the user's goodbye; the episode event tau2 records. Returns its id."""
@@ -217,7 +223,7 @@ def chat_store(path: Path) -> str:
                 name="episode",
                 start_time=1.0,
                 end_time=1.0,
-                attributes={"termination": "user_stop", "reward": 1.0},
+                attributes={"termination": "user_stop", "reward": 1.0, "turns": LONG},
             )
             await store.complete(
                 aid, AttemptResult(status="succeeded", reward=1.0, spans=[episode])
@@ -241,6 +247,13 @@ def test_a_chat_reads_as_one_conversation(tmp_path: Path) -> None:
         request = c.get(f"/rollouts/{rollout_id}/calls/1/2/request").text
     head = page[: page.index("<h2>Conversation")]
     assert '>termination</span>=<span class="v">user_stop<' in head
+    whole = re.search(
+        r'<details class="v-whole"><summary class="v">(.*?)</summary><pre>(.*?)</pre>', head, re.S
+    )
+    assert whole is not None
+    line = html.unescape(whole[1])
+    assert line.endswith("…") and len(line) == 160  # one short line
+    assert json.loads(html.unescape(whole[2])) == LONG  # the whole value, indented
     talk = page[page.index("<h2>Conversation") : page.index("<h2>Training rows")]
     assert talk.count("You are an airline agent.") == 1
     assert talk.count("Cancel my booking ABC123.") == 1

@@ -108,17 +108,20 @@ def test_failed_and_unrewarded_rollouts_are_said_beside_the_mean() -> None:
     assert run_outcome([]) is None
 
 
-def test_the_runs_page_gives_the_result_and_no_point_for_an_interrupted_step(
-    tmp_path: Path,
+def record_versions(
+    path: Path, status: str, versions: list[tuple[str, int, list[float], int]]
 ) -> None:
+    """A run with, per ``(mode, version, rewards, cancelled)``, rollouts that finished with
+    those rewards and ``cancelled`` more that an interrupt cancelled."""
+
     async def record() -> None:
-        store = SQLStore(tmp_path / "stopped" / "store.sqlite")
+        store = SQLStore(path / "store.sqlite")
         try:
-            run = await store.add_run(Run(name="stopped", kind="fit", status="interrupted"))
-            for version, rewards, cancelled in ((1, [1.0, 0.0], 0), (2, [0.0], 3)):
+            run = await store.add_run(Run(name=path.name, kind="fit", status=status))
+            for mode, version, rewards, cancelled in versions:
                 tasks = [Task(input={"q": i}) for i in range(len(rewards) + cancelled)]
                 rollouts = await store.enqueue(
-                    tasks, mode="train", run_id=run.run_id, resources_version=version
+                    tasks, mode=mode, run_id=run.run_id, resources_version=version
                 )
                 for reward in rewards:
                     claim = await store.claim("w")
@@ -130,8 +133,15 @@ def test_the_runs_page_gives_the_result_and_no_point_for_an_interrupted_step(
         finally:
             await store.close()
 
-    (tmp_path / "stopped").mkdir()
+    path.mkdir()
     asyncio.run(record())
+
+
+def test_the_runs_page_gives_the_result_and_no_point_for_an_interrupted_step(
+    tmp_path: Path,
+) -> None:
+    versions = [("train", 1, [1.0, 0.0], 0), ("train", 2, [0.0], 3)]
+    record_versions(tmp_path / "stopped", "interrupted", versions)
     with (
         serve_in_thread(dashboard_app(Catalog([tmp_path]))) as server,
         httpx.Client(base_url=server.url) as client,
@@ -143,3 +153,29 @@ def test_the_runs_page_gives_the_result_and_no_point_for_an_interrupted_step(
     assert 'title="result: reward 0.500 at the last step (2 rollouts)">0.500' in page
     assert "result: reward 0.500 at the last step (2 rollouts)" in run_page
     assert run_page.count("(cut short)") == 1  # version 2's mean, of its one finished rollout
+
+
+def test_the_run_page_says_what_each_version_was(tmp_path: Path) -> None:
+    """Validation rollouts are told apart by when they ran: before training, or after which
+    step (LocalRL publishes new weights for a validation, so its version is its own)."""
+    versions = [
+        ("val", 1, [0.0, 1.0], 0),
+        ("train", 2, [1.0], 0),
+        ("train", 3, [0.0], 2),  # interrupted, done again at 4 once resumed
+        ("train", 4, [1.0], 0),
+        ("val", 6, [1.0, 1.0], 0),
+    ]
+    record_versions(tmp_path / "labelled", "finished", versions)
+    with (
+        serve_in_thread(dashboard_app(Catalog([tmp_path]))) as server,
+        httpx.Client(base_url=server.url) as client,
+    ):
+        run_id = re.search(r'data-run-id="([^"]+)"', client.get("/").text).group(1)
+        page = client.get(f"/runs/{run_id}").text
+    assert re.findall(r'<td class="what">([^<]*)</td>', page) == [
+        "validation before training",
+        "step 1",
+        "interrupted step",
+        "step 2",
+        "validation after step 2",
+    ]

@@ -83,6 +83,7 @@ from voltrl.algorithms.local.schedule import QueuedStep, WeightVersions, step_ta
 from voltrl.errors import VoltRLError
 from voltrl.models.lora import LoraAdapters, trainer_parts
 from voltrl.models.precision import checked_dtype, resolve_dtype
+from voltrl.observability.events import step_event_metrics
 from voltrl.observability.metrics import summarize
 from voltrl.observability.tokenizers import TOKENIZER_DIR
 from voltrl.resources import LLM
@@ -593,6 +594,7 @@ class LocalRL(Algorithm):
         batch = collate(trajectories, self.trajectory)
         parts, untrained = trainer_parts(self.adapters, batch)
         stats = summarize(rollouts)
+        events = await step_event_metrics(ctx.store, rollouts, "train")
         trained: dict[str | None, dict[str, Any]] = {}
         if parts and stats.succeeded:  # rows of failed rollouts alone teach nothing
             if not self._said_activations:  # the first update: its rows' lengths are known
@@ -609,6 +611,7 @@ class LocalRL(Algorithm):
         record = ctx.log(
             step + 1,
             **stats.flat("train/"),
+            **events,
             **metrics,
             **{f"batch/{k}": v for k, v in {**CUT_OFF_COUNTS, **batch.stats}.items()},
             **staleness,
@@ -639,7 +642,8 @@ class LocalRL(Algorithm):
 
     async def validate(self, ctx: TrainContext, tasks: list[Task], step: int) -> list[Rollout]:
         """Run every validation task ``validation.n`` times with ``val_sampling``; logs ``val/*``
-        metrics (over all of those rollouts)."""
+        metrics (over all of those rollouts), the events' among them
+        (:func:`~voltrl.observability.events.step_event_metrics`)."""
         assert self._llm is not None
         await self._versions.publish(
             ctx, self._llm.model_copy(update={"sampling_parameters": self.val_sampling})
@@ -649,7 +653,8 @@ class LocalRL(Algorithm):
         rollouts = await ctx.run_rollouts(repeated, mode="val", desc=f"validate @ {step}")
         await self._versions.publish(ctx, self._llm)
         stats = summarize(rollouts)
-        record = ctx.log(step, **stats.flat("val/"))
+        events = await step_event_metrics(ctx.store, rollouts, "val")
+        record = ctx.log(step, **stats.flat("val/"), **events)
         self.history.append(record)
         await ctx.log_rollouts(step, rollouts)
         if ctx.progress:

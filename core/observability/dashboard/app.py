@@ -97,6 +97,7 @@ def dashboard_app(
     templates.env.filters["percent"] = percent
     templates.env.filters["pretty"] = conversation.text_of
     templates.env.filters["shown"] = conversation.shown_value
+    templates.env.filters["whole"] = conversation.whole_value
     templates.env.globals["REFRESH_S"] = refresh_s
     templates.env.globals["first_metrics"] = [*FIRST_METRICS, *STORE_CURVES]
     templates.env.globals["metric_notes"] = METRIC_NOTES
@@ -475,7 +476,10 @@ def _spark(counts: list[Any], stopped: set[int | None]) -> list[float]:
 
 
 def _versions(counts: list[Any]) -> list[dict[str, Any]]:
-    """One line per resources version: rollouts per mode and status, mean rewards."""
+    """One line per resources version: rollouts per mode and status, mean rewards, and
+    ``what`` it was in the run: ``step N`` (training rollouts, the Nth step), ``interrupted
+    step`` (a resumed run does it again at a new version), ``validation before training`` or
+    ``validation after step N`` (the steps before it)."""
     table: dict[int | None, dict[str, Any]] = {}
     for c in counts:
         row = table.setdefault(
@@ -486,10 +490,21 @@ def _versions(counts: list[Any]) -> list[dict[str, Any]]:
         m["count"] += c.count
         m["sum"] += c.reward_sum
         m["rewarded"] += c.rewarded
-    for row in table.values():
+    rows = sorted(table.values(), key=lambda r: (r["version"] is not None, r["version"] or 0))
+    steps = 0
+    for row in rows:
         for m in row["modes"].values():
             m["mean"] = m["sum"] / m["rewarded"] if m["rewarded"] else None
-    return sorted(table.values(), key=lambda r: (r["version"] is not None, r["version"] or 0))
+        row["what"] = ""
+        if "train" in row["modes"] and row["version"] is not None:
+            stopped = "cancelled" in row["status"]
+            steps += not stopped
+            row["what"] = "interrupted step" if stopped else f"step {steps}"
+        elif "val" in row["modes"]:
+            row["what"] = (
+                f"validation after step {steps}" if steps else "validation before training"
+            )
+    return rows
 
 
 def _series(entry: data.RunEntry, counts: list[Any]) -> Series:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from voltrl.trajectory.credit import owner_turn
-from voltrl.types import LLMCall, Reward, Span
+from voltrl.types import LLMCall, Reward
 
 CALLS_PER_PAGE = 100
 """Calls one rollout page shows (a game of more is read page by page)."""
@@ -39,26 +39,19 @@ EVENTS_SHOWN = 20
 """Events listed in the outcome (the rest are under the spans)."""
 
 
-@dataclass
-class Event:
-    """An event the rollout recorded (a zero-length span): its name and attributes."""
-
-    name: str
-    attributes: dict[str, Any]
-
-
-def events(spans: Sequence[Span]) -> list[Event]:
-    """The events among ``spans`` (zero-length spans, as :func:`voltrl.emit_event` records
-    them), in the order they were recorded."""
-    found = [s for s in spans if s.end_time is not None and s.end_time == s.start_time]
-    found.sort(key=lambda s: s.start_time)
-    return [Event(s.name, dict(s.attributes)) for s in found]
-
-
 def shown_value(value: Any, limit: int = 160) -> str:
     """An attribute's value as one short line (mappings and lists as compact JSON)."""
     text = value if isinstance(value, str) else json.dumps(value, default=str)
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def whole_value(value: Any, limit: int = 160) -> str | None:
+    """An attribute's value in full (mappings and lists as indented JSON) when
+    :func:`shown_value` cuts it short; None when its line shows all of it."""
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    if len(text) <= limit:
+        return None
+    return value if isinstance(value, str) else json.dumps(value, default=str, indent=1)
 
 
 @dataclass

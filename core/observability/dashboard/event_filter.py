@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from voltrl.observability.dashboard.conversation import events
+from voltrl.observability.events import events
 from voltrl.store.base import Store
 from voltrl.store.browse import RolloutPage, RolloutQuery
 

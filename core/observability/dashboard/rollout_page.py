@@ -43,6 +43,7 @@ from fastapi.responses import HTMLResponse
 
 from voltrl.errors import NotFoundError
 from voltrl.observability.dashboard import conversation, data, training_rows
+from voltrl.observability.events import Event, events
 from voltrl.store.base import Store
 from voltrl.trajectory.audit import CallAudit, audit_call, ordered, previous_calls
 from voltrl.types import Attempt, LLMCall, Rollout
@@ -177,7 +178,7 @@ class Shown:
     the last attempt, its rewards by name), and how many spans and rewards are folded."""
 
     turns: list[conversation.Turn]
-    events: list[conversation.Event]
+    events: list[Event]
     reward_lines: list[conversation.RewardLine]
     spans: int
     rewards: int
@@ -206,7 +207,7 @@ async def _page_data(store: Store, ro: Rollout) -> tuple[list[Attempt], Shown]:
         turn.rewards = marks
     shown = Shown(
         turns=turns,
-        events=conversation.events([s for s in spans if final in (None, s.attempt_id)]),
+        events=events([s for s in spans if final in (None, s.attempt_id)]),
         reward_lines=conversation.reward_lines(
             [w for w in rewards if final in (None, w.attempt_id)]
         ),
