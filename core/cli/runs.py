@@ -42,7 +42,7 @@ def _command(args: argparse.Namespace) -> int:
     async def collect() -> list[tuple[Any, ...]]:
         rows = []
         for spec in _store_specs(args):
-            store = spec.open()
+            store = spec.open(read_only=True)
             try:
                 for run in await store.list_runs():
                     if _run_shown(run, args):

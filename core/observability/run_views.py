@@ -75,7 +75,7 @@ async def find_run(
     specs = [store] if store else [str(p) for p in sorted(Path(run_dir).glob("*/store.sqlite"))]
     seen: list[tuple[str, Run]] = []
     for spec in specs:
-        opened = parse_store(spec, token=token, existing=True).open(retries=2)
+        opened = parse_store(spec, token=token, existing=True).open(retries=2, read_only=True)
         try:
             seen += [(spec, r) for r in await opened.list_runs()]
         finally:
@@ -96,7 +96,14 @@ async def find_run(
             f"the others: {others}"
         )
     where = parse_store(spec, token=token, existing=True)
-    return Found(where.open(retries=2), chosen, where.describe(), where.sqlite_file, note, asked)
+    return Found(
+        where.open(retries=2, read_only=True),
+        chosen,
+        where.describe(),
+        where.sqlite_file,
+        note,
+        asked,
+    )
 
 
 def run_directory(found: Found, run_dir: str | Path = "runs") -> Path | None:

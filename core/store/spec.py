@@ -53,11 +53,15 @@ class StoreSpec:
             return str(Path(self.target).resolve())
         return redact(self.target)
 
-    def open(self, *, threaded: bool = False, retries: int | None = None) -> Store:
+    def open(
+        self, *, threaded: bool = False, retries: int | None = None, read_only: bool = False
+    ) -> Store:
         """Open the store. ``threaded``: a SQLite store with its own connection, used on a
         thread, so a reader's queries never hold up the event loop, nor a trainer writing the
         same file from another store object. ``retries``: a store server's, when not the
-        default that rides out a restart (a page a person waits on fails sooner)."""
+        default that rides out a restart (a page a person waits on fails sooner).
+        ``read_only``: a SQL store that writes nothing and refuses writes (a reader's: a
+        store server decides for itself)."""
         if self.kind == "memory":
             from voltrl.store.memory import InMemoryStore
 
@@ -70,7 +74,7 @@ class StoreSpec:
             return HTTPStore(self.target, token=self.token, retries=retries)
         from voltrl.store.sql import SQLStore
 
-        return SQLStore(self.target, threaded=threaded)
+        return SQLStore(self.target, threaded=threaded, read_only=read_only)
 
 
 def parse_store(
@@ -123,7 +127,9 @@ def open_store(
     token: str | None = None,
     existing: bool = False,
     threaded: bool = False,
+    read_only: bool = False,
 ) -> Store:
     """The store ``spec`` names, opened (:func:`parse_store`, then :meth:`StoreSpec.open`).
     Raises :class:`~voltrl.errors.StoreError` when it cannot be opened."""
-    return parse_store(spec, token=token, existing=existing).open(threaded=threaded)
+    where = parse_store(spec, token=token, existing=existing)
+    return where.open(threaded=threaded, read_only=read_only)

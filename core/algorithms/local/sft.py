@@ -247,7 +247,7 @@ class SFT(Algorithm):
         stores: list[Store] = []
         try:
             for source in self.sources:  # a run directory or a store spec that must exist
-                stores.append(open_store(source, existing=True))
+                stores.append(open_store(source, existing=True, read_only=True))
             for store, run_ids in zip(stores, await self._run_ids(stores), strict=True):
                 rollouts = await self.select(store, run_ids)
                 selected += len(rollouts)

@@ -104,15 +104,16 @@ class Catalog:
             raise VoltRLError(f"{e}{hint}; or a directory of run directories") from None
         if where.kind == "sqlite":
             return _Source(spec, locations=[str(where.sqlite_file)])
-        self._kept[spec] = store = where.open(retries=2)
+        self._kept[spec] = store = where.open(retries=2, read_only=True)
         self._owned.append(store)
         return _Source(spec, locations=[spec])
 
     @staticmethod
     def _open(location: str) -> Store:
-        """A run's SQLite store with its own connection, read on a thread: a page's queries
-        never hold up the event loop, nor a trainer serving the same file."""
-        return parse_store(location, existing=True).open(threaded=True, retries=2)
+        """A run's SQLite store with its own read-only connection, read on a thread: a
+        page's queries never hold up the event loop, nor a trainer serving the same file, and
+        never write to it (an older store is not upgraded by a look at it)."""
+        return parse_store(location, existing=True).open(threaded=True, retries=2, read_only=True)
 
     def _scan(self) -> None:
         for source in self._sources:

@@ -1,9 +1,10 @@
 """The stores the dashboard has open: opened when a page needs one, closed when idle or when too
 many are open.
 
-An open SQLite store costs two threads (its reader, its WAL checkpointer) and about six file
-descriptors; a directory of 200 run directories, each kept open, would pass the usual limit
-of 1,024 descriptors. :class:`OpenStores` keeps at most ``max_open`` of them (the least
+An open SQLite store costs a thread (its reader: the dashboard opens stores read-only, so
+without a WAL checkpointer) and three file descriptors (the file, its WAL and its index); a
+directory of 400 run directories, each kept open, would pass the usual limit of 1,024
+descriptors. :class:`OpenStores` keeps at most ``max_open`` of them (the least
 recently used is closed first) and closes any unused for ``idle_s`` seconds.
 
 A store is never closed under a page that is using it: whatever :meth:`OpenStores.get` returns

@@ -57,10 +57,20 @@ def sqlite_path(path_or_url: str | Path) -> Path:
 class Database:
     """The connection of one store object to ``target`` (a SQLite file or a PostgreSQL URL;
     ``location`` names it in messages, without a password), the transactions run on it, and
-    ``changed``, the notifier its commits wake."""
+    ``changed``, the notifier its commits wake. ``read_only``: a reader's, which writes nothing
+    (no schema, no checkpoint) and refuses every write."""
 
-    def __init__(self, dialect: Dialect, target: str, location: str, notifier_key: str) -> None:
+    def __init__(
+        self,
+        dialect: Dialect,
+        target: str,
+        location: str,
+        notifier_key: str,
+        *,
+        read_only: bool = False,
+    ) -> None:
         self.dialect, self.target, self.location = dialect, target, location
+        self.read_only = read_only
         self.lock = threading.Lock()
         """Held by whoever uses the connection: one call at a time."""
         self.changed = shared_notifier(notifier_key)
@@ -76,15 +86,15 @@ class Database:
         """Start the threads that watch the database, once its schema exists: a PostgreSQL
         store hears other processes' commits, a SQLite store checkpoints its WAL."""
         self._listener = self.dialect.listen(self.target, self.changed.notify, self.own)
-        if self.dialect is SQLITE:  # commits no longer wait for checkpoints (see the class)
+        if self.dialect is SQLITE and not self.read_only:  # commits no longer wait for checkpoints
             self._checkpointer = WalCheckpointer(self.target)
             self.connection().execute("PRAGMA wal_autocheckpoint=0")
 
     # ---- the connection ----------------------------------------------------------------
     def _open(self) -> Connection:
-        conn = self.dialect.connect(self.target)
+        conn = self.dialect.connect(self.target, read_only=self.read_only)
         try:
-            for statement in self.dialect.setup:
+            for statement in self.dialect.reader_setup if self.read_only else self.dialect.setup:
                 conn.execute(statement)
         except self.dialect.error as e:
             conn.close()
@@ -131,7 +141,9 @@ class Database:
     @contextmanager
     def write(self) -> Iterator[Connection]:
         """One write transaction: committed on success, rolled back on any error (with
-        :meth:`group_commits`, a savepoint of the group transaction)."""
+        :meth:`group_commits`, a savepoint of the group transaction). Refused read-only."""
+        if self.read_only:
+            raise StoreError(f"store {self.location} is open read-only: it cannot be written")
         if self._grouping:
             with self._grouped_write() as conn:
                 yield conn

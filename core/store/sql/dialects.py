@@ -56,6 +56,7 @@ class Dialect:
     int_type: str  # counters and sequence numbers
     float_type: str
     setup: tuple[str, ...]  # run on each new connection
+    reader_setup: tuple[str, ...]  # run instead on a read-only one: no statement that writes
     max_params: int  # most ids in one IN (...) list
     in_thread: bool  # run calls on a worker thread (network round trips) rather than inline
 
@@ -70,8 +71,9 @@ class Dialect:
         )
         return sql if self.placeholder == "?" else sql.replace("?", self.placeholder)
 
-    def connect(self, target: str) -> Connection:
-        """A new connection in autocommit mode (transactions are begun explicitly)."""
+    def connect(self, target: str, *, read_only: bool = False) -> Connection:
+        """A new connection in autocommit mode (transactions are begun explicitly);
+        ``read_only``: one that cannot write (its :attr:`reader_setup` makes sure of it)."""
         raise NotImplementedError
 
     @property
@@ -116,12 +118,20 @@ class Dialect:
 class SQLiteDialect(Dialect):
     """SQLite through the standard library; ``target`` is a file path."""
 
-    def connect(self, target: str) -> Connection:
+    def connect(self, target: str, *, read_only: bool = False) -> Connection:
         path = Path(target)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        where: str | Path = path
+        if read_only:  # the file opened read-only: no write, no file made
+            where = f"{path.resolve().as_uri()}?mode=ro"
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
         try:
             return sqlite3.connect(
-                path, isolation_level=None, check_same_thread=False, cached_statements=256
+                where,
+                uri=read_only,
+                isolation_level=None,
+                check_same_thread=False,
+                cached_statements=256,
             )
         except sqlite3.Error as e:
             raise StoreError(f"cannot open SQLite store {path}: {e}") from e
@@ -145,8 +155,8 @@ class SQLiteDialect(Dialect):
 class PostgresDialect(Dialect):
     """PostgreSQL through psycopg 3; ``target`` is a ``postgresql://`` URL."""
 
-    def connect(self, target: str) -> Connection:
-        psycopg = _psycopg()
+    def connect(self, target: str, *, read_only: bool = False) -> Connection:
+        psycopg = _psycopg()  # a reader's connection is made read-only by reader_setup
         where = postgres_location(target)
         try:
             params = psycopg.conninfo.conninfo_to_dict(target)
@@ -296,6 +306,8 @@ SQLITE = SQLiteDialect(
         "PRAGMA synchronous=NORMAL",
         "PRAGMA foreign_keys=ON",
     ),
+    # a reader leaves the journal mode as the writer set it (WAL: it reads beside the writer)
+    reader_setup=("PRAGMA busy_timeout=10000", "PRAGMA foreign_keys=ON"),
     max_params=900,
     in_thread=False,
 )
@@ -326,6 +338,7 @@ POSTGRES = PostgresDialect(
     int_type="BIGINT",
     float_type="DOUBLE PRECISION",
     setup=(),
+    reader_setup=("SET default_transaction_read_only = on",),
     max_params=10000,
     in_thread=True,
 )

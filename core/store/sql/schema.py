@@ -101,13 +101,25 @@ class Schema:
 
 
 def ensure_schema(db: Database) -> None:
-    """Create the schema of a new database, upgrade a version 1 one; refuse other versions."""
+    """Create the schema of a new database, upgrade a version 1 one; refuse other versions.
+    A read-only database is only checked: it must hold this version's schema."""
     schema, dialect = Schema(db.dialect), db.dialect
     with db.read() as conn:
         try:
             row = conn.execute(schema.version).fetchone()
         except dialect.error:  # no schema yet
             row = None
+    if db.read_only and (row is None or row[0] != SCHEMA_VERSION):
+        found = "no VoltRL tables" if row is None else f"schema version {row[0]}"
+        hint = (
+            ": a store of an older VoltRL, upgraded when it is next opened for writing "
+            f"(`voltrl serve --store {db.location}`)"
+            if row is not None and row[0] < SCHEMA_VERSION
+            else ""
+        )
+        raise StoreError(
+            f"store {db.location} has {found}; this VoltRL reads version {SCHEMA_VERSION}{hint}"
+        )
     if row is None:
         with db.write() as conn:
             if dialect.schema_lock:

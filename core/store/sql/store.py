@@ -132,9 +132,15 @@ class SQLStore(LocalStore):
     extra). The file and the schema are created on open; several store objects and
     processes may open the same database at once. ``threaded``: run SQLite calls on a worker
     thread too, as PostgreSQL's are (a reader beside a busy event loop, like the dashboard's).
-    A version 1 store (from before the browsing columns) is upgraded on open."""
+    A version 1 store (from before the browsing columns) is upgraded on open.
+    ``read_only``: a reader's store (``voltrl show``, the dashboard, SFT's sources), which
+    writes nothing to the database, not even its schema or a checkpoint, and refuses writes
+    with a :class:`~voltrl.errors.StoreError`; the database must exist with this version's
+    schema."""
 
-    def __init__(self, path_or_url: str | Path, *, threaded: bool = False) -> None:
+    def __init__(
+        self, path_or_url: str | Path, *, threaded: bool = False, read_only: bool = False
+    ) -> None:
         super().__init__()
         text = str(path_or_url)
         self.path: Path | None
@@ -149,7 +155,7 @@ class SQLStore(LocalStore):
             target = self.location = str(self.path)
             notifier_key = str(self.path.resolve())
         self._sql = Statements(self._dialect)
-        self._db = Database(self._dialect, target, self.location, notifier_key)
+        self._db = Database(self._dialect, target, self.location, notifier_key, read_only=read_only)
         try:
             ensure_schema(self._db)
         except BaseException:
