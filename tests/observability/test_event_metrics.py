@@ -8,7 +8,6 @@ import asyncio
 from pathlib import Path
 
 from local_rl_setup import make_algorithm
-from openai import AsyncOpenAI
 from rl_agents import ROWS
 
 import voltrl as vl
@@ -99,8 +98,7 @@ def test_only_the_final_attempt_of_a_succeeded_rollout_counts(tmp_path: Path) ->
 @vl.rollout
 async def reporting_agent(task: dict, llm: vl.LLM) -> float:
     """One call; says how it went in an ``episode`` event, as tau2's agent does."""
-    client = AsyncOpenAI(base_url=llm.endpoint, api_key=llm.api_key, max_retries=0)
-    reply = await client.chat.completions.create(
+    reply = await llm.openai_client().chat.completions.create(
         model=llm.model,
         messages=[{"role": "user", "content": f"Say {task['letter']}."}],
         **llm.sampling_parameters,
