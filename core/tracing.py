@@ -275,8 +275,8 @@ def emit_reward(
 
 def emit_event(name: str, **attributes: Any) -> Span:
     """Record an instantaneous event (a zero-length span) in the current rollout: how it
-    ended, say. The dashboard shows it and filters rollouts on it; LocalRL logs its numbers,
-    booleans and short texts as step metrics (:mod:`voltrl.observability.events`)."""
+    ended, say. The dashboard shows it and filters rollouts on it; LocalRL logs the mean of
+    its numbers and booleans as step metrics (:mod:`voltrl.observability.events`)."""
     ctx = current_rollout()
     t = now()
     return ctx.add_span(

@@ -66,12 +66,12 @@ def _call(
     )
 
 
-async def _write(run_dir: Path, mode: str) -> DriftRun:
+async def _write(run_dir: Path, mode: str | None) -> DriftRun:
     tok = build_tiny_tokenizer()
     tok.save_pretrained(run_dir / "tokenizer")
     store = SQLStore(run_dir / "store.sqlite")
     try:
-        config = {"trajectory": {"mode": mode}, "update": {}}
+        config = {"update": {}, **({"trajectory": {"mode": mode}} if mode else {})}
         run = await store.add_run(
             Run(name=RUN_NAME, kind="fit", algorithm="local_rl", status="finished", config=config)
         )
@@ -126,9 +126,9 @@ async def _write(run_dir: Path, mode: str) -> DriftRun:
     return DriftRun(run_dir, run.run_id, rid, other, second.call_id)
 
 
-def make_drift_run(root: Path, mode: str = "trajectory") -> DriftRun:
+def make_drift_run(root: Path, mode: str | None = "trajectory") -> DriftRun:
     """Write the run into ``root/drift/``, recorded as trained with ``trajectory.mode``
-    ``mode``."""
+    ``mode`` (None: with no trajectory settings, as a dev run records)."""
     run_dir = root / RUN_NAME
     run_dir.mkdir(parents=True)
     return asyncio.run(_write(run_dir, mode))

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from voltrl.errors import StoreError
 from voltrl.store.spec import STORE_FILE, StoreSpec, parse_store
 
 if TYPE_CHECKING:
@@ -39,10 +41,18 @@ def register(sub: Subparsers) -> None:
 
 
 def _command(args: argparse.Namespace) -> int:
+    skipped: list[str] = []  # run directories' stores that cannot be read here
+
     async def collect() -> list[tuple[Any, ...]]:
         rows = []
         for spec in _store_specs(args):
-            store = spec.open(read_only=True)
+            try:
+                store = spec.open(read_only=True)
+            except StoreError as e:
+                if args.store:  # the one store asked for
+                    raise
+                skipped.append(str(e))
+                continue
             try:
                 for run in await store.list_runs():
                     if _run_shown(run, args):
@@ -53,6 +63,8 @@ def _command(args: argparse.Namespace) -> int:
         return rows
 
     _render(asyncio.run(collect()), args)
+    for why in skipped:
+        print(f"note: not listed: {why}", file=sys.stderr)
     return 0
 
 

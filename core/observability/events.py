@@ -6,28 +6,22 @@ how legally its players answered. The dashboard shows them on the rollout page a
 rollouts on them; LocalRL logs, for each step's rollouts and each validation's,
 :func:`event_metrics` of the events their final attempts recorded:
 
-- ``<mode>/events/<event>.<field>``: the mean of a number (a boolean counts 0 or 1) over the
-  events that recorded the field;
-- ``<mode>/events/<event>.<field>=<value>``: for a text field, the share of those events with
-  that value (``val/events/game.winner=wolves``), when the field took at most
-  :data:`MAX_VALUES` values in those events (a free text is left out);
-- mappings and lists are left out.
+``<mode>/events/<event>.<field>``, the mean of each number or boolean (counted 0 or 1) field
+over the events that recorded it. Texts, mappings and lists are left out: a text that should be
+charted is recorded as a number or boolean too (werewolf's ``legal_choices`` beside its
+``answers``), which keeps the metrics the same from step to step.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from voltrl.store.base import Store
 from voltrl.types import Rollout, Span
-
-MAX_VALUES = 10
-"""The most values a text field may take in a step's events to be counted per value."""
 
 
 @dataclass
@@ -54,24 +48,14 @@ async def rollout_events(store: Store, rollouts: Iterable[Rollout]) -> list[Even
 
 
 def event_metrics(found: Iterable[Event]) -> dict[str, float]:
-    """The metrics of these events, named ``<event>.<field>`` and ``<event>.<field>=<value>``
-    (see the module's docstring), in name order."""
+    """The mean of each number or boolean field of these events, named ``<event>.<field>``,
+    in name order; texts, mappings, lists, None and NaN are left out."""
     numbers: dict[str, list[float]] = {}
-    texts: dict[str, list[str]] = {}
     for event in found:
         for field, value in event.attributes.items():
-            key = f"{event.name}.{field}"
-            if isinstance(value, bool | int | float):
-                if math.isfinite(value):
-                    numbers.setdefault(key, []).append(float(value))
-            elif isinstance(value, str):
-                texts.setdefault(key, []).append(value)
-    out = {key: sum(values) / len(values) for key, values in numbers.items()}
-    for key, values in texts.items():
-        counts = Counter(values)
-        if len(counts) <= MAX_VALUES:
-            out.update({f"{key}={value}": n / len(values) for value, n in counts.items()})
-    return dict(sorted(out.items()))
+            if isinstance(value, bool | int | float) and math.isfinite(value):
+                numbers.setdefault(f"{event.name}.{field}", []).append(float(value))
+    return {key: sum(v) / len(v) for key, v in sorted(numbers.items())}
 
 
 async def step_event_metrics(

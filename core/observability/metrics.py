@@ -234,6 +234,10 @@ def read_metrics(path: Path, run_id: str | None = None) -> list[dict[str, Any]]:
     return records
 
 
+VAL_VERSION = "val/resources_version"
+"""A validation's line of ``metrics.jsonl`` names the resources version its rollouts ran at
+(the dashboard says which version was which validation); not a metric to chart."""
+
 FIRST_METRICS = (
     "train/reward_mean",
     "val/reward_mean",
@@ -287,7 +291,7 @@ def metric_series(records: Iterable[dict[str, Any]]) -> Series:
         if not isinstance(step, int):
             continue
         for name, value in record.items():
-            if name in ("step", "time", "run_id") or isinstance(value, bool):
+            if name in ("step", "time", "run_id", VAL_VERSION) or isinstance(value, bool):
                 continue
             if isinstance(value, int | float) and math.isfinite(value):
                 by_name.setdefault(name, {})[step] = float(value)

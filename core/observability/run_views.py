@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from voltrl.errors import NotFoundError, VoltRLError
+from voltrl.errors import NotFoundError, StoreError, VoltRLError
 from voltrl.observability import prompt_search
 from voltrl.observability.metrics import read_metrics
 from voltrl.observability.prompt_search import PromptSearch
@@ -74,8 +74,15 @@ async def find_run(
         store, run = str(Path(run) / "store.sqlite"), Path(run).resolve().name
     specs = [store] if store else [str(p) for p in sorted(Path(run_dir).glob("*/store.sqlite"))]
     seen: list[tuple[str, Run]] = []
+    unreadable: list[str] = []  # stores of run_dir that cannot be read (another version's)
     for spec in specs:
-        opened = parse_store(spec, token=token, existing=True).open(retries=2, read_only=True)
+        try:
+            opened = parse_store(spec, token=token, existing=True).open(retries=2, read_only=True)
+        except StoreError as e:
+            if store:
+                raise
+            unreadable.append(str(e))
+            continue
         try:
             seen += [(spec, r) for r in await opened.list_runs()]
         finally:
@@ -85,7 +92,8 @@ async def find_run(
         names = ", ".join(f"{r.name} ({r.run_id})" for _, r in seen[-15:])
         more = f" and {len(seen) - 15} more" if len(seen) > 15 else ""
         there = f"runs there: {names}{more}" if seen else "there are no runs there"
-        raise VoltRLError(f"no run {run!r} in {store or run_dir}; {there}")
+        skipped = f"; not read: {'; '.join(unreadable)}" if unreadable else ""
+        raise VoltRLError(f"no run {run!r} in {store or run_dir}; {there}{skipped}")
     spec, chosen = max(matches, key=lambda s: s[1].created_at)
     note = None
     if len(matches) > 1:

@@ -66,15 +66,17 @@ def test_a_split_continuation_is_flagged_only_where_it_costs_a_merge(
     flagged = '<tr class="bad"><th>diverging</th>'
     part = client.get(f"/runs/{drift.run_id}/audit").text
     assert flagged in part and 'data-note="transition"' not in part
-    plain = make_drift_run(tmp_path, mode="transition")
-    with (
-        serve_in_thread(dashboard_app(Catalog([plain.run_dir.parent]))) as server,
-        httpx.Client(base_url=server.url, timeout=60) as c,
-    ):
-        part = c.get(f"/runs/{plain.run_id}/audit").text
-    assert counts(part)["diverging"] == "1"
-    assert flagged not in part and "<tr><th>diverging</th>" in part
-    assert 'data-note="transition"' in part and "a split costs it nothing" in part
+    for mode in ("transition", None):  # None: a run that trains no rows (a dev run)
+        plain = make_drift_run(tmp_path / str(mode), mode=mode)
+        with (
+            serve_in_thread(dashboard_app(Catalog([plain.run_dir.parent]))) as server,
+            httpx.Client(base_url=server.url, timeout=60) as c,
+        ):
+            part = c.get(f"/runs/{plain.run_id}/audit").text
+        assert counts(part)["diverging"] == "1"
+        assert flagged not in part and "<tr><th>diverging</th>" in part
+        noted = 'data-note="transition"' in part and "a split costs it nothing" in part
+        assert noted == (mode == "transition")  # a dev run trains in no mode
 
 
 async def test_a_runs_audit_is_kept_while_none_of_its_rollouts_changes(drift: DriftRun) -> None:

@@ -6,6 +6,7 @@ mean leaves out (failed, cancelled, unrewarded rollouts) is said beside it."""
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from pathlib import Path
 
@@ -157,7 +158,8 @@ def test_the_runs_page_gives_the_result_and_no_point_for_an_interrupted_step(
 
 def test_the_run_page_says_what_each_version_was(tmp_path: Path) -> None:
     """Validation rollouts are told apart by when they ran: before training, or after which
-    step (LocalRL publishes new weights for a validation, so its version is its own)."""
+    step (LocalRL publishes a version for each validation and logs it); training rollouts an
+    interrupt cancelled are an interrupted step."""
     versions = [
         ("val", 1, [0.0, 1.0], 0),
         ("train", 2, [1.0], 0),
@@ -166,6 +168,14 @@ def test_the_run_page_says_what_each_version_was(tmp_path: Path) -> None:
         ("val", 6, [1.0, 1.0], 0),
     ]
     record_versions(tmp_path / "labelled", "finished", versions)
+    lines = [  # as LocalRL logs them (the interrupted step logged nothing)
+        {"step": 0, "val/resources_version": 1, "val/reward_mean": 0.5},
+        {"step": 1, "resources_version": 2, "batch/rows": 1},
+        {"step": 2, "resources_version": 4, "batch/rows": 1},
+        {"step": 2, "val/resources_version": 6, "val/reward_mean": 1.0},
+    ]
+    metrics = "".join(json.dumps(line) + "\n" for line in lines)
+    (tmp_path / "labelled" / "metrics.jsonl").write_text(metrics)
     with (
         serve_in_thread(dashboard_app(Catalog([tmp_path]))) as server,
         httpx.Client(base_url=server.url) as client,

@@ -86,7 +86,7 @@ async def test_a_reader_leaves_an_older_store_as_it_is_and_says_how_to_upgrade_i
     before = fingerprint(tmp_path)
     with pytest.raises(StoreError, match=r"schema version 1; this VoltRL reads version \d") as e:
         SQLStore(tmp_path / "store.sqlite", read_only=True)
-    assert "voltrl serve --store" in str(e.value)
+    assert "upgraded when a writer next opens it" in str(e.value)
     assert fingerprint(tmp_path) == before
 
 
@@ -106,3 +106,37 @@ async def test_a_postgresql_reader_cannot_write() -> None:
             await reader.close()
     finally:
         await writer.close()
+
+
+async def test_an_older_store_among_run_directories_is_named_and_the_others_are_read(
+    tmp_path: Path,
+) -> None:
+    """``voltrl runs`` lists the runs it can read and names the store it cannot; ``voltrl
+    show`` (:func:`find_run`) finds a run beside it, and names it when the run is not found."""
+    import subprocess
+    import sys
+
+    from voltrl.errors import VoltRLError
+    from voltrl.observability.run_views import find_run
+
+    for name in ("new", "old"):
+        (tmp_path / name).mkdir()
+        writer = SQLStore(tmp_path / name / "store.sqlite")
+        await writer.add_run(Run(name=f"{name}-run", kind="dev", status="finished"))
+        if name == "old":
+            with writer._db.write() as conn:
+                conn.execute("UPDATE schema_version SET version = 1")
+        await writer.close()
+    listed = subprocess.run(
+        [sys.executable, "-m", "voltrl.cli", "runs", "--run-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert listed.returncode == 0, listed.stderr
+    assert "new-run" in listed.stdout and "old-run" not in listed.stdout
+    assert "note: not listed:" in listed.stderr and "schema version 1" in listed.stderr
+    found = await find_run("new-run", run_dir=tmp_path)
+    await found.store.close()
+    with pytest.raises(VoltRLError, match=r"no run 'old-run'.*not read: .*schema version 1"):
+        await find_run("old-run", run_dir=tmp_path)

@@ -84,7 +84,7 @@ from voltrl.errors import VoltRLError
 from voltrl.models.lora import LoraAdapters, trainer_parts
 from voltrl.models.precision import checked_dtype, resolve_dtype
 from voltrl.observability.events import step_event_metrics
-from voltrl.observability.metrics import summarize
+from voltrl.observability.metrics import VAL_VERSION, summarize
 from voltrl.observability.tokenizers import TOKENIZER_DIR
 from voltrl.resources import LLM
 from voltrl.serving.choice import checked_engine
@@ -645,7 +645,7 @@ class LocalRL(Algorithm):
         metrics (over all of those rollouts), the events' among them
         (:func:`~voltrl.observability.events.step_event_metrics`)."""
         assert self._llm is not None
-        await self._versions.publish(
+        version = await self._versions.publish(
             ctx, self._llm.model_copy(update={"sampling_parameters": self.val_sampling})
         )
         # every task, then every task again: the first rollouts logged are different tasks
@@ -654,7 +654,7 @@ class LocalRL(Algorithm):
         await self._versions.publish(ctx, self._llm)
         stats = summarize(rollouts)
         events = await step_event_metrics(ctx.store, rollouts, "val")
-        record = ctx.log(step, **stats.flat("val/"), **events)
+        record = ctx.log(step, **stats.flat("val/"), **events, **{VAL_VERSION: version})
         self.history.append(record)
         await ctx.log_rollouts(step, rollouts)
         if ctx.progress:

@@ -34,7 +34,7 @@ import json
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlencode
@@ -60,6 +60,7 @@ from voltrl.observability.dashboard.sessions import DEFAULT_SESSION_S, SESSION_C
 from voltrl.observability.metrics import (
     FIRST_METRICS,
     METRIC_NOTES,
+    VAL_VERSION,
     Series,
     metric_series,
     outcome_of,
@@ -227,7 +228,7 @@ def dashboard_app(
     async def run(request: Request, run_id: str) -> HTMLResponse:
         entry = await catalog.run(run_id)
         found = await counts(entry)
-        versions = _versions(found)
+        versions = _versions(found, data.read_metrics(entry))
         series = _series(entry, found)
         search = prompt_search.load(entry.run_dir) if entry.run_dir is not None else None
         diff = []
@@ -475,11 +476,13 @@ def _spark(counts: list[Any], stopped: set[int | None]) -> list[float]:
     return [per[v][0] / per[v][1] for v in sorted(per)]
 
 
-def _versions(counts: list[Any]) -> list[dict[str, Any]]:
+def _versions(counts: list[Any], records: Sequence[dict[str, Any]] = ()) -> list[dict[str, Any]]:
     """One line per resources version: rollouts per mode and status, mean rewards, and
-    ``what`` it was in the run: ``step N`` (training rollouts, the Nth step), ``interrupted
-    step`` (a resumed run does it again at a new version), ``validation before training`` or
-    ``validation after step N`` (the steps before it)."""
+    ``what`` it was in the run, from the run's ``metrics.jsonl`` ``records`` (LocalRL logs
+    each step's ``resources_version`` and each validation's ``val/resources_version``): ``step
+    N``, ``validation before training``, ``validation after step N``; ``interrupted step`` for
+    training rollouts an interrupt cancelled (a resumed run does the step again at a new
+    version); else nothing."""
     table: dict[int | None, dict[str, Any]] = {}
     for c in counts:
         row = table.setdefault(
@@ -490,21 +493,20 @@ def _versions(counts: list[Any]) -> list[dict[str, Any]]:
         m["count"] += c.count
         m["sum"] += c.reward_sum
         m["rewarded"] += c.rewarded
-    rows = sorted(table.values(), key=lambda r: (r["version"] is not None, r["version"] or 0))
-    steps = 0
-    for row in rows:
+    what: dict[int, str] = {}
+    for r in records:
+        step = r.get("step")
+        if isinstance(r.get(VAL_VERSION), int) and isinstance(step, int):
+            where = f"validation after step {step}" if step else "validation before training"
+            what[r[VAL_VERSION]] = where
+        elif isinstance(r.get("resources_version"), int) and "batch/rows" in r:
+            what[r["resources_version"]] = f"step {step}"
+    for row in table.values():
         for m in row["modes"].values():
             m["mean"] = m["sum"] / m["rewarded"] if m["rewarded"] else None
-        row["what"] = ""
-        if "train" in row["modes"] and row["version"] is not None:
-            stopped = "cancelled" in row["status"]
-            steps += not stopped
-            row["what"] = "interrupted step" if stopped else f"step {steps}"
-        elif "val" in row["modes"]:
-            row["what"] = (
-                f"validation after step {steps}" if steps else "validation before training"
-            )
-    return rows
+        stopped = "train" in row["modes"] and "cancelled" in row["status"]
+        row["what"] = what.get(row["version"], "interrupted step" if stopped else "")
+    return sorted(table.values(), key=lambda r: (r["version"] is not None, r["version"] or 0))
 
 
 def _series(entry: data.RunEntry, counts: list[Any]) -> Series:

@@ -33,13 +33,14 @@ SHOWN = 10
 @dataclass
 class RunAuditPart:
     """What the part shows: the summary, how the prompts were re-rendered, how long it took,
-    and the run's ``trajectory.mode`` (in transition mode a split continuation costs nothing:
-    every call trains as its own row)."""
+    and the ``trajectory.mode`` the run trained with (in transition mode a split continuation
+    costs nothing: every call trains as its own row); None for a run that recorded none (a
+    dev run, a prompt search: it trains no rows)."""
 
     summary: AuditSummary
     tokenizer_note: str
     seconds: float
-    mode: str
+    mode: str | None
 
 
 _AUDITS: OrderedDict[tuple[str, tuple[Any, ...]], RunAuditPart] = OrderedDict()
@@ -75,6 +76,7 @@ async def run_audit_of(entry: data.RunEntry) -> RunAuditPart:
     rollouts = await entry.store.query_rollouts(run_id=entry.run.run_id)
     settings = trajectory_settings(entry.run)
     audits = await audit_rollouts(entry.store, rollouts, tokenizer, settings)
-    found = RunAuditPart(summarize(audits), note, loop.time() - start, settings.mode)
+    mode = settings.mode if "trajectory" in entry.run.config else None
+    found = RunAuditPart(summarize(audits), note, loop.time() - start, mode)
     data.keep_newest(_AUDITS, key, found, AUDITS_KEPT)
     return found

@@ -283,9 +283,12 @@ class WalCheckpointer:
                     self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
 
     def close(self) -> None:
-        """Stop the thread and close its connection."""
+        """Stop the thread, checkpoint what is left (a reader still open, as the dashboard's,
+        may be the last connection, and a read-only one cannot), close its connection."""
         self._stop.set()
         self._thread.join()
+        with contextlib.suppress(sqlite3.Error):  # busy: SQLite's own last close will do
+            self._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
         self._conn.close()
 
 

@@ -107,13 +107,17 @@ def ensure_schema(db: Database) -> None:
     with db.read() as conn:
         try:
             row = conn.execute(schema.version).fetchone()
-        except dialect.error:  # no schema yet
+        except dialect.error as e:  # no schema yet (for a reader: or a file it cannot read)
+            if db.read_only:
+                raise StoreError(
+                    f"store {db.location} cannot be read as a VoltRL store: {e}"
+                ) from None
             row = None
     if db.read_only and (row is None or row[0] != SCHEMA_VERSION):
-        found = "no VoltRL tables" if row is None else f"schema version {row[0]}"
+        found = "no schema version" if row is None else f"schema version {row[0]}"
         hint = (
-            ": a store of an older VoltRL, upgraded when it is next opened for writing "
-            f"(`voltrl serve --store {db.location}`)"
+            ": a store of an older VoltRL, upgraded when a writer next opens it (a run on "
+            "it, or `voltrl serve --store` with its path or URL)"
             if row is not None and row[0] < SCHEMA_VERSION
             else ""
         )
