@@ -33,6 +33,7 @@ from agent import AGENT_FILTER, airline_episode, task_ids, task_rows  # noqa: E4
 
 import voltrl as vl  # noqa: E402
 from voltrl.cli.endpoints import check_llm  # noqa: E402
+from voltrl.observability.events import events  # noqa: E402
 from voltrl.store import open_store  # noqa: E402
 
 NOT_TAU2 = "so these numbers are not tau2's (tau2's customer is an LLM of its own: "
@@ -92,17 +93,14 @@ def sampling(temperature: float, max_tokens: int | None) -> dict[str, Any]:
 async def episode_report(store_path: Path, rollouts: list) -> list[dict]:
     """Each rollout's episode: ``mode``, ``task_id``, ``termination`` (``failed``: the rollout
     raised; tau2 scores a failed simulation 0) and ``reward``."""
-    store = open_store(store_path)
+    store = open_store(store_path, existing=True, read_only=True)
     try:
         out = []
         for rollout in rollouts:
-            events = [
-                s.attributes
-                for s in await store.get_spans(rollout.rollout_id, rollout.final_attempt_id)
-                if s.name == "episode"
-            ]
+            spans = await store.get_spans(rollout.rollout_id, rollout.final_attempt_id)
+            episodes = [e.attributes for e in events(spans) if e.name == "episode"]
             task_id = str(rollout.task.input.get("task_id"))
-            end = events[-1] if events else {"termination": rollout.status, "reward": 0.0}
+            end = episodes[-1] if episodes else {"termination": rollout.status, "reward": 0.0}
             out.append(
                 {"mode": rollout.mode, "task_id": task_id, "termination": end["termination"],
                  "reward": float(end.get("reward") or 0.0)}

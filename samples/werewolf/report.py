@@ -16,6 +16,7 @@ from statistics import mean
 from typing import Any
 
 import voltrl as vl
+from voltrl.observability.events import events
 from voltrl.store import open_store
 
 
@@ -25,7 +26,7 @@ async def game_report(store_path: Path, rollouts: list[vl.types.Rollout]) -> lis
     played:
     ``mode`` (``train`` or ``val``) and the trained weights it was played with (``weights``,
     the updates LocalRL had served; None where unknown)."""
-    store = open_store(store_path)
+    store = open_store(store_path, existing=True, read_only=True)
     weights: dict[int, int | None] = {}
     try:
         out = []
@@ -40,7 +41,7 @@ async def game_report(store_path: Path, rollouts: list[vl.types.Rollout]) -> lis
                 weights[version] = getattr(llm, "weights_version", None)
             out.append(
                 {
-                    "game": next((s.attributes for s in spans if s.name == "game"), None),
+                    "game": next((e.attributes for e in events(spans) if e.name == "game"), None),
                     "status": r.status,
                     "mode": r.mode,
                     "deal": r.task.input.get("seed"),
