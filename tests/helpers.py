@@ -24,7 +24,7 @@ import pytest
 from fake_openai_backend import FakeBackend, scripted_ids, tool_then_answer
 
 import voltrl as vl
-from voltrl._http.serving import serve
+from voltrl._http.serving import serve, serve_in_thread
 from voltrl.cli import main
 from voltrl.gateway import Gateway
 from voltrl.store.base import Store
@@ -277,3 +277,22 @@ def tensorboard_events(log_dir: Path) -> Any:
     events = EventAccumulator(str(log_dir), size_guidance={"scalars": 0, "tensors": 0})
     events.Reload()
     return events
+
+
+def version_labels(root: Path, run_id: str | None = None) -> list[str]:
+    """What the dashboard over ``root`` says each resources version of a run was (its run
+    page's "in the run" column); ``run_id``: the run's, else the first listed."""
+    import httpx
+
+    from voltrl.observability.dashboard import Catalog, dashboard_app
+
+    with (
+        serve_in_thread(dashboard_app(Catalog([root]))) as server,
+        httpx.Client(base_url=server.url) as client,
+    ):
+        if run_id is None:
+            found = re.search(r'data-run-id="([^"]+)"', client.get("/").text)
+            assert found is not None, "no run listed"
+            run_id = found.group(1)
+        page = client.get(f"/runs/{run_id}").text
+    return re.findall(r'<td class="what">([^<]*)</td>', page)

@@ -5,16 +5,13 @@ them for each step and each validation, whose versions the dashboard names."""
 from __future__ import annotations
 
 import asyncio
-import re
 from pathlib import Path
 
-import httpx
+from helpers import version_labels
 from local_rl_setup import make_algorithm
 from rl_agents import ROWS
 
 import voltrl as vl
-from voltrl._http.serving import serve_in_thread
-from voltrl.observability.dashboard import Catalog, dashboard_app
 from voltrl.observability.events import (
     Event,
     event_metrics,
@@ -131,12 +128,7 @@ def test_localrl_logs_the_events_of_each_step_and_validation_and_names_their_ver
             # the found share is the reward's mean: the agent returns it
             assert m[f"{mode}/events/episode.found"] == m[f"{mode}/reward_mean"]
             assert not any("termination" in k for k in mine)  # a text
-    with (
-        serve_in_thread(dashboard_app(Catalog([tmp_path]))) as server,
-        httpx.Client(base_url=server.url) as client,
-    ):
-        page = client.get(f"/runs/{result.run.run_id}").text
-    assert re.findall(r'<td class="what">([^<]*)</td>', page) == [
+    assert version_labels(tmp_path, result.run.run_id) == [
         "validation before training",
         "step 1",
         "validation after step 1",

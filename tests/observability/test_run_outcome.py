@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 import httpx
+from helpers import version_labels
 
 from voltrl._http.serving import serve_in_thread
 from voltrl.observability.dashboard import Catalog, dashboard_app
@@ -176,13 +177,7 @@ def test_the_run_page_says_what_each_version_was(tmp_path: Path) -> None:
     ]
     metrics = "".join(json.dumps(line) + "\n" for line in lines)
     (tmp_path / "labelled" / "metrics.jsonl").write_text(metrics)
-    with (
-        serve_in_thread(dashboard_app(Catalog([tmp_path]))) as server,
-        httpx.Client(base_url=server.url) as client,
-    ):
-        run_id = re.search(r'data-run-id="([^"]+)"', client.get("/").text).group(1)
-        page = client.get(f"/runs/{run_id}").text
-    assert re.findall(r'<td class="what">([^<]*)</td>', page) == [
+    assert version_labels(tmp_path) == [
         "validation before training",
         "step 1",
         "interrupted step",
