@@ -39,19 +39,20 @@ EVENTS_SHOWN = 20
 """Events listed in the outcome (the rest are under the spans)."""
 
 
+def _as_text(value: Any, indent: int | None = None) -> str:
+    return value if isinstance(value, str) else json.dumps(value, default=str, indent=indent)
+
+
 def shown_value(value: Any, limit: int = 160) -> str:
     """An attribute's value as one short line (mappings and lists as compact JSON)."""
-    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    text = _as_text(value)
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def whole_value(value: Any, limit: int = 160) -> str | None:
     """An attribute's value in full (mappings and lists as indented JSON) when
     :func:`shown_value` cuts it short; None when its line shows all of it."""
-    text = value if isinstance(value, str) else json.dumps(value, default=str)
-    if len(text) <= limit:
-        return None
-    return value if isinstance(value, str) else json.dumps(value, default=str, indent=1)
+    return _as_text(value, indent=1) if len(_as_text(value)) > limit else None
 
 
 @dataclass
