@@ -102,11 +102,12 @@ class Recorder(Logger):
 
 
 class Blocking(Logger):
-    """A tracker whose ``log_metrics`` waits until the test sets ``release``, then records the
-    line in ``received``. On the event loop's thread (the main one) it would wait forever, the
-    test being unable to release it: it raises there instead."""
+    """A tracker whose ``log_metrics`` sets ``entered`` and waits until the test sets
+    ``release``, then records the line in ``received``. On the event loop's thread (the main
+    one) it would wait forever, the test being unable to release it: it raises there instead."""
 
     name: Literal["blocking"] = "blocking"
+    entered: ClassVar[threading.Event] = threading.Event()
     release: ClassVar[threading.Event] = threading.Event()
     closed: ClassVar[threading.Event] = threading.Event()
     received: ClassVar[list[tuple[int, dict[str, float]]]] = []
@@ -114,6 +115,7 @@ class Blocking(Logger):
     def log_metrics(self, step: int, metrics: Any) -> None:
         if threading.current_thread() is threading.main_thread():
             raise RuntimeError("log_metrics on the event loop's thread: it would wait forever")
+        self.entered.set()
         self.release.wait()
         self.received.append((step, dict(metrics)))
 
@@ -124,6 +126,7 @@ class Blocking(Logger):
 @pytest.fixture
 def blocking() -> Iterator[None]:
     """A fresh :class:`Blocking`, released at the end whatever happened."""
+    Blocking.entered.clear()
     Blocking.release.clear()
     Blocking.closed.clear()
     Blocking.received.clear()
@@ -444,8 +447,17 @@ def test_a_tracker_that_blocks_never_holds_up_the_run(
 ) -> None:
     """A run finishes while its tracker still waits in its first ``log_metrics`` (the loop only
     queued the lines; with ``close_timeout_s=0`` the end does not wait for them either) and says
-    how many lines were not delivered; released, the tracker gets every line, then its close."""
+    how many lines were not delivered, naming the call it waits in; released, the tracker gets
+    every line, then its close."""
     monkeypatch.setattr(Trackers, "close_timeout_s", 0.0)
+    close = Trackers.close
+
+    async def close_once_blocked(self: Trackers) -> None:
+        # the run may end before the trackers' thread reaches the first line: wait till it has
+        assert await asyncio.to_thread(Blocking.entered.wait, 60)
+        await close(self)
+
+    monkeypatch.setattr(Trackers, "close", close_once_blocked)
     trainer = vl.Trainer(
         run_dir=tmp_path, name="slow", inline=True, progress=False, loggers=[Blocking()]
     )

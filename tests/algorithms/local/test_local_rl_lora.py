@@ -94,11 +94,18 @@ def test_local_rl_with_lora_serves_merged_weights_checkpoints_resumes_and_saves(
     train = [r for r in result.rollouts if r.mode == "train" and r.rollout_id not in before]
     calls = asyncio.run(calls_of(run / "store.sqlite", train))
     assert len(calls) == 8
+    sampled, from_merged, from_untrained = [], [], []
     for call in calls:
         assert call.prompt_token_ids is not None and call.response_token_ids is not None
+        assert call.response_logprobs is not None
         ids = call.prompt_token_ids, call.response_token_ids
-        assert call.response_logprobs == pytest.approx(teacher_forced(merged, *ids), abs=1e-4)
-        assert call.response_logprobs != pytest.approx(teacher_forced(untrained, *ids), abs=1e-4)
+        sampled += call.response_logprobs
+        from_merged += teacher_forced(merged, *ids)
+        from_untrained += teacher_forced(untrained, *ids)
+    # every token as the merged model scores it; the untrained one scores them apart (by ~0.1
+    # a token, though a single token, say an end of text, may move by less than 1e-4)
+    assert sampled == pytest.approx(from_merged, abs=1e-4)
+    assert sampled != pytest.approx(from_untrained, abs=1e-2)
     assert resumed._engine is not None and resumed._engine.weights_version == 1
 
 
