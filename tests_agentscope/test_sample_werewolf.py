@@ -13,7 +13,16 @@ from typing import Any
 import pytest
 from fake_openai_backend import FakeBackend
 from helpers import fake_trainer
-from werewolf_script import agent, choices_offered, game_event, legal, play, player_of, rules
+from werewolf_script import (
+    agent,
+    choices_offered,
+    game_event,
+    legal,
+    play,
+    player_of,
+    prompt_of,
+    rules,
+)
 
 import voltrl as vl
 from voltrl.store.memory import InMemoryStore
@@ -118,10 +127,53 @@ async def test_a_failed_answer_leaves_the_players_memory(tmp_path: Path) -> None
         assert not [m for m in said[:asked] if "Nobody99" in m or "validation failed" in m]
 
 
-def test_a_positive_invalid_penalty_is_refused_when_the_rows_are_made() -> None:
+async def test_a_choice_against_the_other_side_earns_the_choice_reward_on_its_call(
+    tmp_path: Path,
+) -> None:
+    """With ``choice_reward`` 0.5, each call that votes out, bites, poisons or shoots a player
+    of the other side carries 0.5 beside its side's outcome (a lost game costs -1 here); no
+    other call does: not a vote for one's own side, a check, a save or a speech."""
+    lost = {"loss": -1.0}
+    [row] = agent.game_rows(
+        1, seed=3, max_rounds=8, outcome={"wolves": lost, "village": lost}, choice_reward=0.5
+    )
+    script = legal()
+    result, store, fb, _ = await play(tmp_path, [row], script)
+    [rollout] = result.rollouts
+    game = await game_event(store, rollout.rollout_id)
+    side = {p: "wolves" if role == "werewolf" else "village" for p, role in game["roles"].items()}
+    removing = ("vote to eliminate", "vote whom to kill", "poison someone", "shoot someone")
+    against, own_side = 0, 0
+    for body in (r["body"] for r in fb.requests):
+        if choices_offered(body) is None or not any(k in prompt_of(body) for k in removing):
+            continue
+        target = json.loads(script(body)["arguments"])["target"]
+        if target in side and side[target] != side[player_of(body)]:
+            against += 1
+        elif target in side:
+            own_side += 1
+    assert against > 0 and own_side > 0  # the script's first choices vote for both sides
+    config = TrajectoryConfig(
+        agent_filter=agent.side_filter("both"), credit="per_step", gamma=0.0,
+        per_step_add_final=True,
+    )  # fmt: skip
+    [traj] = await trajectories_from_store(store, [rollout], config)
+    rewarded = 0
+    for row_ in traj.transitions:
+        outcome = 1.0 if row_.agent_name.split("/")[1] == game["winner"] else -1.0
+        assert row_.reward in (outcome, outcome + 0.5)
+        rewarded += row_.reward == outcome + 0.5
+    assert rewarded == against
+
+
+def test_a_reward_of_the_wrong_sign_is_refused_when_the_rows_are_made() -> None:
     for bad in (0.5, float("nan")):
         with pytest.raises(ValueError, match=rf"invalid_penalty must be at most 0, not {bad}"):
             agent.game_rows(1, invalid_penalty=bad)
+    for bad in (-0.5, float("nan"), float("inf")):
+        must = rf"choice_reward must be finite and at least 0, not {bad}"
+        with pytest.raises(ValueError, match=must):
+            agent.game_rows(1, choice_reward=bad)
 
 
 async def test_a_refused_prompt_is_an_invalid_choice_and_the_game_goes_on(tmp_path: Path):

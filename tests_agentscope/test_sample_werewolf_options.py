@@ -20,25 +20,37 @@ def test_the_werewolf_run_py_takes_the_trainers_options_from_the_shared_parser()
     options.check_sample_options("werewolf", defaults, python=sys.executable)
 
 
-@pytest.mark.parametrize("penalty", ["0.5", "nan"])
-def test_an_invalid_penalty_above_zero_is_a_usage_error(penalty: str) -> None:
+@pytest.mark.parametrize(
+    ("option", "value", "must"),
+    [
+        ("--invalid-penalty", "0.5", "at most 0"),
+        ("--invalid-penalty", "nan", "at most 0"),
+        ("--choice-reward", "-0.5", "finite and at least 0"),
+        ("--choice-reward", "inf", "finite and at least 0"),
+    ],
+)
+def test_a_reward_option_of_the_wrong_sign_is_a_usage_error(
+    option: str, value: str, must: str
+) -> None:
     done = subprocess.run(
-        [sys.executable, str(RUN_PY), "train", "--invalid-penalty", penalty],
+        [sys.executable, str(RUN_PY), "train", option, value],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 2
-    assert f"--invalid-penalty must be at most 0 (got {penalty})" in done.stderr
+    assert f"{option} must be {must} (got {value})" in done.stderr
 
 
-def test_the_invalid_penalty_option_reaches_the_games_rows(tmp_path: Path) -> None:
-    """``dev --teacher --invalid-penalty -1.5``: the game played is a row with that penalty."""
+def test_the_reward_options_reach_the_games_rows(tmp_path: Path) -> None:
+    """``dev --teacher --invalid-penalty -1.5 --choice-reward 0.5``: the game played is a row
+    with that penalty and that reward."""
     import asyncio
 
     from voltrl.store.sql import SQLStore
 
     done = subprocess.run(
         [sys.executable, str(RUN_PY), "dev", "--teacher", "--games", "1", "--rules", "short",
-         "--max-rounds", "1", "--invalid-penalty", "-1.5", "--run-dir", str(tmp_path),
+         "--max-rounds", "1", "--invalid-penalty", "-1.5", "--choice-reward", "0.5",
+         "--run-dir", str(tmp_path),
          "--name", "penalty"],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
@@ -51,4 +63,5 @@ def test_the_invalid_penalty_option_reaches_the_games_rows(tmp_path: Path) -> No
         finally:
             await store.close()
 
-    assert [row["invalid_penalty"] for row in asyncio.run(rows())] == [-1.5]
+    [row] = asyncio.run(rows())
+    assert (row["invalid_penalty"], row["choice_reward"]) == (-1.5, 0.5)

@@ -17,12 +17,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
+from math import inf
 from typing import Any
 
 from agentscope.agent import Agent, InjectionConfig, ReActConfig
 from agentscope.formatter import OpenAIMultiAgentFormatter
 from agentscope.middleware import TracingMiddleware
-from game import INVALID_PENALTY, Table, play
+from game import CHOICE_REWARD, INVALID_PENALTY, Table, play
 from memory import HISTORY_TOKENS, History, PinnedNote, token_counter
 from rules import SIDES, GameState, Player, Rules, deal, ruleset
 
@@ -30,6 +31,7 @@ import voltrl as vl
 from voltrl.adapters.agentscope import chat_model, instrument
 
 __all__ = [
+    "CHOICE_REWARD",
     "INVALID_PENALTY",
     "OUTCOME",
     "SIDE_GROUPS",
@@ -91,7 +93,9 @@ def game_rows(
     LocalRL names models; default: about 4 characters a token), ``outcome`` (per side, the
     rewards of a win, loss or draw, over :data:`OUTCOME`, e.g. ``{"wolves": {"win": 2.0}}``),
     ``invalid_penalty`` (the reward of a call whose answer is not a legal choice, at most 0;
-    default :data:`INVALID_PENALTY`)."""
+    default :data:`INVALID_PENALTY`), ``choice_reward`` (the reward of a call that votes out,
+    bites, poisons or shoots a player of the other side, at least 0; default
+    :data:`CHOICE_REWARD`: none)."""
     ruleset(extra.get("rules"))  # an unknown rule set or tokenizer fails here, not every game
     token_counter(extra.get("tokenizer"))
     for key in ("max_rounds", "history_tokens"):
@@ -99,6 +103,9 @@ def game_rows(
             raise ValueError(f"{key} must be at least 1, not {extra[key]}")
     if extra.get("invalid_penalty") is not None and not float(extra["invalid_penalty"]) <= 0:
         raise ValueError(f"invalid_penalty must be at most 0, not {extra['invalid_penalty']}")
+    bonus = extra.get("choice_reward")
+    if bonus is not None and not 0 <= float(bonus) < inf:
+        raise ValueError(f"choice_reward must be finite and at least 0, not {bonus}")
     return [
         {"seed": seed * 100_000 + i, "train": train, "external": external, **extra}
         for i in range(n)
@@ -165,8 +172,16 @@ async def werewolf_game(row: dict, resources: vl.Resources) -> float:
     count = token_counter(row.get("tokenizer"))
     history = History(count, int(row.get("history_tokens") or HISTORY_TOKENS))
     penalty = row.get("invalid_penalty")
-    penalty = INVALID_PENALTY if penalty is None else float(penalty)
-    table = Table(state, rules, {}, rng, history, invalid_penalty=penalty)
+    bonus = row.get("choice_reward")
+    table = Table(
+        state,
+        rules,
+        {},
+        rng,
+        history,
+        invalid_penalty=INVALID_PENALTY if penalty is None else float(penalty),
+        choice_reward=CHOICE_REWARD if bonus is None else float(bonus),
+    )
     table.agents = _agents(table, resources, external)
     winner = await play(table)
     outcome = {}

@@ -34,6 +34,10 @@ from voltrl.gateway import is_context_overflow
 INVALID_PENALTY = -0.2
 """The reward put on a call whose answer was not one of the legal choices (a game's rows
 may set their own: ``agent.game_rows(invalid_penalty=...)``)."""
+CHOICE_REWARD = 0.0
+"""The reward put on a call that votes out, bites, poisons or shoots a player of the other
+side (0: none; a game's rows may set one: ``agent.game_rows(choice_reward=...)``): a signal
+per decision, beside the game's outcome, which many decisions share."""
 
 
 @dataclass
@@ -48,6 +52,8 @@ class Table:
     history: History
     invalid_penalty: float = INVALID_PENALTY
     """The reward put on each call whose answer was not a legal choice."""
+    choice_reward: float = CHOICE_REWARD
+    """The reward put on each call that names a player of the other side to remove."""
     notes: dict[str, list[str]] = field(default_factory=dict)
     invalid: int = 0
     overflows: int = 0
@@ -80,6 +86,11 @@ class Table:
             lines.append(f"Potions left: {', '.join(left) or 'none'}.")
         return lines + self.notes.get(name, [])
 
+    def of_other_side(self, name: str, target: str) -> bool:
+        """Whether ``target`` is a player (not ``nobody``) of the other side than ``name``."""
+        sides = {p.name: p.side for p in self.state.players}
+        return target in sides and sides[target] != sides[name]
+
     def trim(self, name: str, budget: int | None = None) -> None:
         """Keep ``name``'s memory under its token budget (``budget``: a smaller one)."""
         self.history.trim(self.agents[name].state.context, budget)
@@ -107,8 +118,18 @@ async def say(
     return text
 
 
-async def decide(table: Table, name: str, prompt: str, choices: list[str], retries: int = 1) -> str:
+async def decide(
+    table: Table,
+    name: str,
+    prompt: str,
+    choices: list[str],
+    retries: int = 1,
+    *,
+    removes: bool = False,
+) -> str:
     """``name`` picks one of ``choices`` as structured output (the schema allows only them).
+    ``removes``: the choice names a player to remove (a vote, a bite, a poison, a shot); a
+    legal answer naming one of the other side earns ``table.choice_reward`` on its call.
     Each invalid answer costs ``table.invalid_penalty`` on the call that gave it; a prompt the
     backend refused for its length (no call was made: no penalty) is retried on half the
     memory. After ``retries`` more tries a random legal choice is played. A try that gave no
@@ -144,6 +165,8 @@ async def decide(table: Table, name: str, prompt: str, choices: list[str], retri
                 raise
             target = None
         if target in choices:
+            if removes and table.choice_reward and table.of_other_side(name, target):
+                vl.emit_reward(table.choice_reward, name="choice")  # on the call just made
             return target
         del context[asked_at:]
         vl.emit_reward(table.invalid_penalty, name="invalid_output")  # on the call just made
@@ -162,7 +185,10 @@ async def vote(
     pins its own); returns who is out and the moderator's reading of the ballots and tally."""
     prompt = f"{when}: {question}"
     alive = table.state.names()
-    ballots = {voter: await decide(table, voter, prompt, legal) for voter, legal in choices.items()}
+    ballots = {
+        voter: await decide(table, voter, prompt, legal, removes=True)
+        for voter, legal in choices.items()
+    }
     for voter, name in ballots.items():
         table.note(voter, f"{when}: you voted {name}.")
     count = count_votes(ballots)
@@ -228,7 +254,9 @@ async def witch_turn(table: Table, victim: str) -> tuple[str | None, str | None]
                 table.note(witch, f"Night {n}: you saved {victim}.")
         if state.poison_potion and (rules.heal_and_poison_one_night or saved is None):
             targets = ["nobody", *(x for x in state.names() if x != witch)]
-            choice = await decide(table, witch, f"Night {n}: poison someone?", targets)
+            choice = await decide(
+                table, witch, f"Night {n}: poison someone?", targets, removes=True
+            )
             if choice != "nobody":
                 poisoned, state.poison_potion = choice, False
                 table.note(witch, f"Night {n}: you poisoned {choice}.")
@@ -253,7 +281,7 @@ async def seer_turn(table: Table) -> None:
 async def hunter_shoots(table: Table, hunter: str) -> list[str]:
     """The dying hunter may take someone with him."""
     targets = ["nobody", *table.state.names()]
-    shot = await decide(table, hunter, "You are dying: shoot someone?", targets)
+    shot = await decide(table, hunter, "You are dying: shoot someone?", targets, removes=True)
     if shot == "nobody":
         return []
     table.state.kill(shot)

@@ -29,7 +29,14 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 import sample_cli as cli  # noqa: E402
-from agent import INVALID_PENALTY, SIDE_GROUPS, game_rows, side_filter, werewolf_game  # noqa: E402
+from agent import (  # noqa: E402
+    CHOICE_REWARD,
+    INVALID_PENALTY,
+    SIDE_GROUPS,
+    game_rows,
+    side_filter,
+    werewolf_game,
+)
 from memory import HISTORY_TOKENS  # noqa: E402
 from report import print_report  # noqa: E402
 from rules import RULESETS  # noqa: E402
@@ -114,11 +121,12 @@ def dev(args: argparse.Namespace) -> vl.RunResult:
 def game_settings(args: argparse.Namespace) -> dict:
     """The rows' game settings: the rule set, its round cap unless ``--max-rounds`` gives
     one, each player's history budget in tokens of ``--tokenizer`` (``train``: the trained
-    model's) and the invalid-answer penalty."""
+    model's), the invalid-answer penalty and the reward of a choice against the other side."""
     settings = {
         "rules": args.rules,
         "history_tokens": args.history_tokens,
         "invalid_penalty": args.invalid_penalty,
+        "choice_reward": args.choice_reward,
     }
     if args.max_rounds is not None:
         settings["max_rounds"] = args.max_rounds
@@ -246,6 +254,11 @@ def main(argv: list[str] | None = None) -> int:
         "--invalid-penalty", type=float, default=INVALID_PENALTY,
         help="the reward of a call whose answer is not a legal choice (at most 0)",
     )  # fmt: skip
+    common.add_argument(
+        "--choice-reward", type=float, default=CHOICE_REWARD,
+        help="the reward of a call that votes out, bites, poisons or shoots a player of the "
+        "other side (at least 0; 0: none, the game's outcome alone)",
+    )  # fmt: skip
     common.add_argument("--opponent-endpoint", help="OpenAI-compatible URL of the opponent")
     common.add_argument("--opponent-model", help="the opponent's model name")
     common.add_argument("--opponent-api-key-env", default=None, help="env var with its key")
@@ -310,6 +323,8 @@ def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
             parser.error(f"--{option.replace('_', '-')} must be at least 1 (got {value})")
     if not args.invalid_penalty <= 0:  # nan too
         parser.error(f"--invalid-penalty must be at most 0 (got {args.invalid_penalty})")
+    if not 0 <= args.choice_reward < float("inf"):  # nan too
+        parser.error(f"--choice-reward must be finite and at least 0 (got {args.choice_reward})")
     if args.run is dev and args.teacher and (args.endpoint or args.model):
         parser.error("--teacher plays instead of --endpoint and --model: give one or the other")
     if args.run is dev and not args.teacher and not (args.endpoint and args.model):
