@@ -22,6 +22,7 @@ from werewolf_script import (
     player_of,
     prompt_of,
     rules,
+    seats,
 )
 
 import voltrl as vl
@@ -131,44 +132,63 @@ async def test_a_choice_against_the_other_side_earns_the_choice_reward_on_its_ca
     tmp_path: Path,
 ) -> None:
     """With ``choice_reward`` 0.5, each call that votes out, bites, poisons or shoots a player
-    of the other side carries 0.5 beside its side's outcome (a lost game costs -1 here); no
-    other call does: not a vote for one's own side, a check, a save or a speech."""
+    of the other side carries 0.5 beside its side's outcome (a lost game costs -1 here), and
+    no other call does: not a vote or a bite against one's own side, a check, a save, a
+    speech, nor a choice played at random after invalid answers (a villager's, here)."""
     lost = {"loss": -1.0}
     [row] = agent.game_rows(
         1, seed=3, max_rounds=8, outcome={"wolves": lost, "village": lost}, choice_reward=0.5
     )
-    script = legal()
+    wolves, garbled = seats(row)["werewolf"], seats(row)["villager"][0]
+
+    def choose(player: str, role: str, prompt: str, choices: list[str]) -> str | None:
+        if "poison someone" in prompt or "shoot someone" in prompt:
+            return next((x for x in choices if x in wolves), None)
+        if "vote whom to kill" in prompt and player == wolves[0]:  # a bite on a packmate
+            return next(x for x in choices if x in wolves and x != player)
+        return None
+
+    script = legal(invalid_from=garbled, choose=choose)
     result, store, fb, _ = await play(tmp_path, [row], script)
     [rollout] = result.rollouts
+    assert rollout.status == "succeeded", rollout.error
     game = await game_event(store, rollout.rollout_id)
-    side = {p: "wolves" if role == "werewolf" else "village" for p, role in game["roles"].items()}
-    removing = ("vote to eliminate", "vote whom to kill", "poison someone", "shoot someone")
-    against, own_side = 0, 0
-    for body in (r["body"] for r in fb.requests):
-        if choices_offered(body) is None or not any(k in prompt_of(body) for k in removing):
-            continue
-        target = json.loads(script(body)["arguments"])["target"]
-        if target in side and side[target] != side[player_of(body)]:
-            against += 1
-        elif target in side:
-            own_side += 1
-    assert against > 0 and own_side > 0  # the script's first choices vote for both sides
+    side = {name: rules.side_of(role) for name, role in game["roles"].items()}
     config = TrajectoryConfig(
         agent_filter=agent.side_filter("both"), credit="per_step", gamma=0.0,
         per_step_add_final=True,
     )  # fmt: skip
     [traj] = await trajectories_from_store(store, [rollout], config)
-    rewarded = 0
-    for row_ in traj.transitions:
-        outcome = 1.0 if row_.agent_name.split("/")[1] == game["winner"] else -1.0
-        assert row_.reward in (outcome, outcome + 0.5)
-        rewarded += row_.reward == outcome + 0.5
-    assert rewarded == against
+    removing = ("vote to eliminate", "vote whom to kill", "poison someone", "shoot someone")
+    rewarded: dict[str, int] = {}
+    own_side = 0
+    # one call a request, in order: the game asks one player at a time
+    for body, call in zip((r["body"] for r in fb.requests), traj.transitions, strict=True):
+        player = player_of(body)
+        assert call.agent_name.endswith(f"/{player}")
+        extra = call.reward - (1.0 if side[player] == game["winner"] else -1.0)
+        if player == garbled:  # its choices: penalties, then a choice at random
+            assert extra in (0.0, pytest.approx(-0.2))
+            continue
+        asked = next((k for k in removing if k in prompt_of(body)), None)
+        if asked is None or choices_offered(body) is None:
+            assert extra == 0.0
+            continue
+        target = json.loads(script(body)["arguments"])["target"]
+        against = target in side and side[target] != side[player]
+        assert extra == (0.5 if against else 0.0), (asked, player, target)
+        rewarded[asked] = rewarded.get(asked, 0) + against
+        own_side += target in side and not against
+    assert own_side > 0  # votes for one's own side (the script's first choices), a packmate bitten
+    assert {k for k, n in rewarded.items() if n} >= {
+        "vote to eliminate", "vote whom to kill", "poison someone"
+    }  # fmt: skip
 
 
-def test_a_reward_of_the_wrong_sign_is_refused_when_the_rows_are_made() -> None:
-    for bad in (0.5, float("nan")):
-        with pytest.raises(ValueError, match=rf"invalid_penalty must be at most 0, not {bad}"):
+def test_a_reward_out_of_its_range_is_refused_when_the_rows_are_made() -> None:
+    for bad in (0.5, float("nan"), -float("inf")):
+        must = rf"invalid_penalty must be finite and at most 0, not {bad}"
+        with pytest.raises(ValueError, match=must):
             agent.game_rows(1, invalid_penalty=bad)
     for bad in (-0.5, float("nan"), float("inf")):
         must = rf"choice_reward must be finite and at least 0, not {bad}"

@@ -23,17 +23,17 @@ def test_the_werewolf_run_py_takes_the_trainers_options_from_the_shared_parser()
 @pytest.mark.parametrize(
     ("option", "value", "must"),
     [
-        ("--invalid-penalty", "0.5", "at most 0"),
-        ("--invalid-penalty", "nan", "at most 0"),
+        ("--invalid-penalty", "0.5", "finite and at most 0"),
+        ("--invalid-penalty", "-inf", "finite and at most 0"),
         ("--choice-reward", "-0.5", "finite and at least 0"),
         ("--choice-reward", "inf", "finite and at least 0"),
     ],
 )
-def test_a_reward_option_of_the_wrong_sign_is_a_usage_error(
+def test_a_reward_option_out_of_its_range_is_a_usage_error(
     option: str, value: str, must: str
 ) -> None:
     done = subprocess.run(
-        [sys.executable, str(RUN_PY), "train", option, value],
+        [sys.executable, str(RUN_PY), "train", f"{option}={value}"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 2
@@ -51,13 +51,13 @@ def test_the_reward_options_reach_the_games_rows(tmp_path: Path) -> None:
         [sys.executable, str(RUN_PY), "dev", "--teacher", "--games", "1", "--rules", "short",
          "--max-rounds", "1", "--invalid-penalty", "-1.5", "--choice-reward", "0.5",
          "--run-dir", str(tmp_path),
-         "--name", "penalty"],
+         "--name", "rewards"],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
     async def rows() -> list[dict]:
-        store = SQLStore(tmp_path / "penalty" / "store.sqlite")
+        store = SQLStore(tmp_path / "rewards" / "store.sqlite")
         try:
             return [r.task.input for r in await store.query_rollouts()]
         finally:

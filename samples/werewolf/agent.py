@@ -101,9 +101,9 @@ def game_rows(
     for key in ("max_rounds", "history_tokens"):
         if extra.get(key) is not None and int(extra[key]) < 1:
             raise ValueError(f"{key} must be at least 1, not {extra[key]}")
-    if extra.get("invalid_penalty") is not None and not float(extra["invalid_penalty"]) <= 0:
-        raise ValueError(f"invalid_penalty must be at most 0, not {extra['invalid_penalty']}")
-    bonus = extra.get("choice_reward")
+    penalty, bonus = extra.get("invalid_penalty"), extra.get("choice_reward")
+    if penalty is not None and not -inf < float(penalty) <= 0:
+        raise ValueError(f"invalid_penalty must be finite and at most 0, not {penalty}")
     if bonus is not None and not 0 <= float(bonus) < inf:
         raise ValueError(f"choice_reward must be finite and at least 0, not {bonus}")
     return [

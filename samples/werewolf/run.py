@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import sys
 from pathlib import Path
 
@@ -186,7 +187,7 @@ def train_against(args: argparse.Namespace, other: vl.LLM | None) -> vl.RunResul
         mode="transition",  # the multi-agent formatter re-renders the history every call
         agent_filter=side_filter(args.train),
         group_by_agent=SIDE_GROUPS if args.train == "both" else None,  # a group per side
-        credit="per_step",  # each call: its own penalties, plus its side's outcome
+        credit="per_step",  # each call: its own penalty or choice reward, plus its side's outcome
         gamma=0.0,
         per_step_add_final=True,
         max_transitions_per_rollout=args.max_calls,
@@ -321,9 +322,9 @@ def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
     for option in ("max_rounds", "history_tokens"):
         if (value := getattr(args, option)) is not None and value < 1:
             parser.error(f"--{option.replace('_', '-')} must be at least 1 (got {value})")
-    if not args.invalid_penalty <= 0:  # nan too
-        parser.error(f"--invalid-penalty must be at most 0 (got {args.invalid_penalty})")
-    if not 0 <= args.choice_reward < float("inf"):  # nan too
+    if not -math.inf < args.invalid_penalty <= 0:  # nan too
+        parser.error(f"--invalid-penalty must be finite and at most 0 (got {args.invalid_penalty})")
+    if not 0 <= args.choice_reward < math.inf:
         parser.error(f"--choice-reward must be finite and at least 0 (got {args.choice_reward})")
     if args.run is dev and args.teacher and (args.endpoint or args.model):
         parser.error("--teacher plays instead of --endpoint and --model: give one or the other")

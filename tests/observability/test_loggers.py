@@ -454,7 +454,8 @@ def test_a_tracker_that_blocks_never_holds_up_the_run(
 
     async def close_once_blocked(self: Trackers) -> None:
         # the run may end before the trackers' thread reaches the first line: wait till it has
-        assert await asyncio.to_thread(Blocking.entered.wait, 60)
+        entered = await asyncio.to_thread(Blocking.entered.wait, 60)
+        assert entered, "the tracker never reached its first log_metrics"
         await close(self)
 
     monkeypatch.setattr(Trackers, "close", close_once_blocked)
