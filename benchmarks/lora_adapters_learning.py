@@ -49,6 +49,7 @@ import voltrl as vl
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "samples"), str(ROOT / "benchmarks")]
 from intervals import interval  # noqa: E402
+from recipe_runner import warm_up  # noqa: E402
 
 ROLES = {"writer": "write|rewrite", "checker": "check"}
 LORA = {"use_lora": True, "lora_r": 16, "lora_alpha": 32}
@@ -70,28 +71,6 @@ def tag(model: str) -> str:
     """The model's part of run and report names: none for the tiny model (its runs of
     2026-11-23 are named without one)."""
     return "" if model == TINY else f"-{model}"
-
-
-def warm_up(
-    recipe: Any, model: str, seed: int, out: Path, steps: int | None, threads: int | None
-) -> tuple[Path, float]:
-    """The seed's SFT warm-up on the recorded teacher runs, saved to ``<run>/final``
-    (reused when it exists); returns that directory and the minutes it took."""
-    from recipe_runner import record_teacher, student
-
-    name = f"sql_agent{tag(model)}-adapters-warm-seed{seed}-{steps or recipe.sft['steps']}"
-    final = out / name / "final"
-    if (final / "config.json").exists():
-        print(f"warm-up: using {final}", flush=True)
-        return final, 0.0
-    teachers = [record_teacher(recipe, out, s).resolve() for s in recipe.teacher_seeds]
-    sft = {**recipe.sft, **({"steps": steps} if steps else {})}
-    if threads:
-        sft["threads"] = threads
-    started = time.time()
-    algorithm = vl.SFT(**student(recipe, seed), source=teachers, retokenize=True, seed=seed, **sft)
-    vl.Trainer(algorithm, run_dir=out, name=name).fit(recipe.agent, [{"question": "-"}])
-    return final, (time.time() - started) / 60
 
 
 def arm_update(recipe_update: dict[str, Any], arm: str) -> dict[str, Any]:
@@ -371,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     report.mkdir(parents=True, exist_ok=True)
     for seed in [] if args.evaluate_only else args.seeds:
         warmed, warm_minutes = warm_up(
-            recipe, args.model, seed, args.out, args.sft_steps, args.threads
+            recipe, seed, args.out, steps=args.sft_steps, threads=args.threads
         )
         for arm in arms:
             row = run_arm(

@@ -223,6 +223,33 @@ def student(recipe: Recipe, seed: int, cache: Path = Path("runs") / ".cache") ->
     return {"model": str(path)}
 
 
+def warm_up(
+    recipe: Recipe, seed: int, out: Path, *, steps: int | None = None, threads: int | None = None
+) -> tuple[Path, float]:
+    """The seed's warm-up alone (``vl.SFT`` on the recorded teacher runs, as the recipe's
+    ``fit`` does before RL; ``steps``, ``threads``: other than the recipe's), for benchmarks
+    that start several RL runs from it: saved to ``<out>/<label>-warm-seed<seed>-<key>/final``
+    and reused while the student, the SFT settings and the teacher's runs are the same.
+    Returns that directory and the minutes it took (0 when reused)."""
+    teachers = [record_teacher(recipe, out, s).resolve() for s in recipe.teacher_seeds]
+    sft = {**recipe.sft, **({"steps": steps} if steps else {})}
+    if threads:
+        sft["threads"] = threads
+    model = student(recipe, seed, out / ".cache")
+    key = hashlib.sha1(
+        json.dumps([model, sft, [t.name for t in teachers]], sort_keys=True, default=str).encode()
+    ).hexdigest()[:10]
+    name = f"{label(recipe)}-warm-seed{seed}-{key}"
+    final = out / name / "final"
+    if (final / "config.json").exists():
+        print(f"warm-up: using {final}", flush=True)
+        return final, 0.0
+    started = time.time()
+    algorithm = vl.SFT(**model, source=teachers, retokenize=True, seed=seed, **sft)
+    vl.Trainer(algorithm, run_dir=out, name=name).fit(recipe.agent, [{}])
+    return final, (time.time() - started) / 60
+
+
 def recipe_key(recipe: Recipe) -> str:
     """A digest of a recipe's settings (the student, each phase's, the teacher's seeds): rows
     of the learning table measured with other settings are not mixed with these."""

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from helpers import ROOT
 
 from voltrl.store.sql import SQLStore
@@ -226,3 +227,44 @@ def test_run_py_trains_a_side_warmed_up_on_teacher_games_against_the_teacher(
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert both.returncode == 2 and "--opponent-teacher plays instead of" in both.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_levers_script_trains_from_one_warm_start_with_the_levers_it_is_given(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``benchmarks/werewolf_levers.py`` on the shrunk recipe: the seed's warm start made once
+    (a second call reuses it), one RL step whose training games sample at the lever's
+    temperature and carry its choice reward, while the held-out games keep the recipe's
+    sampling; the row records the levers and the recipe's figures, the table shows it."""
+    import learning
+    import werewolf_levers
+    from recipe_runner import warm_up
+
+    recipe = shrunk("wolves")
+    monkeypatch.setattr(learning, "load_recipe", lambda *args, **kwargs: recipe)
+    werewolf_levers.main(
+        ["--out", str(tmp_path), "--steps", "1", "--group-size", "2", "--games-per-step", "2",
+         "--train-temperature", "1.3", "--choice-reward", "0.5", "--val-deals", "1"]
+    )  # fmt: skip
+    [row] = [json.loads(x) for x in (tmp_path / "learning" / "werewolf-levers.jsonl").open()]
+    assert row["levers"]["train_temperature"] == 1.3 and row["levers"]["lr"] is None
+    assert row["before"]["games"] == row["after"]["games"] == 1
+    assert len(row["entropy"]) == 1 and row["rl_groups"]["groups"] == 1
+    warmed = Path(row["warm_start"])
+    assert (warmed / "config.json").exists() and warmed.parent.name.startswith(
+        "werewolf-wolves-warm-seed0-"
+    )
+    assert warm_up(recipe, 0, tmp_path) == (warmed, 0.0)  # reused, not trained again
+
+    run_dir = Path(row["run_dir"])
+    config = yaml.safe_load((run_dir / "train.yaml").read_text())["algorithm"]
+    assert config["sampling"]["temperature"] == 1.3
+    assert config["validation"]["sampling"]["temperature"] == 1.0
+    for rows in ("train.jsonl", "val.jsonl"):
+        assert {json.loads(x)["choice_reward"] for x in (run_dir / rows).open()} == {0.5}
+    lines = (tmp_path / "learning" / "werewolf-levers.md").read_text().splitlines()
+    assert lines[2].startswith("| wolves | 0 | steps 1, group_size 2, games_per_step 2, ")
+    assert "train_temperature 1.3, choice_reward 0.5 |" in lines[2]
+    assert lines[2] in capsys.readouterr().out
