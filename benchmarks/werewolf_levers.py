@@ -29,14 +29,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "samples"), str(ROOT / "benchmarks")]
+sys.path[:0] = [str(ROOT / "samples"), str(ROOT / "samples" / "werewolf"), str(ROOT / "benchmarks")]
 
 LEVERS = (
     "steps",
@@ -85,6 +84,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     recipe = load_recipe("werewolf", args.model, args.side)
     levers = {k: getattr(args, k) for k in LEVERS}
+    rl = rl_settings(recipe, levers)  # before the warm-up: its errors come first
     warmed, warm_minutes = warm_up(recipe, args.seed, args.out)
     game = {k: levers[k] for k in ("choice_reward", "invalid_penalty") if levers[k] is not None}
     _, train, val = ([{**row, **game} for row in rows] for rows in recipe.tasks(args.seed))
@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         str(warmed),
         tokenizer=AutoTokenizer.from_pretrained(warmed),
         seed=args.seed,
-        **rl_settings(recipe, levers),
+        **rl,
     )
     assert recipe.resources_in is not None and recipe.measure is not None
     with recipe.resources_in(args.seed) as resources:  # the teacher, for the other side
@@ -186,10 +186,10 @@ def main(argv: list[str] | None = None) -> int:
     for option in ("steps", "group_size", "games_per_step", "val_deals"):
         if (value := getattr(args, option)) is not None and value < 1:
             parser.error(f"--{option.replace('_', '-')} must be at least 1 (got {value})")
-    if args.choice_reward is not None and not 0 <= args.choice_reward < math.inf:
-        parser.error(f"--choice-reward must be finite and at least 0 (got {args.choice_reward})")
-    if args.invalid_penalty is not None and not -math.inf < args.invalid_penalty <= 0:
-        parser.error(f"--invalid-penalty must be finite and at most 0 (got {args.invalid_penalty})")
+    from agent import reward_errors  # the werewolf sample's
+
+    for wrong in reward_errors(args.invalid_penalty, args.choice_reward):
+        parser.error(f"--{wrong.replace('_', '-')}")
     row = run(args)
     report = args.out / "learning"
     report.mkdir(parents=True, exist_ok=True)

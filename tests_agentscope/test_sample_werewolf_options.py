@@ -37,7 +37,7 @@ def test_a_reward_option_out_of_its_range_is_a_usage_error(
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 2
-    assert f"{option} must be {must} (got {value})" in done.stderr
+    assert f"{option} must be {must}, not {value}" in done.stderr
 
 
 def test_the_reward_options_reach_the_games_rows(tmp_path: Path) -> None:

@@ -268,3 +268,18 @@ def test_the_levers_script_trains_from_one_warm_start_with_the_levers_it_is_give
     assert lines[2].startswith("| wolves | 0 | steps 1, group_size 2, games_per_step 2, ")
     assert "train_temperature 1.3, choice_reward 0.5 |" in lines[2]
     assert lines[2] in capsys.readouterr().out
+
+
+def test_the_levers_script_refuses_a_lever_out_of_its_range(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import werewolf_levers
+
+    for argv, said in [
+        (["--choice-reward=-1"], "--choice-reward must be finite and at least 0, not -1.0"),
+        (["--invalid-penalty=0.5"], "--invalid-penalty must be finite and at most 0, not 0.5"),
+        (["--steps=0"], "--steps must be at least 1 (got 0)"),
+    ]:
+        with pytest.raises(SystemExit) as exited:
+            werewolf_levers.main(argv)
+        assert exited.value.code == 2 and said in capsys.readouterr().err

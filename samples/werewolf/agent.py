@@ -37,6 +37,7 @@ __all__ = [
     "SIDE_GROUPS",
     "agent_name",
     "game_rows",
+    "reward_errors",
     "rules_prompt",
     "side_filter",
     "werewolf_game",
@@ -101,15 +102,23 @@ def game_rows(
     for key in ("max_rounds", "history_tokens"):
         if extra.get(key) is not None and int(extra[key]) < 1:
             raise ValueError(f"{key} must be at least 1, not {extra[key]}")
-    penalty, bonus = extra.get("invalid_penalty"), extra.get("choice_reward")
-    if penalty is not None and not -inf < float(penalty) <= 0:
-        raise ValueError(f"invalid_penalty must be finite and at most 0, not {penalty}")
-    if bonus is not None and not 0 <= float(bonus) < inf:
-        raise ValueError(f"choice_reward must be finite and at least 0, not {bonus}")
+    if wrong := reward_errors(extra.get("invalid_penalty"), extra.get("choice_reward")):
+        raise ValueError("; ".join(wrong))
     return [
         {"seed": seed * 100_000 + i, "train": train, "external": external, **extra}
         for i in range(n)
     ]
+
+
+def reward_errors(invalid_penalty: float | None, choice_reward: float | None) -> list[str]:
+    """What is wrong with a game's reward settings (None: the default), a line each
+    (``invalid_penalty must be finite and at most 0, not 0.5``); none when both are right."""
+    wrong = []
+    if invalid_penalty is not None and not -inf < float(invalid_penalty) <= 0:
+        wrong.append(f"invalid_penalty must be finite and at most 0, not {invalid_penalty}")
+    if choice_reward is not None and not 0 <= float(choice_reward) < inf:
+        wrong.append(f"choice_reward must be finite and at least 0, not {choice_reward}")
+    return wrong
 
 
 def external_seats(state: GameState, external: dict | None, rng: random.Random) -> set[str]:

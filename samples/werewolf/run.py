@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import math
 import sys
 from pathlib import Path
 
@@ -35,6 +34,7 @@ from agent import (  # noqa: E402
     INVALID_PENALTY,
     SIDE_GROUPS,
     game_rows,
+    reward_errors,
     side_filter,
     werewolf_game,
 )
@@ -322,10 +322,8 @@ def check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
     for option in ("max_rounds", "history_tokens"):
         if (value := getattr(args, option)) is not None and value < 1:
             parser.error(f"--{option.replace('_', '-')} must be at least 1 (got {value})")
-    if not -math.inf < args.invalid_penalty <= 0:  # nan too
-        parser.error(f"--invalid-penalty must be finite and at most 0 (got {args.invalid_penalty})")
-    if not 0 <= args.choice_reward < math.inf:
-        parser.error(f"--choice-reward must be finite and at least 0 (got {args.choice_reward})")
+    for wrong in reward_errors(args.invalid_penalty, args.choice_reward):
+        parser.error(f"--{wrong.replace('_', '-')}")
     if args.run is dev and args.teacher and (args.endpoint or args.model):
         parser.error("--teacher plays instead of --endpoint and --model: give one or the other")
     if args.run is dev and not args.teacher and not (args.endpoint and args.model):
