@@ -45,11 +45,14 @@ from dataclasses import dataclass, field
 import httpx2
 from openai import AsyncOpenAI, OpenAI
 
+from voltrl._http import CLIENT_KEEPALIVE_S
 from voltrl.resources import LLM
 from voltrl.tracing import rollout_headers
 
 #: The pools' limits: enough connections for a runner's concurrent rollouts, kept between turns.
-LIMITS = httpx2.Limits(max_connections=1000, max_keepalive_connections=256, keepalive_expiry=5.0)
+LIMITS = httpx2.Limits(
+    max_connections=1000, max_keepalive_connections=256, keepalive_expiry=CLIENT_KEEPALIVE_S
+)
 #: A loop's connections are split over this many pools, each client using one (in turn): a pool
 #: looks at every connection and queued request of its own each time a request starts or ends,
 #: so one pool of 192 connections cost more CPU than it saved (benchmarks/client_start.py).

@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 import uvicorn
 from starlette.types import ASGIApp
 
+from voltrl._http import KEEPALIVE_S
 from voltrl._http.hosts import HostCheck, is_loopback
 from voltrl.errors import VoltRLError
 
@@ -138,6 +139,7 @@ def _config(
         port=port,
         log_level=log_level,
         timeout_graceful_shutdown=graceful_s,
+        timeout_keep_alive=KEEPALIVE_S,
         http=HTTP_PARSER,
     )
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import aiohttp
 
+from voltrl._http import CLIENT_KEEPALIVE_S
 from voltrl.gateway.errors import GatewayHTTPError, backend_error
 from voltrl.gateway.records import Call
 from voltrl.retry import RETRY_STATUSES, Backoff, Retry
@@ -147,7 +148,11 @@ class Upstream:
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0),
+                connector=aiohttp.TCPConnector(
+                    limit=self.max_connections,
+                    limit_per_host=0,
+                    keepalive_timeout=CLIENT_KEEPALIVE_S,
+                ),
                 timeout=aiohttp.ClientTimeout(
                     total=None, sock_connect=self.connect_timeout_s, sock_read=self.timeout_s
                 ),

@@ -178,3 +178,32 @@ def test_the_backend_is_asked_for_ids_logprobs_and_usage_keeping_the_clients_opt
         call(model="m"), model=None, model_for_agent=lambda agent: agent, request_token_ids=False
     )
     assert adapter["model"] == "writer" and "return_token_ids" not in adapter
+
+
+async def test_voltrls_clients_drop_an_idle_connection_before_its_servers_close_it() -> None:
+    """A pooled connection a client still trusts while the server closes it fails the next
+    request (``ServerDisconnectedError``, retried): the gateway's client to its backends, the
+    store's and the agents' OpenAI clients let idle connections go before VoltRL's servers
+    (uvicorn) do."""
+    from starlette.applications import Starlette
+
+    from voltrl._http import CLIENT_KEEPALIVE_S
+    from voltrl._http.serving import _config
+    from voltrl.openai_clients import LIMITS, SHARD_LIMITS
+    from voltrl.store.http.client import HTTPStore
+
+    server_keepalive = _config(Starlette(), "127.0.0.1", 0, "warning", 1.0).timeout_keep_alive
+    assert server_keepalive > CLIENT_KEEPALIVE_S
+    upstream = Upstream(
+        ["http://127.0.0.1:1/v1"], Backoff(0, 0, 0), timeout_s=1, connect_timeout_s=1, api_key=None,
+        max_connections=4,
+    )  # fmt: skip
+    store = HTTPStore("http://127.0.0.1:1")
+    try:
+        for session in (upstream._client(), store._http()):
+            assert session.connector is not None
+            assert session.connector._keepalive_timeout == CLIENT_KEEPALIVE_S  # aiohttp's own
+    finally:
+        await upstream.aclose()
+        await store.close()
+    assert LIMITS.keepalive_expiry == SHARD_LIMITS.keepalive_expiry == CLIENT_KEEPALIVE_S

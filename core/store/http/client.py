@@ -43,6 +43,7 @@ from urllib.parse import quote
 import aiohttp
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
+from voltrl._http import CLIENT_KEEPALIVE_S
 from voltrl._redact import redact
 from voltrl.errors import NotFoundError, StaleAttemptError, StoreError
 from voltrl.resources import Resources
@@ -246,9 +247,9 @@ class HTTPStore(Store):
     One ``aiohttp`` session (a pool of kept-alive connections, at most ``max_connections``) is
     created lazily for the running event loop and replaced when the loop changes, so a process
     may call ``asyncio.run`` more than once. Idle connections are closed after
-    ``keepalive_s``, a little before uvicorn's default of 5 s, so a request rarely meets a
-    connection the server is closing. Use one ``HTTPStore`` from one event loop at a time;
-    :meth:`close` releases the connections.
+    ``keepalive_s``, before the server does (:data:`voltrl._http.CLIENT_KEEPALIVE_S`), so a
+    request rarely meets a connection the server is closing. Use one ``HTTPStore`` from one
+    event loop at a time; :meth:`close` releases the connections.
     """
 
     def __init__(
@@ -262,7 +263,7 @@ class HTTPStore(Store):
         max_backoff_s: float = 8.0,
         long_poll_s: float = 25.0,
         max_connections: int = 512,
-        keepalive_s: float = 4.0,
+        keepalive_s: float = CLIENT_KEEPALIVE_S,
     ) -> None:
         if retries < 0 or timeout_s <= 0 or long_poll_s <= 0:
             raise ValueError("need retries >= 0, timeout_s > 0 and long_poll_s > 0")
