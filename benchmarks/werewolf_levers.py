@@ -8,8 +8,8 @@ fixed, each run from the same warm start (``recipe_runner.warm_up``: done once p
 reused), so that runs differ only by their levers:
 
 - ``--steps``, ``--group-size``, ``--games-per-step``: a longer run, larger GRPO groups;
-- ``--train-temperature``: training rollouts sampled hotter than validation (temperature 1);
-  the warmed student samples with about 0.05 nats a token, so a group's games differ little;
+- ``--train-temperature``: training rollouts sampled hotter (or colder) than validation's
+  temperature 1;
 - ``--choice-reward``: a reward on each call that votes out, bites, poisons or shoots a
   player of the other side (``game_rows(choice_reward=...)``), beside the game's outcome;
 - ``--entropy-coef``, ``--kl-coef``, ``--lr``, ``--invalid-penalty``: the update's and the
